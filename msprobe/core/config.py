@@ -1,0 +1,349 @@
+"""Read config.json into a frozen :class:`Config`; every bad value is a :class:`ConfigError`.
+
+Implements spec section 5 (fields 5.1, precedence 5.2, validation 5.3, rank/step 5.6) with
+the fixes of section 9: a file without ``task`` means ``statistics`` (fix 18) and the
+dump path is checked when the debugger is constructed, not at ``start()`` (fix 18).
+Nothing is created on disk here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, get_args
+
+from msprobe.core.errors import MISSING, ConfigError
+from msprobe.core.filters import DataMode, parse_int_list
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "Config",
+    "FileFormat",
+    "Framework",
+    "Level",
+    "SummaryMode",
+    "Task",
+    "load_config",
+]
+
+logger = logging.getLogger(__name__)
+
+Task = Literal["statistics", "tensor", "structure"]
+Level = Literal["L0", "L1", "L2", "mix", "debug"]
+SummaryMode = Literal["statistics", "md5"]
+FileFormat = Literal["npy", "bin"]
+Framework = Literal["pytorch", "mindspore"]
+
+TASKS: Final[tuple[str, ...]] = get_args(Task)
+LEVELS: Final[tuple[str, ...]] = get_args(Level)
+SUMMARY_MODES: Final[tuple[str, ...]] = get_args(SummaryMode)
+FILE_FORMATS: Final[tuple[str, ...]] = get_args(FileFormat)
+FRAMEWORKS: Final[tuple[str, ...]] = get_args(Framework)
+
+#: The packaged default config (spec 5.1: used when no path is given).
+DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config.json"
+
+#: Built-in defaults below the config file (spec 5.2).
+DEFAULT_TASK: Final = "statistics"
+DEFAULT_LEVEL: Final = "L1"
+
+#: Top-level keys this module reads; the task sub-objects are read by name.
+_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump"})
+
+#: Scope endpoint patterns (spec 5.3).
+_API_NAME_RE: Final = re.compile(
+    r"(Distributed|Functional|Torch|Tensor|Mint|MintFunctional|Primitive|Aten|VF|NPU|Jit)"
+    r"\..*\.\d+\.(forward|backward)",
+    re.DOTALL,
+)
+_MODULE_NAME_RE: Final = re.compile(r"(Cell|Module)\..*\.(forward|backward)\.\d+", re.DOTALL)
+
+_MAX_PATH_CHARS: Final = 4096
+_MAX_NAME_CHARS: Final = 255
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """A validated dump configuration (spec 5.1). Build it with :func:`load_config`.
+
+    Attributes:
+        task: what is recorded per tensor: ``statistics``, ``tensor`` or ``structure``.
+        dump_path: the output directory as configured (may be relative to the cwd).
+        rank: ranks to record, sorted and distinct; ``()`` means all (spec 5.6).
+        step: steps to record, sorted and distinct; ``()`` means all (spec 5.6).
+        level: ``L0`` (modules), ``L1`` (APIs), ``L2`` (kernels), ``mix`` or ``debug``.
+        async_dump: write asynchronously.
+        scope: ``()`` or ``(first, last)`` entry names of an inclusive range (spec 5.5).
+        list: substring filters on entry names (spec 5.5); ``()`` keeps everything.
+        data_mode: values from ``all, forward, backward, input, output`` (spec 5.4).
+        summary_mode: ``statistics`` or ``md5`` (CRC-32); read for task statistics only.
+        file_format: ``npy`` or ``bin``; read for task tensor only.
+        framework: ``pytorch`` or ``mindspore``.
+    """
+
+    task: Task = "statistics"
+    dump_path: str
+    rank: tuple[int, ...] = ()
+    step: tuple[int, ...] = ()
+    level: Level = "L1"
+    async_dump: bool = False
+    scope: tuple[str, ...] = ()
+    list: tuple[str, ...] = ()
+    data_mode: tuple[str, ...] = ("all",)
+    summary_mode: SummaryMode = "statistics"
+    file_format: FileFormat = "npy"
+    framework: Framework = "pytorch"
+
+    def step_selected(self, step: int) -> bool:
+        """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
+        return not self.step or step in self.step
+
+    def rank_selected(self, rank: int) -> bool:
+        """True if ``rank`` is recorded: ``rank`` is empty (all) or contains it.
+
+        A non-distributed run counts as rank 0 (section 9, fix 18); the caller passes 0.
+        """
+        return not self.rank or rank in self.rank
+
+    @property
+    def last_step(self) -> int | None:
+        """The largest selected step, after which recording stops for good (spec 5.6);
+        ``None`` when every step is selected."""
+        return self.step[-1] if self.step else None
+
+
+def load_config(
+    config_path: str | os.PathLike[str] | None = None,
+    *,
+    task: str | None = None,
+    dump_path: str | None = None,
+    level: str | None = None,
+    step: list[int | str] | None = None,
+    framework: str = "pytorch",
+) -> Config:
+    """Read, merge and validate a dump configuration.
+
+    Args:
+        config_path: a config.json; ``None`` reads the packaged default
+            (``msprobe/config.json``).
+        task, dump_path, level, step: ``PrecisionDebugger`` arguments; when not ``None``
+            they override the file, which overrides the built-in defaults (task
+            ``statistics``, level ``L1``; dump_path has none) (spec 5.2). The effective
+            task selects the sub-object read for scope/list/data_mode/summary_mode/
+            file_format (``task="tensor"`` reads ``json["tensor"]``).
+        framework: ``pytorch`` or ``mindspore``.
+
+    Returns:
+        A frozen :class:`Config`. Task ``structure`` with level ``L1`` becomes level
+        ``mix`` with a logged warning (spec 5.3).
+
+    Raises:
+        ConfigError: for an unreadable or invalid file and for every invalid value (spec
+            5.3): unknown task/level, bad rank/step/scope/list/data_mode/summary_mode/
+            file_format/async_dump, async_dump with task tensor and an empty list, L2
+            without exactly one list name or with a scope, and a dump_path that is
+            missing, empty, a file, a symlink, or whose parent cannot be created.
+
+    Example: a file ``{"dump_path": "out", "step": [0, "2-4", 3]}`` with
+    ``load_config(path, level="L0")`` gives ``task="statistics"``, ``level="L0"``,
+    ``step=(0, 2, 3, 4)``.
+    """
+    framework = _choice("framework", framework, FRAMEWORKS)
+    _check_argument("task", task, str)
+    _check_argument("dump_path", dump_path, str)
+    _check_argument("level", level, str)
+    _check_argument("step", step, (list, tuple))
+
+    doc = _read_document(DEFAULT_CONFIG_PATH if config_path is None else config_path)
+    for key in doc.keys() - _KNOWN_KEYS - set(TASKS):
+        logger.debug("config.json: ignoring unsupported top-level key %r", key)
+
+    eff_task = _choice("task", task if task is not None else doc.get("task", DEFAULT_TASK), TASKS)
+    eff_level = _choice("level", level if level is not None else doc.get("level", DEFAULT_LEVEL), LEVELS)
+    eff_dump_path = dump_path if dump_path is not None else doc.get("dump_path", MISSING)
+    rank = parse_int_list("rank", doc.get("rank", []))
+    eff_step = parse_int_list("step", step if step is not None else doc.get("step", []))
+    async_dump = doc.get("async_dump", False)
+    if not isinstance(async_dump, bool):
+        raise ConfigError("async_dump", async_dump, "true, false")
+
+    sub = doc.get(eff_task, {})
+    if not isinstance(sub, dict):
+        raise ConfigError(eff_task, sub, f"a JSON object with the `{eff_task}` task's options")
+    scope = _string_list(f"{eff_task}.scope", sub.get("scope", []))
+    if len(scope) not in (0, 2):
+        raise ConfigError(f"{eff_task}.scope", list(scope), "an empty list or exactly 2 entry names")
+    names = _string_list(f"{eff_task}.list", sub.get("list", []))
+    data_mode_value = sub.get("data_mode", ["all"])
+    DataMode.from_config(data_mode_value, field=f"{eff_task}.data_mode")
+    summary_mode = "statistics"
+    if eff_task == "statistics":
+        summary_mode = _choice("statistics.summary_mode", sub.get("summary_mode", "statistics"), SUMMARY_MODES)
+    file_format = "npy"
+    if eff_task == "tensor":
+        file_format = _choice("tensor.file_format", sub.get("file_format", "npy"), FILE_FORMATS)
+
+    if eff_task == "structure" and eff_level == "L1":
+        logger.warning("task `structure` does not support level L1; using level mix (spec 5.3)")
+        eff_level = "mix"
+    if async_dump and eff_task == "tensor" and not names:
+        raise ConfigError(
+            "tensor.list", [], "a non-empty list of names when async_dump is true and task is tensor"
+        )
+    _check_level_options(eff_task, eff_level, scope, names)
+    _check_dump_path(eff_dump_path)
+
+    return Config(
+        task=eff_task,
+        dump_path=eff_dump_path,
+        rank=rank,
+        step=eff_step,
+        level=eff_level,
+        async_dump=async_dump,
+        scope=scope,
+        list=names,
+        data_mode=tuple(data_mode_value),
+        summary_mode=summary_mode,
+        file_format=file_format,
+        framework=framework,
+    )
+
+
+def _check_argument(field: str, value: Any, types: type | tuple[type, ...]) -> None:
+    """A ``PrecisionDebugger`` argument, when given, must have the documented type."""
+    if value is not None and not isinstance(value, types):
+        allowed = "a list" if types == (list, tuple) else "a string"
+        raise ConfigError(field, value, allowed, f"argument of type {type(value).__name__}")
+
+
+def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> Any:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(field, value, allowed)
+    return value
+
+
+def _string_list(field: str, value: Any) -> tuple[str, ...]:
+    allowed = "a list of non-empty strings"
+    if not isinstance(value, list):
+        raise ConfigError(field, value, allowed, f"expected a list, got {type(value).__name__}")
+    for element in value:
+        if not isinstance(element, str) or not element:
+            raise ConfigError(field, element, allowed)
+    return tuple(value)
+
+
+def _read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a config file into its top-level object; raise ConfigError on any failure."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError("config_path", path, "a path to a JSON file")
+    allowed = "a readable JSON file holding an object"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config_path", os.fspath(path), allowed, "file not found") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError("config_path", path, allowed, f"cannot read: {exc}") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            "config_path", os.fspath(path), allowed,
+            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+        ) from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            "config_path", os.fspath(path), allowed, f"duplicate key {exc.args[0]!r} in a JSON object"
+        ) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer literal too long to convert
+        raise ConfigError("config_path", os.fspath(path), allowed, f"invalid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            "config_path", os.fspath(path), allowed, f"the top level is a {type(doc).__name__}"
+        )
+    return doc
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """Level-dependent rules for scope and list (spec 5.3)."""
+    if level == "L2":
+        if scope:
+            raise ConfigError(f"{task}.scope", list(scope), "[] at level L2")
+        if len(names) != 1:
+            raise ConfigError(f"{task}.list", list(names), "exactly one kernel name at level L2")
+        return
+    if not scope or level == "debug":
+        return
+    kinds = []
+    for name in scope:
+        if _API_NAME_RE.fullmatch(name):
+            kinds.append("api")
+        elif _MODULE_NAME_RE.fullmatch(name):
+            kinds.append("module")
+        else:
+            kinds.append(None)
+    api_allowed = "API names such as Functional.relu.0.forward"
+    module_allowed = "module names such as Module.layer1.Linear.forward.0"
+    if level == "L1":
+        allowed, ok = api_allowed, all(kind == "api" for kind in kinds)
+    elif level == "L0":
+        allowed, ok = module_allowed, all(kind == "module" for kind in kinds)
+    else:  # mix
+        allowed, ok = f"{api_allowed} or {module_allowed}", None not in kinds
+    if not ok:
+        raise ConfigError(f"{task}.scope", list(scope), f"{allowed} at level {level}")
+
+
+def _check_dump_path(value: Any) -> None:
+    """Validate the dump path without creating anything (section 9, fix 18).
+
+    Accepted: a non-empty string without NUL, at most 4096 characters with names of at
+    most 255, no symlink among the components as written (the path itself included),
+    either an existing writable directory or a path whose nearest existing ancestor is a
+    writable directory (so it can be created at start).
+    """
+    allowed = "a directory path that exists or can be created"
+    if value is MISSING:
+        raise ConfigError("dump_path", value, allowed, "set it in config.json or as an argument")
+    if not isinstance(value, str):
+        raise ConfigError("dump_path", value, allowed, f"expected a string, got {type(value).__name__}")
+    if not value:
+        raise ConfigError("dump_path", value, allowed, "the path is empty")
+    if "\x00" in value:
+        raise ConfigError("dump_path", value, allowed, "the path contains a NUL character")
+    if len(value) > _MAX_PATH_CHARS or any(len(part) > _MAX_NAME_CHARS for part in value.split(os.sep)):
+        raise ConfigError("dump_path", value, allowed, "the path or one of its names is too long")
+    try:
+        prefix = ""
+        for part in Path(value).parts:
+            prefix = os.path.join(prefix, part) if prefix else part
+            if os.path.islink(prefix):
+                raise ConfigError("dump_path", value, allowed, f"{prefix!r} is a symbolic link")
+        absolute = Path(os.path.abspath(value))
+        if absolute.exists() and not absolute.is_dir():
+            raise ConfigError("dump_path", value, allowed, "it exists and is not a directory")
+        ancestor = absolute
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+    except OSError as exc:
+        raise ConfigError("dump_path", value, allowed, f"cannot inspect the path: {exc}") from None
+    if not ancestor.is_dir():
+        raise ConfigError("dump_path", value, allowed, f"{str(ancestor)!r} exists and is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError("dump_path", value, allowed, f"directory {str(ancestor)!r} is not writable")
