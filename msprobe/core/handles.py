@@ -1,0 +1,75 @@
+"""Removable hook handles, collected so that a session removes everything it installed."""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+
+class Handle(Protocol):
+    """Anything with an idempotent ``remove()`` (``torch.utils.hooks.RemovableHandle``,
+    :class:`CallbackHandle`)."""
+
+    def remove(self) -> None: ...
+
+
+class CallbackHandle:
+    """A handle whose ``remove()`` calls ``undo`` exactly once.
+
+    Args:
+        undo: a callable without arguments that reverses an installation
+            (restores a patched attribute, unregisters a hook).
+    """
+
+    __slots__ = ("_undo",)
+
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self._undo: Callable[[], None] | None = undo
+
+    def remove(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
+
+    def __enter__(self) -> "CallbackHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+class HandleGroup:
+    """Holds handles and removes them all, in reverse order of installation, once.
+
+    ``remove()`` is idempotent; the group can be reused after it (new handles can be
+    added). It is a context manager whose exit removes everything.
+    """
+
+    __slots__ = ("_handles",)
+
+    def __init__(self) -> None:
+        self._handles: list[Handle] = []
+
+    def add(self, handle: Handle) -> Handle:
+        """Keep ``handle`` for a later :meth:`remove`; returns it unchanged."""
+        self._handles.append(handle)
+        return handle
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def remove(self) -> None:
+        """Remove every handle (last installed first); errors of one do not stop the rest."""
+        handles, self._handles = self._handles, []
+        first_error: BaseException | None = None
+        for handle in reversed(handles):
+            try:
+                handle.remove()
+            except Exception as exc:  # keep removing the others
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def __enter__(self) -> "HandleGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

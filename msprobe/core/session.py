@@ -1,0 +1,225 @@
+"""The recording session: start/stop/step state machine shared by all adapters.
+
+One :class:`Session` per ``PrecisionDebugger``; it owns the step counter, the call
+counters, the filters, the stack interner and the log writer, so two debuggers share
+nothing. Adapters (``msprobe.pytorch``, ``msprobe.mindspore``) install hooks that build
+:class:`store.records.Call` events and hand them to :meth:`Session.emit`.
+
+Semantics (spec section 6.1, seeds "start/stop/step"):
+
+* ``start()`` turns forward recording on when the current step and the rank are
+  selected; it creates ``{dump_path}/step{N}/{rank_dir}/`` with skeleton files.
+* ``stop()`` turns forward recording off and exports what the step holds so far.
+  Backward events of forwards recorded in this step are still accepted until ``step()``
+  (a ``stop()`` before ``loss.backward()`` followed by ``step()`` keeps the backward data).
+* ``step()`` exports the step (again, now complete), fsyncs the log, advances the step
+  counter and resets the call counters. Events of a finished step arriving later are
+  dropped, so that ``msprobe export`` over the log reproduces the live layout exactly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import pyarrow as pa
+
+from msprobe.core.config import Config
+from msprobe.core.filters import DataMode, NameList
+from msprobe.core.naming import CallCounter
+from msprobe.core.stack import StackInterner
+from store import schema
+from store.export import export_step
+from store.log_writer import LogWriter
+from store.records import Call, Marker, Stack
+
+logger = logging.getLogger("msprobe")
+
+
+class Session:
+    """State of one recording session.
+
+    Args:
+        config: the validated configuration.
+        framework: ``"pytorch"`` or ``"mindspore"`` (dump.json ``framework``).
+        exclude_dirs: framework package directories dropped from stack.json.
+        dump_data_dir: callable ``(step_dir: Path) -> str | None`` giving dump.json's
+            ``dump_data_dir`` for a step directory (None for task statistics).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        framework: str,
+        exclude_dirs: tuple[str, ...] = (),
+        dump_data_dir: Callable[[Path], Optional[str]] | None = None,
+    ) -> None:
+        self.config = config
+        self.framework = framework
+        self.step = 0
+        self.recording = False
+        self.failed = False
+        self.finished = False
+        self.rank: int | None = None
+        self.rank_dir = "rank"
+        self.api_counter = CallCounter()
+        self.module_counter = CallCounter()
+        self.data_mode = DataMode.from_config(config.data_mode)
+        self.name_list = NameList(config.list)
+        self.stacks = StackInterner(exclude_dirs)
+        self._dump_data_dir = dump_data_dir or (lambda _d: None)
+        self._writer: LogWriter | None = None
+        self._step_tables: list[pa.Table] = []
+        self._stacks: dict[int, tuple[str, ...]] = {}
+        self._opened_step: int | None = None
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._last_step = max(config.step) if config.step else None
+
+    # --- per-thread "inside the tool" flag ---------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """True while this thread runs msprobe's own code or a recorded call (calls made
+        inside are not recorded: only the outermost API call appears, spec 2.1)."""
+        return getattr(self._tls, "busy", False)
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self._tls.busy = value
+
+    # --- selection ------------------------------------------------------------------------
+    def step_selected(self) -> bool:
+        return not self.config.step or self.step in self.config.step
+
+    def rank_selected(self) -> bool:
+        if not self.config.rank:
+            return True
+        return (self.rank or 0) in self.config.rank
+
+    def accepts(self, name: str) -> bool:
+        """The ``list`` filter: substring match on the entry name (spec 5.5)."""
+        return self.name_list.matches(name)
+
+    def open_step(self, step: int) -> bool:
+        """True if events of ``step`` are still accepted (it is the current, unexported step)."""
+        return not self.failed and self._opened_step == step and step == self.step
+
+    # --- state machine ------------------------------------------------------------------------
+    def start(self, rank: int | None, rank_dir: str) -> bool:
+        """Turn recording on for the current step if it and the rank are selected.
+
+        Returns True if recording is now on."""
+        if self.failed or self.finished:
+            return False
+        if self._last_step is not None and self.step > self._last_step:
+            self.finished = True
+            return False
+        self.rank, self.rank_dir = rank, rank_dir
+        if not self.rank_selected() or not self.step_selected():
+            self.recording = False
+            return False
+        with self._lock:
+            if self._writer is None:
+                self._writer = LogWriter(self.config.dump_path, self.rank or 0)
+            first_start = self._opened_step != self.step
+            self._opened_step = self.step
+            self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
+            if first_start:
+                self._export()
+        self.recording = not self.failed
+        return self.recording
+
+    def stop(self) -> None:
+        """Turn forward recording off and export what the step holds so far."""
+        self.recording = False
+        if self._writer is None or self._opened_step != self.step or self.failed:
+            return
+        with self._lock:
+            self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
+            self._export()
+
+    def end_step(self, before_export: Callable[[], None] | None = None) -> None:
+        """Finish the step: export it, fsync the log, advance the counter, reset counters.
+
+        Args:
+            before_export: called first (adapters emit pending backward entries there).
+        """
+        self.recording = False
+        if before_export is not None:
+            before_export()
+        with self._lock:
+            if self._writer is not None and self._opened_step == self.step and not self.failed:
+                self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
+                self._export()
+                self._guard(self._writer.flush, True)
+            self._step_tables = []
+            self._opened_step = None
+            self.step += 1
+            self.api_counter.reset()
+            self.module_counter.reset()
+        if self._last_step is not None and self.step > self._last_step:
+            self.finished = True
+
+    def close(self) -> None:
+        """Flush and close the log (idempotent)."""
+        with self._lock:
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception as exc:  # never raise into training at exit
+                    logger.error("msprobe: closing the event log failed: %s", exc)
+                self._writer = None
+
+    # --- events -----------------------------------------------------------------------------
+    def emit(self, call: Call) -> None:
+        """Append one entry to the log if its step is still open."""
+        if not self.open_step(call.step):
+            return
+        with self._lock:
+            for sid, frames in self.stacks.drain():
+                self._stacks[sid] = frames
+                self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
+            self._guard(self._writer.append, call)
+
+    def meta(self) -> dict:
+        step_dir = self.step_dir()
+        return {
+            "task": self.config.task,
+            "level": self.config.level,
+            "framework": self.framework,
+            "dump_data_dir": self._dump_data_dir(step_dir),
+            "rank_dir": self.rank_dir,
+        }
+
+    def step_dir(self, step: int | None = None) -> Path:
+        return Path(self.config.dump_path) / f"step{self.step if step is None else step}" / self.rank_dir
+
+    # --- internals ---------------------------------------------------------------------------
+    def _export(self) -> None:
+        if self._writer is None or self.failed:
+            return
+        table = self._guard(self._writer.take_step, self.step)
+        if table is None:
+            return
+        if table.num_rows:
+            self._step_tables.append(table)
+        rows = pa.concat_tables(self._step_tables) if self._step_tables else schema.LOG_SCHEMA.empty_table()
+        self._guard(export_step, rows, self._stacks, self.meta(), self.step_dir())
+
+    def _guard(self, fn, *args):
+        """Run a store call; on failure log one clear error and stop recording for good."""
+        if self.failed:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.failed = True
+            self.recording = False
+            logger.error(
+                "msprobe: recording stopped after an I/O error (%s: %s); data written before stays readable in %s",
+                type(exc).__name__, exc, os.fspath(self.config.dump_path),
+            )
+            return None

@@ -1,0 +1,83 @@
+"""Call-stack capture with interning: each distinct user stack is formatted once.
+
+stack.json frames are strings ``"File {path}, line {n}, in {func}, \\n {source line}"``,
+innermost first (spec section 4.1). Per spec section 9 (fix 17) only user frames are
+kept: frames of msprobe itself, of ``store`` and of the framework packages given at
+construction are dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+import sys
+from types import CodeType
+from typing import Iterable
+
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../msprobe
+_STORE_ROOT = os.path.join(os.path.dirname(_PACKAGE_ROOT), "store")
+
+
+def _stack_id(frames: tuple[str, ...]) -> int:
+    digest = hashlib.blake2b("\n".join(frames).encode("utf-8", "replace"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+class StackInterner:
+    """Captures the current call stack and returns a stable int64 id for it.
+
+    Args:
+        exclude_dirs: directories whose files are not user code (framework packages);
+            msprobe's own package and ``store`` are always excluded.
+        max_depth: at most this many user frames are kept.
+
+    ``capture()`` walks ``sys._getframe`` (no ``inspect.stack()``: it reads source for every
+    frame), keys the walk by ``(code, line)`` pairs, and formats strings only the first
+    time a key is seen. New stacks are queued in :attr:`new_stacks` for the writer.
+    """
+
+    def __init__(self, exclude_dirs: Iterable[str] = (), max_depth: int = 64) -> None:
+        dirs = [_PACKAGE_ROOT, _STORE_ROOT, *exclude_dirs]
+        self._exclude = tuple(os.path.join(os.path.abspath(d), "") for d in dirs)
+        self._max_depth = max_depth
+        self._by_key: dict[tuple, int] = {}
+        self._code_user: dict[CodeType, bool] = {}
+        self.new_stacks: list[tuple[int, tuple[str, ...]]] = []
+
+    def _is_user(self, code: CodeType) -> bool:
+        known = self._code_user.get(code)
+        if known is None:
+            filename = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+            known = not filename.startswith(self._exclude)
+            self._code_user[code] = known
+        return known
+
+    def capture(self) -> int:
+        """Return the id of the current user stack (registering it if new)."""
+        frame = sys._getframe(1)
+        key = []
+        depth = 0
+        while frame is not None and depth < self._max_depth:
+            code = frame.f_code
+            if self._is_user(code):
+                key.append((code, frame.f_lineno))
+                depth += 1
+            frame = frame.f_back
+        tkey = tuple(key)
+        sid = self._by_key.get(tkey)
+        if sid is None:
+            frames = tuple(_format(code, line) for code, line in tkey)
+            sid = _stack_id(frames)
+            self._by_key[tkey] = sid
+            self.new_stacks.append((sid, frames))
+        return sid
+
+    def drain(self) -> list[tuple[int, tuple[str, ...]]]:
+        """Return and forget the stacks registered since the last drain."""
+        out, self.new_stacks = self.new_stacks, []
+        return out
+
+
+def _format(code: CodeType, line: int) -> str:
+    source = linecache.getline(code.co_filename, line).strip()
+    return f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}"

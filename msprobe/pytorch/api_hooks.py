@@ -1,0 +1,116 @@
+"""API interception: wrap the functions named in ``support_wrap_ops.yaml``.
+
+Families (spec section 7.1): ``Tensor`` (``torch.Tensor`` methods), ``Torch`` (``torch.*``),
+``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``). Each listed name is
+replaced by a wrapper that, while the session records and the thread is not already
+inside a recorded call, hands the call to :meth:`Recorder.record_api`; otherwise it calls
+the original at once. ``install_api_hooks`` returns a handle that restores every original.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from msprobe.core.handles import CallbackHandle, HandleGroup
+
+logger = logging.getLogger("msprobe")
+
+DEFAULT_API_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
+
+# yaml key -> (family prefix, owner resolver)
+_FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
+    "tensor": ("Tensor", lambda: torch.Tensor),
+    "torch": ("Torch", lambda: torch),
+    "functional": ("Functional", lambda: torch.nn.functional),
+    "_VF": ("VF", lambda: torch._VF),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    """One hookable API: ``family`` prefix, ``api`` name, the ``owner`` object holding it."""
+
+    family: str
+    api: str
+    owner: Any
+
+
+def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
+    """Read an API list YAML (``{yaml_key: [names]}``) and resolve the names.
+
+    Returns ``(specs, unknown)``: names absent from the installed framework are reported
+    in ``unknown`` (and logged once), not fatal.
+
+    Raises:
+        OSError / yaml.YAMLError: the file cannot be read or parsed.
+    """
+    with open(path or DEFAULT_API_LIST, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh) or {}
+    specs: list[ApiSpec] = []
+    unknown: list[str] = []
+    for key, names in doc.items():
+        fam = _FAMILIES.get(key)
+        if fam is None:
+            unknown.append(f"{key}: (unsupported family)")
+            continue
+        family, resolve = fam
+        owner = resolve()
+        for name in names or []:
+            if not isinstance(name, str) or not callable(getattr(owner, name, None)):
+                unknown.append(f"{key}.{name}")
+                continue
+            specs.append(ApiSpec(family, name, owner))
+    if unknown:
+        logger.info("msprobe: %d API names in the API list are not in this torch: %s",
+                    len(unknown), ", ".join(unknown[:10]))
+    return specs, unknown
+
+
+def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
+    """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals."""
+    group = HandleGroup()
+    session = recorder.session
+    for spec in specs:
+        owner, name = spec.owner, spec.api
+        own = name in vars(owner) if isinstance(owner, type) else True
+        original = getattr(owner, name)
+        if getattr(original, "__msprobe_original__", None) is not None:
+            continue  # already wrapped by another recorder: never wrap twice
+        wrapper = _make_wrapper(original, spec.family, name, recorder, session)
+        try:
+            setattr(owner, name, wrapper)
+        except (AttributeError, TypeError):
+            continue
+        group.add(CallbackHandle(functools.partial(_restore, owner, name, original if own else None)))
+    return group
+
+
+def _restore(owner: Any, name: str, original: Any) -> None:
+    if original is None:  # the name was inherited (torch.Tensor from TensorBase)
+        delattr(owner, name)
+    else:
+        setattr(owner, name, original)
+
+
+def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: Any) -> Callable:
+    key = f"{family}.{api}"
+    record = recorder.record_api
+    tls = session._tls
+
+    def wrapper(*args, **kwargs):
+        if not session.recording or getattr(tls, "busy", False):
+            return original(*args, **kwargs)
+        return record(original, family, key, args, kwargs)
+
+    try:
+        functools.update_wrapper(wrapper, original)
+    except (AttributeError, TypeError):
+        pass
+    wrapper.__msprobe_original__ = original
+    return wrapper

@@ -1,0 +1,60 @@
+"""Keep autograd's implicit seed gradient out of the dump (spec section 9, fix 2).
+
+``loss.backward()`` creates its seed gradient with ``torch.ones_like``, which upstream
+records as a user call (``Torch.ones_like.0.forward``). The guard wraps
+``torch.autograd.backward`` and ``torch.autograd.grad``: when no gradient is given for a
+scalar output, the guard creates it itself, as msprobe's own (unrecorded) operation, and
+passes it explicitly. Values are identical to autograd's own seed.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from msprobe.core.handles import CallbackHandle, HandleGroup
+
+
+def _seed(outputs: Any, grads: Any) -> Any:
+    if grads is not None:
+        return grads
+    if isinstance(outputs, torch.Tensor):
+        outs = (outputs,)
+    elif isinstance(outputs, (list, tuple)) and all(isinstance(o, torch.Tensor) for o in outputs):
+        outs = tuple(outputs)
+    else:
+        return grads
+    if not all(o.requires_grad and o.numel() == 1 and o.layout == torch.strided for o in outs):
+        return grads
+    return tuple(torch.ones_like(o, memory_format=torch.preserve_format) for o in outs)
+
+
+def install_autograd_guard(session: Any) -> HandleGroup:
+    """Wrap ``torch.autograd.backward``/``grad`` for ``session``; returns restoring handles."""
+    group = HandleGroup()
+    tls = session._tls
+    for name, grads_pos, grads_kw in (("backward", 1, "grad_tensors"), ("grad", 2, "grad_outputs")):
+        original = getattr(torch.autograd, name)
+        if getattr(original, "__msprobe_original__", None) is not None:
+            continue
+
+        def wrapper(*args, __original=original, __pos=grads_pos, __kw=grads_kw, **kwargs):
+            if session.recording and not getattr(tls, "busy", False) and len(args) <= __pos and kwargs.get(__kw) is None:
+                outputs = args[0] if args else kwargs.get("tensors" if __kw == "grad_tensors" else "outputs")
+                tls.busy = True
+                try:
+                    seed = _seed(outputs, None)
+                except Exception:
+                    seed = None
+                finally:
+                    tls.busy = False
+                if seed is not None:
+                    kwargs[__kw] = seed
+            return __original(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, original)
+        wrapper.__msprobe_original__ = original
+        setattr(torch.autograd, name, wrapper)
+        group.add(CallbackHandle(functools.partial(setattr, torch.autograd, name, original)))
+    return group

@@ -1,0 +1,182 @@
+"""``PrecisionDebugger`` for PyTorch: the user API (seeds "PyTorch 场景的精度数据采集").
+
+Typical use::
+
+    debugger = PrecisionDebugger(config_path="./config.json")
+    for data, label in loader:
+        debugger.start(model)      # recording on for this step
+        loss = criterion(model(data), label)
+        loss.backward()
+        debugger.stop()            # recording off; files written
+        debugger.step()            # step finished: step{N}/rank/ complete, counter N+1
+
+Each debugger owns one :class:`msprobe.core.session.Session`; a second debugger shares no
+state with the first (spec section 9, fix 22). The most recently constructed one is the
+target of the static ``PrecisionDebugger.save`` (level ``debug``).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import warnings
+import weakref
+from typing import Any, ClassVar, Optional, Sequence
+
+import torch
+
+from msprobe.core.config import Config, load_config
+from msprobe.core.errors import ConfigError, MsprobeError
+from msprobe.core.handles import HandleGroup
+from msprobe.core.session import Session
+from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
+from msprobe.pytorch.autograd_guard import install_autograd_guard
+from msprobe.pytorch.module_hooks import install_module_hooks
+from msprobe.pytorch.recorder import Recorder
+
+logger = logging.getLogger("msprobe")
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_MODEL_LEVELS = ("L0", "mix")
+_API_LEVELS = ("L1", "mix")
+
+
+def _current_rank() -> tuple[Optional[int], str]:
+    """``(rank, rank_dir)``: the global rank and ``rank{R}`` when torch.distributed is
+    initialised, else ``(None, "rank")`` (spec section 1.1)."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        r = dist.get_rank()
+        return r, f"rank{r}"
+    return None, "rank"
+
+
+def _as_models(model: Any, level: str) -> tuple[list[torch.nn.Module], bool]:
+    """Validate ``model`` → ``(models, indexed)``; raises ConfigError for a bad type."""
+    if isinstance(model, torch.nn.Module):
+        return [model], False
+    if isinstance(model, (list, tuple)) and model and all(isinstance(m, torch.nn.Module) for m in model):
+        return list(model), True
+    raise ConfigError("model", model, "a torch.nn.Module or a non-empty list/tuple of torch.nn.Module",
+                      detail=f"level {level} records modules")
+
+
+class PrecisionDebugger:
+    """Records a PyTorch training run (spec section 6.1, with the fixes of section 9).
+
+    Args:
+        config_path: path of a config.json (spec section 5); None = the shipped default.
+        task: ``"statistics"``, ``"tensor"`` or ``"structure"``; overrides the file.
+        dump_path: output directory; overrides the file.
+        level: ``"L0"``, ``"L1"``, ``"mix"`` or ``"debug"``; overrides the file.
+        model: a ``torch.nn.Module`` or list/tuple of them (L0/mix); ``start(model)`` overrides.
+        step: list of steps to record (ints and ``"a-b"`` ranges); overrides the file.
+
+    Raises:
+        ConfigError: any invalid value, naming the field, the value and what is allowed,
+            before any training code runs.
+    """
+
+    _latest: ClassVar[Optional["weakref.ref[PrecisionDebugger]"]] = None
+
+    def __init__(self, config_path: Optional[str] = None, task: Optional[str] = None,
+                 dump_path: Optional[str] = None, level: Optional[str] = None,
+                 model: Any = None, step: Optional[Sequence[Any]] = None) -> None:
+        self.config: Config = load_config(config_path, task=task, dump_path=dump_path, level=level,
+                                          step=step, framework="pytorch")
+        if self.config.level == "L2":
+            raise ConfigError("level", "L2", "L0, L1, mix, debug",
+                              detail="kernel dump (L2) needs Ascend hardware and is not supported by msprobe for PyTorch")
+        if model is not None:
+            _as_models(model, self.config.level)
+        self.model = model
+        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,))
+        self.recorder = Recorder(self.session)
+        self._api_handles: Optional[HandleGroup] = None
+        self._model_handles: Optional[HandleGroup] = None
+        self._hooked_models: list[int] = []
+        self._deprecation_warned = False
+        PrecisionDebugger._latest = weakref.ref(self)
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # --- user API -------------------------------------------------------------------------
+    def start(self, model: Any = None) -> None:
+        """Start (or resume) recording the current step.
+
+        Args:
+            model: overrides the constructor's model (levels L0/mix need one).
+
+        Raises:
+            ConfigError: level L0/mix without a model, or a model of the wrong type.
+        """
+        level = self.config.level
+        if level == "debug":
+            return
+        model = model if model is not None else self.model
+        models: list[torch.nn.Module] = []
+        indexed = False
+        if level in _MODEL_LEVELS:
+            if model is None:
+                raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them",
+                                  detail=f"level {level} records modules: pass model to PrecisionDebugger(...) or start(model)")
+            models, indexed = _as_models(model, level)
+        rank, rank_dir = _current_rank()
+        if not self.session.start(rank, rank_dir):
+            return
+        if level in _API_LEVELS and self._api_handles is None:
+            specs, _unknown = load_api_list()
+            self._api_handles = HandleGroup()
+            self._api_handles.add(install_autograd_guard(self.session))
+            self._api_handles.add(install_api_hooks(specs, self.recorder))
+        if models:
+            ids = [id(m) for m in models]
+            if ids != self._hooked_models:
+                if self._model_handles is not None:
+                    self._model_handles.remove()
+                self._model_handles = install_module_hooks(models, indexed, self.recorder)
+                self._hooked_models = ids
+
+    def stop(self) -> None:
+        """Stop recording forward calls; the step's files are written. Backward calls of
+        forwards recorded in this step are still recorded until :meth:`step`."""
+        self.session.stop()
+
+    def forward_backward_dump_end(self) -> None:
+        """Deprecated alias of :meth:`stop` (warns once)."""
+        if not self._deprecation_warned:
+            self._deprecation_warned = True
+            warnings.warn("forward_backward_dump_end() is deprecated; use stop()", DeprecationWarning, stacklevel=2)
+        self.stop()
+
+    def step(self) -> None:
+        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
+        self.session.end_step(before_export=self.recorder.flush_pending)
+
+    def close(self) -> None:
+        """Remove every hook and close the event log (idempotent)."""
+        if self.session.recording:
+            self.session.stop()
+        for handles in (self._api_handles, self._model_handles):
+            if handles is not None:
+                handles.remove()
+        self._api_handles = self._model_handles = None
+        self._hooked_models = []
+        self.session.close()
+
+    def __enter__(self) -> "PrecisionDebugger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
+    dbg = ref()
+    if dbg is None:
+        return
+    try:
+        if dbg.session.recording:
+            dbg.session.stop()
+        dbg.session.close()
+    except Exception as exc:  # never fail the interpreter exit
+        logger.error("msprobe: final flush failed: %s", exc)

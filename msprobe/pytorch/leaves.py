@@ -1,0 +1,210 @@
+"""Turn nested PyTorch call arguments into dump records (spec section 3.3, fixes 4/13 of 9).
+
+Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
+
+* tensors: ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mean", "Norm",
+  "requires_grad"}`` (+ ``md5`` in summary_mode md5); parameters are ``torch.Tensor`` too;
+* ``None`` (and a missing gradient): JSON ``null``;
+* lists, tuples, structseqs: JSON lists; dicts, namedtuples, dataclasses: JSON objects;
+* other values: ``{"type": ..., "value": ...}``: int, float, bool, str, slice, Ellipsis,
+  ``torch.dtype``, ``torch.device`` (``"cpu"``, ``"cuda:1"``), ``torch.Size``,
+  ``torch.memory_format`` (``{"type", "format"}``), numpy scalars (numpy type name), and any
+  other object as its qualified type name with a short, safe ``repr``.
+
+Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from msprobe.pytorch.stats import crc32_hex, tensor_stats
+from store import schema
+from store.records import Leaf
+
+MAX_DEPTH = 10
+MAX_TEXT = 256
+
+
+def _qualname(obj: Any) -> str:
+    t = type(obj)
+    mod = t.__module__
+    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
+
+
+def _safe_repr(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{_qualname(obj)} object>"
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _json_number(v: Any) -> Any:
+    return v
+
+
+def value_record(obj: Any) -> dict:
+    """The JSON record of a non-tensor, non-container value."""
+    if isinstance(obj, bool):
+        return {"type": "bool", "value": obj}
+    if isinstance(obj, int):
+        return {"type": "int", "value": obj}
+    if isinstance(obj, float):
+        return {"type": "float", "value": obj}
+    if isinstance(obj, str):
+        return {"type": "str", "value": obj if len(obj) <= 4096 else obj[:4093] + "..."}
+    if isinstance(obj, slice):
+        return {"type": "slice", "value": [_slice_part(obj.start), _slice_part(obj.stop), _slice_part(obj.step)]}
+    if obj is Ellipsis:
+        return {"type": "ellipsis", "value": "..."}
+    if isinstance(obj, torch.dtype):
+        return {"type": "torch.dtype", "value": str(obj)}
+    if isinstance(obj, torch.device):
+        return {"type": "torch.device", "value": str(obj)}
+    if isinstance(obj, torch.Size):
+        return {"type": "torch.Size", "value": list(obj)}
+    if isinstance(obj, torch.memory_format):
+        return {"type": "torch.memory_format", "format": str(obj).rpartition(".")[2]}
+    if isinstance(obj, np.generic):
+        try:
+            v = obj.item()
+            json.dumps(v)
+        except Exception:
+            v = _safe_repr(obj)
+        return {"type": type(obj).__name__, "value": v}
+    if isinstance(obj, complex):
+        return {"type": "complex", "value": _safe_repr(obj)}
+    return {"type": _qualname(obj), "value": _safe_repr(obj)}
+
+
+def _slice_part(v: Any) -> Any:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.layout == torch.strided and v.device.type != "meta":
+        return v.item() if not v.is_floating_point() else float(v.item())
+    return _safe_repr(v)
+
+
+class LeafBuilder:
+    """Builds the leaves of one recorded argument structure.
+
+    Args:
+        md5: also compute CRC-32 (summary_mode md5).
+        with_data: compute statistics (False for task ``structure``).
+    """
+
+    __slots__ = ("md5", "with_data")
+
+    def __init__(self, *, md5: bool, with_data: bool = True) -> None:
+        self.md5 = md5
+        self.with_data = with_data
+
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
+        """The leaf of one tensor."""
+        st = tensor_stats(t) if self.with_data else None
+        crc = None
+        if self.md5 and self.with_data:
+            try:
+                crc = crc32_hex(t)
+            except Exception:
+                crc = None
+        if st is None:
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                        dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                        requires_grad=bool(t.requires_grad))
+        return Leaf(
+            io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+            dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+            max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+            max_finite=st.max_finite, min_finite=st.min_finite,
+            crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
+        )
+
+    def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
+        """Append the leaves of ``value`` (found under top-level key ``io``) to ``out``."""
+        for p, v, kind in _walk(value, path, 0):
+            if kind == schema.LEAF_TENSOR:
+                out.append(self.tensor_leaf(io, p, v))
+            elif kind == schema.LEAF_VALUE:
+                out.append(Leaf(io=io, path=p, leaf_kind=kind, type=v.get("type"),
+                                value_json=json.dumps(v)))
+            else:
+                out.append(Leaf(io=io, path=p, leaf_kind=kind))
+
+    def sequence(self, io: str, values: Any, out: list[Leaf]) -> None:
+        """Leaves of a top-level list (``input_args``, ``output``): element ``i`` at path ``(i,)``."""
+        for i, v in enumerate(values):
+            self.leaves(io, v, out, (i,))
+
+    def mapping(self, io: str, values: dict, out: list[Leaf]) -> None:
+        """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
+        for k, v in values.items():
+            self.leaves(io, v, out, (str(k),))
+
+
+def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
+    if isinstance(value, torch.Tensor):
+        yield path, value, schema.LEAF_TENSOR
+        return
+    if value is None:
+        yield path, None, schema.LEAF_NONE
+        return
+    if depth >= MAX_DEPTH:
+        yield path, {"type": _qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
+        return
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        fields = getattr(value, "_fields", None)
+        if fields is not None and isinstance(value, tuple) and not _is_structseq(value):
+            items = list(zip((str(f) for f in fields), value))
+            if not items:
+                yield path, None, schema.LEAF_EMPTY_DICT
+            for k, v in items:
+                yield from _walk(v, path + (k,), depth + 1)
+            return
+        if len(value) == 0:
+            yield path, None, schema.LEAF_EMPTY_LIST
+            return
+        for i, v in enumerate(value):
+            yield from _walk(v, path + (i,), depth + 1)
+        return
+    if isinstance(value, dict):
+        if not value:
+            yield path, None, schema.LEAF_EMPTY_DICT
+            return
+        for k, v in value.items():
+            yield from _walk(v, path + (str(k),), depth + 1)
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        if not fields:
+            yield path, None, schema.LEAF_EMPTY_DICT
+        for f in fields:
+            yield from _walk(getattr(value, f.name, None), path + (f.name,), depth + 1)
+        return
+    try:
+        yield path, value_record(value), schema.LEAF_VALUE
+    except Exception:
+        yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
+
+
+def _is_structseq(value: Any) -> bool:
+    return type(value).__module__ == "torch.return_types" or hasattr(type(value), "n_sequence_fields")
+
+
+def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Every tensor inside a nested structure (lists, tuples, dicts, dataclasses)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < MAX_DEPTH:
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                yield from iter_tensors(v, depth + 1)
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from iter_tensors(v, depth + 1)

@@ -1,0 +1,364 @@
+"""The PyTorch recorder: turns intercepted calls into events for the session.
+
+One :class:`Recorder` per ``PrecisionDebugger``. API wrappers (``api_hooks``), module hooks
+(``module_hooks``) and parameter-gradient hooks (``grad_hooks``) call into it; it builds
+the leaves (``leaves``), installs the backward views (``backward``) and emits
+:class:`store.records.Call` events through the session.
+
+Every entry point sets the thread's ``busy`` flag while msprobe's own code runs, so the
+tensor operations msprobe performs (statistics, views) are never recorded as user API
+calls (spec section 9, fixes 1–2). Internal errors are logged once and stop recording;
+they never propagate into the training script.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Optional
+
+import torch
+
+from msprobe.core.naming import to_backward
+from msprobe.core.session import Session
+from msprobe.pytorch.backward import BackwardTaps, PendingBackward
+from msprobe.pytorch.leaves import LeafBuilder
+from store import schema
+from store.records import Call, Leaf
+
+logger = logging.getLogger("msprobe")
+
+_current_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def in_recompute() -> bool:
+    """True while autograd's engine runs a backward in this thread: a forward call made now
+    is activation-checkpointing recomputation (``is_recompute``)."""
+    return _current_graph_task_id is not None and _current_graph_task_id() != -1
+
+
+class _ApiPlan:
+    __slots__ = ("key", "fwd", "want_fwd", "pending", "leaves", "args", "kwargs", "originals",
+                 "parent", "stack_id", "recompute")
+
+
+class ModuleFrame:
+    """A module forward in progress (the innermost one parents API calls)."""
+
+    __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
+                 "pending", "originals", "want_fwd", "recompute")
+
+
+class Recorder:
+    """Builds events from intercepted PyTorch calls.
+
+    Args:
+        session: the recording session (state, counters, filters, writer).
+    """
+
+    def __init__(self, session: Session) -> None:
+        cfg = session.config
+        self.session = session
+        self.dm = session.data_mode
+        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
+        self.taps = BackwardTaps(self._on_grad)
+        self.pending: dict[int, PendingBackward] = {}
+        self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
+        self._warned = False
+
+    # --- per-thread state -------------------------------------------------------------------
+    def frames(self) -> list:
+        tls = self.session._tls
+        stack = getattr(tls, "frames", None)
+        if stack is None:
+            stack = tls.frames = []
+        return stack
+
+    def parent(self) -> Optional[str]:
+        stack = getattr(self.session._tls, "frames", None)
+        if stack:
+            for frame in reversed(stack):
+                if frame is not None:
+                    return frame.name
+        return None
+
+    # --- API calls ----------------------------------------------------------------------------
+    def record_api(self, original: Any, family: str, key: str, args: tuple, kwargs: dict) -> Any:
+        """Run ``original(*args, **kwargs)`` recording it as ``{key}.{n}.forward`` (and its
+        backward). Exceptions of ``original`` propagate unchanged."""
+        tls = self.session._tls
+        tls.busy = True
+        try:
+            try:
+                plan = self._api_before(family, key, args, kwargs)
+            except Exception as exc:
+                self.internal_error(exc)
+                plan = None
+            if plan is None:
+                return original(*args, **kwargs)
+            out = original(*plan.args, **plan.kwargs)
+            try:
+                return self._api_after(plan, out)
+            except Exception as exc:
+                self.internal_error(exc)
+                return _unview(out, plan.originals)
+        finally:
+            tls.busy = False
+
+    def _api_before(self, family: str, key: str, args: tuple, kwargs: dict) -> Optional[_ApiPlan]:
+        s, dm = self.session, self.dm
+        n = s.api_counter.next(key)
+        fwd = f"{key}.{n}.forward"
+        bwd = f"{key}.{n}.backward"
+        want_fwd = dm.forward and s.accepts(fwd)
+        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        if not (want_fwd or want_bwd):
+            return None
+        plan = _ApiPlan()
+        plan.key, plan.fwd, plan.want_fwd = key, fwd, want_fwd
+        plan.parent = self.parent()
+        plan.stack_id = s.stacks.capture()
+        plan.recompute = in_recompute()
+        leaves: list[Leaf] = []
+        if want_fwd and dm.allows("forward", "input"):
+            self.leaves.sequence("input_args", args, leaves)
+            self.leaves.mapping("input_kwargs", kwargs, leaves)
+        plan.leaves = leaves
+        plan.args, plan.kwargs, plan.originals = args, kwargs, {}
+        plan.pending = None
+        if want_bwd:
+            pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
+                                      parent=to_backward(plan.parent), stack_id=plan.stack_id,
+                                      keys=self._backward_keys())
+            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs)
+            plan.pending = pending
+        return plan
+
+    def _api_after(self, plan: _ApiPlan, out: Any) -> Any:
+        s, dm = self.session, self.dm
+        result = out
+        if plan.pending is not None:
+            result = self.taps.tap_outputs(plan.pending, out, plan.originals)
+            self._keep_pending(plan.pending)
+        elif plan.originals:
+            result = _unview(out, plan.originals)
+        if plan.want_fwd:
+            keys = []
+            if dm.allows("forward", "input"):
+                keys += ["input_args", "input_kwargs"]
+            keys.append("is_recompute")
+            if dm.allows("forward", "output"):
+                keys.append("output")
+                self.leaves.sequence("output", _as_list(out), plan.leaves)
+            s.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
+                        parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
+                        keys=tuple(keys), leaves=tuple(plan.leaves)))
+        return result
+
+    def _backward_keys(self) -> tuple[str, ...]:
+        keys = []
+        if self.dm.allows("backward", "input"):
+            keys.append("input")
+        if self.dm.allows("backward", "output"):
+            keys.append("output")
+        return tuple(keys)
+
+    # --- module calls --------------------------------------------------------------------------
+    def module_pre(self, module: torch.nn.Module, prefix: str, args: tuple, kwargs: dict):
+        """Forward pre-hook body; returns ``(args, kwargs)`` to substitute, or None."""
+        s = self.session
+        tls = s._tls
+        stack = self.frames()
+        if not s.recording or getattr(tls, "busy", False):
+            stack.append(None)
+            return None
+        tls.busy = True
+        pushed = False
+        try:
+            frame = self._module_frame(module, prefix, args, kwargs)
+            stack.append(frame)
+            pushed = True
+            if frame is None or frame.pending is None:
+                return None
+            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs)
+            if new_args is args and new_kwargs is kwargs:
+                return None
+            return new_args, new_kwargs
+        except Exception as exc:
+            self.internal_error(exc)
+            if not pushed:
+                stack.append(None)
+            return None
+        finally:
+            tls.busy = False
+
+    def _module_frame(self, module, prefix: str, args: tuple, kwargs: dict) -> Optional[ModuleFrame]:
+        s, dm = self.session, self.dm
+        n = s.module_counter.next(prefix)
+        fwd = f"{prefix}.forward.{n}"
+        bwd = f"{prefix}.backward.{n}"
+        want_fwd = dm.forward and s.accepts(fwd)
+        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        if not (want_fwd or want_bwd):
+            return None
+        frame = ModuleFrame()
+        frame.module_id, frame.name, frame.prefix, frame.n = id(module), fwd, prefix, n
+        frame.parent = self.parent()
+        frame.stack_id = s.stacks.capture()
+        frame.recompute = in_recompute()
+        frame.want_fwd = want_fwd
+        frame.originals = {}
+        leaves: list[Leaf] = []
+        if want_fwd:
+            if dm.allows("forward", "input"):
+                self.leaves.sequence("input_args", args, leaves)
+                self.leaves.mapping("input_kwargs", kwargs, leaves)
+            if dm.allows_parameters():
+                self.leaves.mapping("parameters", dict(module.named_parameters(recurse=False)), leaves)
+        frame.leaves = leaves
+        frame.pending = None
+        if want_bwd:
+            frame.pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD,
+                                            api_type=prefix.split(".", 1)[0], parent=to_backward(frame.parent),
+                                            stack_id=frame.stack_id, keys=self._backward_keys())
+        self.modules_seen.add(prefix)
+        return frame
+
+    def module_post(self, module: torch.nn.Module, output: Any) -> Any:
+        """Forward hook body (also runs when forward raised); returns a substitute output or None."""
+        s = self.session
+        tls = s._tls
+        stack = getattr(tls, "frames", None)
+        if not stack:
+            return None
+        frame = stack.pop()
+        if frame is None:
+            return None
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            result = output
+            if frame.pending is not None:
+                result = self.taps.tap_outputs(frame.pending, output, frame.originals)
+                self._keep_pending(frame.pending)
+            if frame.want_fwd:
+                dm = self.dm
+                keys = []
+                if dm.allows("forward", "input"):
+                    keys += ["input_args", "input_kwargs"]
+                if dm.allows("forward", "output"):
+                    keys.append("output")
+                    self.leaves.sequence("output", _as_list(output), frame.leaves)
+                if dm.allows_parameters():
+                    keys.append("parameters")
+                keys.append("is_recompute")
+                s.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
+                            api_type=frame.prefix.split(".", 1)[0], parent=frame.parent,
+                            stack_id=frame.stack_id, is_recompute=frame.recompute,
+                            keys=tuple(keys), leaves=tuple(frame.leaves)))
+            return None if result is output else result
+        except Exception as exc:
+            self.internal_error(exc)
+            return None
+        finally:
+            tls.busy = prev
+
+    # --- parameter gradients ----------------------------------------------------------------
+    def parameter_grad(self, prefix: str, pname: str, names: tuple[str, ...], param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook body: record ``param.grad`` under
+        ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
+        s = self.session
+        if prefix not in self.modules_seen or s.failed or not self.dm.allows_parameters_grad():
+            return
+        name = f"{prefix}.parameters_grad"
+        if not s.accepts(name):
+            return
+        tls = s._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            grad = param.grad
+            leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if grad is not None
+                    else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
+            s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
+                        keys=names, leaves=(leaf,)))
+        except Exception as exc:
+            self.internal_error(exc)
+        finally:
+            tls.busy = prev
+
+    # --- backward ------------------------------------------------------------------------------
+    def _keep_pending(self, pending: PendingBackward) -> None:
+        if pending.expect_in or pending.expect_out:
+            self.pending[id(pending)] = pending
+
+    def _on_grad(self, pending: PendingBackward, side: str, paths: list, grad: Optional[torch.Tensor]) -> None:
+        s = self.session
+        tls = s._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            if pending.done:
+                return
+            if not s.open_step(pending.step):
+                pending.done = True
+                self.pending.pop(id(pending), None)
+                return
+            grads = pending.grads_in if side == "input" else pending.grads_out
+            if grad is not None and isinstance(grad, torch.Tensor):
+                first = self.leaves.tensor_leaf(side, paths[0], grad)
+                for p in paths:
+                    grads[p] = first if p == paths[0] else dataclasses.replace(first, path=p)
+            if side == "output":
+                pending.fired_out += 1
+                complete = pending.fired_out >= pending.expect_out
+            else:
+                pending.fired_in += 1
+                complete = pending.expect_out == 0 and pending.fired_in >= pending.expect_in
+            if complete:
+                self._emit_pending(pending)
+        except Exception as exc:
+            self.internal_error(exc)
+        finally:
+            tls.busy = prev
+
+    def _emit_pending(self, pending: PendingBackward) -> None:
+        pending.done = True
+        self.pending.pop(id(pending), None)
+        if pending.keys and (pending.fired_in or pending.fired_out):
+            self.session.emit(pending.to_call())
+
+    def flush_pending(self) -> None:
+        """Emit the backward entries still incomplete (some gradient never arrived)."""
+        tls = self.session._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            for pending in list(self.pending.values()):
+                if not pending.done and self.session.open_step(pending.step):
+                    self._emit_pending(pending)
+            self.pending.clear()
+            self.modules_seen.clear()
+        finally:
+            tls.busy = prev
+
+    def internal_error(self, exc: BaseException) -> None:
+        """Log an internal error once, with its traceback, and stop recording."""
+        if not self._warned:
+            self._warned = True
+            logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
+                         exc_info=exc)
+        self.session.recording = False
+        self.session.failed = True
+
+
+def _as_list(out: Any) -> list:
+    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields") or type(out).__module__ == "torch.return_types":
+        return list(out)
+    return [out]
+
+
+def _unview(out: Any, originals: dict) -> Any:
+    """Hand back the caller's tensor where an in-place call returned our input view."""
+    if originals and isinstance(out, torch.Tensor):
+        return originals.get(id(out), out)
+    return out

@@ -1,0 +1,129 @@
+"""Tensor statistics for dump records (spec section 3.4, with the fixes of section 9).
+
+=====================  =====================  ==================================
+tensor                 Max / Min              Mean / Norm
+=====================  =====================  ==================================
+empty, meta, sparse    null                   null
+bool                   any() / all()          null
+complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
+float16/bfloat16/fp32  exact, source dtype    Mean in float64, Norm in float32
+float64, integer       exact (float64)        float64
+0-dim (non-bool)       the value              Mean = value, Norm = ``|value|``
+=====================  =====================  ==================================
+
+NaN propagates through Max/Min (``has_nan``); when Max or Min is not finite,
+``Max_except_inf_nan``/``Min_except_inf_nan`` are the max/min over the finite elements
+(over the non-NaN ones when no element is finite; NaN when all are NaN).
+CRC-32 (dump.json ``md5``, spec 3.5): ``zlib.crc32`` of the C-order bytes of the tensor
+on the host, bf16 converted to float32 first, as 8 lowercase hex digits.
+
+Example: ``torch.tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.7417.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Optional
+
+import numpy as np
+import torch
+
+_F64 = torch.float64
+_F32 = torch.float32
+_LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class TensorStats:
+    """Statistics of one tensor as Python floats (None = JSON null)."""
+
+    __slots__ = ("max", "min", "mean", "norm", "max_finite", "min_finite", "has_nan", "has_inf")
+
+    def __init__(self) -> None:
+        self.max: Optional[float] = None
+        self.min: Optional[float] = None
+        self.mean: Optional[float] = None
+        self.norm: Optional[float] = None
+        self.max_finite: Optional[float] = None
+        self.min_finite: Optional[float] = None
+        self.has_nan: Optional[bool] = None
+        self.has_inf: Optional[bool] = None
+
+
+def has_data(t: torch.Tensor) -> bool:
+    """False for tensors whose values cannot be read (meta, sparse, other layouts, empty)."""
+    return t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0
+
+
+def tensor_stats(t: torch.Tensor) -> TensorStats:
+    """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
+
+    Raises nothing for odd tensors: those without readable data get all-null stats.
+    """
+    s = TensorStats()
+    if not has_data(t):
+        return s
+    with torch.no_grad():
+        x = t.detach()
+        dtype = x.dtype
+        if dtype == torch.bool:
+            s.max = float(bool(x.any()))
+            s.min = float(bool(x.all()))
+            s.has_nan = s.has_inf = False
+            return s
+        if x.is_complex():
+            mag = x.abs().to(_F64)
+            vals = torch.stack([mag.max(), mag.min(), mag.mean(), torch.linalg.vector_norm(mag)]).tolist()
+        elif dtype in _LOW_FLOATS:
+            mn, mx = torch.aminmax(x)
+            vals = torch.stack([
+                mx.to(_F64), mn.to(_F64), x.mean(dtype=_F64),
+                torch.linalg.vector_norm(x, dtype=_F32).to(_F64),
+            ]).tolist()
+        else:
+            x64 = x.to(_F64)
+            mn, mx = torch.aminmax(x64)
+            vals = torch.stack([mx, mn, x64.mean(), torch.linalg.vector_norm(x64)]).tolist()
+        s.max, s.min, s.mean, s.norm = vals
+        if x.dim() == 0:
+            s.norm = abs(s.max)
+        fin_max, fin_min = math.isfinite(s.max), math.isfinite(s.min)
+        s.has_nan = math.isnan(s.max) or math.isnan(s.min)
+        s.has_inf = (not s.has_nan) and (math.isinf(s.max) or math.isinf(s.min))
+        if not (fin_max and fin_min):
+            _except_inf_nan(x, s)
+    return s
+
+
+def _except_inf_nan(x: torch.Tensor, s: TensorStats) -> None:
+    """Rare path: Max/Min not finite. Fills has_nan/has_inf exactly and the except fields."""
+    v = x.abs() if x.is_complex() else x
+    v = v.to(_F64)
+    nan = torch.isnan(v)
+    inf = torch.isinf(v)
+    s.has_nan = bool(nan.any())
+    s.has_inf = bool(inf.any())
+    finite = v[~(nan | inf)]
+    if finite.numel():
+        s.max_finite, s.min_finite = float(finite.max()), float(finite.min())
+        return
+    not_nan = v[~nan]
+    if not_nan.numel():
+        s.max_finite, s.min_finite = float(not_nan.max()), float(not_nan.min())
+    else:
+        s.max_finite = s.min_finite = float("nan")
+
+
+def crc32_hex(t: torch.Tensor) -> Optional[str]:
+    """CRC-32 of the tensor's C-order host bytes (bf16 → float32 first), 8 hex digits.
+
+    Empty tensors give ``"00000000"``; tensors without readable data give None.
+    """
+    if t.layout != torch.strided or t.device.type == "meta":
+        return None
+    with torch.no_grad():
+        x = t.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.to(_F32)
+        x = x.resolve_conj().resolve_neg().cpu().contiguous()
+        arr = np.ascontiguousarray(x.numpy())
+    return format(zlib.crc32(arr.view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")

@@ -1,0 +1,105 @@
+"""Typed records the log writer accepts: one frozen, slotted dataclass per row kind.
+
+Adapters build these (through ``msprobe.core.events``), the writer turns them into
+columns of :data:`store.schema.LOG_SCHEMA`. Nothing here knows a deep-learning framework:
+dtypes and types are plain strings (``"torch.float32"``, ``"Float16"``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+PathComponent = Union[int, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leaf:
+    """One argument leaf of a call (see ``store.schema`` row kind ``leaf``).
+
+    Args:
+        io: top-level key of the dump.json entry (``input_args``, ``input_kwargs``,
+            ``output``, ``parameters``, ``input``; a parameter name in a
+            ``parameters_grad`` entry; ``""`` for a debug save).
+        path: components below ``io``: ``int`` list index, ``str`` dict key; ``()`` when
+            the leaf is the whole value.
+        leaf_kind: one of ``store.schema.LEAF_KINDS``.
+        type: record ``type`` (``"torch.Tensor"``, ``"int"``...); None for null leaves.
+        dtype, shape, numel: tensor metadata (shape a tuple of ints, ``()`` for 0-dim).
+        max, min, mean, norm: statistics as float64 (bool tensors: 1.0/0.0); None = null.
+        max_finite, min_finite: ``Max_except_inf_nan``/``Min_except_inf_nan``; None when
+            not applicable.
+        crc32: 8 lowercase hex digits (dump.json ``md5``) or None.
+        requires_grad: None where the framework has no such flag.
+        has_nan, has_inf: whether the tensor holds NaN / ±Inf.
+        data_name: tensor file name for task ``tensor``; None otherwise.
+        payload: payload reference (``shard:key``) for task ``tensor``; None otherwise.
+        value_json: for ``leaf_kind == "value"``: the complete JSON record text.
+    """
+
+    io: str
+    path: tuple[PathComponent, ...]
+    leaf_kind: str
+    type: Optional[str] = None
+    dtype: Optional[str] = None
+    shape: Optional[tuple[int, ...]] = None
+    numel: Optional[int] = None
+    max: Optional[float] = None
+    min: Optional[float] = None
+    mean: Optional[float] = None
+    norm: Optional[float] = None
+    max_finite: Optional[float] = None
+    min_finite: Optional[float] = None
+    crc32: Optional[str] = None
+    requires_grad: Optional[bool] = None
+    has_nan: Optional[bool] = None
+    has_inf: Optional[bool] = None
+    data_name: Optional[str] = None
+    payload: Optional[str] = None
+    value_json: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    """One dump.json entry (row kind ``call``) with its leaves.
+
+    Args:
+        step: step number the entry belongs to.
+        kind: one of ``store.schema.CALL_KINDS``.
+        name: dump.json key, e.g. ``Functional.linear.0.forward``.
+        api_type: family prefix (``Functional``, ``Tensor``, ``Module``, ``Cell``...).
+        parent: construct.json parent, or None.
+        stack_id: id of an interned stack (see :class:`Stack`), or None.
+        is_recompute: PyTorch forward entries only; None elsewhere.
+        keys: top-level keys of the entry, in dump.json order.
+        leaves: the argument leaves.
+    """
+
+    step: int
+    kind: str
+    name: str
+    api_type: str
+    parent: Optional[str] = None
+    stack_id: Optional[int] = None
+    is_recompute: Optional[bool] = None
+    keys: tuple[str, ...] = ()
+    leaves: tuple[Leaf, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    """An interned call stack: ``frames`` innermost first, each one upstream-style string
+    ``"File {path}, line {n}, in {func}, \\n {source}"``; ``stack_id`` a stable int64."""
+
+    stack_id: int
+    frames: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Marker:
+    """A session marker (``start``, ``stop``, ``step_end``) with its metadata: a dict of
+    JSON-serialisable values holding at least ``task``, ``level``, ``framework``,
+    ``dump_data_dir`` and ``rank_dir``."""
+
+    step: int
+    kind: str
+    meta: dict

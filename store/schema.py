@@ -1,0 +1,156 @@
+"""The one schema of the msprobe event log: Arrow columns, row kinds, entry kinds.
+
+Every module in ``store/`` (writer, reader, exporter, query views) imports its column
+names from here and never spells one locally.
+
+The log is one Arrow IPC *stream* per writing process and rank, a sequence of record
+batches that all share :data:`LOG_SCHEMA`. Each row is one of four row kinds
+(column :data:`ROW`):
+
+``call``
+    one dump.json entry (or a part of one: ``parameters_grad`` entries arrive one
+    parameter at a time and are merged by the exporter). Columns ``kind``, ``name``,
+    ``api_type``, ``parent``, ``stack_id``, ``is_recompute`` and ``keys`` (the JSON list of
+    the entry's top-level keys, in dump.json order) are set.
+``leaf``
+    one argument leaf of the call with the same ``seq``: a tensor with statistics, a
+    non-tensor value, ``None``, or an empty container. ``io`` names the top-level key of
+    the entry it belongs to (``input_args``, ``input_kwargs``, ``output``, ``parameters``,
+    ``input``, a parameter name for ``parameters_grad``, or ``""`` for a debug save whose
+    value is the saved variable itself); ``path`` is the JSON list of components below it
+    (``int`` = list index, ``str`` = dict key), ``arg`` the same path joined with ``.``.
+``stack``
+    one interned call stack: ``stack_id`` and ``frames`` (innermost first).
+``marker``
+    a session marker (``kind`` one of :data:`MARKER_KINDS`) with ``meta``: a JSON object
+    holding ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
+
+The format version is stamped into the schema metadata under ``msprobe.format``.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = "1"
+FORMAT_KEY = b"msprobe.format"
+
+# --- columns -------------------------------------------------------------------------
+RANK = "rank"
+STEP = "step"
+SEQ = "seq"
+ROW = "row"
+KIND = "kind"
+NAME = "name"
+API_TYPE = "api_type"
+PARENT = "parent"
+STACK_ID = "stack_id"
+IS_RECOMPUTE = "is_recompute"
+KEYS = "keys"
+IO = "io"
+PATH = "path"
+ARG = "arg"
+LEAF_KIND = "leaf_kind"
+TYPE = "type"
+DTYPE = "dtype"
+SHAPE = "shape"
+NUMEL = "numel"
+MAX = "max"
+MIN = "min"
+MEAN = "mean"
+NORM = "norm"
+MAX_FINITE = "max_finite"
+MIN_FINITE = "min_finite"
+CRC32 = "crc32"
+REQUIRES_GRAD = "requires_grad"
+HAS_NAN = "has_nan"
+HAS_INF = "has_inf"
+DATA_NAME = "data_name"
+PAYLOAD = "payload"
+VALUE_JSON = "value_json"
+FRAMES = "frames"
+META = "meta"
+
+LOG_SCHEMA = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int32(), nullable=False),
+        pa.field(SEQ, pa.int64(), nullable=False),
+        pa.field(ROW, pa.string(), nullable=False),
+        pa.field(KIND, pa.string()),
+        pa.field(NAME, pa.string()),
+        pa.field(API_TYPE, pa.string()),
+        pa.field(PARENT, pa.string()),
+        pa.field(STACK_ID, pa.int64()),
+        pa.field(IS_RECOMPUTE, pa.bool_()),
+        pa.field(KEYS, pa.string()),
+        pa.field(IO, pa.string()),
+        pa.field(PATH, pa.string()),
+        pa.field(ARG, pa.string()),
+        pa.field(LEAF_KIND, pa.string()),
+        pa.field(TYPE, pa.string()),
+        pa.field(DTYPE, pa.string()),
+        pa.field(SHAPE, pa.list_(pa.int64())),
+        pa.field(NUMEL, pa.int64()),
+        pa.field(MAX, pa.float64()),
+        pa.field(MIN, pa.float64()),
+        pa.field(MEAN, pa.float64()),
+        pa.field(NORM, pa.float64()),
+        pa.field(MAX_FINITE, pa.float64()),
+        pa.field(MIN_FINITE, pa.float64()),
+        pa.field(CRC32, pa.string()),
+        pa.field(REQUIRES_GRAD, pa.bool_()),
+        pa.field(HAS_NAN, pa.bool_()),
+        pa.field(HAS_INF, pa.bool_()),
+        pa.field(DATA_NAME, pa.string()),
+        pa.field(PAYLOAD, pa.string()),
+        pa.field(VALUE_JSON, pa.string()),
+        pa.field(FRAMES, pa.list_(pa.string())),
+        pa.field(META, pa.string()),
+    ],
+    metadata={FORMAT_KEY: FORMAT_VERSION.encode()},
+)
+COLUMNS: tuple[str, ...] = tuple(LOG_SCHEMA.names)
+
+# --- row kinds -------------------------------------------------------------------------
+ROW_CALL = "call"
+ROW_LEAF = "leaf"
+ROW_STACK = "stack"
+ROW_MARKER = "marker"
+
+# --- call kinds (column KIND on call and leaf rows) -----------------------------------
+API_FORWARD = "api_forward"
+API_BACKWARD = "api_backward"
+MODULE_FORWARD = "module_forward"
+MODULE_BACKWARD = "module_backward"
+PARAMETERS_GRAD = "parameters_grad"
+DEBUG_SAVE = "debug_save"
+CALL_KINDS = (API_FORWARD, API_BACKWARD, MODULE_FORWARD, MODULE_BACKWARD, PARAMETERS_GRAD, DEBUG_SAVE)
+FORWARD_KINDS = (API_FORWARD, MODULE_FORWARD, DEBUG_SAVE)
+BACKWARD_KINDS = (API_BACKWARD, MODULE_BACKWARD, PARAMETERS_GRAD)
+MODULE_KINDS = (MODULE_FORWARD, MODULE_BACKWARD)
+API_KINDS = (API_FORWARD, API_BACKWARD)
+
+# --- marker kinds -------------------------------------------------------------------------
+MARKER_START = "start"
+MARKER_STOP = "stop"
+MARKER_STEP_END = "step_end"
+MARKER_KINDS = (MARKER_START, MARKER_STOP, MARKER_STEP_END)
+
+# --- leaf kinds ---------------------------------------------------------------------------
+LEAF_TENSOR = "tensor"          # statistics columns set; record built from columns
+LEAF_VALUE = "value"            # VALUE_JSON holds the whole JSON record
+LEAF_NONE = "none"              # Python None or a missing gradient: JSON null
+LEAF_EMPTY_LIST = "empty_list"  # an empty list/tuple at this path: JSON []
+LEAF_EMPTY_DICT = "empty_dict"  # an empty dict at this path: JSON {}
+LEAF_KINDS = (LEAF_TENSOR, LEAF_VALUE, LEAF_NONE, LEAF_EMPTY_LIST, LEAF_EMPTY_DICT)
+
+# dtype spellings whose Max/Min are booleans (any/all) in dump.json
+BOOL_DTYPES = frozenset({"torch.bool", "Bool", "bool"})
+
+# top-level keys whose empty value is a JSON object; all others are lists
+DICT_ROOTS = frozenset({"input_kwargs", "parameters"})
+
+# store layout inside dump_path
+STORE_DIR = ".msprobe"
+LOG_DIR = "log"
+LOG_SUFFIX = ".arrows"
