@@ -1,0 +1,156 @@
+"""``msprobe`` command line: ``msprobe export`` and ``msprobe query``.
+
+::
+
+    msprobe export DUMP_PATH [-o OUT]
+        rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
+        from the log under DUMP_PATH; prints each directory written and each skipped part
+    msprobe query DUMP_PATH "SQL" [--format table|csv|json]
+        run SQL over the views tensors, calls, stacks (see store.query)
+
+Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
+log, a failed export or an invalid query (message on stderr). Imports no deep-learning
+framework.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from store.errors import StoreError
+
+__all__ = ["main"]
+
+FORMATS = ("table", "csv", "json")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="msprobe", description="msprobe precision-debugging dump tools"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    export = commands.add_parser(
+        "export", help="rebuild the dump layout (dump.json, stack.json, construct.json) from the log"
+    )
+    export.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
+    export.add_argument(
+        "-o", "--out", metavar="OUT", default=None, help="output directory (default: DUMP_PATH)"
+    )
+    query = commands.add_parser("query", help="run SQL over the views tensors, calls, stacks")
+    query.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
+    query.add_argument("sql", metavar="SQL", help="one SQL statement")
+    query.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+    return parser
+
+
+def _text(value: Any, *, null: str) -> str:
+    if value is None:
+        return null
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def format_table(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Aligned text columns: header, a dashed rule, one line per row; NULL for null.
+
+    >>> print(format_table(["a", "bb"], [[1, None]]))
+    a | bb
+    --+-----
+    1 | NULL
+    """
+    cells = [[_text(value, null="NULL") for value in row] for row in rows]
+    widths = [len(name) for name in names]
+    for row in cells:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
+    lines = [" | ".join(name.ljust(width) for name, width in zip(names, widths)).rstrip()]
+    lines.append("-+-".join("-" * width for width in widths))
+    for row in cells:
+        lines.append(" | ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _format_csv(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(names)
+    for row in rows:
+        writer.writerow([_text(value, null="") for value in row])
+    return out.getvalue().rstrip("\n")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from store.export import export_log
+
+    report = export_log(args.dump_path, args.out)
+    directories: list[Path] = []
+    for path in report.written:
+        if path.parent not in directories:
+            directories.append(path.parent)
+    for directory in directories:
+        names = ", ".join(p.name for p in report.written if p.parent == directory)
+        print(f"wrote {directory} ({names})")
+    for skip in report.skipped:
+        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
+        print(f"skipped {skip.path}{where}: {skip.reason}")
+    if not report.written:
+        print("nothing to export")
+    return 0
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    from store.query import query
+
+    table = query(args.dump_path, args.sql)
+    names = table.column_names
+    columns = [table.column(name).to_pylist() for name in names]
+    rows = list(zip(*columns)) if columns else []
+    if args.format == "json":
+        text = json.dumps([dict(zip(names, row)) for row in rows], indent=1, default=str)
+    elif args.format == "csv":
+        text = _format_csv(names, rows)
+    else:
+        text = format_table(names, rows)
+    print(text)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``msprobe`` command line; returns the exit status (0 ok, 2 error).
+
+    Args:
+        argv: arguments without the program name; None means ``sys.argv[1:]``.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage error (2) or --help (0)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        if args.command == "export":
+            return _run_export(args)
+        return _run_query(args)
+    except (StoreError, OSError) as exc:
+        print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""Export: build the documented dump layout from log rows.
+
+Layout (upstream-dump-format.md sections 1, 3, 4)::
+
+    {out}/step{N}/{rank_dir}/dump.json, stack.json, construct.json     levels L0, L1, mix
+    {out}/{rank_dir}/debug.json                                         level debug
+
+:func:`export_step` turns the rows of one rank and one step into the three files; it is
+used both live (rows from :meth:`store.log_writer.LogWriter.take_step`) and offline
+(:func:`export_log`, rows from :func:`store.log_reader.read_log`). The output depends only
+on the set of rows and, within one ``seq``, on the order of its leaf rows (both paths keep
+the order the writer gave them), so the two paths write byte-identical files.
+Every file is written atomically (temporary name in the same directory, then
+``os.replace``), mode 0o640, in directories of mode 0o750.
+
+Entry building, in short (details on :func:`build_entries`): call rows sorted by ``seq``
+give the entries in order of first appearance, rows with the same name merge; a
+``{P}.parameters_grad`` entry is placed right after the step's first ``{P}.forward.{n}``
+entry; leaf rows (same ``seq`` as their call) fill each key of the entry by ``path``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store import schema as S
+from store.errors import ExportError
+from store.fileutil import atomic_write_text, make_dirs
+from store.log_reader import Skipped, read_log
+
+__all__ = [
+    "DEBUG_FILE",
+    "DUMP_FILE",
+    "CONSTRUCT_FILE",
+    "STACK_FILE",
+    "META_KEYS",
+    "ExportReport",
+    "build_entries",
+    "export_debug",
+    "export_log",
+    "export_step",
+]
+
+DUMP_FILE = "dump.json"
+STACK_FILE = "stack.json"
+CONSTRUCT_FILE = "construct.json"
+DEBUG_FILE = "debug.json"
+META_KEYS = ("task", "level", "framework", "dump_data_dir", "rank_dir")
+LEVEL_DEBUG = "debug"
+_TASK_STRUCTURE = "structure"
+_CONSTRUCT_KINDS = {
+    "L0": frozenset(S.MODULE_KINDS),
+    "mix": frozenset(S.MODULE_KINDS + S.API_KINDS),
+}
+_PG_SUFFIX = "." + S.PARAMETERS_GRAD
+_FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
+_LEAF_COLUMNS = (
+    S.SEQ, S.IO, S.PATH, S.LEAF_KIND, S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN,
+    S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
+)
+_CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+
+
+@dataclass
+class _Entry:
+    name: str
+    kind: str
+    keys: list[str]
+    parent: Optional[str] = None
+    stack_id: Optional[int] = None
+    is_recompute: Optional[bool] = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+# --- leaf records ------------------------------------------------------------------------
+def _tensor_record(
+    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite, min_finite, crc32,
+    data_name,
+) -> dict:
+    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order."""
+    record: dict[str, Any] = {"type": type_, "dtype": dtype, "shape": shape}
+    if dtype in S.BOOL_DTYPES:
+        record["Max"] = None if max_ is None else bool(max_)
+        record["Min"] = None if min_ is None else bool(min_)
+        record["Mean"] = None
+        record["Norm"] = None
+    else:
+        record["Max"] = max_
+        record["Min"] = min_
+        record["Mean"] = mean
+        record["Norm"] = norm
+    if requires_grad is not None:
+        record["requires_grad"] = requires_grad
+    if max_finite is not None:
+        record["Max_except_inf_nan"] = max_finite
+    if min_finite is not None:
+        record["Min_except_inf_nan"] = min_finite
+    if crc32 is not None:
+        record["md5"] = crc32
+    if data_name is not None:
+        record["data_name"] = data_name
+    return record
+
+
+def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
+    """Store ``value`` at ``path`` below ``root`` (int = list index, str = dict key),
+    creating containers on the way; returns the (possibly new) root. Lists are padded
+    with None. A component that does not fit the container met (a key into a list) drops
+    the leaf.
+
+    >>> _put(None, [1, "a"], 5)
+    [None, {'a': 5}]
+    """
+    if not path:
+        return value
+    if not isinstance(root, (list, dict)):
+        root = [] if isinstance(path[0], int) else {}
+    node = root
+    last = len(path) - 1
+    for depth, part in enumerate(path):
+        if isinstance(node, list):
+            if not isinstance(part, int) or part < 0:
+                return root
+            if len(node) <= part:
+                node.extend([None] * (part + 1 - len(node)))
+            slot = part
+        else:
+            slot = part if isinstance(part, str) else str(part)
+        if depth == last:
+            node[slot] = value
+            break
+        child = node[slot] if isinstance(node, list) else node.get(slot)
+        if not isinstance(child, (list, dict)):
+            child = [] if isinstance(path[depth + 1], int) else {}
+            node[slot] = child
+        node = child
+    return root
+
+
+# --- entries -----------------------------------------------------------------------------
+def _order_entries(entries: dict[str, _Entry]) -> list[str]:
+    """Entry names in output order: first appearance, except that ``P.parameters_grad``
+    follows the first ``P.forward.<n>`` entry when the step has one."""
+    anchor_of: dict[str, str] = {}
+    first_forward: dict[str, str] = {}
+    for name in entries:
+        match = _FORWARD_COUNTER.search(name)
+        if match is not None:
+            first_forward.setdefault(name[: match.start()], name)
+    for name, entry in entries.items():
+        if entry.kind == S.PARAMETERS_GRAD and name.endswith(_PG_SUFFIX):
+            anchor = first_forward.get(name[: -len(_PG_SUFFIX)])
+            if anchor is not None:
+                anchor_of[name] = anchor
+    followers: dict[str, list[str]] = {}
+    for name, anchor in anchor_of.items():
+        followers.setdefault(anchor, []).append(name)
+    order: list[str] = []
+    for name in entries:
+        if name in anchor_of:
+            continue
+        order.append(name)
+        order.extend(followers.get(name, ()))
+    return order
+
+
+def _entry_value(entry: _Entry) -> Any:
+    if entry.kind == S.DEBUG_SAVE:
+        return entry.values.get("")
+    value: dict[str, Any] = {}
+    for key in entry.keys:
+        if key == S.IS_RECOMPUTE:
+            value[key] = entry.is_recompute
+        elif key in entry.values:
+            value[key] = entry.values[key]
+        elif key in S.DICT_ROOTS:
+            value[key] = {}
+        elif entry.kind == S.PARAMETERS_GRAD:
+            value[key] = [None]
+        else:
+            value[key] = []
+    return value
+
+
+def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
+    """Build dump.json entries from the rows of one rank (any steps, any order).
+
+    Returns ``(order, entries)``: entry names in dump.json order and the internal entry
+    objects (use :func:`entry_values` for the JSON values). Rules (brief and spec 3.2):
+
+    1. call rows in ``seq`` order; one entry per ``name``, keys in order of first
+       appearance across rows; ``parent``, ``stack_id``, ``is_recompute`` from the first
+       row where they are set.
+    2. leaf rows (``seq`` of their call) in (``seq``, row order) fill ``values[io]`` by
+       ``path``; a later leaf at the same path replaces an earlier one.
+    3. ``P.parameters_grad`` follows the first ``P.forward.<n>`` entry.
+    """
+    rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
+    is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
+    calls = rows.filter(is_call).select(list(_CALL_COLUMNS)).to_pydict()
+    entries: dict[str, _Entry] = {}
+    entry_of_seq: dict[int, _Entry] = {}
+    keys_cache: dict[Optional[str], list[str]] = {}
+    for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(
+        *(calls[c] for c in _CALL_COLUMNS)
+    ):
+        if name is None:
+            continue
+        keys = keys_cache.get(keys_text)
+        if keys is None:
+            keys = json.loads(keys_text) if keys_text else []
+            keys_cache[keys_text] = keys
+        entry = entries.get(name)
+        if entry is None:
+            entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
+        else:
+            for key in keys:
+                if key not in entry.keys:
+                    entry.keys.append(key)
+        if entry.parent is None:
+            entry.parent = parent
+        if entry.stack_id is None:
+            entry.stack_id = stack_id
+        if entry.is_recompute is None:
+            entry.is_recompute = is_recompute
+        entry_of_seq[seq] = entry
+
+    leaves = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF)).select(list(_LEAF_COLUMNS)).to_pydict()
+    path_cache: dict[Optional[str], list] = {}
+    for (
+        seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
+        requires_grad, max_finite, min_finite, crc32, data_name, value_json,
+    ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+        entry = entry_of_seq.get(seq)
+        if entry is None:
+            continue
+        if leaf_kind == S.LEAF_TENSOR:
+            value = _tensor_record(
+                type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
+                min_finite, crc32, data_name,
+            )
+        elif leaf_kind == S.LEAF_VALUE:
+            value = json.loads(value_json) if value_json is not None else None
+        elif leaf_kind == S.LEAF_EMPTY_LIST:
+            value = []
+        elif leaf_kind == S.LEAF_EMPTY_DICT:
+            value = {}
+        else:
+            value = None
+        path = path_cache.get(path_text)
+        if path is None:
+            path = json.loads(path_text) if path_text else []
+            path_cache[path_text] = path
+        key = io if io is not None else ""
+        entry.values[key] = _put(entry.values.get(key), path, value)
+    return _order_entries(entries), entries
+
+
+def entry_values(order: Sequence[str], entries: Mapping[str, _Entry]) -> dict[str, Any]:
+    """``{name: entry value}`` in ``order`` (the ``data`` object of dump.json)."""
+    return {name: _entry_value(entries[name]) for name in order}
+
+
+# --- files -------------------------------------------------------------------------------
+def _check_meta(meta: Mapping[str, Any]) -> None:
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise ExportError(
+            f"meta: missing {', '.join(map(repr, missing))}; required: {', '.join(META_KEYS)}"
+        )
+    rank_dir = meta["rank_dir"]
+    if (
+        not isinstance(rank_dir, str)
+        or rank_dir in ("", ".", "..")
+        or "/" in rank_dir
+        or "\\" in rank_dir
+        or "\0" in rank_dir
+    ):
+        raise ExportError(
+            f"meta rank_dir: got {rank_dir!r}; allowed: one directory name such as 'rank' or 'rank0'"
+        )
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1)
+
+
+def _top(meta: Mapping[str, Any], level: str, data: dict) -> dict:
+    return {
+        "task": meta["task"],
+        "level": level,
+        "framework": meta["framework"],
+        "dump_data_dir": meta["dump_data_dir"],
+        "data": {} if meta["task"] == _TASK_STRUCTURE else data,
+    }
+
+
+def export_step(
+    rows: pa.Table,
+    stacks: Mapping[int, Sequence[str]],
+    meta: Mapping[str, Any],
+    out_dir: Union[str, os.PathLike],
+) -> list[Path]:
+    """Write ``dump.json``, ``stack.json`` and ``construct.json`` of one rank and step.
+
+    Args:
+        rows: call, leaf (and possibly marker/stack, ignored) rows of one rank and one
+            step, in any order (:data:`store.schema.LOG_SCHEMA`).
+        stacks: ``{stack_id: frames}``; stacks not referenced by a call are ignored.
+        meta: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
+        out_dir: the rank directory (``{dump_path}/step{N}/{rank_dir}``); created with
+            mode 0o750 if missing.
+    Returns:
+        The three files written, in the order above.
+    Raises:
+        ExportError: ``meta`` lacks a key or has an unsafe ``rank_dir``.
+        OSError: a file could not be written (earlier files may have been replaced).
+
+    Example: one ``Torch.add.0.forward`` call with a float32 output leaf gives
+    ``{"Torch.add.0.forward": {"output": [{"type": "torch.Tensor", "dtype":
+    "torch.float32", "shape": [2], "Max": 2.0, "Min": 1.0, "Mean": 1.5, "Norm": 2.236}]}}``
+    as ``data``.
+    """
+    _check_meta(meta)
+    order, entries = build_entries(rows)
+    level = meta["level"]
+    data = entry_values(order, entries)
+    stack_json = {
+        name: list(stacks[entries[name].stack_id])
+        for name in order
+        if entries[name].stack_id is not None and entries[name].stack_id in stacks
+    }
+    kinds = _CONSTRUCT_KINDS.get(level, frozenset())
+    construct = {name: entries[name].parent for name in order if entries[name].kind in kinds}
+    directory = make_dirs(out_dir)
+    written = []
+    for file_name, obj in (
+        (DUMP_FILE, _top(meta, level, data)),
+        (STACK_FILE, stack_json),
+        (CONSTRUCT_FILE, construct),
+    ):
+        target = directory / file_name
+        atomic_write_text(target, _dumps(obj))
+        written.append(target)
+    return written
+
+
+def export_debug(
+    rows: pa.Table, meta: Mapping[str, Any], out_dir: Union[str, os.PathLike]
+) -> list[Path]:
+    """Write ``debug.json`` (level debug, spec 1.2) of one rank: entries of all steps
+    merged in ``seq`` order, top-level ``level`` = ``"debug"``.
+
+    Args:
+        rows: the rank's rows, any steps, any order.
+        meta: as for :func:`export_step`.
+        out_dir: the rank directory ``{dump_path}/{rank_dir}``.
+    Returns:
+        ``[out_dir / "debug.json"]``.
+    Raises:
+        ExportError: bad ``meta``. OSError: the write failed.
+    """
+    _check_meta(meta)
+    order, entries = build_entries(rows)
+    directory = make_dirs(out_dir)
+    target = directory / DEBUG_FILE
+    atomic_write_text(target, _dumps(_top(meta, LEVEL_DEBUG, entry_values(order, entries))))
+    return [target]
+
+
+# --- offline export ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExportReport:
+    """What :func:`export_log` did.
+
+    Attributes:
+        written: files written, in order.
+        groups: ``(rank, step)`` pairs exported (step -1: a whole-rank debug.json).
+        skipped: unreadable log parts (torn tails) and groups that could not be exported
+            (``offset`` -1, ``path`` the log directory or rank).
+    """
+
+    written: tuple[Path, ...]
+    groups: tuple[tuple[int, int], ...]
+    skipped: tuple[Skipped, ...]
+
+
+def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
+    """(seq, step, meta) of the marker rows of one rank, by seq."""
+    markers = rows.filter(pc.equal(rows[S.ROW], S.ROW_MARKER)).select([S.SEQ, S.STEP, S.META])
+    found = []
+    for seq, step, meta_text in zip(*(markers[c].to_pylist() for c in (S.SEQ, S.STEP, S.META))):
+        try:
+            meta = json.loads(meta_text) if meta_text else None
+        except ValueError:
+            meta = None
+        if isinstance(meta, dict):
+            found.append((seq, step, meta))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+def _meta_for_step(markers: list[tuple[int, int, dict]], step: int) -> Optional[dict]:
+    """Meta of the latest marker (by seq) with step <= ``step``; else the earliest one."""
+    chosen = None
+    for _, marker_step, meta in markers:
+        if marker_step <= step:
+            chosen = meta
+    if chosen is None and markers:
+        chosen = markers[0][2]
+    return chosen
+
+
+def export_log(
+    dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None
+) -> ExportReport:
+    """Rebuild the dump layout from the log under ``dump_path`` (every rank and step).
+
+    For each rank, each step with call or marker rows becomes
+    ``{out or dump_path}/step{N}/{rank_dir}/`` via :func:`export_step`, with the meta of
+    the rank's latest marker at or before step N (the earliest marker when none is). A
+    rank whose meta says level ``debug`` becomes ``{out}/{rank_dir}/debug.json`` instead.
+    Idempotent: running it twice writes the same bytes.
+
+    Raises:
+        LogNotFoundError: no log under ``dump_path``.
+        OSError: a file could not be written.
+    """
+    contents = read_log(dump_path)
+    root = Path(out) if out is not None else Path(dump_path)
+    log_dir = str(Path(dump_path) / S.STORE_DIR / S.LOG_DIR)
+    table = contents.table.filter(pc.not_equal(contents.table[S.ROW], S.ROW_STACK))
+    table = table.sort_by([(S.RANK, "ascending"), (S.STEP, "ascending"), (S.SEQ, "ascending")])
+    written: list[Path] = []
+    groups: list[tuple[int, int]] = []
+    skipped: list[Skipped] = list(contents.skipped)
+    ranks = table[S.RANK].to_numpy()
+    steps = table[S.STEP].to_numpy()
+    for rank_start, rank_stop in _runs(ranks):
+        rank = int(ranks[rank_start])
+        rank_rows = table.slice(rank_start, rank_stop - rank_start)
+        markers = _marker_metas(rank_rows)
+        if not markers:
+            skipped.append(Skipped(log_dir, -1, f"rank {rank}: no marker with metadata; not exported"))
+            continue
+        try:
+            if markers[-1][2].get("level") == LEVEL_DEBUG:
+                meta = markers[-1][2]
+                _check_meta(meta)
+                written += export_debug(rank_rows, meta, root / meta["rank_dir"])
+                groups.append((rank, -1))
+                continue
+            rank_steps = steps[rank_start:rank_stop]
+            for step_start, step_stop in _runs(rank_steps):
+                step = int(rank_steps[step_start])
+                if step < 0:
+                    continue
+                meta = _meta_for_step(markers, step)
+                _check_meta(meta)
+                step_rows = rank_rows.slice(step_start, step_stop - step_start)
+                out_dir = root / f"step{step}" / meta["rank_dir"]
+                written += export_step(step_rows, contents.stacks, meta, out_dir)
+                groups.append((rank, step))
+        except ExportError as exc:
+            skipped.append(Skipped(log_dir, -1, f"rank {rank}: {exc}; not exported"))
+    return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped))
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` of runs of equal values in a sorted 1-d array."""
+    if len(values) == 0:
+        return []
+    cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(values)]
+    return list(zip(bounds[:-1], bounds[1:]))

@@ -1,0 +1,85 @@
+"""Private-permission directories and atomic file writes.
+
+Files created by ``store`` are never world-accessible: directories get mode ``0o750``
+and files ``0o640``, set with an explicit ``chmod`` so that the process umask does not
+matter (upstream dump layout, spec section 1.1 "permissions").
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def make_dirs(path: PathLike) -> Path:
+    """Create ``path`` and any missing parents, each new one with mode ``0o750``.
+
+    Directories that already exist keep their mode.
+
+    Args:
+        path: directory to create.
+    Returns:
+        ``Path(path)``.
+    Raises:
+        OSError: creation failed, or ``path`` exists and is not a directory.
+    """
+    target = Path(path)
+    missing = []
+    probe = target
+    while not probe.is_dir():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue
+        os.chmod(directory, DIR_MODE)
+    return target
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically, file mode ``0o640``.
+
+    The bytes go to a temporary file in the same directory, which then replaces ``path``
+    with :func:`os.replace`: a reader sees the old file or the new one, never a part.
+    The directory must exist. On failure the temporary file is removed.
+
+    Args:
+        path: destination file.
+        data: complete file contents.
+        fsync: fsync the file before the rename (unit: one ``os.fsync`` call).
+    Raises:
+        OSError: the write or the rename failed.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), FILE_MODE)
+            handle.write(data)
+            handle.flush()
+            if fsync:
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(path: PathLike, text: str, *, fsync: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)

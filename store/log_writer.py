@@ -1,0 +1,451 @@
+"""Append-only event log writer: one Arrow IPC stream per writer (process and rank).
+
+The writer takes the typed records of :mod:`store.records` and appends them to
+``{dump_path}/.msprobe/log/rank{rank}.{pid}.{time_ns}.arrows`` as record batches of
+:data:`store.schema.LOG_SCHEMA` (design.md, section Store). Nothing is ever rewritten:
+a batch, once flushed, stays as written; a process killed mid-write leaves a torn tail
+that :class:`store.log_reader.LogReader` skips.
+
+Hot path. ``append`` only assigns a sequence number and keeps a reference to the frozen
+record (a handful of list appends, independent of the number of leaves); the records are
+turned into columns (one Python list per column, then one Arrow array per column) when a
+batch is flushed: when ``flush_rows`` rows are pending, when ``flush_interval_s`` has
+passed since the last flush (checked on each append), and on :meth:`LogWriter.flush`,
+:meth:`LogWriter.take_step` and :meth:`LogWriter.close`.
+
+Row conventions (see :mod:`store.schema` for the columns):
+
+- ``call`` and ``leaf`` rows of one :class:`~store.records.Call` share its ``seq``; leaf
+  rows repeat the call's ``step``, ``kind``, ``name`` and ``api_type`` so that the query
+  views need no join. ``path`` holds the compact JSON list of components
+  (``[0,"k"]``), ``arg`` the components joined with ``"."`` (``"0.k"``; ``""`` for ``()``).
+- ``stack`` rows carry ``step = -1`` and ``seq = -1`` (a stack belongs to no step); each
+  ``stack_id`` is written at most once per writer.
+- ``marker`` rows get a ``seq`` like calls and carry ``meta`` as compact JSON text.
+
+Faults. An ``OSError`` (disk full, permission lost) or a record Arrow cannot convert is
+raised once, as :class:`store.errors.StoreWriteError`, from the call that hit it; the
+writer is a no-op afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
+readable. Rows appended before the fault stay available to :meth:`LogWriter.take_step`.
+
+The writer is thread-safe (hooks may fire on autograd worker threads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from operator import attrgetter
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store import schema as S
+from store.errors import StoreWriteError
+from store.fileutil import FILE_MODE, make_dirs
+from store.records import Call, Leaf, Marker, Stack
+
+__all__ = ["LogWriter", "log_file_name"]
+
+# (column, Leaf attribute) for leaf columns copied verbatim; PATH/ARG are derived.
+_LEAF_COLUMNS: tuple[tuple[str, str], ...] = (
+    (S.IO, "io"),
+    (S.LEAF_KIND, "leaf_kind"),
+    (S.TYPE, "type"),
+    (S.DTYPE, "dtype"),
+    (S.SHAPE, "shape"),
+    (S.NUMEL, "numel"),
+    (S.MAX, "max"),
+    (S.MIN, "min"),
+    (S.MEAN, "mean"),
+    (S.NORM, "norm"),
+    (S.MAX_FINITE, "max_finite"),
+    (S.MIN_FINITE, "min_finite"),
+    (S.CRC32, "crc32"),
+    (S.REQUIRES_GRAD, "requires_grad"),
+    (S.HAS_NAN, "has_nan"),
+    (S.HAS_INF, "has_inf"),
+    (S.DATA_NAME, "data_name"),
+    (S.PAYLOAD, "payload"),
+    (S.VALUE_JSON, "value_json"),
+)
+_LEAF_GETTER = attrgetter(*(attr for _, attr in _LEAF_COLUMNS))
+_COMPACT = (",", ":")
+
+
+def log_file_name(rank: int, pid: int, time_ns: int) -> str:
+    """Name of a log file: ``rank{rank}.{pid}.{time_ns}.arrows``.
+
+    >>> log_file_name(3, 4242, 17)
+    'rank3.4242.17.arrows'
+    """
+    return f"rank{rank}.{pid}.{time_ns}{S.LOG_SUFFIX}"
+
+
+def _open_private(path: str) -> BinaryIO:
+    """Create ``path`` exclusively with mode 0o640 (umask-independent), open for writing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class LogWriter:
+    """Appends calls, stacks and markers of one rank to an Arrow IPC stream log.
+
+    Args:
+        dump_path: the dump directory; the log goes to ``{dump_path}/.msprobe/log/``
+            (directories created with mode 0o750, the file with 0o640, lazily at the
+            first flush: nothing is created before rows exist).
+        rank: global rank written into every row (column ``rank``).
+        flush_rows: flush when this many rows are pending (unit: rows; a call with
+            ``k`` leaves is ``1 + k`` rows). Must be >= 1.
+        flush_interval_s: flush on an append when this long has passed since the last
+            flush (unit: s). Must be >= 0.
+        _open: test seam; ``_open(path) -> binary file object`` creates the log file.
+
+    Raises:
+        ValueError: ``flush_rows < 1`` or ``flush_interval_s < 0``.
+
+    Example::
+
+        with LogWriter("/tmp/dump", rank=0) as writer:
+            seq = writer.append(Call(step=0, kind="api_forward", name="Torch.add.0.forward",
+                                     api_type="Torch", keys=("output",), leaves=(...)))
+            rows = writer.take_step(0)   # the rows of step 0, for live export
+    """
+
+    def __init__(
+        self,
+        dump_path: Union[str, os.PathLike],
+        rank: int,
+        *,
+        flush_rows: int = 512,
+        flush_interval_s: float = 0.5,
+        _open: Optional[Callable[[str], BinaryIO]] = None,
+    ) -> None:
+        if int(flush_rows) < 1:
+            raise ValueError(f"flush_rows: got {flush_rows!r}; allowed: an int >= 1")
+        if not float(flush_interval_s) >= 0:
+            raise ValueError(f"flush_interval_s: got {flush_interval_s!r}; allowed: a float >= 0")
+        self._log_dir = Path(dump_path) / S.STORE_DIR / S.LOG_DIR
+        self._rank = int(rank)
+        self._flush_rows = int(flush_rows)
+        self._flush_interval_s = float(flush_interval_s)
+        self._open = _open if _open is not None else _open_private
+        self._lock = threading.Lock()
+        self._seq = 0
+        # pending records, turned into columns at flush
+        self._calls: list[Call] = []
+        self._call_seqs: list[int] = []
+        self._leaves: list[Leaf] = []
+        self._leaf_owner: list[int] = []  # index into self._calls
+        self._new_stacks: list[Stack] = []
+        self._markers: list[Marker] = []
+        self._marker_seqs: list[int] = []
+        self._marker_meta: list[str] = []
+        self._pending_rows = 0
+        self._last_flush = time.monotonic()
+        # state kept across flushes
+        self._stacks: dict[int, tuple[str, ...]] = {}
+        self._retained: list[pa.RecordBatch] = []
+        self._keys_text: dict[tuple[str, ...], str] = {}
+        self._path_text: dict[tuple, tuple[str, str]] = {}
+        self._path: Optional[Path] = None
+        self._file: Optional[BinaryIO] = None
+        self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
+        self._failed = False
+        self._closed = False
+
+    # --- properties ------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """The rank written into every row."""
+        return self._rank
+
+    @property
+    def path(self) -> Optional[Path]:
+        """The log file, or None before the first flush created it."""
+        return self._path
+
+    @property
+    def failed(self) -> bool:
+        """True after a write fault: every further call is a no-op."""
+        return self._failed
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    # --- appending -------------------------------------------------------------------
+    def append(self, call: Call) -> int:
+        """Append one call and its leaves; returns the call's ``seq``.
+
+        ``seq`` counts from 0 per writer, shared with markers (stacks take none).
+        Returns -1 (and records nothing) once the writer has failed or is closed.
+
+        Raises:
+            StoreWriteError: a flush triggered by this append failed (once per writer).
+        """
+        with self._lock:
+            if self._failed or self._closed:
+                return -1
+            seq = self._seq
+            self._seq = seq + 1
+            index = len(self._calls)
+            self._calls.append(call)
+            self._call_seqs.append(seq)
+            leaves = call.leaves
+            if leaves:
+                self._leaves.extend(leaves)
+                self._leaf_owner.extend([index] * len(leaves))
+            self._pending_rows += 1 + len(leaves)
+            self._maybe_flush()
+            return seq
+
+    def append_stack(self, stack: Stack) -> None:
+        """Append an interned stack (row ``stack``, ``step = seq = -1``) unless this
+        writer already wrote its ``stack_id``.
+
+        Raises:
+            StoreWriteError: a flush triggered by this append failed (once per writer).
+        """
+        with self._lock:
+            if self._failed or self._closed or stack.stack_id in self._stacks:
+                return
+            self._stacks[stack.stack_id] = tuple(stack.frames)
+            self._new_stacks.append(stack)
+            self._pending_rows += 1
+            self._maybe_flush()
+
+    def append_marker(self, marker: Marker) -> int:
+        """Append a session marker; ``meta`` is stored as compact JSON text (values JSON
+        cannot represent are written as ``str(value)``). Returns its ``seq`` (-1 once
+        failed or closed).
+
+        Raises:
+            StoreWriteError: a flush triggered by this append failed (once per writer).
+        """
+        with self._lock:
+            if self._failed or self._closed:
+                return -1
+            seq = self._seq
+            self._seq = seq + 1
+            self._markers.append(marker)
+            self._marker_seqs.append(seq)
+            self._marker_meta.append(json.dumps(marker.meta, separators=_COMPACT, default=str))
+            self._pending_rows += 1
+            self._maybe_flush()
+            return seq
+
+    # --- flushing --------------------------------------------------------------------
+    def flush(self, fsync: bool = False) -> None:
+        """Write pending rows as one record batch and flush the file object.
+
+        Args:
+            fsync: also ``os.fsync`` the log file (step end).
+        Raises:
+            StoreWriteError: the write failed (once per writer; no-op afterwards).
+        """
+        with self._lock:
+            if self._failed or self._closed:
+                return
+            self._flush_locked(fsync)
+
+    def take_step(self, step: Optional[int] = None, *, fsync: bool = False) -> pa.Table:
+        """Flush, then return and forget the rows of ``step`` written by this writer.
+
+        The writer keeps every flushed call, leaf and marker row in memory until it is
+        taken (statistics rows only, small). Stack rows are not returned: use
+        :meth:`stacks`. Together they are what :func:`store.export.export_step` needs, so
+        live and offline export see the same rows.
+
+        Args:
+            step: the step to take; None takes the rows of every step (debug level).
+            fsync: fsync the log file during the flush.
+        Returns:
+            A table with :data:`~store.schema.LOG_SCHEMA`: the call, leaf and marker rows
+            of ``step``, in write order within each flush.
+        Raises:
+            StoreWriteError: the flush failed (once per writer). The rows stay retained:
+                call ``take_step`` again to get them.
+        """
+        with self._lock:
+            if not (self._failed or self._closed):
+                self._flush_locked(fsync)
+            if not self._retained:
+                return S.LOG_SCHEMA.empty_table()
+            table = pa.Table.from_batches(self._retained, schema=S.LOG_SCHEMA)
+            not_stack = pc.not_equal(table[S.ROW], S.ROW_STACK)
+            if step is None:
+                take = not_stack
+            else:
+                take = pc.and_(pc.equal(table[S.STEP], int(step)), not_stack)
+            taken = table.filter(take)
+            kept = table.filter(pc.and_(pc.invert(take), not_stack))
+            self._retained = kept.combine_chunks().to_batches() if kept.num_rows else []
+            return taken.combine_chunks()
+
+    def stacks(self) -> dict[int, tuple[str, ...]]:
+        """Every stack appended to this writer so far: ``{stack_id: frames}``."""
+        with self._lock:
+            return dict(self._stacks)
+
+    def close(self) -> None:
+        """Flush with fsync, end the stream and close the file. Idempotent.
+
+        Raises:
+            StoreWriteError: the final write failed (only if no fault was raised before).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._failed:
+                return
+            self._flush_locked(True)
+            try:
+                if self._stream is not None:
+                    self._stream.close()
+                if self._file is not None:
+                    self._file.flush()
+                    self._file.close()
+            except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
+                raise self._fail(exc, "closing") from exc
+            finally:
+                self._stream = None
+                self._file = None
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # --- internals -------------------------------------------------------------------
+    def _maybe_flush(self) -> None:
+        if (
+            self._pending_rows >= self._flush_rows
+            or time.monotonic() - self._last_flush >= self._flush_interval_s
+        ):
+            self._flush_locked(False)
+
+    def _flush_locked(self, fsync: bool) -> None:
+        self._last_flush = time.monotonic()
+        try:
+            batch = self._build_batch() if self._pending_rows else None
+        except Exception as exc:  # noqa: BLE001 - a record Arrow cannot convert
+            raise self._fail(exc, "converting records") from exc
+        try:
+            if batch is not None:
+                self._retained.append(batch)
+                if self._stream is None:
+                    self._open_stream()
+                self._stream.write_batch(batch)
+            if self._file is not None:
+                self._file.flush()
+                if fsync:
+                    os.fsync(self._file.fileno())
+        except Exception as exc:  # noqa: BLE001 - disk full, permission lost, ...
+            raise self._fail(exc, "writing") from exc
+
+    def _open_stream(self) -> None:
+        make_dirs(self._log_dir)
+        path = self._log_dir / log_file_name(self._rank, os.getpid(), time.time_ns())
+        self._file = self._open(str(path))
+        self._path = path
+        self._stream = pa.ipc.new_stream(self._file, S.LOG_SCHEMA)
+
+    def _fail(self, exc: BaseException, doing: str) -> StoreWriteError:
+        self._failed = True
+        for closer in (self._stream, self._file):
+            try:
+                if closer is not None:
+                    closer.close()
+            except Exception:  # noqa: BLE001 - already failing; the first error is reported
+                pass
+        self._stream = None
+        self._file = None
+        where = self._path if self._path is not None else self._log_dir
+        return StoreWriteError(
+            f"msprobe log writer (rank {self._rank}) failed while {doing} {where}: "
+            f"{type(exc).__name__}: {exc}; recording to the log stops, rows flushed before "
+            "stay readable"
+        )
+
+    def _path_columns(self, path: tuple) -> tuple[str, str]:
+        cached = self._path_text.get(path)
+        if cached is None:
+            cached = (
+                json.dumps(list(path), separators=_COMPACT),
+                ".".join(str(part) for part in path),
+            )
+            self._path_text[path] = cached
+        return cached
+
+    def _keys_column(self, keys: tuple[str, ...]) -> str:
+        cached = self._keys_text.get(keys)
+        if cached is None:
+            cached = json.dumps(list(keys), separators=_COMPACT)
+            self._keys_text[keys] = cached
+        return cached
+
+    def _build_batch(self) -> pa.RecordBatch:
+        """Turn the pending records into one record batch (rows: calls, leaves, stacks,
+        markers) and clear them."""
+        calls, call_seqs = self._calls, self._call_seqs
+        leaves, owner = self._leaves, self._leaf_owner
+        stacks = self._new_stacks
+        markers, marker_seqs, marker_meta = self._markers, self._marker_seqs, self._marker_meta
+        self._calls, self._call_seqs, self._leaves, self._leaf_owner = [], [], [], []
+        self._new_stacks = []
+        self._markers, self._marker_seqs, self._marker_meta = [], [], []
+        self._pending_rows = 0
+
+        nc, nl, ns, nm = len(calls), len(leaves), len(stacks), len(markers)
+        n = nc + nl + ns + nm
+        owners = [calls[i] for i in owner]
+        none_c, none_l, none_s, none_m = [None] * nc, [None] * nl, [None] * ns, [None] * nm
+
+        cols: dict[str, list] = {}
+        cols[S.RANK] = [self._rank] * n
+        cols[S.STEP] = (
+            [c.step for c in calls] + [c.step for c in owners] + [-1] * ns + [m.step for m in markers]
+        )
+        cols[S.SEQ] = call_seqs + [call_seqs[i] for i in owner] + [-1] * ns + marker_seqs
+        cols[S.ROW] = [S.ROW_CALL] * nc + [S.ROW_LEAF] * nl + [S.ROW_STACK] * ns + [S.ROW_MARKER] * nm
+        cols[S.KIND] = [c.kind for c in calls] + [c.kind for c in owners] + none_s + [m.kind for m in markers]
+        cols[S.NAME] = [c.name for c in calls] + [c.name for c in owners] + none_s + none_m
+        cols[S.API_TYPE] = [c.api_type for c in calls] + [c.api_type for c in owners] + none_s + none_m
+        tail_l_s_m = [None] * (nl + ns + nm)
+        cols[S.PARENT] = [c.parent for c in calls] + tail_l_s_m
+        cols[S.IS_RECOMPUTE] = [c.is_recompute for c in calls] + tail_l_s_m
+        cols[S.KEYS] = [self._keys_column(tuple(c.keys)) for c in calls] + tail_l_s_m
+        cols[S.STACK_ID] = [c.stack_id for c in calls] + none_l + [s.stack_id for s in stacks] + none_m
+
+        head_c, tail_s_m = none_c, [None] * (ns + nm)
+        if nl:
+            paths = [self._path_columns(tuple(leaf.path)) for leaf in leaves]
+            cols[S.PATH] = head_c + [p[0] for p in paths] + tail_s_m
+            cols[S.ARG] = head_c + [p[1] for p in paths] + tail_s_m
+            values = list(zip(*map(_LEAF_GETTER, leaves)))
+            for (column, _), column_values in zip(_LEAF_COLUMNS, values):
+                cols[column] = head_c + list(column_values) + tail_s_m
+        cols[S.FRAMES] = [None] * (nc + nl) + [list(s.frames) for s in stacks] + none_m
+        cols[S.META] = [None] * (nc + nl + ns) + marker_meta
+
+        arrays = []
+        for field in S.LOG_SCHEMA:
+            values = cols.get(field.name)
+            if values is None:
+                arrays.append(pa.nulls(n, field.type))
+            else:
+                arrays.append(pa.array(values, type=field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
