@@ -80,19 +80,29 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
         owner, name = spec.owner, spec.api
         own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
-        if getattr(original, "__msprobe_original__", None) is not None:
-            continue  # already wrapped by another recorder: never wrap twice
         wrapper = _make_wrapper(original, spec.family, name, recorder, session)
         try:
             setattr(owner, name, wrapper)
         except (AttributeError, TypeError):
             continue
-        group.add(CallbackHandle(functools.partial(_restore, owner, name, original if own else None)))
+        group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
     return group
 
 
-def _restore(owner: Any, name: str, original: Any) -> None:
-    if original is None:  # the name was inherited (torch.Tensor from TensorBase)
+def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:
+    """Undo one wrapping. If another debugger wrapped on top of ours meanwhile, our wrapper
+    stays in that chain but becomes a pass-through; wrappers already disabled are skipped
+    when restoring, so chains never grow.
+
+    ``original`` None means the name was inherited (``torch.Tensor`` from ``TensorBase``)
+    and is deleted from ``owner`` instead of set.
+    """
+    wrapper.__msprobe_disabled__ = True
+    if getattr(owner, name, None) is not wrapper:
+        return
+    while original is not None and getattr(original, "__msprobe_disabled__", False):
+        original = original.__msprobe_original__
+    if original is None:
         delattr(owner, name)
     else:
         setattr(owner, name, original)
@@ -104,7 +114,7 @@ def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: 
     tls = session._tls
 
     def wrapper(*args, **kwargs):
-        if not session.recording or getattr(tls, "busy", False):
+        if not session.recording or getattr(tls, "busy", False) or wrapper.__msprobe_disabled__:
             return original(*args, **kwargs)
         return record(original, family, key, args, kwargs)
 
@@ -113,4 +123,5 @@ def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: 
     except (AttributeError, TypeError):
         pass
     wrapper.__msprobe_original__ = original
+    wrapper.__msprobe_disabled__ = False
     return wrapper

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.pytorch.api_hooks import restore_attribute
 
 
 def _seed(outputs: Any, grads: Any) -> Any:
@@ -33,28 +34,34 @@ def _seed(outputs: Any, grads: Any) -> Any:
 def install_autograd_guard(session: Any) -> HandleGroup:
     """Wrap ``torch.autograd.backward``/``grad`` for ``session``; returns restoring handles."""
     group = HandleGroup()
-    tls = session._tls
-    for name, grads_pos, grads_kw in (("backward", 1, "grad_tensors"), ("grad", 2, "grad_outputs")):
+    for name, grads_pos, grads_kw, outputs_kw in (("backward", 1, "grad_tensors", "tensors"),
+                                                  ("grad", 2, "grad_outputs", "outputs")):
         original = getattr(torch.autograd, name)
-        if getattr(original, "__msprobe_original__", None) is not None:
-            continue
-
-        def wrapper(*args, __original=original, __pos=grads_pos, __kw=grads_kw, **kwargs):
-            if session.recording and not getattr(tls, "busy", False) and len(args) <= __pos and kwargs.get(__kw) is None:
-                outputs = args[0] if args else kwargs.get("tensors" if __kw == "grad_tensors" else "outputs")
-                tls.busy = True
-                try:
-                    seed = _seed(outputs, None)
-                except Exception:
-                    seed = None
-                finally:
-                    tls.busy = False
-                if seed is not None:
-                    kwargs[__kw] = seed
-            return __original(*args, **kwargs)
-
-        functools.update_wrapper(wrapper, original)
-        wrapper.__msprobe_original__ = original
+        wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw)
         setattr(torch.autograd, name, wrapper)
-        group.add(CallbackHandle(functools.partial(setattr, torch.autograd, name, original)))
+        group.add(CallbackHandle(functools.partial(restore_attribute, torch.autograd, name, wrapper, original)))
     return group
+
+
+def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outputs_kw: str) -> Any:
+    tls = session._tls
+
+    def wrapper(*args, **kwargs):
+        if (not wrapper.__msprobe_disabled__ and session.recording and not getattr(tls, "busy", False)
+                and len(args) <= grads_pos and kwargs.get(grads_kw) is None):
+            outputs = args[0] if args else kwargs.get(outputs_kw)
+            tls.busy = True
+            try:
+                seed = _seed(outputs, None)
+            except Exception:
+                seed = None
+            finally:
+                tls.busy = False
+            if seed is not None:
+                kwargs[grads_kw] = seed
+        return original(*args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
+    wrapper.__msprobe_original__ = original
+    wrapper.__msprobe_disabled__ = False
+    return wrapper
