@@ -173,6 +173,8 @@ class LogReader:
                 f"unsupported: log format version {version.decode(errors='replace')!r}; "
                 f"this reader reads version {S.FORMAT_VERSION!r}"
             )
+        if found.equals(S.LOG_SCHEMA):
+            return found
         problems = []
         for expected in S.LOG_SCHEMA:
             index = found.get_field_index(expected.name)
