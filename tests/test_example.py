@@ -1,0 +1,125 @@
+"""examples/char_lm.py end to end: it runs, writes the documented layout, prints the right
+query result, and recording leaves the losses bit-identical."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "char_lm.py"
+STEPS = 2
+
+_LOSS_LINE = re.compile(r"^step (\d+): loss (\S+)$")
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("char_lm_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Run the example once in a subprocess; returns (dump_path, stdout)."""
+    work = tmp_path_factory.mktemp("char_lm")
+    dump_path = work / "dump"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--dump-path", str(dump_path)],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dump_path, proc.stdout
+
+
+def _dump(dump_path: Path, step: int) -> dict:
+    return json.loads((dump_path / f"step{step}" / "rank" / "dump.json").read_text())
+
+
+def _printed_losses(stdout: str) -> list[float]:
+    losses = []
+    for line in stdout.splitlines():
+        m = _LOSS_LINE.match(line)
+        if m:
+            assert int(m.group(1)) == len(losses)
+            losses.append(float(m.group(2)))
+    return losses
+
+
+def _printed_table(stdout: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the table printed after the query (format_table layout)."""
+    lines = stdout.splitlines()
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(-\+-+)+", line))
+    header = [cell.strip() for cell in lines[rule - 1].split(" | ")]
+    rows = [[cell.strip() for cell in line.split(" | ")] for line in lines[rule + 1:] if line.strip()]
+    return header, rows
+
+
+def test_layout_and_meta(run):
+    dump_path, stdout = run
+    for step in range(STEPS):
+        step_dir = dump_path / f"step{step}" / "rank"
+        for name in ("dump.json", "stack.json", "construct.json"):
+            assert (step_dir / name).is_file(), step_dir / name
+        assert str(step_dir) in stdout
+        doc = _dump(dump_path, step)
+        assert doc["task"] == "statistics"
+        assert doc["level"] == "mix"
+        assert doc["framework"] == "pytorch"
+    assert not (dump_path / f"step{STEPS}").exists()
+
+
+def test_transformer_entries_recorded(run):
+    dump_path, _ = run
+    data = _dump(dump_path, 0)["data"]
+    for i in range(2):
+        fwd = data[f"Module.layers.{i}.TransformerEncoderLayer.forward.0"]
+        bwd = data[f"Module.layers.{i}.TransformerEncoderLayer.backward.0"]
+        (out,) = fwd["output"]
+        assert out["shape"] == [16, 64, 64] and out["dtype"] == "torch.float32"
+        assert bwd["input"][0]["shape"] == [16, 64, 64]
+    assert "Module.head.Linear.parameters_grad" in data
+    assert any(name.startswith("Functional.linear.") and name.endswith(".forward") for name in data)
+    head = data["Module.head.Linear.parameters_grad"]
+    assert set(head) == {"weight", "bias"}
+    assert head["weight"][0]["shape"] == [head["bias"][0]["shape"][0], 64]
+
+
+def test_query_matches_dump_json(run):
+    """The printed top-10 parameter-gradient norms, recomputed from dump.json."""
+    dump_path, stdout = run
+    expected = []
+    for step in range(STEPS):
+        for name, entry in _dump(dump_path, step)["data"].items():
+            if not name.endswith(".parameters_grad"):
+                continue
+            for param, grads in entry.items():
+                for grad in grads:
+                    expected.append((step, name, param, grad["Norm"]))
+    expected.sort(key=lambda r: (-r[3], r[0], r[1], r[2]))
+    expected = expected[:10]
+    assert len(expected) == 10 and all(r[3] > 0 for r in expected)
+
+    header, rows = _printed_table(stdout)
+    assert header == ["step", "name", "param", "norm"]
+    printed = [(int(s), n, p, float(v)) for s, n, p, v in rows]
+    assert printed == expected
+
+
+def test_recording_keeps_losses_bit_identical(run):
+    _, stdout = run
+    recorded = _printed_losses(stdout)
+    assert len(recorded) == STEPS
+    plain = _load_example().train(STEPS, record=False)
+    assert plain == recorded  # exact float equality: same bits
