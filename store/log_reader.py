@@ -74,6 +74,7 @@ class LogReader:
         self.finished = False
         self.skipped: list[Skipped] = []
         self._schema: Optional[pa.Schema] = None
+        self._exact = False
         self._batches_read = 0
 
     def read_new(self) -> list[pa.RecordBatch]:
@@ -147,23 +148,38 @@ class LogReader:
                 if message.type != "schema":
                     raise _Damage(f"corrupt: expected a schema message, found {message.type!r}")
                 self._schema = self._check_schema(pa.ipc.read_schema(message))
+                self._exact = self._schema.equals(S.LOG_SCHEMA, check_metadata=True)
                 return consumed, None
             if message.type != "record batch":
                 raise _Damage(f"corrupt: unexpected {message.type!r} message")
             batch = pa.ipc.read_record_batch(message, self._schema)
             batch.validate(full=True)
+            if not self._exact:
+                batch = self._conform(batch)
         except _Damage:
             raise
         except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise _Damage(f"corrupt: batch {self._batches_read}: {text}") from None
-        if batch.schema.names != list(S.COLUMNS):
-            batch = pa.RecordBatch.from_arrays(
-                [batch.column(name) for name in S.COLUMNS], schema=S.LOG_SCHEMA
-            )
-        elif batch.schema.metadata != S.LOG_SCHEMA.metadata:
-            batch = batch.replace_schema_metadata(S.LOG_SCHEMA.metadata)
         return consumed, batch
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Select and cast the columns of a batch whose stream schema is compatible with,
+        but not identical to, LOG_SCHEMA (other column order, extra columns, nullability)."""
+        arrays = []
+        for expected in S.LOG_SCHEMA:
+            column = batch.column(expected.name)
+            try:
+                if not column.type.equals(expected.type):
+                    column = column.cast(expected.type)
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise _Damage(f"corrupt: batch {self._batches_read}: column {expected.name!r}: {exc}") from None
+            if not expected.nullable and column.null_count:
+                raise _Damage(
+                    f"corrupt: batch {self._batches_read}: nulls in non-nullable column {expected.name!r}"
+                )
+            arrays.append(column)
+        return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
 
     @staticmethod
     def _check_schema(found: pa.Schema) -> pa.Schema:
