@@ -28,7 +28,10 @@ raised once, as :class:`store.errors.StoreWriteError`, from the call that hit it
 writer is a no-op afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
 readable. Rows appended before the fault stay available to :meth:`LogWriter.take_step`.
 
-The writer is thread-safe (hooks may fire on autograd worker threads).
+The writer is thread-safe (hooks may fire on autograd worker threads). It writes only
+from the process that created it: in a forked child (a DataLoader worker forked while
+recording) flushes and ``close`` drop the rows instead of writing them, so a child can
+never interleave bytes into the parent's log.
 """
 from __future__ import annotations
 
@@ -162,6 +165,7 @@ class LogWriter:
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
         self._failed = False
         self._closed = False
+        self._pid = os.getpid()  # a forked child never writes (see the module docstring)
 
     # --- properties ------------------------------------------------------------------
     @property
@@ -308,7 +312,7 @@ class LogWriter:
             if self._closed:
                 return
             self._closed = True
-            if self._failed:
+            if self._failed or os.getpid() != self._pid:
                 return
             self._flush_locked(True)
             try:
@@ -339,6 +343,9 @@ class LogWriter:
 
     def _flush_locked(self, fsync: bool) -> None:
         self._last_flush = time.monotonic()
+        if os.getpid() != self._pid:  # forked child: the file belongs to the parent
+            self._build_batch()
+            return
         try:
             batch = self._build_batch() if self._pending_rows else None
         except Exception as exc:  # noqa: BLE001 - a record Arrow cannot convert

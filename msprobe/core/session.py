@@ -12,15 +12,19 @@ Semantics (spec section 6.1, seeds "start/stop/step"):
 * ``stop()`` turns forward recording off and exports what the step holds so far.
   Backward events of forwards recorded in this step are still accepted until ``step()``
   (a ``stop()`` before ``loss.backward()`` followed by ``step()`` keeps the backward data).
+* Only the process that created the session records: in a forked child (a DataLoader
+  worker forked while recording) recording is off and nothing reaches the log.
 * ``step()`` exports the step (again, now complete), fsyncs the log, advances the step
   counter and resets the call counters. Events of a finished step arriving later are
   dropped, so that ``msprobe export`` over the log reproduces the live layout exactly.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -78,6 +82,8 @@ class Session:
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._last_step = max(config.step) if config.step else None
+        self._pid = os.getpid()
+        os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
     # --- per-thread "inside the tool" flag ---------------------------------------------
     @property
@@ -112,7 +118,7 @@ class Session:
         """Turn recording on for the current step if it and the rank are selected.
 
         Returns True if recording is now on."""
-        if self.failed or self.finished:
+        if self.failed or self.finished or os.getpid() != self._pid:
             return False
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
@@ -176,7 +182,7 @@ class Session:
     # --- events -----------------------------------------------------------------------------
     def emit(self, call: Call) -> None:
         """Append one entry to the log if its step is still open."""
-        if not self.open_step(call.step):
+        if not self.open_step(call.step) or os.getpid() != self._pid:
             return
         with self._lock:
             for sid, frames in self.stacks.drain():
@@ -223,3 +229,12 @@ class Session:
                 type(exc).__name__, exc, os.fspath(self.config.dump_path),
             )
             return None
+
+
+def _forget_in_child(ref: "weakref.ref[Session]") -> None:
+    """After ``fork()`` in the child (a DataLoader worker started while recording): the
+    session records nothing there. Only the process that created a session records; the
+    child's calls are neither recorded nor written into the parent's log."""
+    session = ref()
+    if session is not None:
+        session.recording = False
