@@ -340,7 +340,7 @@ def export_step(
     }
     kinds = _CONSTRUCT_KINDS.get(level, frozenset())
     construct = {name: entries[name].parent for name in order if entries[name].kind in kinds}
-    directory = make_dirs(out_dir)
+    directory = make_dirs(out_dir, own_levels=2)
     written = []
     for file_name, obj in (
         (DUMP_FILE, _top(meta, level, data)),
@@ -370,7 +370,7 @@ def export_debug(
     """
     _check_meta(meta)
     order, entries = build_entries(rows)
-    directory = make_dirs(out_dir)
+    directory = make_dirs(out_dir, own_levels=1)
     target = directory / DEBUG_FILE
     atomic_write_text(target, _dumps(_top(meta, LEVEL_DEBUG, entry_values(order, entries))))
     return [target]

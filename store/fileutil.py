@@ -6,6 +6,7 @@ matter (upstream dump layout, spec section 1.1 "permissions").
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -17,19 +18,30 @@ FILE_MODE = 0o640
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def make_dirs(path: PathLike) -> Path:
+def make_dirs(path: PathLike, *, own_levels: int = 0) -> Path:
     """Create ``path`` and any missing parents, each new one with mode ``0o750``.
 
     Directories that already exist keep their mode.
 
     Args:
         path: directory to create.
+        own_levels: the last ``own_levels`` components of ``path`` are msprobe's own
+            directories (``step3/rank``, ``.msprobe/log``): if one of them exists as a
+            symbolic link, nothing is created and OSError(ELOOP) is raised, so that files
+            never land outside the dump path through a planted link.
     Returns:
         ``Path(path)``.
     Raises:
-        OSError: creation failed, or ``path`` exists and is not a directory.
+        OSError: creation failed, ``path`` exists and is not a directory, or one of the
+            last ``own_levels`` components is a symbolic link.
     """
     target = Path(path)
+    component = target
+    for _ in range(own_levels):
+        if component.is_symlink():
+            raise OSError(errno.ELOOP, f"{str(component)!r} is a symbolic link; msprobe writes only "
+                          "into real directories inside dump_path")
+        component = component.parent
     missing = []
     probe = target
     while not probe.is_dir():

@@ -23,9 +23,10 @@ Row conventions (see :mod:`store.schema` for the columns):
   ``stack_id`` is written at most once per writer.
 - ``marker`` rows get a ``seq`` like calls and carry ``meta`` as compact JSON text.
 
-Faults. An ``OSError`` (disk full, permission lost) or a record Arrow cannot convert is
-raised once, as :class:`store.errors.StoreWriteError`, from the call that hit it; the
-writer is a no-op afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
+Faults. An ``OSError`` (disk full, permission lost, the log file deleted: checked with
+``fstat`` at each flush) or a record Arrow cannot convert is raised once, as
+:class:`store.errors.StoreWriteError`, from the call that hit it; the writer is a no-op
+afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
 readable. Rows appended before the fault stay available to :meth:`LogWriter.take_step`.
 
 The writer is thread-safe (hooks may fire on autograd worker threads). It writes only
@@ -35,6 +36,7 @@ never interleave bytes into the parent's log.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -360,11 +362,13 @@ class LogWriter:
                 self._file.flush()
                 if fsync:
                     os.fsync(self._file.fileno())
+                if os.fstat(self._file.fileno()).st_nlink == 0:
+                    raise FileNotFoundError(errno.ENOENT, "the log file was deleted while being written")
         except Exception as exc:  # noqa: BLE001 - disk full, permission lost, ...
             raise self._fail(exc, "writing") from exc
 
     def _open_stream(self) -> None:
-        make_dirs(self._log_dir)
+        make_dirs(self._log_dir, own_levels=2)
         path = self._log_dir / log_file_name(self._rank, os.getpid(), time.time_ns())
         self._file = self._open(str(path))
         self._path = path
