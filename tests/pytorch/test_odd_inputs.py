@@ -104,20 +104,23 @@ def test_nan_and_inf_are_reported(tmp_path, errors):
     assert flagged[("output", "0")] == (True, True)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_meta_and_sparse_tensors_are_recorded_without_data(tmp_path, errors):
     meta = torch.empty(2, 5, device="meta")
     coo = torch.eye(3).to_sparse()
+    csr = torch.eye(3).to_sparse_csr()
 
     def fn():
-        return torch.add(meta, 1), torch.mul(coo, 2)
+        return torch.add(meta, 1), torch.mul(coo, 2), torch.mul(csr, 3)
 
     outs, data = record(tmp_path, fn)
     assert errors() == []
-    for name, shape in (("Torch.add.0.forward", [2, 5]), ("Torch.mul.0.forward", [3, 3])):
+    for name, shape in (("Torch.add.0.forward", [2, 5]), ("Torch.mul.0.forward", [3, 3]), ("Torch.mul.1.forward", [3, 3])):
         rec = data[name]["output"][0]
         assert rec["type"] == "torch.Tensor" and rec["shape"] == shape and rec["dtype"] == "torch.float32"
         assert [rec[k] for k in ("Max", "Min", "Mean", "Norm")] == [None] * 4
     assert torch.equal(outs[1].to_dense(), torch.eye(3) * 2)
+    assert torch.equal(outs[2].to_dense(), torch.eye(3) * 3)
 
 
 class Unprintable:
