@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from msprobe.pytorch.stats import crc32_hex, tensor_stats
+from msprobe.pytorch.stats import StatsCache, crc32_hex
 from store import schema
 from store.records import Leaf
 
@@ -43,10 +43,6 @@ def _safe_repr(obj: Any) -> str:
     except Exception:
         text = f"<{_qualname(obj)} object>"
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
-def _json_number(v: Any) -> Any:
-    return v
 
 
 def value_record(obj: Any) -> dict:
@@ -99,15 +95,16 @@ class LeafBuilder:
         with_data: compute statistics (False for task ``structure``).
     """
 
-    __slots__ = ("md5", "with_data")
+    __slots__ = ("md5", "with_data", "cache")
 
     def __init__(self, *, md5: bool, with_data: bool = True) -> None:
         self.md5 = md5
         self.with_data = with_data
+        self.cache = StatsCache()
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
         """The leaf of one tensor."""
-        st = tensor_stats(t) if self.with_data else None
+        st = self.cache.stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:
             try:

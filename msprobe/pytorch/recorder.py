@@ -338,6 +338,7 @@ class Recorder:
                     self._emit_pending(pending)
             self.pending.clear()
             self.modules_seen.clear()
+            self.leaves.cache.clear()
         finally:
             tls.busy = prev
 
