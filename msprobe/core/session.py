@@ -78,6 +78,16 @@ class Session:
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._last_step = max(config.step) if config.step else None
+        self._flush_hooks: list[Callable[[], None]] = []
+
+    def add_flush_hook(self, fn: Callable[[], None]) -> None:
+        """Register ``fn`` to run before every export and at close (adapters resolve entries
+        whose statistics are still pending on a device there)."""
+        self._flush_hooks.append(fn)
+
+    def _run_flush_hooks(self) -> None:
+        for fn in self._flush_hooks:
+            fn()
 
     # --- per-thread "inside the tool" flag ---------------------------------------------
     @property
@@ -137,6 +147,7 @@ class Session:
         self.recording = False
         if self._writer is None or self._opened_step != self.step or self.failed:
             return
+        self._run_flush_hooks()
         with self._lock:
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
             self._export()
@@ -150,6 +161,7 @@ class Session:
         self.recording = False
         if before_export is not None:
             before_export()
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
@@ -165,6 +177,7 @@ class Session:
 
     def close(self) -> None:
         """Flush and close the log (idempotent)."""
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None:
                 try:

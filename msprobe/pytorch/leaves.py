@@ -23,7 +23,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from msprobe.pytorch.stats import StatsCache, crc32_hex
+from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
 from store import schema
 from store.records import Leaf
 
@@ -95,15 +96,23 @@ class LeafBuilder:
         with_data: compute statistics (False for task ``structure``).
     """
 
-    __slots__ = ("md5", "with_data", "cache")
+    __slots__ = ("md5", "with_data", "cache", "defer_all")
 
-    def __init__(self, *, md5: bool, with_data: bool = True) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False) -> None:
         self.md5 = md5
         self.with_data = with_data
         self.cache = StatsCache()
+        # accelerator tensors always take the deferred (sync-free) path; defer_all sends
+        # CPU tensors there too (tests of the deferred path on machines without a device)
+        self.defer_all = defer_all
 
-    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
-        """The leaf of one tensor."""
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
+        """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
+        statistics stay on the device until the recorder's next flush point."""
+        if self.with_data and (t.device.type != "cpu" or self.defer_all) and has_data(t) and not self.md5:
+            return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                    dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                    requires_grad=bool(t.requires_grad)), stats_vector(t))
         st = self.cache.stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:

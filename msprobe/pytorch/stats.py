@@ -6,7 +6,8 @@ tensor                 Max / Min              Mean / Norm
 empty, meta, sparse    null                   null
 bool                   any() / all()          null
 complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
-float16/bfloat16/fp32  exact, source dtype    Mean in float64, Norm in float32
+float16/bfloat16/fp32  exact, source dtype    float64 on the host (CPU tensors);
+                                              on a device: Mean float64, Norm float32
 float64, integer       exact (float64)        float64
 0-dim (non-bool)       the value              Mean = value, Norm = ``|value|``
 =====================  =====================  ==================================
@@ -112,6 +113,11 @@ def _host_stats(x: torch.Tensor) -> list[float]:
         x = x.to(_F32)
     a = x.resolve_conj().resolve_neg().numpy().reshape(-1)
     n = a.size
+    with np.errstate(all="ignore"):
+        return _host_reduce(a, n)
+
+
+def _host_reduce(a: np.ndarray, n: int) -> list[float]:
     mx = -math.inf
     mn = math.inf
     total = 0.0
