@@ -103,38 +103,41 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
 
 
 def _host_stats(x: torch.Tensor) -> list[float]:
-    """Max, Min, Mean, Norm of a CPU tensor with numpy, single-threaded and exact:
-    the data is converted to float64 in chunks of ``_CHUNK`` elements, summed pairwise
-    (Mean) and dotted with itself (Norm); Max/Min of float64 copies are exact for every
-    source dtype. bf16 goes through float32, complex through ``|z|``."""
+    """Max, Min, Mean, Norm of a CPU tensor, single-threaded and exact where it matters.
+
+    * Max/Min: numpy over the source values (exact; NaN propagates);
+    * Mean: numpy sum accumulated in float64 (buffered cast, no full float64 copy);
+    * Norm: float32 sources (fp16/bf16 are widened to float32 first) use PyTorch's cascade
+      summation in float32, re-done in float64 if that overflows while the data is finite;
+      float64 and integer sources use float64.
+
+    Complex tensors go through ``|z|``.
+    """
     if x.is_complex():
         x = x.abs()
-    elif x.dtype == torch.bfloat16:
+    if x.dtype in (torch.float16, torch.bfloat16):
         x = x.to(_F32)
-    a = x.resolve_conj().resolve_neg().numpy().reshape(-1)
-    n = a.size
+    x = x.resolve_conj().resolve_neg()
+    a = x.numpy().reshape(-1)
     with np.errstate(all="ignore"):
-        return _host_reduce(a, n)
+        mx = float(np.maximum.reduce(a))
+        mn = float(np.minimum.reduce(a))
+        mean = float(np.add.reduce(a, dtype=np.float64)) / a.size
+        if x.dtype == _F32:
+            norm = float(torch.linalg.vector_norm(x))
+            if math.isinf(norm) and math.isfinite(mx) and math.isfinite(mn):
+                norm = _norm64(a)
+        else:
+            norm = _norm64(a)
+    return [mx, mn, mean, norm]
 
 
-def _host_reduce(a: np.ndarray, n: int) -> list[float]:
-    mx = -math.inf
-    mn = math.inf
-    total = 0.0
+def _norm64(a: np.ndarray) -> float:
     squares = 0.0
-    nan = False
-    for start in range(0, n, _CHUNK):
+    for start in range(0, a.size, _CHUNK):
         c = a[start:start + _CHUNK].astype(np.float64)
-        cmax, cmin = c.max(), c.min()
-        if cmax != cmax or cmin != cmin:
-            nan = True
-        mx = max(mx, cmax)
-        mn = min(mn, cmin)
-        total += c.sum()
         squares += float(np.dot(c, c))
-    if nan:
-        mx = mn = math.nan
-    return [float(mx), float(mn), total / n, math.sqrt(squares)]
+    return math.sqrt(squares)
 
 
 class StatsCache:
