@@ -22,6 +22,7 @@ import platform
 import resource
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -391,13 +392,14 @@ def main(argv=None):
         raise SystemExit("nothing to run (--no-ours without an upstream interpreter)")
 
     cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO_ROOT)] + sys.argv[1:])
+    cmd = "python " + cmd
     if args.upstream_python and "MSPROBE_UPSTREAM_PYTHON" in os.environ:
         cmd = "MSPROBE_UPSTREAM_PYTHON=%s %s" % (os.environ["MSPROBE_UPSTREAM_PYTHON"], cmd)
     started = time.time()
     meta = {
         "machine": machine_line(),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "command": "python " + cmd,
+        "command": cmd,
         "workload": args.workload, "runs": args.runs, "runs_done": 0, "steps": args.steps,
         "threads": args.threads, "import_dynamo": args.import_dynamo, "elapsed_s": 0.0,
         "layers": layer_counts, "configs": configs,
@@ -405,6 +407,13 @@ def main(argv=None):
         "pythons": {name: py for name, py, _cfgs in impls},
     }
 
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    # SIGTERM (and SIGINT, which shells ignore in background jobs) end the run early and
+    # report the complete rounds; subprocess.run kills the running child on the way out.
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     scratch_root = args.scratch or tempfile.mkdtemp(prefix="msprobe-bench-")
     os.makedirs(scratch_root, exist_ok=True)
     raw = {}  # (impl, layers, config) -> [results]
