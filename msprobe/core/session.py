@@ -79,6 +79,7 @@ class Session:
         self._tls = threading.local()
         self._last_step = max(config.step) if config.step else None
         self._flush_hooks: list[Callable[[], None]] = []
+        self._dirty = True  # entries arrived since the last export of the step
 
     def add_flush_hook(self, fn: Callable[[], None]) -> None:
         """Register ``fn`` to run before every export and at close (adapters resolve entries
@@ -169,6 +170,7 @@ class Session:
                 self._guard(self._writer.flush, True)
             self._step_tables = []
             self._opened_step = None
+            self._dirty = True
             self.step += 1
             self.api_counter.reset()
             self.module_counter.reset()
@@ -196,6 +198,7 @@ class Session:
                 self._stacks[sid] = frames
                 self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
             self._guard(self._writer.append, call)
+            self._dirty = True
 
     def meta(self) -> dict:
         step_dir = self.step_dir()
@@ -212,8 +215,9 @@ class Session:
 
     # --- internals ---------------------------------------------------------------------------
     def _export(self) -> None:
-        if self._writer is None or self.failed:
-            return
+        if self._writer is None or self.failed or not self._dirty:
+            return  # the files on disk already hold everything of this step
+        self._dirty = False
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return
