@@ -9,7 +9,8 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 * other values: ``{"type": ..., "value": ...}``: int, float, bool, str, slice, Ellipsis,
   ``torch.dtype``, ``torch.device`` (``"cpu"``, ``"cuda:1"``), ``torch.Size``,
   ``torch.memory_format`` (``{"type", "format"}``), numpy scalars (numpy type name), and any
-  other object as its qualified type name with a short, safe ``repr``.
+  other object as its qualified type name with a short, safe ``repr``; ``ReduceOp`` and
+  ``ProcessGroup`` as :func:`msprobe.pytorch.dist_hooks.distributed_value` says.
 
 Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 """
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.stats import crc32_hex, tensor_stats
 from store import schema
 from store.records import Leaf
@@ -80,6 +82,9 @@ def value_record(obj: Any) -> dict:
         return {"type": type(obj).__name__, "value": v}
     if isinstance(obj, complex):
         return {"type": "complex", "value": _safe_repr(obj)}
+    dist_record = distributed_value(obj)
+    if dist_record is not None:
+        return dist_record
     return {"type": _qualname(obj), "value": _safe_repr(obj)}
 
 
