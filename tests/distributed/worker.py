@@ -68,13 +68,14 @@ def collectives(rank: int, report: dict) -> None:
     gathered = [torch.zeros(6) for _ in range(2)]
     dist.all_gather(gathered, rank_tensor(500 + rank))                   # all_gather.0
     peer = 1 - rank
-    if rank == 0:
-        w = dist.isend(rank_tensor(600), dst=peer)                       # isend.0 / irecv.0
-    else:
-        w = dist.irecv(torch.zeros(6), src=peer)
-    w.wait()
+    sent = dist.isend(rank_tensor(600 + rank), dst=peer)                 # isend.0
+    received = torch.zeros(6)
+    got = dist.irecv(received, src=peer)                                 # irecv.0
+    sent.wait()
+    got.wait()
+    report["irecv_sum"] = float(received.double().sum())
     ops = [dist.P2POp(dist.isend, rank_tensor(700 + rank), peer), dist.P2POp(dist.irecv, torch.zeros(6), peer)]
-    for w in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):     # batch_isend_irecv.0
+    for w in dist.batch_isend_irecv(ops):                                # batch_isend_irecv.0
         w.wait()
     dist.barrier()                                                       # barrier.0
 
@@ -113,8 +114,8 @@ def run_ddp(out: str) -> None:
 
 
 def run_kill(out: str) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out, 'rendezvous')}", rank=rank, world_size=2)
     dbg = debugger(out, "k", rank, level="L1")
     dbg.start()
     t = rank_tensor(100 + rank)
@@ -125,7 +126,7 @@ def run_kill(out: str) -> None:
     if rank == 1:
         dbg.start()
         x = torch.arange(4.0)
-        torch.add(x, 1)
+        x = torch.add(x, 1)
         dbg.stop()                      # step 1 so far is exported and in the log
         dbg.start()
         k = 0
