@@ -96,6 +96,15 @@ def _slice_part(v: Any) -> Any:
     return _safe_repr(v)
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """``t.to_local()`` (detached) for a ``torch.distributed.tensor.DTensor``, else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is None or type(t) is torch.Tensor or type(t).__name__ != "DTensor":
+        return t
+    with torch.no_grad():
+        return to_local()
+
+
 class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
@@ -111,7 +120,10 @@ class LeafBuilder:
         self.with_data = with_data
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
-        """The leaf of one tensor."""
+        """The leaf of one tensor. A DTensor (FSDP2 parameters and gradients) is recorded
+        by its local shard: statistics, shape and numel of ``t.to_local()`` (no
+        communication happens while recording; see docs/distributed.md)."""
+        t = local_shard(t)
         st = tensor_stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:

@@ -265,3 +265,17 @@ def test_killed_rank_keeps_other_logs_and_export_rebuilds(tmp_path):
         assert_stats(rebuilt[name]["input_args"][0], np.arange(4.0) + k)
         assert_stats(rebuilt[name]["output"][0], np.arange(4.0) + k + 1)
     assert list(load(dump, 2, 0)) == ["Torch.mul.0.forward"]
+
+
+def test_parquet_copy_answers_the_same_cross_rank_query(ddp_run, tmp_path):
+    """docs/distributed.md "Outgrowing one machine": compact, then DuckDB over the files only."""
+    import duckdb
+
+    from msprobe.cli import main
+
+    assert main(["compact", str(ddp_run / "a"), "-o", str(tmp_path / "pq")]) == 0
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW tensors AS SELECT * FROM read_parquet('{tmp_path}/pq/rank*.parquet') "
+                "WHERE row = 'leaf' AND leaf_kind = 'tensor'")
+    got = con.execute(FIRST_NORM_DIFFERENCE).fetchall()
+    assert [(r[0], r[1], r[2], r[3]) for r in got] == [(0, "Distributed.all_reduce.0.forward", "input_args", "0")]
