@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from store.log_reader import read_log
 from store.query import query
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -168,25 +169,19 @@ def test_broadcast_gather_and_point_to_point(ddp_run):
                                                      "is_recompute": False, "output": []}
 
 
-FIRST_NORM_DIFFERENCE = """
-SELECT step, name, io, arg, list(norm ORDER BY rank) AS norms
-FROM tensors
-GROUP BY step, name, io, arg
-HAVING count(DISTINCT rank) > 1 AND max(norm) IS DISTINCT FROM min(norm)
-ORDER BY step, min(seq) FILTER (WHERE rank = 0)
-LIMIT 1
-"""
+DOC = ROOT / "docs" / "distributed.md"
 
-FIRST_NAN_RANK = """
-WITH position AS (
-    SELECT rank, step, name, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos
-    FROM calls),
-nan AS (SELECT DISTINCT rank, step, name FROM tensors WHERE has_nan)
-SELECT nan.rank, nan.step, nan.name, position.pos
-FROM nan JOIN position USING (rank, step, name)
-ORDER BY nan.step, position.pos, nan.rank
-LIMIT 1
-"""
+
+def doc_block(tag: str) -> str:
+    """The fenced code block after ``<!-- {tag} -->`` in docs/distributed.md."""
+    text = DOC.read_text()
+    start = text.index(f"<!-- {tag} -->")
+    body = text[text.index("\n", text.index("```", start)) + 1:]
+    return body[: body.index("```")]
+
+
+FIRST_NORM_DIFFERENCE = doc_block("sql: first_norm_difference")
+FIRST_NAN_RANK = doc_block("sql: first_nan_rank")
 
 
 def test_cross_rank_queries(ddp_run):
@@ -279,3 +274,15 @@ def test_parquet_copy_answers_the_same_cross_rank_query(ddp_run, tmp_path):
                 "WHERE row = 'leaf' AND leaf_kind = 'tensor'")
     got = con.execute(FIRST_NORM_DIFFERENCE).fetchall()
     assert [(r[0], r[1], r[2], r[3]) for r in got] == [(0, "Distributed.all_reduce.0.forward", "input_args", "0")]
+
+
+def test_documented_pyarrow_duckdb_reader(ddp_run):
+    """docs/distributed.md "DuckDB without msprobe": the snippet, run on this dump."""
+    code = doc_block("python: load_logs").replace('"/shared/run1"', repr(str(ddp_run / "a")))
+    scope: dict = {}
+    exec(compile(code, "docs/distributed.md", "exec"), scope)
+    con = scope["con"]
+    assert [tuple(r[:4]) for r in con.execute(FIRST_NORM_DIFFERENCE).fetchall()] == [
+        (0, "Distributed.all_reduce.0.forward", "input_args", "0")]
+    assert [tuple(r) for r in con.execute(FIRST_NAN_RANK).fetchall()] == [(1, 1, "Functional.linear.0.forward", 1)]
+    assert scope["log"].num_rows == read_log(ddp_run / "a").table.num_rows
