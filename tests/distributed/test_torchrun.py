@@ -68,7 +68,11 @@ def ddp_run(tmp_path_factory) -> Path:
            str(WORKER), "ddp", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert "Warning" not in done.stderr.replace("Setting OMP_NUM_THREADS", ""), done.stderr[-3000:]
+    assert "msprobe" not in done.stdout + done.stderr, done.stderr[-3000:]   # no internal error logged
+    # no warning caused by recording, except FSDP2's view warning (docs/distributed.md, known issue)
+    warnings = [line for line in done.stderr.splitlines()
+                if "Warning" in line and "FSDP2-wrapped module" not in line and "OMP_NUM_THREADS" not in line]
+    assert not warnings, warnings
     return out
 
 
@@ -286,3 +290,39 @@ def test_documented_pyarrow_duckdb_reader(ddp_run):
         (0, "Distributed.all_reduce.0.forward", "input_args", "0")]
     assert [tuple(r) for r in con.execute(FIRST_NAN_RANK).fetchall()] == [(1, 1, "Functional.linear.0.forward", 1)]
     assert scope["log"].num_rows == read_log(ddp_run / "a").table.num_rows
+
+
+def reference_fsdp():
+    """The worker's Net and FSDP batch, unsharded: outputs and gradients by autograd."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dist_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    torch.manual_seed(0)
+    net = worker.Net()
+    x = worker.fsdp_batch()
+    h = net.fc1(x)
+    y = net.fc2(torch.relu(h))
+    grads = torch.autograd.grad(y.sum(), [net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias])
+    return h.detach(), y.detach(), [g.double().numpy() for g in grads]
+
+
+def test_fsdp_names_stable_across_ranks_and_values(ddp_run):
+    h, y, (g_w1, g_b1, g_w2, g_b2) = reference_fsdp()
+    d = {r: load(ddp_run / "fsdp1", 0, r) for r in (0, 1)}
+    assert list(d[0]) == list(d[1])
+    assert "Module._fsdp_wrapped_module.fc1.Linear.forward.0" in d[0]
+    for r in (0, 1):
+        assert_stats(d[r]["Module._fsdp_wrapped_module.fc1.Linear.forward.0"]["output"][0], h.double().numpy())
+        assert_stats(d[r]["Module._fsdp_wrapped_module.Net.forward.0"]["output"][0], y.double().numpy())
+    d = {r: load(ddp_run / "fsdp2", 0, r) for r in (0, 1)}
+    assert list(d[0]) == list(d[1])
+    for r in (0, 1):
+        assert_stats(d[r]["Module.fc1.FSDPLinear.forward.0"]["output"][0], h.double().numpy())
+        # parameters and gradients are DTensors sharded on dim 0: recorded by the local shard
+        pg1, pg2 = d[r]["Module.fc1.FSDPLinear.parameters_grad"], d[r]["Module.fc2.FSDPLinear.parameters_grad"]
+        assert_stats(pg1["weight"][0], np.array_split(g_w1, 2, axis=0)[r])
+        assert_stats(pg1["bias"][0], np.array_split(g_b1, 2)[r])
+        assert_stats(pg2["weight"][0], np.array_split(g_w2, 2, axis=0)[r])
+        assert_stats(pg2["bias"][0], np.array_split(g_b2, 2)[r])

@@ -108,9 +108,40 @@ def run_ddp(out: str) -> None:
     dbg_b.stop()
     dbg_b.step()
     dbg_b.close()
+    run_fsdp(out, rank)
     with open(os.path.join(out, f"report{rank}.json"), "w") as fh:
         json.dump(report, fh)
     dist.destroy_process_group()
+
+
+def fsdp_batch() -> torch.Tensor:
+    return torch.randn(5, 4, generator=torch.Generator().manual_seed(7))
+
+
+def run_fsdp(out: str, rank: int) -> None:
+    """Phase C: one step of FSDP (``fsdp1``) and of FSDP2 ``fully_shard`` (``fsdp2``), the
+    same seeded ``Net`` and batch on both ranks."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    torch.manual_seed(0)
+    model = FullyShardedDataParallel(Net(), device_id=torch.device("cpu"))
+    dbg = debugger(out, "fsdp1", rank)
+    dbg.start(model)
+    model(fsdp_batch()).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    torch.manual_seed(0)
+    model = Net()
+    fully_shard(model.fc1)
+    fully_shard(model.fc2)
+    fully_shard(model)
+    dbg = debugger(out, "fsdp2", rank)
+    dbg.start(model)
+    model(fsdp_batch()).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
 
 
 def run_kill(out: str) -> None:
