@@ -102,7 +102,9 @@ def distributed_value(obj: Any) -> Optional[dict]:
 def _plain(value: Any, depth: int = 0) -> Any:
     """``value`` with every ``P2POp`` turned into a dict the leaf builder walks."""
     dist = distributed_module()
-    if dist is not None and isinstance(value, dist.P2POp):
+    if dist is None:
+        return value
+    if isinstance(value, dist.P2POp):
         op = getattr(value.op, "__name__", None) or str(value.op)
         return {"class_type": "torch.distributed.P2POp", "op": op, "tensor": value.tensor,
                 "peer": value.peer, "tag": value.tag, "group": value.group}
@@ -174,7 +176,7 @@ class DistributedCalls:
             rec.leaves.mapping("input_kwargs", {k: _plain(v) for k, v in kwargs.items()}, leaves)
             keys += ["input_args", "input_kwargs"]
         keys.append("is_recompute")
-        from msprobe.pytorch.recorder import in_recompute  # local: recorder imports api_hooks
+        from msprobe.pytorch.recorder import in_recompute  # local: recorder -> leaves -> this module
         return Call(step=s.step, kind=schema.API_FORWARD, name=name, api_type=FAMILY,
                     parent=rec.parent(), stack_id=s.stacks.capture(), is_recompute=in_recompute(),
                     keys=tuple(keys), leaves=tuple(leaves))
