@@ -1,0 +1,182 @@
+"""Entry names, keys, construct.json and levels of the MindSpore recorder (spec 2.1, 3.2, 4.2)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import load_dump, make_input, make_net, train_loop
+from msprobe.core.errors import ConfigError
+from msprobe.mindspore import PrecisionDebugger
+
+import mindspore as ms  # noqa: E402  (conftest skipped the module without it)
+from mindspore import Tensor, nn, ops  # noqa: E402
+
+
+def run(tmp_path, level, model=True, **kw):
+    net = make_net()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level, **kw)
+    train_loop(net, make_input(), dbg, steps=1, level_model=model)
+    dbg.close()
+    return load_dump(tmp_path / "d")
+
+
+FWD_MIX = [
+    "Primitive.shape_op.Shape.0.forward", "Primitive.matmul.MatMul.0.forward",
+    "Primitive.bias_add.BiasAdd.0.forward", "Cell.d1.Dense.forward.0", "Cell.d1.Dense.parameters_grad",
+    "Primitive.relu.ReLU.0.forward", "Cell.relu.ReLU.forward.0", "Functional.mul.0.forward",
+    "Primitive.shape_op.Shape.1.forward", "Primitive.matmul.MatMul.1.forward",
+    "Primitive.bias_add.BiasAdd.1.forward", "Cell.d2.Dense.forward.0", "Cell.d2.Dense.parameters_grad",
+    "MintFunctional.relu.0.forward", "Tensor.__mul__.0.forward", "Tensor.sum.0.forward",
+]
+BWD_MIX = [
+    "Tensor.sum.0.backward", "Tensor.__mul__.0.backward", "MintFunctional.relu.0.backward",
+    "Cell.d2.Dense.backward.0", "Primitive.bias_add.BiasAdd.1.backward", "Primitive.matmul.MatMul.1.backward",
+    "Functional.mul.0.backward", "Cell.relu.ReLU.backward.0", "Primitive.relu.ReLU.0.backward",
+    "Cell.d1.Dense.backward.0", "Primitive.bias_add.BiasAdd.0.backward", "Primitive.matmul.MatMul.0.backward",
+]
+
+
+def test_mix_names_order_and_construct(tmp_path):
+    dump, stack, construct = run(tmp_path, "mix")
+    assert dump["framework"] == "mindspore" and dump["level"] == "mix" and dump["dump_data_dir"] is None
+    names = list(dump["data"])
+    # the SGD optimizer's construct is a @jit function: recorded as Jit
+    assert names == FWD_MIX + BWD_MIX + ["Jit.SGD.0.forward"]
+    data = dump["data"]
+    assert list(data["Cell.d1.Dense.forward.0"]) == ["input_args", "input_kwargs", "output", "parameters"]
+    assert list(data["Functional.mul.0.forward"]) == ["input_args", "input_kwargs", "output"]
+    assert list(data["Cell.d1.Dense.backward.0"]) == ["input", "output"]
+    assert construct["Primitive.matmul.MatMul.0.forward"] == "Cell.d1.Dense.forward.0"
+    assert construct["Cell.d1.Dense.forward.0"] is None
+    assert construct["Primitive.matmul.MatMul.1.backward"] == "Cell.d2.Dense.backward.0"
+    assert "Cell.d1.Dense.parameters_grad" not in construct
+    # stacks: user frames only; backward entries carry their forward's stack (fix 17)
+    assert set(stack) == {n for n in names if not n.endswith("parameters_grad")}
+    assert stack["Functional.mul.0.backward"] == stack["Functional.mul.0.forward"]
+    frames = stack["Functional.mul.0.forward"]
+    assert any("h = ops.mul(h, 2.0)" in f for f in frames)
+    import os
+    import msprobe
+    tool_dirs = (os.path.dirname(ms.__file__), os.path.dirname(msprobe.__file__))
+    assert not any(f.startswith(f"File {d}") for f in frames for d in tool_dirs)
+
+
+def test_l1_without_model_has_no_primitives(tmp_path):
+    dump, _, construct = run(tmp_path, "L1", model=False)
+    names = list(dump["data"])
+    assert not any(n.startswith(("Primitive.", "Cell.")) for n in names)
+    assert names[:4] == ["Functional.mul.0.forward", "MintFunctional.relu.0.forward",
+                         "Tensor.__mul__.0.forward", "Tensor.sum.0.forward"]
+    assert "Functional.mul.0.backward" in names
+    assert construct == {}
+
+
+def test_l1_with_model_records_primitives(tmp_path):
+    dump, _, _ = run(tmp_path, "L1")
+    names = list(dump["data"])
+    assert "Primitive.matmul.MatMul.1.forward" in names and "Primitive.matmul.MatMul.1.backward" in names
+    assert not any(n.startswith("Cell.") for n in names)
+
+
+def test_l0_names(tmp_path):
+    dump, _, construct = run(tmp_path, "L0")
+    assert list(dump["data"]) == [
+        "Cell.d1.Dense.forward.0", "Cell.d1.Dense.parameters_grad", "Cell.relu.ReLU.forward.0",
+        "Cell.d2.Dense.forward.0", "Cell.d2.Dense.parameters_grad",
+        "Cell.d2.Dense.backward.0", "Cell.relu.ReLU.backward.0", "Cell.d1.Dense.backward.0"]
+    assert set(construct) == {n for n in dump["data"] if "parameters_grad" not in n}
+
+
+def test_list_of_models_and_sequential(tmp_path):
+    a, b = nn.SequentialCell([nn.Dense(2, 2)]), nn.SequentialCell([nn.Dense(2, 2), nn.ReLU()])
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    dbg.start([a, b])
+    b(a(Tensor(np.ones((1, 2), np.float32))))
+    dbg.stop()
+    dbg.close()
+    assert list(load_dump(tmp_path / "d")[0]["data"]) == [
+        "Cell.0.0.Dense.forward.0", "Cell.1.0.Dense.forward.0", "Cell.1.1.ReLU.forward.0"]
+
+
+def test_leaf_cell_as_model_is_recorded_as_itself(tmp_path):
+    d = nn.Dense(2, 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    dbg.start(d)
+    d(Tensor(np.ones((1, 2), np.float32)))
+    dbg.stop()
+    dbg.close()
+    assert list(load_dump(tmp_path / "d")[0]["data"]) == ["Cell.model.Dense.forward.0"]
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_model_levels_need_a_cell(tmp_path, level):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    with pytest.raises(ConfigError, match="model"):
+        dbg.start()
+    with pytest.raises(ConfigError, match="mindspore.nn.Cell"):
+        dbg.start(model="net")
+    dbg.close()
+
+
+def test_counters_reset_per_step_and_step_filter(tmp_path):
+    net = make_net()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1", step=[0, "2-3"])
+    train_loop(net, make_input(), dbg, steps=5, level_model=False)
+    dbg.close()
+    assert sorted(p.name for p in (tmp_path / "d").iterdir() if p.name.startswith("step")) == \
+        ["step0", "step2", "step3"]
+    assert "Functional.mul.0.forward" in load_dump(tmp_path / "d", step=3)[0]["data"]
+
+
+def test_list_and_data_mode_filters(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"task": "statistics", "dump_path": "%s", "level": "mix", '
+                   '"statistics": {"list": ["Dense"], "data_mode": ["forward"]}}' % (tmp_path / "d"))
+    net = make_net()
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    train_loop(net, make_input(), dbg, steps=1)
+    dbg.close()
+    names = list(load_dump(tmp_path / "d")[0]["data"])
+    assert names == ["Cell.d1.Dense.forward.0", "Cell.d2.Dense.forward.0"]
+
+
+def test_jit_function(tmp_path):
+    @ms.jit
+    def jit_fn(a, b):
+        return ops.mul(a, b) + 1.0
+
+    a = Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    b = Tensor(np.array([4.0, 5.0, 6.0], np.float32))
+    expected = jit_fn(a, b).asnumpy()
+    g_expected = ms.grad(lambda u, v: jit_fn(u, v).sum(), grad_position=(0, 1))(a, b)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    out = jit_fn(a, b)
+    grads = ms.grad(lambda u, v: jit_fn(u, v).sum(), grad_position=(0, 1))(a, b)
+    dbg.stop()
+    dbg.close()
+    np.testing.assert_array_equal(out.asnumpy(), expected)
+    for g, ge in zip(grads, g_expected):
+        np.testing.assert_array_equal(g.asnumpy(), ge.asnumpy())
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert "Functional.mul.0.forward" not in data  # calls inside the graph are not Python calls
+    fwd = data["Jit.jit_fn.0.forward"]
+    assert fwd["output"][0]["Max"] == 19.0 and fwd["input_args"][1]["Norm"] == pytest.approx(np.sqrt(77))
+    bwd = data["Jit.jit_fn.1.backward"]
+    assert bwd["output"][0]["Max"] == 6.0 and bwd["output"][1]["Max"] == 3.0  # d/da = b, d/db = a
+    assert "Jit.jit_fn.0.backward" not in data  # a plain forward has no backward
+
+
+def test_hooks_removed_after_close(tmp_path):
+    originals = (ops.mul, Tensor.__mul__, ms.graph.api._JitExecutor)
+    net = make_net()
+    prim_cls = type(net.d1.matmul)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(net)
+    assert ops.mul is not originals[0] and type(net.d1.matmul) is not prim_cls
+    dbg.stop()
+    dbg.close()
+    assert (ops.mul, Tensor.__mul__, ms.graph.api._JitExecutor) == originals
+    assert type(net.d1.matmul) is prim_cls
+    assert "grad" not in vars(ms.graph.api._pynative_executor)
+    assert not net.d1._forward_pre_hook and not net.d1._forward_hook
