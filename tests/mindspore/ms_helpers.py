@@ -1,4 +1,7 @@
-"""Shared networks and helpers for the MindSpore recorder tests (skipped without MindSpore)."""
+"""Shared networks and helpers for the MindSpore recorder tests.
+
+Test modules call ``pytest.importorskip("mindspore")`` before importing this module, so
+the whole directory is skipped cleanly where MindSpore is not installed."""
 from __future__ import annotations
 
 import json
@@ -7,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ms = pytest.importorskip("mindspore")
-from mindspore import Tensor, mint, nn, ops  # noqa: E402
+import mindspore as ms
+from mindspore import Tensor, mint, nn, ops
 
 ms.set_device("CPU")
 

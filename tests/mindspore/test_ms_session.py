@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_dump, make_input, make_net, np_stats, train_loop
+pytest.importorskip("mindspore")
+
+from ms_helpers import load_dump, make_input, make_net, np_stats, train_loop
 from msprobe.core.errors import ConfigError
 from msprobe.mindspore import PrecisionDebugger, seed_all
 from msprobe.mindspore.common.utils import MsprobeStep

@@ -4,11 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import load_dump, make_input, make_net, train_loop
+pytest.importorskip("mindspore")
+
+from ms_helpers import load_dump, make_input, make_net, train_loop
 from msprobe.core.errors import ConfigError
 from msprobe.mindspore import PrecisionDebugger
 
-import mindspore as ms  # noqa: E402  (conftest skipped the module without it)
+import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
 

@@ -7,7 +7,9 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import assert_record, load_dump, make_input, make_net, np_stats, train_loop
+pytest.importorskip("mindspore")
+
+from ms_helpers import assert_record, load_dump, make_input, make_net, np_stats, train_loop
 from msprobe.mindspore import PrecisionDebugger
 from msprobe.mindspore.stats import array_stats, crc32_hex
 
