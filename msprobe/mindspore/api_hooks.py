@@ -127,8 +127,9 @@ class ApiHooks:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def suspend(self) -> None:
-        """Put the originals back (nestable; :meth:`resume` undoes one level)."""
+    def suspend(self, owner: Any = None) -> None:
+        """Put the originals back (nestable; :meth:`resume` undoes one level); ``owner``
+        is accepted for symmetry with the Cell and Primitive hooks and ignored."""
         self._suspended += 1
         if self._suspended > 1:
             return

@@ -37,11 +37,11 @@ from msprobe.core.handles import HandleGroup
 from msprobe.core.naming import safe_component
 from msprobe.core.session import Session
 from msprobe.mindspore.api_hooks import ApiHooks, load_api_list
-from msprobe.mindspore.cell_hooks import install_cell_hooks
+from msprobe.mindspore.cell_hooks import CellHooks, install_cell_hooks
 from msprobe.mindspore.debug_session import DebugSession
 from msprobe.mindspore.grad_end import install_grad_end
 from msprobe.mindspore.jit_hooks import install_jit_hook
-from msprobe.mindspore.primitive_hooks import install_primitive_hooks
+from msprobe.mindspore.primitive_hooks import PrimitiveHooks, install_primitive_hooks
 from msprobe.mindspore.recorder import Recorder
 from msprobe.mindspore.stats import savable
 from store.fileutil import atomic_write_bytes, make_dirs
@@ -104,8 +104,8 @@ class PrecisionDebugger:
         self.kernel_dump: Optional[Path] = None
         self._api_hooks: Optional[ApiHooks] = None
         self._other_handles: Optional[HandleGroup] = None
-        self._model_handles: Optional[HandleGroup] = None
-        self._prim_handles: Optional[HandleGroup] = None
+        self._model_handles: Optional[CellHooks] = None
+        self._prim_handles: Optional[PrimitiveHooks] = None
         self._hooked_models: list[int] = []
         self._deprecation_warned = False
         self._save_counts: dict[str, int] = {}
@@ -166,7 +166,7 @@ class PrecisionDebugger:
                 specs, _unknown = load_api_list()
                 self._api_hooks = ApiHooks(specs, self.recorder)
                 self._other_handles.add(self._api_hooks)
-                self._other_handles.add(install_jit_hook(self.recorder, self._api_hooks))
+                self._other_handles.add(install_jit_hook(self.recorder, _JitGuard(self)))
             self._other_handles.add(install_grad_end(self.recorder.backward_end))
         if models:
             ids = [id(m) for m in models]
@@ -257,6 +257,28 @@ class PrecisionDebugger:
         np.save(buf, savable(array), allow_pickle=False)
         atomic_write_bytes(directory / file_name, buf.getvalue())
         return file_name
+
+
+class _JitGuard:
+    """Suspends a debugger's API wrappers, Cell hooks and Primitive wrappers around one
+    ``@jit`` graph call (nestable)."""
+
+    def __init__(self, debugger: PrecisionDebugger) -> None:
+        self._ref = weakref.ref(debugger)
+        self._active: list[list[Any]] = []
+
+    def suspend(self, owner: Any) -> None:
+        dbg = self._ref()
+        parts = [] if dbg is None else [h for h in (dbg._api_hooks, dbg._model_handles, dbg._prim_handles)
+                                        if h is not None]
+        for part in parts:
+            part.suspend(owner)
+        self._active.append(parts)
+
+    def resume(self) -> None:
+        if self._active:
+            for part in reversed(self._active.pop()):
+                part.resume()
 
 
 def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:

@@ -11,7 +11,7 @@ function's name, or the Cell's class name for a ``@jit`` ``construct``; counters
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import mindspore.graph.api as graph_api
 from mindspore import nn
@@ -19,13 +19,14 @@ from mindspore import nn
 from msprobe.core.handles import CallbackHandle
 
 
-def install_jit_hook(recorder: Any, api_hooks: Optional[Any]) -> CallbackHandle:
+def install_jit_hook(recorder: Any, guard: Any) -> CallbackHandle:
     """Swap ``mindspore.graph.api._JitExecutor`` for a recording subclass.
 
     Args:
         recorder: receives the Jit calls.
-        api_hooks: the :class:`~msprobe.mindspore.api_hooks.ApiHooks` to suspend around
-            graph compilation and execution (None when no API is wrapped).
+        guard: an object with ``suspend(owner)`` and ``resume()``: takes msprobe's API
+            wrappers, Cell hooks and Primitive wrappers inside ``owner`` (a Cell, or None
+            for a plain function) out while MindSpore compiles and runs the graph.
     Returns:
         A handle whose ``remove()`` puts the previous executor class back.
     """
@@ -37,13 +38,12 @@ def install_jit_hook(recorder: Any, api_hooks: Optional[Any]) -> CallbackHandle:
         __msprobe_disabled__ = False
 
         def _run(self, *args: Any, **kwargs: Any) -> Any:
-            if api_hooks is not None:
-                api_hooks.suspend()
+            owner = getattr(self, "obj", None)
+            guard.suspend(owner if isinstance(owner, nn.Cell) else None)
             try:
                 return base.__call__(self, *args, **kwargs)
             finally:
-                if api_hooks is not None:
-                    api_hooks.resume()
+                guard.resume()
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             if (RecordingJitExecutor.__msprobe_disabled__ or not session.recording

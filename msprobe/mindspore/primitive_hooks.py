@@ -13,44 +13,84 @@ from typing import Any, Sequence
 
 from mindspore import nn
 
-from msprobe.core.handles import CallbackHandle, HandleGroup
 
 
-def install_primitive_hooks(models: Sequence[nn.Cell], recorder: Any) -> HandleGroup:
-    """Wrap every Primitive held by any Cell of ``models``; returns restoring handles."""
-    group = HandleGroup()
-    session = recorder.session
-    done: set[int] = set()
-    for model in models:
-        for _name, cell in model.cells_and_names():
-            prims = getattr(cell, "_primitives", None) or {}
-            for attr, prim in list(prims.items()):
-                if prim is None or id(prim) in done:
-                    continue
-                done.add(id(prim))
-                group.add(_swap_class(prim, attr, recorder, session))
-    return group
+class PrimitiveHooks:
+    """The swapped Primitive instances of one recorder; a handle (``remove()`` idempotent).
+
+    ``suspend(owner)``/``resume()`` give the Primitives inside ``owner`` (all when None)
+    their own class back while MindSpore compiles and runs a ``@jit`` graph.
+    """
+
+    def __init__(self, models: Sequence[nn.Cell], recorder: Any) -> None:
+        session = recorder.session
+        self._swaps: dict[int, tuple[Any, type, type]] = {}
+        self._owner_of: dict[int, list[int]] = {}
+        self._suspended: list[list[int]] = []
+        for model in models:
+            for _name, cell in model.cells_and_names():
+                prims = getattr(cell, "_primitives", None) or {}
+                for attr, prim in list(prims.items()):
+                    if prim is None or id(prim) in self._swaps:
+                        continue
+                    cls = prim.__class__
+                    sub = _subclass(cls, attr, recorder, session)
+                    prim.__class__ = sub
+                    self._swaps[id(prim)] = (prim, cls, sub)
+                    self._owner_of.setdefault(id(cell), []).append(id(prim))
+
+    def __len__(self) -> int:
+        return len(self._swaps)
+
+    def suspend(self, owner: Any = None) -> None:
+        """Give the Primitives inside ``owner`` (None = all) their own class back."""
+        if owner is None:
+            keys = list(self._swaps)
+        else:
+            keys = [k for _n, c in owner.cells_and_names() for k in self._owner_of.get(id(c), ())]
+        done = []
+        for key in keys:
+            prim, cls, sub = self._swaps[key]
+            if prim.__class__ is sub:
+                prim.__class__ = cls
+                done.append(key)
+        self._suspended.append(done)
+
+    def resume(self) -> None:
+        """Undo the matching :meth:`suspend`."""
+        if self._suspended:
+            for key in self._suspended.pop():
+                if key in self._swaps:
+                    prim, cls, sub = self._swaps[key]
+                    if prim.__class__ is cls:
+                        prim.__class__ = sub
+
+    def remove(self) -> None:
+        """Put every original class back (idempotent)."""
+        for prim, cls, sub in self._swaps.values():
+            if prim.__class__ is sub:
+                prim.__class__ = cls
+        self._swaps.clear()
+        self._owner_of.clear()
+        self._suspended.clear()
 
 
-def _swap_class(prim: Any, attr: str, recorder: Any, session: Any) -> CallbackHandle:
-    cls = prim.__class__
+def install_primitive_hooks(models: Sequence[nn.Cell], recorder: Any) -> PrimitiveHooks:
+    """Wrap every Primitive held by any Cell of ``models``; returns the handle."""
+    return PrimitiveHooks(models, recorder)
+
+
+def _subclass(cls: type, attr: str, recorder: Any, session: Any) -> type:
     original_call = cls.__call__
     key = f"Primitive.{attr}.{cls.__name__}"
     tls = session._tls
-    side_effect = bool(getattr(prim, "attrs", {}).get("side_effect_mem", False))
 
     def __call__(self, *args, **kwargs):
         if not session.recording or getattr(tls, "busy", False):
             return original_call(self, *args, **kwargs)
+        side_effect = bool(getattr(self, "attrs", {}).get("side_effect_mem", False))
         return recorder.record_api(lambda *a, **k: original_call(self, *a, **k), "Primitive", key,
                                    args, kwargs, side_effect)
 
-    sub = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                        "__msprobe_original_class__": cls})
-    prim.__class__ = sub
-
-    def undo() -> None:
-        if prim.__class__ is sub:
-            prim.__class__ = cls
-
-    return CallbackHandle(undo)

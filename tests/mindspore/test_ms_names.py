@@ -182,3 +182,58 @@ def test_hooks_removed_after_close(tmp_path):
     assert type(net.d1.matmul) is prim_cls
     assert "grad" not in vars(ms.graph.api._pynative_executor)
     assert not net.d1._forward_pre_hook and not net.d1._forward_hook
+
+
+def test_jit_cell_with_hooked_subcells(tmp_path):
+    """A Cell whose construct is @jit: its hooked subcells and Primitives are taken out of
+    the graph while it compiles and runs (values unchanged), the call is one Jit entry."""
+
+    class JNet(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.d = nn.Dense(3, 2)
+
+        @ms.jit
+        def construct(self, x):
+            return self.d(x) * 2
+
+    net = JNet()
+    x = Tensor(np.ones((2, 3), np.float32))
+    ref = net(x).asnumpy()
+    g_ref = ms.grad(lambda t: net(t).sum())(x).asnumpy()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(net)
+    out = net(x)
+    g = ms.grad(lambda t: net(t).sum())(x)
+    dbg.stop()
+    dbg.close()
+    np.testing.assert_array_equal(out.asnumpy(), ref)
+    np.testing.assert_array_equal(g.asnumpy(), g_ref)
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert list(data) == ["Jit.JNet.0.forward", "Jit.JNet.1.forward", "Tensor.sum.0.forward",
+                          "Tensor.sum.0.backward", "Jit.JNet.1.backward"]
+    assert data["Jit.JNet.1.backward"]["output"][0]["Max"] == pytest.approx(float(g_ref.max()))
+
+
+def test_inplace_semantics_kept(tmp_path):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    t = Tensor(np.zeros(3, np.float32))
+    t[0] = 5.0
+    u = Tensor(np.zeros(3, np.float32))
+    u.copy_(Tensor(np.ones(3, np.float32)))
+
+    def f(a):
+        b = a * 1.0
+        b[1] = 7.0
+        return (b * a).sum()
+
+    ga = ms.grad(f)(Tensor(np.array([1.0, 2.0, 3.0], np.float32)))
+    dbg.stop()
+    dbg.close()
+    np.testing.assert_array_equal(t.asnumpy(), [5, 0, 0])
+    np.testing.assert_array_equal(u.asnumpy(), [1, 1, 1])
+    np.testing.assert_array_equal(ga.asnumpy(), [2, 7, 6])
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert data["Tensor.__setitem__.0.forward"]["input_args"][0]["Max"] == 0.0  # recorded before the write
+    assert data["Tensor.copy_.0.forward"]["output"][0]["Max"] == 1.0
