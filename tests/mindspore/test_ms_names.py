@@ -237,3 +237,46 @@ def test_inplace_semantics_kept(tmp_path):
     data = load_dump(tmp_path / "d")[0]["data"]
     assert data["Tensor.__setitem__.0.forward"]["input_args"][0]["Max"] == 0.0  # recorded before the write
     assert data["Tensor.copy_.0.forward"]["output"][0]["Max"] == 1.0
+
+
+@pytest.mark.parametrize("level", ["L1", "L0", "mix"])
+def test_seeds_example_7_2_1_1(tmp_path, level):
+    """The seeds' PyNative loop without Model: ``grad_net = ms.grad(model)(data)``."""
+    model = nn.SequentialCell([nn.Dense(4, 3), nn.ReLU()])
+    data = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 8 - 0.3)
+    g_ref = ms.grad(model)(data).asnumpy()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    for _ in range(2):
+        dbg.start(model if level != "L1" else None)
+        grad_net = ms.grad(model)(data)
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    np.testing.assert_array_equal(grad_net.asnumpy(), g_ref)
+    for step in (0, 1):
+        names = list(load_dump(tmp_path / "d", step=step)[0]["data"])
+        if level == "L1":
+            assert names == []  # nn.Dense/nn.ReLU call Primitives; without a model none is recorded
+        elif level == "L0":
+            assert names == ["Cell.0.Dense.forward.0", "Cell.1.ReLU.forward.0",
+                             "Cell.1.ReLU.backward.0", "Cell.0.Dense.backward.0"]
+        else:
+            assert "Cell.0.Dense.backward.0" in names and "Primitive.relu.ReLU.0.backward" in names
+    if level == "L0":
+        dense = load_dump(tmp_path / "d")[0]["data"]["Cell.0.Dense.backward.0"]
+        np.testing.assert_allclose(dense["output"][0]["Max"], g_ref.max(), rtol=1e-6)
+
+
+def test_rank_filter_without_distributed(tmp_path):
+    """A non-distributed run counts as rank 0 (spec fix 18)."""
+    for rank, expect in (([1], False), ([0], True)):
+        cfg = tmp_path / f"c{rank[0]}.json"
+        out = tmp_path / f"d{rank[0]}"
+        cfg.write_text('{"dump_path": "%s", "level": "L1", "rank": %s}' % (out, rank))
+        dbg = PrecisionDebugger(config_path=str(cfg))
+        dbg.start()
+        ops.relu(Tensor(np.ones(2, np.float32)))
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        assert (out / "step0" / "rank" / "dump.json").exists() is expect
