@@ -149,10 +149,6 @@ class LeafBuilder:
             self.leaves(entry, io, v, out, (str(k),))
 
 
-def is_tensor(value: Any) -> bool:
-    return isinstance(value, Tensor)
-
-
 def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
     if isinstance(value, (Tensor, np.ndarray)):
         yield path, value, schema.LEAF_TENSOR

@@ -225,3 +225,24 @@ def test_graph_mode_l2_kernel_dump(tmp_path):
     assert "MIXERR ConfigError" in res.stdout
     files = [p.name for p in out.rglob("*.npy")]
     assert files and all("MatMul" in f for f in files), files
+
+
+def test_debug_save_task_tensor_files(tmp_path):
+    x = Tensor(np.array([1.0, -2.0, 3.0], np.float32))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug", task="tensor")
+
+    def f(t):
+        y = t * 2.0
+        PrecisionDebugger.save(y, "y")
+        PrecisionDebugger.save({"b": [y]}, "d", save_backward=False)
+        return (y * y).sum()
+
+    ms.grad(f)(x)
+    dbg.close()
+    rank = tmp_path / "d" / "rank"
+    data = json.loads((rank / "debug.json").read_text())["data"]
+    tdir = rank / "dump_tensor_data"
+    assert data["y.0"]["data_name"] == "y.0.tensor.npy"
+    assert data["d.0"]["b"][0]["data_name"] == "d.0.tensor.b.0.npy"
+    np.testing.assert_array_equal(np.load(tdir / "y.0.tensor.npy"), [2.0, -4.0, 6.0])
+    np.testing.assert_array_equal(np.load(tdir / data["y_grad.0"]["data_name"]), [4.0, -8.0, 12.0])
