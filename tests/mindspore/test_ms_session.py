@@ -223,8 +223,12 @@ def test_graph_mode_l2_kernel_dump(tmp_path):
                          env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "MIXERR ConfigError" in res.stdout
-    files = [p.name for p in out.rglob("*.npy")]
-    assert files and all("MatMul" in f for f in files), files
+    files = {".".join(p.name.split(".")[-5:-3]): p for p in out.rglob("*.npy")}
+    assert files and all(p.name.startswith("MatMul.") for p in files.values()), list(files)
+    assert (out / "kernel_dump_config.json").is_file()
+    # the kernel's recorded output equals x @ W^T recomputed from its recorded inputs
+    x, w, y = (np.load(files[k]) for k in ("input.0", "input.1", "output.0"))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-6)
 
 
 def test_debug_save_task_tensor_files(tmp_path):
