@@ -250,3 +250,23 @@ def test_debug_save_task_tensor_files(tmp_path):
     assert data["d.0"]["b"][0]["data_name"] == "d.0.tensor.b.0.npy"
     np.testing.assert_array_equal(np.load(tdir / "y.0.tensor.npy"), [2.0, -4.0, 6.0])
     np.testing.assert_array_equal(np.load(tdir / data["y_grad.0"]["data_name"]), [4.0, -8.0, 12.0])
+
+
+def test_internal_error_never_breaks_training(tmp_path, monkeypatch, caplog):
+    import msprobe.mindspore.leaves as leaves_mod
+
+    x = make_input()
+    expected = train_loop(make_net(), x, None, steps=2)
+
+    def broken(_a):
+        raise RuntimeError("stats exploded")
+
+    monkeypatch.setattr(leaves_mod, "array_stats", broken)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    with caplog.at_level("ERROR", logger="msprobe"):
+        got = train_loop(make_net(), x, dbg, steps=2)
+    dbg.close()
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in expected]
+    assert dbg.session.failed
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "stats exploded" in errors[0].getMessage()
