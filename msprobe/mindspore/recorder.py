@@ -6,6 +6,10 @@ wrappers (``primitive_hooks``), the Jit executor (``jit_hooks``), Cell hooks
 (``leaves``), installs the backward identities (``backward``) and emits
 :class:`store.records.Call` events through the session.
 
+The ``scope`` filter (spec 5.5 with fix 19) is applied here: a range opens when its first
+forward entry starts and closes when its last one has finished (both included); backward
+entries exist only for forwards inside it. It is reset at each step.
+
 Every entry point sets the thread's ``busy`` flag while msprobe's own code or a recorded
 call runs, so calls made inside a recorded call, and msprobe's own operations, are never
 recorded (spec 2.1, section 9 fixes 1-2). Internal errors are logged once and stop
@@ -20,6 +24,7 @@ from typing import Any, Callable, Optional
 from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
+from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
@@ -62,6 +67,7 @@ class Recorder:
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.cells_seen: set[str] = set()
+        self.scope = ScopeRange.from_config(cfg.scope)
         self._fired = 0
         self._warned = False
 
@@ -97,14 +103,20 @@ class Recorder:
         (a Jit Cell's ``self`` is left out). Exceptions of ``original`` propagate unchanged."""
         tls = self.session._tls
         tls.busy = True
+        fwd = key
         try:
             try:
-                plan = self._before(family, key, args if record_args is None else record_args, kwargs)
+                n = self.session.api_counter.next(key)
+                fwd = f"{key}.{n}.forward"
+                plan = self._before(family, key, n, args if record_args is None else record_args, kwargs)
             except Exception as exc:
                 self.internal_error(exc)
                 plan = None
             if plan is None:
-                return original(*args, **kwargs)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self.scope.exit(fwd)
             call_args, call_kwargs = args, kwargs
             if plan.pending is not None:
                 try:
@@ -114,20 +126,27 @@ class Recorder:
                 except Exception as exc:
                     self.internal_error(exc)
                     plan.pending, call_args, call_kwargs = None, args, kwargs
-            out = original(*call_args, **call_kwargs)
+            try:
+                out = original(*call_args, **call_kwargs)
+            except BaseException:
+                self.scope.exit(fwd)
+                raise
             try:
                 return self._after(plan, out, args, kwargs)
             except Exception as exc:
                 self.internal_error(exc)
                 return out
+            finally:
+                self.scope.exit(fwd)
         finally:
             tls.busy = False
 
-    def _before(self, family: str, key: str, args: tuple, kwargs: dict) -> Optional[_Plan]:
+    def _before(self, family: str, key: str, n: int, args: tuple, kwargs: dict) -> Optional[_Plan]:
         s, dm = self.session, self.dm
-        n = s.api_counter.next(key)
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
+        if not self.scope.enter(fwd):
+            return None
         want_fwd = dm.forward and s.accepts(fwd)
         want_bwd = dm.backward and s.accepts(bwd) and grad_active()
         if not (want_fwd or want_bwd):
@@ -199,6 +218,8 @@ class Recorder:
         n = s.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
+        if not self.scope.enter(fwd):
+            return None
         want_fwd = dm.forward and s.accepts(fwd)
         want_bwd = dm.backward and s.accepts(bwd) and grad_active()
         if not (want_fwd or want_bwd):
@@ -234,6 +255,7 @@ class Recorder:
         frame = stack.pop()
         if frame is None:
             return None
+        self.scope.exit(frame.name)
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
@@ -334,6 +356,7 @@ class Recorder:
         """Step end: emit what is still pending and forget the step's Cells."""
         self.backward_end()
         self.cells_seen.clear()
+        self.scope.reset()
 
     # --- debug save ----------------------------------------------------------------------------
     def save(self, variable: Any, name: str, k: int, save_backward: bool) -> Any:

@@ -1,6 +1,8 @@
 """Entry names, keys, construct.json and levels of the MindSpore recorder (spec 2.1, 3.2, 4.2)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -280,3 +282,34 @@ def test_rank_filter_without_distributed(tmp_path):
         dbg.step()
         dbg.close()
         assert (out / "step0" / "rank" / "dump.json").exists() is expect
+
+
+def test_scope_is_inclusive_and_covers_backward(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1", "statistics": {
+        "scope": ["Functional.mul.0.forward", "Tensor.__mul__.0.forward"]}}))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    train_loop(make_net(), make_input(), dbg, steps=2, level_model=False)
+    dbg.close()
+    for step in (0, 1):  # the range closes at step end and opens again
+        data = load_dump(tmp_path / "d", step=step)[0]["data"]
+        assert list(data) == [
+            "Functional.mul.0.forward", "MintFunctional.relu.0.forward", "Tensor.__mul__.0.forward",
+            "Tensor.__mul__.0.backward", "MintFunctional.relu.0.backward", "Functional.mul.0.backward"]
+        assert data["Tensor.__mul__.0.forward"]["output"]  # the end entry keeps its output
+
+
+def test_scope_with_cells_at_mix(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "mix", "statistics": {
+        "scope": ["Cell.relu.ReLU.forward.0", "Cell.d2.Dense.forward.0"]}}))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    train_loop(make_net(), make_input(), dbg, steps=1)
+    dbg.close()
+    names = list(load_dump(tmp_path / "d")[0]["data"])
+    assert names == [
+        "Primitive.relu.ReLU.0.forward", "Cell.relu.ReLU.forward.0", "Functional.mul.0.forward",
+        "Primitive.shape_op.Shape.1.forward", "Primitive.matmul.MatMul.1.forward",
+        "Primitive.bias_add.BiasAdd.1.forward", "Cell.d2.Dense.forward.0", "Cell.d2.Dense.parameters_grad",
+        "Cell.d2.Dense.backward.0", "Primitive.bias_add.BiasAdd.1.backward", "Primitive.matmul.MatMul.1.backward",
+        "Functional.mul.0.backward", "Cell.relu.ReLU.backward.0", "Primitive.relu.ReLU.0.backward"]
