@@ -239,3 +239,27 @@ def test_argument_identity_preserved():
     assert seen == [True]
     out = data["Cell.same.Same.backward.0"]["output"]
     assert out[0]["Max"] == 2.0 and out[1] == out[0]
+
+
+def test_batchnorm_running_statistics_unchanged(tmp_path):
+    """Cells that update Parameters in place (BatchNorm's moving mean/variance) keep doing
+    so while recorded: same loss, same running statistics."""
+
+    def run(dbg):
+        net = nn.SequentialCell([nn.Dense(4, 3), nn.BatchNorm1d(3)])
+        net.set_train(True)
+        rng = np.random.default_rng(0)
+        for p in net.trainable_params():
+            p.set_data(Tensor(rng.standard_normal(p.shape).astype(np.float32)))
+        x = Tensor(rng.standard_normal((6, 4)).astype(np.float32))
+        if dbg is not None:
+            dbg.start(net)
+        loss, _ = ms.value_and_grad(lambda t: net(t).sum(), None, net.trainable_params())(x)
+        if dbg is not None:
+            dbg.stop()
+            dbg.close()
+        bn = net[1]
+        return [a.tobytes() for a in (loss.asnumpy(), bn.moving_mean.asnumpy(), bn.moving_variance.asnumpy())]
+
+    assert run(PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")) == run(None)
+    assert "Cell.1.BatchNorm1d.backward.0" in load_dump(tmp_path / "d")[0]["data"]
