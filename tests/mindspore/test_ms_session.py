@@ -270,3 +270,21 @@ def test_internal_error_never_breaks_training(tmp_path, monkeypatch, caplog):
     assert dbg.session.failed
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "stats exploded" in errors[0].getMessage()
+
+
+@pytest.mark.parametrize("level", ["mix", "debug"])
+def test_offline_export_reproduces_live_files(tmp_path, level):
+    from store.export import export_log
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    if level == "debug":
+        x = Tensor(np.array([1.0, 2.0], np.float32))
+        ms.grad(lambda t: (PrecisionDebugger.save(t * 2.0, "y") or t * 2.0).sum())(x)
+    else:
+        train_loop(make_net(), make_input(), dbg, steps=2)
+    dbg.close()
+    export_log(tmp_path / "d", tmp_path / "again")
+    live = sorted(p.relative_to(tmp_path / "d") for p in (tmp_path / "d").rglob("*.json") if ".msprobe" not in p.parts)
+    assert live and live == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.json"))
+    for rel in live:
+        assert (tmp_path / "d" / rel).read_bytes() == (tmp_path / "again" / rel).read_bytes(), rel
