@@ -84,6 +84,18 @@ class Session:
         self._last_step = max(config.step) if config.step else None
         self._pid = os.getpid()
         os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
+        self._rank_warned = False
+        self._flush_hooks: list[Callable[[], None]] = []
+        self._dirty = True  # entries arrived since the last export of the step
+
+    def add_flush_hook(self, fn: Callable[[], None]) -> None:
+        """Register ``fn`` to run before every export and at close (adapters resolve entries
+        whose statistics are still pending on a device there)."""
+        self._flush_hooks.append(fn)
+
+    def _run_flush_hooks(self) -> None:
+        for fn in self._flush_hooks:
+            fn()
 
     # --- per-thread "inside the tool" flag ---------------------------------------------
     @property
@@ -124,6 +136,11 @@ class Session:
             self.finished = True
             return False
         self.rank, self.rank_dir = rank, rank_dir
+        if rank is None and not self.rank_selected() and not self._rank_warned:
+            self._rank_warned = True
+            logger.warning("msprobe: rank filter %s excludes this process: torch.distributed is not "
+                           "initialised, so it counts as rank 0 (spec section 9, fix 18); nothing is recorded",
+                           list(self.config.rank))
         if not self.rank_selected() or not self.step_selected():
             self.recording = False
             return False
@@ -143,6 +160,7 @@ class Session:
         self.recording = False
         if self._writer is None or self._opened_step != self.step or self.failed:
             return
+        self._run_flush_hooks()
         with self._lock:
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
             self._export()
@@ -156,6 +174,7 @@ class Session:
         self.recording = False
         if before_export is not None:
             before_export()
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
@@ -163,6 +182,7 @@ class Session:
                 self._guard(self._writer.flush, True)
             self._step_tables = []
             self._opened_step = None
+            self._dirty = True
             self.step += 1
             self.api_counter.reset()
             self.module_counter.reset()
@@ -171,6 +191,7 @@ class Session:
 
     def close(self) -> None:
         """Flush and close the log (idempotent)."""
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None:
                 try:
@@ -189,6 +210,7 @@ class Session:
                 self._stacks[sid] = frames
                 self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
             self._guard(self._writer.append, call)
+            self._dirty = True
 
     def meta(self) -> dict:
         step_dir = self.step_dir()
@@ -205,8 +227,9 @@ class Session:
 
     # --- internals ---------------------------------------------------------------------------
     def _export(self) -> None:
-        if self._writer is None or self.failed:
-            return
+        if self._writer is None or self.failed or not self._dirty:
+            return  # the files on disk already hold everything of this step
+        self._dirty = False
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return

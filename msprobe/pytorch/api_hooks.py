@@ -1,7 +1,8 @@
 """API interception: wrap the functions named in ``support_wrap_ops.yaml``.
 
 Families (spec section 7.1): ``Tensor`` (``torch.Tensor`` methods), ``Torch`` (``torch.*``),
-``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``). Each listed name is
+``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``), ``Distributed``
+(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`). Each listed name is
 replaced by a wrapper that, while the session records and the thread is not already
 inside a recorded call, hands the call to :meth:`Recorder.record_api`; otherwise it calls
 the original at once. ``install_api_hooks`` returns a handle that restores every original.
@@ -18,6 +19,7 @@ import torch
 import yaml
 
 from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 
 logger = logging.getLogger("msprobe")
 
@@ -29,6 +31,7 @@ _FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "torch": ("Torch", lambda: torch),
     "functional": ("Functional", lambda: torch.nn.functional),
     "_VF": ("VF", lambda: torch._VF),
+    "distributed": (DIST_FAMILY, distributed_module),  # None where torch has no distributed
 }
 
 
@@ -61,6 +64,9 @@ def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
             continue
         family, resolve = fam
         owner = resolve()
+        if owner is None:
+            unknown.extend(f"{key}.{name}" for name in names or [])
+            continue
         for name in names or []:
             if not isinstance(name, str) or not callable(getattr(owner, name, None)):
                 unknown.append(f"{key}.{name}")
@@ -76,11 +82,16 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals."""
     group = HandleGroup()
     session = recorder.session
+    dist_calls = None
     for spec in specs:
         owner, name = spec.owner, spec.api
         own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
-        wrapper = _make_wrapper(original, spec.family, name, recorder, session)
+        if spec.family == DIST_FAMILY:
+            dist_calls = dist_calls or DistributedCalls(recorder)
+            wrapper = DistributedWrapper(original, f"{spec.family}.{name}", dist_calls.record, session)
+        else:
+            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session)
         try:
             setattr(owner, name, wrapper)
         except (AttributeError, TypeError):
@@ -108,9 +119,8 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
         setattr(owner, name, original)
 
 
-def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: Any) -> Callable:
+def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any) -> Callable:
     key = f"{family}.{api}"
-    record = recorder.record_api
     tls = session._tls
 
     def wrapper(*args, **kwargs):

@@ -9,7 +9,8 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 * other values: ``{"type": ..., "value": ...}``: int, float, bool, str, slice, Ellipsis,
   ``torch.dtype``, ``torch.device`` (``"cpu"``, ``"cuda:1"``), ``torch.Size``,
   ``torch.memory_format`` (``{"type", "format"}``), numpy scalars (numpy type name), and any
-  other object as its qualified type name with a short, safe ``repr``.
+  other object as its qualified type name with a short, safe ``repr``; ``ReduceOp`` and
+  ``ProcessGroup`` as :func:`msprobe.pytorch.dist_hooks.distributed_value` says.
 
 Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 """
@@ -23,7 +24,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from msprobe.pytorch.stats import crc32_hex, tensor_stats
+from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.dist_hooks import distributed_value
+from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
 from store import schema
 from store.records import Leaf
 
@@ -43,10 +46,6 @@ def _safe_repr(obj: Any) -> str:
     except Exception:
         text = f"<{_qualname(obj)} object>"
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
-def _json_number(v: Any) -> Any:
-    return v
 
 
 def value_record(obj: Any) -> dict:
@@ -80,6 +79,9 @@ def value_record(obj: Any) -> dict:
         return {"type": type(obj).__name__, "value": v}
     if isinstance(obj, complex):
         return {"type": "complex", "value": _safe_repr(obj)}
+    dist_record = distributed_value(obj)
+    if dist_record is not None:
+        return dist_record
     return {"type": _qualname(obj), "value": _safe_repr(obj)}
 
 
@@ -91,6 +93,15 @@ def _slice_part(v: Any) -> Any:
     return _safe_repr(v)
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """``t.to_local()`` (detached) for a ``torch.distributed.tensor.DTensor``, else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is None or type(t) is torch.Tensor or type(t).__name__ != "DTensor":
+        return t
+    with torch.no_grad():
+        return to_local()
+
+
 class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
@@ -99,15 +110,27 @@ class LeafBuilder:
         with_data: compute statistics (False for task ``structure``).
     """
 
-    __slots__ = ("md5", "with_data")
+    __slots__ = ("md5", "with_data", "cache", "defer_all")
 
-    def __init__(self, *, md5: bool, with_data: bool = True) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False) -> None:
         self.md5 = md5
         self.with_data = with_data
+        self.cache = StatsCache()
+        # accelerator tensors always take the deferred (sync-free) path; defer_all sends
+        # CPU tensors there too (tests of the deferred path on machines without a device)
+        self.defer_all = defer_all
 
-    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
-        """The leaf of one tensor."""
-        st = tensor_stats(t) if self.with_data else None
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
+        """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
+        statistics stay on the device until the recorder's next flush point. A DTensor
+        (FSDP2 parameters and gradients) is recorded by its local shard: statistics, shape
+        and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md)."""
+        t = local_shard(t)
+        if self.with_data and (t.device.type != "cpu" or self.defer_all) and has_data(t) and not self.md5:
+            return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                    dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                    requires_grad=bool(t.requires_grad)), stats_vector(t))
+        st = self.cache.stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:
             try:

@@ -21,6 +21,7 @@ import torch
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
+from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import LeafBuilder
 from store import schema
 from store.records import Call, Leaf
@@ -63,7 +64,9 @@ class Recorder:
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
+        self.deferred = DeferredStats()
         self._warned = False
+        session.add_flush_hook(self.flush_deferred)
 
     # --- per-thread state -------------------------------------------------------------------
     def frames(self) -> list:
@@ -149,7 +152,7 @@ class Recorder:
             if dm.allows("forward", "output"):
                 keys.append("output")
                 self.leaves.sequence("output", _as_list(out), plan.leaves)
-            s.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
+            self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
                         parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                         keys=tuple(keys), leaves=tuple(plan.leaves)))
         return result
@@ -251,7 +254,7 @@ class Recorder:
                 if dm.allows_parameters():
                     keys.append("parameters")
                 keys.append("is_recompute")
-                s.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
+                self.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
                             api_type=frame.prefix.split(".", 1)[0], parent=frame.parent,
                             stack_id=frame.stack_id, is_recompute=frame.recompute,
                             keys=tuple(keys), leaves=tuple(frame.leaves)))
@@ -279,7 +282,7 @@ class Recorder:
             grad = param.grad
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if grad is not None
                     else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
-            s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
+            self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
                         keys=names, leaves=(leaf,)))
         except Exception as exc:
             self.internal_error(exc)
@@ -307,7 +310,7 @@ class Recorder:
             if grad is not None and isinstance(grad, torch.Tensor):
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
-                    grads[p] = first if p == paths[0] else dataclasses.replace(first, path=p)
+                    grads[p] = first if p == paths[0] else _with_path(first, p)
             if side == "output":
                 pending.fired_out += 1
                 complete = pending.fired_out >= pending.expect_out
@@ -325,7 +328,7 @@ class Recorder:
         pending.done = True
         self.pending.pop(id(pending), None)
         if pending.keys and (pending.fired_in or pending.fired_out):
-            self.session.emit(pending.to_call())
+            self.emit(pending.to_call())
 
     def flush_pending(self) -> None:
         """Emit the backward entries still incomplete (some gradient never arrived)."""
@@ -338,6 +341,31 @@ class Recorder:
                     self._emit_pending(pending)
             self.pending.clear()
             self.modules_seen.clear()
+            self.leaves.cache.clear()
+        finally:
+            tls.busy = prev
+
+    def emit(self, call: Call) -> None:
+        """Hand ``call`` to the session, or queue it while device statistics are pending
+        (queued entries keep their order)."""
+        if len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves):
+            if self.deferred.add(call, list(call.leaves)):
+                self.flush_deferred()
+        else:
+            self.session.emit(call)
+
+    def flush_deferred(self) -> None:
+        """Resolve queued device statistics in one transfer per device and emit the entries."""
+        if not len(self.deferred):
+            return
+        tls = self.session._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            for call in self.deferred.resolve():
+                self.session.emit(call)
+        except Exception as exc:
+            self.internal_error(exc)
         finally:
             tls.busy = prev
 
@@ -349,6 +377,12 @@ class Recorder:
                          exc_info=exc)
         self.session.recording = False
         self.session.failed = True
+
+
+def _with_path(leaf, path: tuple):
+    if isinstance(leaf, PendingLeaf):
+        return PendingLeaf(dataclasses.replace(leaf.leaf, path=path), leaf.vector)
+    return dataclasses.replace(leaf, path=path)
 
 
 def _as_list(out: Any) -> list:

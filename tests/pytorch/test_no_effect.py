@@ -39,13 +39,14 @@ class Block(nn.Module):
         return self.out(F.dropout(h, 0.1, self.training))
 
 
-def train(level=None, task=None, dump_path=None, config_path=None):
+def train(level=None, task=None, dump_path=None, config_path=None, defer_all=False):
     torch.manual_seed(1234)
     model = Block()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dbg = None
     if level is not None:
         dbg = PrecisionDebugger(config_path=config_path, dump_path=str(dump_path), level=level, task=task)
+        dbg.recorder.leaves.defer_all = defer_all  # True: the accelerator (sync-free) statistics path
     results = []
     for _ in range(STEPS):
         tokens = torch.randint(0, 11, (2, 5))
@@ -104,3 +105,12 @@ def test_bit_identical_with_md5(tmp_path, reference):
     assert all(torch.equal(a, b) for a, b in zip(reference, got))
     data = json.loads((tmp_path / "d" / "step0" / "rank" / "dump.json").read_text())["data"]
     assert len(data["Functional.linear.0.forward"]["output"][0]["md5"]) == 8
+
+
+def test_bit_identical_on_the_deferred_statistics_path(tmp_path, reference):
+    """The path accelerator tensors take (statistics kept on the device until a flush
+    point), forced for CPU tensors."""
+    got = train("mix", "statistics", tmp_path / "d", defer_all=True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, got))
+    data = json.loads((tmp_path / "d" / "step2" / "rank" / "dump.json").read_text())["data"]
+    assert data["Functional.linear.0.forward"]["output"][0]["Max"] is not None

@@ -516,3 +516,19 @@ def test_second_thread_runs_the_model(tmp_path, errors):
     for k in forwards:
         x = torch.full((2, 4), data[k]["input_args"][0]["Max"])
         assert_record(data[k]["output"][0], m[0](x).detach())
+
+
+def test_inference_tensor_changed_in_place_is_recorded_fresh(tmp_path, errors):
+    """Inference tensors have no version counter: statistics are never reused for them."""
+    def fn():
+        with torch.inference_mode():
+            x = torch.ones(4)
+            torch.mul(x, 1)   # x recorded as input, Max 1
+            x.add_(2)         # in place: x is now 3
+            return torch.mul(x, 1)
+
+    out, data = record(tmp_path, fn)
+    assert errors() == []
+    assert data["Torch.mul.0.forward"]["input_args"][0]["Max"] == 1.0
+    assert data["Torch.mul.1.forward"]["input_args"][0]["Max"] == 3.0
+    assert torch.equal(out, torch.full((4,), 3.0))
