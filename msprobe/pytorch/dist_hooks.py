@@ -208,6 +208,9 @@ class DistributedCalls:
         return wrapped[0] if len(works) == 1 and not isinstance(out, list) else wrapped
 
     def _output_leaves(self, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
+        # collectives write their tensors without bumping the version counter: statistics
+        # cached for the inputs would be reused for the changed outputs
+        self.recorder.leaves.cache.clear()
         leaves: list[Leaf] = []
         self.recorder.leaves.sequence("output", [_plain(v) for v in (*args, *kwargs.values())], leaves)
         return tuple(leaves)

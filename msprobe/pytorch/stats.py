@@ -106,38 +106,56 @@ def _host_stats(x: torch.Tensor) -> list[float]:
     """Max, Min, Mean, Norm of a CPU tensor, single-threaded and exact where it matters.
 
     * Max/Min: numpy over the source values (exact; NaN propagates);
-    * Mean: numpy sum accumulated in float64 (buffered cast, no full float64 copy);
+    * Mean: numpy sums accumulated in float64, chunk by chunk (no full float64 copy);
     * Norm: float32 sources (fp16/bf16 are widened to float32 first) use PyTorch's cascade
       summation in float32, re-done in float64 if that overflows while the data is finite;
       float64 and integer sources use float64.
 
-    Complex tensors go through ``|z|``.
+    Complex tensors go through ``|z|``. numpy only ever sees msprobe's own buffer, filled
+    with ``_CHUNK`` elements at a time: ``Tensor.numpy()`` makes a tensor's storage
+    non-resizable for good, and FSDP frees parameter storage by resizing it to 0 (recording
+    made FSDP's backward fail).
     """
     if x.is_complex():
         x = x.abs()
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.to(_F32)
     x = x.resolve_conj().resolve_neg()
-    a = x.numpy().reshape(-1)
+    flat = x.reshape(-1)
+    n = flat.numel()
+    buf = torch.empty(min(n, _CHUNK), dtype=flat.dtype)
+    mx = mn = None
+    total = 0.0
+    squares = 0.0
+    wide = x.dtype != _F32
     with np.errstate(all="ignore"):
-        mx = float(np.maximum.reduce(a))
-        mn = float(np.minimum.reduce(a))
-        mean = float(np.add.reduce(a, dtype=np.float64)) / a.size
-        if x.dtype == _F32:
+        for a in _host_chunks(flat, buf):
+            cmx, cmn = np.maximum.reduce(a), np.minimum.reduce(a)
+            mx = cmx if mx is None else np.maximum(mx, cmx)
+            mn = cmn if mn is None else np.minimum(mn, cmn)
+            total += float(np.add.reduce(a, dtype=np.float64))
+            if wide:
+                c = a.astype(np.float64)
+                squares += float(np.dot(c, c))
+        mx, mn = float(mx), float(mn)
+        if wide:
+            norm = math.sqrt(squares)
+        else:
             norm = float(torch.linalg.vector_norm(x))
             if math.isinf(norm) and math.isfinite(mx) and math.isfinite(mn):
-                norm = _norm64(a)
-        else:
-            norm = _norm64(a)
-    return [mx, mn, mean, norm]
+                norm = math.sqrt(sum(float(np.dot(c, c)) for c in
+                                     (a.astype(np.float64) for a in _host_chunks(flat, buf))))
+    return [mx, mn, total / n, norm]
 
 
-def _norm64(a: np.ndarray) -> float:
-    squares = 0.0
-    for start in range(0, a.size, _CHUNK):
-        c = a[start:start + _CHUNK].astype(np.float64)
-        squares += float(np.dot(c, c))
-    return math.sqrt(squares)
+def _host_chunks(flat: torch.Tensor, buf: torch.Tensor):
+    """Yield numpy views of ``buf`` holding consecutive ``_CHUNK``-element pieces of the
+    1-d CPU tensor ``flat`` (copied: numpy never touches ``flat``'s storage)."""
+    for start in range(0, flat.numel(), _CHUNK):
+        part = flat[start:start + _CHUNK]
+        dst = buf[:part.numel()]
+        dst.copy_(part)
+        yield dst.numpy()
 
 
 class StatsCache:
@@ -210,6 +228,9 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
         x = t.detach()
         if x.dtype == torch.bfloat16:
             x = x.to(_F32)
+        src = t.untyped_storage().data_ptr() if t.device.type == "cpu" else None
         x = x.resolve_conj().resolve_neg().cpu().contiguous()
+        if x.untyped_storage().data_ptr() == src:
+            x = x.clone()  # numpy() would make the caller's storage non-resizable
         arr = np.ascontiguousarray(x.numpy())
     return format(zlib.crc32(arr.view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
