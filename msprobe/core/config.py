@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,8 +160,11 @@ def load_config(
     _check_argument("step", step, (list, tuple))
 
     doc = _read_document(DEFAULT_CONFIG_PATH if config_path is None else config_path)
-    for key in doc.keys() - _KNOWN_KEYS - set(TASKS):
-        logger.debug("config.json: ignoring unsupported top-level key %r", key)
+    for key in sorted(doc.keys() - _KNOWN_KEYS - set(TASKS)):
+        if key in _UPSTREAM_ONLY_KEYS:
+            logger.debug("config.json: ignoring unsupported top-level key %r", key)
+        else:  # most likely a typo: say so where the user sees it
+            logger.warning("config.json: unknown top-level key %r ignored", key)
 
     eff_task = _choice("task", task if task is not None else doc.get("task", DEFAULT_TASK), TASKS)
     eff_level = _choice("level", level if level is not None else doc.get("level", DEFAULT_LEVEL), LEVELS)
@@ -310,6 +314,23 @@ def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: t
         raise ConfigError(f"{task}.scope", list(scope), f"{allowed} at level {level}")
 
 
+# keys of upstream's config.json that this project accepts and does not use (spec 5.1)
+_UPSTREAM_ONLY_KEYS = frozenset({
+    "enable_dataloader", "is_deterministic", "overflow_check", "free_benchmark", "run_ut",
+    "grad_probe", "acc_check", "nan_check", "diff_check", "exception_dump", "extra_info",
+    "dump_enable", "precision", "risk_level", "custom_op_namespaces",
+})
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Try for real (os.access is always True for root): create and remove a temporary file."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
 def _check_dump_path(value: Any) -> None:
     """Validate the dump path without creating anything (section 9, fix 18).
 
@@ -345,5 +366,5 @@ def _check_dump_path(value: Any) -> None:
         raise ConfigError("dump_path", value, allowed, f"cannot inspect the path: {exc}") from None
     if not ancestor.is_dir():
         raise ConfigError("dump_path", value, allowed, f"{str(ancestor)!r} exists and is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
+    if not os.access(ancestor, os.W_OK | os.X_OK) or not _can_create_in(ancestor):
         raise ConfigError("dump_path", value, allowed, f"directory {str(ancestor)!r} is not writable")

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
+from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter
 from msprobe.core.stack import StackInterner
 from store import schema
@@ -76,7 +77,9 @@ class Session:
         self._stacks: dict[int, tuple[str, ...]] = {}
         self._opened_step: int | None = None
         self._lock = threading.RLock()
-        self._tls = threading.local()
+        self._tls = INSIDE  # the "busy" flag, shared by all sessions (msprobe.core.guard)
+        self.local = threading.local()  # this session's per-thread state (module stacks)
+        self.disabled = False
         self._last_step = max(config.step) if config.step else None
         self._rank_warned = False
         self._flush_hooks: list[Callable[[], None]] = []
@@ -117,14 +120,20 @@ class Session:
 
     def open_step(self, step: int) -> bool:
         """True if events of ``step`` are still accepted (it is the current, unexported step)."""
-        return not self.failed and self._opened_step == step and step == self.step
+        return not (self.failed or self.disabled) and self._opened_step == step and step == self.step
 
     # --- state machine ------------------------------------------------------------------------
+    def disable(self) -> None:
+        """Stop recording for good after an internal error; what was recorded is still
+        exported at the next stop()/step()."""
+        self.disabled = True
+        self.recording = False
+
     def start(self, rank: int | None, rank_dir: str) -> bool:
         """Turn recording on for the current step if it and the rank are selected.
 
         Returns True if recording is now on."""
-        if self.failed or self.finished:
+        if self.failed or self.finished or self.disabled:
             return False
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True

@@ -94,7 +94,7 @@ class PrecisionDebugger:
         self.recorder = Recorder(self.session)
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
-        self._hooked_models: list[int] = []
+        self._hooked_models: list[weakref.ref] = []
         self._deprecation_warned = False
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -129,12 +129,12 @@ class PrecisionDebugger:
             self._api_handles.add(install_autograd_guard(self.session))
             self._api_handles.add(install_api_hooks(specs, self.recorder))
         if models:
-            ids = [id(m) for m in models]
-            if ids != self._hooked_models:
+            hooked = [ref() for ref in self._hooked_models]
+            if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
                 if self._model_handles is not None:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
-                self._hooked_models = ids
+                self._hooked_models = [weakref.ref(m) for m in models]
 
     def stop(self) -> None:
         """Stop recording forward calls; the step's files are written. Backward calls of

@@ -26,7 +26,7 @@ import torch
 
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
+from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
 from store import schema
 from store.records import Leaf
 
@@ -110,12 +110,11 @@ class LeafBuilder:
         with_data: compute statistics (False for task ``structure``).
     """
 
-    __slots__ = ("md5", "with_data", "cache", "defer_all")
+    __slots__ = ("md5", "with_data", "defer_all")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False) -> None:
         self.md5 = md5
         self.with_data = with_data
-        self.cache = StatsCache()
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
         # CPU tensors there too (tests of the deferred path on machines without a device)
         self.defer_all = defer_all
@@ -130,7 +129,7 @@ class LeafBuilder:
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                                     requires_grad=bool(t.requires_grad)), stats_vector(t))
-        st = self.cache.stats(t) if self.with_data else None
+        st = tensor_stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:
             try:
@@ -183,7 +182,7 @@ def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str
         return
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         fields = getattr(value, "_fields", None)
-        if fields is not None and isinstance(value, tuple) and not _is_structseq(value):
+        if fields is not None and isinstance(value, tuple) and not is_structseq(value):
             items = list(zip((str(f) for f in fields), value))
             if not items:
                 yield path, None, schema.LEAF_EMPTY_DICT
@@ -216,18 +215,8 @@ def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str
         yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
 
 
-def _is_structseq(value: Any) -> bool:
-    return type(value).__module__ == "torch.return_types" or hasattr(type(value), "n_sequence_fields")
-
-
-def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Every tensor inside a nested structure (lists, tuples, dicts, dataclasses)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < MAX_DEPTH:
-        if isinstance(value, (list, tuple)):
-            for v in value:
-                yield from iter_tensors(v, depth + 1)
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from iter_tensors(v, depth + 1)
+def is_structseq(value: Any) -> bool:
+    """True for PyTorch's named-tuple-like return types (``torch.return_types.max``...),
+    which dump.json records as lists."""
+    return isinstance(value, tuple) and (type(value).__module__ == "torch.return_types"
+                                         or hasattr(type(value), "n_sequence_fields"))

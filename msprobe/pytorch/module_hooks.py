@@ -38,6 +38,9 @@ def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recor
     group = HandleGroup()
     for prefix, module in module_prefixes(models, indexed):
         group.add(module.register_forward_pre_hook(_pre(recorder, prefix), with_kwargs=True))
+        # a plain hook marks a forward that returned; the always-called one (runs after it,
+        # and also when forward raised) pops the module stack and records the entry
+        group.add(module.register_forward_hook(_done(recorder)))
         group.add(module.register_forward_hook(_post(recorder), with_kwargs=True, always_call=True))
         install_grad_hooks(module, prefix, recorder, group)
     return group
@@ -47,6 +50,12 @@ def _pre(recorder, prefix: str):
     def pre_hook(module, args, kwargs):
         return recorder.module_pre(module, prefix, args, kwargs)
     return pre_hook
+
+
+def _done(recorder):
+    def done_hook(module, args, output):
+        recorder.module_done(module)
+    return done_hook
 
 
 def _post(recorder):

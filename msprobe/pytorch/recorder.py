@@ -22,7 +22,7 @@ from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
-from msprobe.pytorch.leaves import LeafBuilder
+from msprobe.pytorch.leaves import LeafBuilder, is_structseq
 from store import schema
 from store.records import Call, Leaf
 
@@ -46,7 +46,7 @@ class ModuleFrame:
     """A module forward in progress (the innermost one parents API calls)."""
 
     __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
-                 "pending", "originals", "want_fwd", "recompute")
+                 "pending", "originals", "want_fwd", "recompute", "done")
 
 
 class Recorder:
@@ -70,14 +70,14 @@ class Recorder:
 
     # --- per-thread state -------------------------------------------------------------------
     def frames(self) -> list:
-        tls = self.session._tls
-        stack = getattr(tls, "frames", None)
+        local = self.session.local
+        stack = getattr(local, "frames", None)
         if stack is None:
-            stack = tls.frames = []
+            stack = local.frames = []
         return stack
 
     def parent(self) -> Optional[str]:
-        stack = getattr(self.session._tls, "frames", None)
+        stack = getattr(self.session.local, "frames", None)
         if stack:
             for frame in reversed(stack):
                 if frame is not None:
@@ -98,12 +98,19 @@ class Recorder:
                 plan = None
             if plan is None:
                 return original(*args, **kwargs)
-            out = original(*plan.args, **plan.kwargs)
+            if getattr(original, "__msprobe_original__", None) is not None:
+                tls.busy = False  # another debugger's wrapper: let it record the call too
+                try:
+                    out = original(*plan.args, **plan.kwargs)
+                finally:
+                    tls.busy = True
+            else:
+                out = original(*plan.args, **plan.kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
                 self.internal_error(exc)
-                return _unview(out, plan.originals)
+                return _unview(out, plan.originals.originals if plan.originals is not None else None)
         finally:
             tls.busy = False
 
@@ -126,13 +133,13 @@ class Recorder:
             self.leaves.sequence("input_args", args, leaves)
             self.leaves.mapping("input_kwargs", kwargs, leaves)
         plan.leaves = leaves
-        plan.args, plan.kwargs, plan.originals = args, kwargs, {}
+        plan.args, plan.kwargs, plan.originals = args, kwargs, None
         plan.pending = None
         if want_bwd:
             pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                       parent=to_backward(plan.parent), stack_id=plan.stack_id,
                                       keys=self._backward_keys())
-            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs)
+            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs, share=True)
             plan.pending = pending
         return plan
 
@@ -142,8 +149,7 @@ class Recorder:
         if plan.pending is not None:
             result = self.taps.tap_outputs(plan.pending, out, plan.originals)
             self._keep_pending(plan.pending)
-        elif plan.originals:
-            result = _unview(out, plan.originals)
+
         if plan.want_fwd:
             keys = []
             if dm.allows("forward", "input"):
@@ -182,7 +188,7 @@ class Recorder:
             pushed = True
             if frame is None or frame.pending is None:
                 return None
-            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs)
+            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs, share=True)
             if new_args is args and new_kwargs is kwargs:
                 return None
             return new_args, new_kwargs
@@ -209,7 +215,8 @@ class Recorder:
         frame.stack_id = s.stacks.capture()
         frame.recompute = in_recompute()
         frame.want_fwd = want_fwd
-        frame.originals = {}
+        frame.done = False
+        frame.originals = None
         leaves: list[Leaf] = []
         if want_fwd:
             if dm.allows("forward", "input"):
@@ -226,16 +233,22 @@ class Recorder:
         self.modules_seen.add(prefix)
         return frame
 
+    def module_done(self, module: torch.nn.Module) -> None:
+        """Plain forward hook body: the forward of the innermost module returned normally."""
+        stack = getattr(self.session.local, "frames", None)
+        if stack and stack[-1] is not None and stack[-1].module_id == id(module):
+            stack[-1].done = True
+
     def module_post(self, module: torch.nn.Module, output: Any) -> Any:
         """Forward hook body (also runs when forward raised); returns a substitute output or None."""
         s = self.session
         tls = s._tls
-        stack = getattr(tls, "frames", None)
+        stack = getattr(s.local, "frames", None)
         if not stack:
             return None
         frame = stack.pop()
-        if frame is None:
-            return None
+        if frame is None or not frame.done:
+            return None  # not recorded, or the forward raised: no entry (output unknown)
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
@@ -270,7 +283,7 @@ class Recorder:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.modules_seen or s.failed or not self.dm.allows_parameters_grad():
+        if prefix not in self.modules_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
         if not s.accepts(name):
@@ -341,7 +354,6 @@ class Recorder:
                     self._emit_pending(pending)
             self.pending.clear()
             self.modules_seen.clear()
-            self.leaves.cache.clear()
         finally:
             tls.busy = prev
 
@@ -375,8 +387,7 @@ class Recorder:
             self._warned = True
             logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
                          exc_info=exc)
-        self.session.recording = False
-        self.session.failed = True
+        self.session.disable()
 
 
 def _with_path(leaf, path: tuple):
@@ -386,7 +397,8 @@ def _with_path(leaf, path: tuple):
 
 
 def _as_list(out: Any) -> list:
-    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields") or type(out).__module__ == "torch.return_types":
+    """dump.json ``output`` is always a list: tuples, lists and structseqs give their items."""
+    if isinstance(out, (list, tuple)) and (not hasattr(out, "_fields") or is_structseq(out)):
         return list(out)
     return [out]
 
