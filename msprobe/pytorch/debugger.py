@@ -21,6 +21,7 @@ import logging
 import os
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -31,8 +32,11 @@ from msprobe.core.handles import HandleGroup
 from msprobe.core.session import Session
 from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
 from msprobe.pytorch.autograd_guard import install_autograd_guard
-from msprobe.pytorch.module_hooks import install_module_hooks
+from msprobe.core.naming import safe_component
+from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
+from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
+from store.export import TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 
@@ -49,6 +53,14 @@ def _current_rank() -> tuple[Optional[int], str]:
         r = dist.get_rank()
         return r, f"rank{r}"
     return None, "rank"
+
+
+def _dump_data_dir(dump_path: str):
+    """dump.json ``dump_data_dir``: the configured path kept as written (relative stays
+    relative), e.g. ``./dump/step0/rank/dump_tensor_data`` (spec 1.1)."""
+    def of(step_dir: Path) -> str:
+        return os.path.join(dump_path, step_dir.parent.name, step_dir.name, TENSOR_DIR)
+    return of
 
 
 def _as_models(model: Any, level: str) -> tuple[list[torch.nn.Module], bool]:
@@ -90,12 +102,18 @@ class PrecisionDebugger:
         if model is not None:
             _as_models(model, self.config.level)
         self.model = model
-        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,))
+        tensor_task = self.config.task == "tensor"
+        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,),
+                               dump_data_dir=_dump_data_dir(self.config.dump_path) if tensor_task else None,
+                               write_tensor=write_pt if tensor_task else None, tensor_ext="pt")
         self.recorder = Recorder(self.session)
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
         self._hooked_models: list[int] = []
+        self._dump_module_handles: Optional[HandleGroup] = None
+        self._dump_grad_handles = HandleGroup()
         self._deprecation_warned = False
+        self._rank_warned = False
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -121,6 +139,10 @@ class PrecisionDebugger:
                                   detail=f"level {level} records modules: pass model to PrecisionDebugger(...) or start(model)")
             models, indexed = _as_models(model, level)
         rank, rank_dir = _current_rank()
+        if rank is None and self.config.rank and 0 not in self.config.rank and not self._rank_warned:
+            self._rank_warned = True
+            logger.warning("msprobe: `rank` %s excludes this non-distributed run (it counts as rank 0): "
+                           "nothing is recorded", list(self.config.rank))
         if not self.session.start(rank, rank_dir):
             return
         if level in _API_LEVELS and self._api_handles is None:
@@ -148,6 +170,38 @@ class PrecisionDebugger:
             warnings.warn("forward_backward_dump_end() is deprecated; use stop()", DeprecationWarning, stacklevel=2)
         self.stop()
 
+    def module_dump(self, module: torch.nn.Module, name: str) -> None:
+        """Record only ``module`` until :meth:`module_dump_end`, as one entry per call named
+        ``Module.{name}.{Class}.forward.{n}`` (and ``.backward.{n}``, ``.parameters_grad``);
+        its children and the APIs called inside it, and every other API or module, are
+        not recorded in between (seeds "module_dump"; spec section 9 fix 23).
+
+        Args:
+            module: the ``torch.nn.Module`` to record.
+            name: the user's name for it (sanitised for file names).
+
+        Raises:
+            ConfigError: ``module`` is not an ``nn.Module`` or ``name`` is not a non-empty str.
+        """
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError("module", module, "a torch.nn.Module", detail="module_dump(module, name)")
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "a non-empty string", detail="module_dump(module, name)")
+        self.module_dump_end()
+        prefix = f"Module.{safe_component(name)}.{type(module).__name__}"
+        self._dump_module_handles = HandleGroup()
+        hook_module(module, prefix, self.recorder, self._dump_module_handles, self._dump_grad_handles)
+        self.recorder.exclusive = prefix
+
+    def module_dump_end(self) -> None:
+        """End the :meth:`module_dump` window; recording resumes normally (idempotent).
+        The module's parameter-gradient hooks stay until :meth:`close`, so a backward run
+        after this call still records its ``parameters_grad``."""
+        self.recorder.exclusive = None
+        if self._dump_module_handles is not None:
+            self._dump_module_handles.remove()
+            self._dump_module_handles = None
+
     def step(self) -> None:
         """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
         self.session.end_step(before_export=self.recorder.flush_pending)
@@ -156,7 +210,8 @@ class PrecisionDebugger:
         """Remove every hook and close the event log (idempotent)."""
         if self.session.recording:
             self.session.stop()
-        for handles in (self._api_handles, self._model_handles):
+        self.module_dump_end()
+        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles):
             if handles is not None:
                 handles.remove()
         self._api_handles = self._model_handles = None
@@ -168,6 +223,27 @@ class PrecisionDebugger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _latest_debugger() -> PrecisionDebugger:
+    dbg = PrecisionDebugger._latest() if PrecisionDebugger._latest is not None else None
+    if dbg is None:
+        raise MsprobeError("no PrecisionDebugger exists: construct one before module_dump()")
+    return dbg
+
+
+def module_dump(module: torch.nn.Module, name: str) -> None:
+    """:meth:`PrecisionDebugger.module_dump` of the most recently constructed debugger.
+
+    Raises:
+        MsprobeError: no debugger exists. ConfigError: bad ``module`` or ``name``.
+    """
+    _latest_debugger().module_dump(module, name)
+
+
+def module_dump_end() -> None:
+    """:meth:`PrecisionDebugger.module_dump_end` of the most recently constructed debugger."""
+    _latest_debugger().module_dump_end()
 
 
 def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:

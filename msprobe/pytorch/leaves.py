@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -97,13 +97,17 @@ class LeafBuilder:
     Args:
         md5: also compute CRC-32 (summary_mode md5).
         with_data: compute statistics (False for task ``structure``).
+        capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
+            the tensor's values; the reference goes to the leaf's ``payload``.
     """
 
-    __slots__ = ("md5", "with_data")
+    __slots__ = ("md5", "with_data", "capture")
 
-    def __init__(self, *, md5: bool, with_data: bool = True) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True,
+                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
+        self.capture = capture
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
         """The leaf of one tensor."""
@@ -114,16 +118,18 @@ class LeafBuilder:
                 crc = crc32_hex(t)
             except Exception:
                 crc = None
+        payload = self.capture(t) if self.capture is not None and self.with_data else None
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-                        requires_grad=bool(t.requires_grad))
+                        requires_grad=bool(t.requires_grad), payload=payload)
         return Leaf(
             io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
             dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
             max=st.max, min=st.min, mean=st.mean, norm=st.norm,
             max_finite=st.max_finite, min_finite=st.min_finite,
             crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
+            payload=payload,
         )
 
     def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:

@@ -18,10 +18,12 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.leaves import LeafBuilder
+from msprobe.pytorch.payload import tensor_bytes
 from store import schema
 from store.records import Call, Leaf
 
@@ -42,10 +44,23 @@ class _ApiPlan:
 
 
 class ModuleFrame:
-    """A module forward in progress (the innermost one parents API calls)."""
+    """A module forward in progress (the innermost one parents API calls).
+
+    ``keep_fwd``/``keep_bwd``: the module's forward/backward name matched the ``list`` at
+    level mix, so everything running inside is kept (spec 5.5); ``scope_end``: the
+    module is the scope's last entry, which closes when it finishes."""
 
     __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
-                 "pending", "originals", "want_fwd", "recompute")
+                 "pending", "originals", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end")
+
+
+class _ScopeEnd:
+    """Placeholder frame of an unrecorded module that is the scope's last entry."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class Recorder:
@@ -59,11 +74,24 @@ class Recorder:
         cfg = session.config
         self.session = session
         self.dm = session.data_mode
-        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
+        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
+                                  capture=self._capture if session.stores_tensors else None)
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
+        self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
+        self.scope = ScopeRange.from_config(cfg.scope)
+        self.list_inside = cfg.level == "mix" and bool(cfg.list)
+        self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
+        self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
         self._warned = False
+
+    def _capture(self, t: torch.Tensor) -> Optional[str]:
+        """Task tensor: store ``t``'s values now (before the call runs: in-place safe)."""
+        snap = tensor_bytes(t)
+        if snap is None:
+            return None
+        return self.session.put_payload(*snap)
 
     # --- per-thread state -------------------------------------------------------------------
     def frames(self) -> list:
@@ -77,30 +105,61 @@ class Recorder:
         stack = getattr(self.session._tls, "frames", None)
         if stack:
             for frame in reversed(stack):
-                if frame is not None:
+                if type(frame) is ModuleFrame:
                     return frame.name
         return None
+
+    def _kept_inside(self) -> tuple[bool, bool]:
+        """``(forward, backward)``: a running module matched the ``list`` at mix (spec 5.5)."""
+        fwd = bwd = False
+        if self.list_inside:
+            for frame in getattr(self.session._tls, "frames", None) or ():
+                if type(frame) is ModuleFrame:
+                    fwd |= frame.keep_fwd
+                    bwd |= frame.keep_bwd
+        return fwd, bwd
+
+    def _wanted(self, fwd: str, bwd: str) -> tuple[bool, bool]:
+        """Whether the forward and the backward entry of a call starting now are recorded:
+        data_mode, scope (entered here: inclusive, backward follows forward) and list."""
+        s, dm = self.session, self.dm
+        if not self.scope.enter(fwd):
+            return False, False
+        inside_fwd, inside_bwd = self._kept_inside()
+        want_fwd = dm.forward and (inside_fwd or s.accepts(fwd))
+        want_bwd = dm.backward and (inside_bwd or s.accepts(bwd)) and BackwardTaps.active()
+        return want_fwd, want_bwd
 
     # --- API calls ----------------------------------------------------------------------------
     def record_api(self, original: Any, family: str, key: str, args: tuple, kwargs: dict) -> Any:
         """Run ``original(*args, **kwargs)`` recording it as ``{key}.{n}.forward`` (and its
         backward). Exceptions of ``original`` propagate unchanged."""
         tls = self.session._tls
+        if self.exclusive is not None:  # module_dump window: no API is recorded
+            return original(*args, **kwargs)
         tls.busy = True
+        self._closing = None
         try:
             try:
                 plan = self._api_before(family, key, args, kwargs)
             except Exception as exc:
                 self.internal_error(exc)
                 plan = None
+            closing = self._closing
             if plan is None:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+                if closing is not None:
+                    self.scope.exit(closing)
+                return out
             out = original(*plan.args, **plan.kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
                 self.internal_error(exc)
                 return _unview(out, plan.originals)
+            finally:
+                if closing is not None:
+                    self.scope.exit(closing)
         finally:
             tls.busy = False
 
@@ -109,8 +168,9 @@ class Recorder:
         n = s.api_counter.next(key)
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        if fwd == self.scope.last:
+            self._closing = fwd
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         plan = _ApiPlan()
@@ -168,16 +228,19 @@ class Recorder:
         s = self.session
         tls = s._tls
         stack = self.frames()
-        if not s.recording or getattr(tls, "busy", False):
+        if not s.recording or getattr(tls, "busy", False) or (self.exclusive is not None and prefix != self.exclusive):
             stack.append(None)
             return None
         tls.busy = True
         pushed = False
+        self._closing = None
         try:
             frame = self._module_frame(module, prefix, args, kwargs)
+            if frame is None and self._closing is not None:
+                frame = _ScopeEnd(self._closing)
             stack.append(frame)
             pushed = True
-            if frame is None or frame.pending is None:
+            if type(frame) is not ModuleFrame or frame.pending is None:
                 return None
             new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs)
             if new_args is args and new_kwargs is kwargs:
@@ -196,8 +259,8 @@ class Recorder:
         n = s.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        self._closing = fwd if fwd == self.scope.last else None
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         frame = ModuleFrame()
@@ -206,6 +269,9 @@ class Recorder:
         frame.stack_id = s.stacks.capture()
         frame.recompute = in_recompute()
         frame.want_fwd = want_fwd
+        frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
+        frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
+        frame.scope_end = self._closing is not None
         frame.originals = {}
         leaves: list[Leaf] = []
         if want_fwd:
@@ -221,6 +287,8 @@ class Recorder:
                                             api_type=prefix.split(".", 1)[0], parent=to_backward(frame.parent),
                                             stack_id=frame.stack_id, keys=self._backward_keys())
         self.modules_seen.add(prefix)
+        if want_bwd:
+            self.modules_bwd.add(prefix)
         return frame
 
     def module_post(self, module: torch.nn.Module, output: Any) -> Any:
@@ -233,6 +301,11 @@ class Recorder:
         frame = stack.pop()
         if frame is None:
             return None
+        if type(frame) is _ScopeEnd:
+            self.scope.exit(frame.name)
+            return None
+        if frame.scope_end:
+            self.scope.exit(frame.name)
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
@@ -270,7 +343,7 @@ class Recorder:
         if prefix not in self.modules_seen or s.failed or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
-        if not s.accepts(name):
+        if not (prefix in self.modules_bwd or s.accepts(name)):
             return
         tls = s._tls
         prev = getattr(tls, "busy", False)
@@ -338,6 +411,8 @@ class Recorder:
                     self._emit_pending(pending)
             self.pending.clear()
             self.modules_seen.clear()
+            self.modules_bwd.clear()
+            self.scope.reset()
         finally:
             tls.busy = prev
 
