@@ -32,7 +32,7 @@ from msprobe.core.filters import DataMode, NameList
 from msprobe.core.naming import CallCounter, tensor_file_name
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.export import TensorFileWriter, export_step
+from store.export import TensorFileWriter, export_debug, export_step
 from store.log_writer import LogWriter
 from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
@@ -254,6 +254,10 @@ class Session:
         self._guard(self._export_step, rows)
 
     def _export_step(self, rows: pa.Table) -> None:
+        if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
+            export_debug(rows, self.meta(), Path(self.config.dump_path) / self.rank_dir,
+                         payloads=self._payload_reader, write_tensor=self._write_tensor, done=self._tensors_done)
+            return
         export_step(rows, self._stacks, self.meta(), self.step_dir(), payloads=self._payload_reader,
                     write_tensor=self._write_tensor, done=self._tensors_done)
 
