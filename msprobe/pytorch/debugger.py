@@ -33,6 +33,7 @@ from msprobe.core.session import Session
 from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
 from msprobe.pytorch.autograd_guard import install_autograd_guard
 from msprobe.core.naming import safe_component
+from msprobe.pytorch.debug_save import DebugSaver
 from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
@@ -55,10 +56,13 @@ def _current_rank() -> tuple[Optional[int], str]:
     return None, "rank"
 
 
-def _dump_data_dir(dump_path: str):
+def _dump_data_dir(dump_path: str, level: str):
     """dump.json ``dump_data_dir``: the configured path kept as written (relative stays
-    relative), e.g. ``./dump/step0/rank/dump_tensor_data`` (spec 1.1)."""
+    relative), e.g. ``./dump/step0/rank/dump_tensor_data``; level debug:
+    ``./dump/rank/dump_tensor_data`` (spec 1.1, 1.2)."""
     def of(step_dir: Path) -> str:
+        if level == "debug":
+            return os.path.join(dump_path, step_dir.name, TENSOR_DIR)
         return os.path.join(dump_path, step_dir.parent.name, step_dir.name, TENSOR_DIR)
     return of
 
@@ -104,7 +108,7 @@ class PrecisionDebugger:
         self.model = model
         tensor_task = self.config.task == "tensor"
         self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,),
-                               dump_data_dir=_dump_data_dir(self.config.dump_path) if tensor_task else None,
+                               dump_data_dir=_dump_data_dir(self.config.dump_path, self.config.level) if tensor_task else None,
                                write_tensor=write_pt if tensor_task else None, tensor_ext="pt")
         self.recorder = Recorder(self.session)
         self._api_handles: Optional[HandleGroup] = None
@@ -114,8 +118,17 @@ class PrecisionDebugger:
         self._dump_grad_handles = HandleGroup()
         self._deprecation_warned = False
         self._rank_warned = False
+        self._saver = DebugSaver(self.recorder)
+        #: API-list names not found in this PyTorch (reported, not fatal); levels L1/mix
+        self.unknown_apis: list[str] = []
+        self._api_specs = None
+        if self.config.level in _API_LEVELS:
+            self._api_specs, self.unknown_apis = load_api_list(self.config.api_list)
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
+        if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json from now on (spec 1.2)
+            rank, rank_dir = _current_rank()
+            self.session.start(rank, rank_dir)
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
@@ -146,10 +159,9 @@ class PrecisionDebugger:
         if not self.session.start(rank, rank_dir):
             return
         if level in _API_LEVELS and self._api_handles is None:
-            specs, _unknown = load_api_list()
             self._api_handles = HandleGroup()
             self._api_handles.add(install_autograd_guard(self.session))
-            self._api_handles.add(install_api_hooks(specs, self.recorder))
+            self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
         if models:
             ids = [id(m) for m in models]
             if ids != self._hooked_models:
@@ -160,8 +172,33 @@ class PrecisionDebugger:
 
     def stop(self) -> None:
         """Stop recording forward calls; the step's files are written. Backward calls of
-        forwards recorded in this step are still recorded until :meth:`step`."""
+        forwards recorded in this step are still recorded until :meth:`step`.
+        A no-op at level debug (debug.json is written by :meth:`close` and at exit)."""
+        if self.config.level == "debug":
+            return
+        self.recorder.drain()
         self.session.stop()
+
+    @staticmethod
+    def save(variable: Any, name: str, save_backward: bool = True) -> None:
+        """Level debug: record ``variable`` as ``{name}.{k}`` in debug.json, and with
+        ``save_backward`` its gradients as ``{name}_grad.{k}`` (seeds "save"; spec 6.1,
+        fix 15). Records into the most recently constructed debugger; a no-op when there
+        is none or its level is not ``debug``.
+
+        Args:
+            variable: tensor, dict, list, tuple, int, float, str or None (nested freely);
+                anything else is skipped with a warning.
+            name: the entry name (``k`` counts the calls with this name).
+            save_backward: also record the gradients of the saved tensors.
+
+        Raises:
+            ConfigError: ``name`` is not a non-empty str or ``save_backward`` not a bool.
+        """
+        dbg = PrecisionDebugger._latest() if PrecisionDebugger._latest is not None else None
+        if dbg is None or dbg.config.level != "debug":
+            return
+        dbg._saver.save(variable, name, save_backward)
 
     def forward_backward_dump_end(self) -> None:
         """Deprecated alias of :meth:`stop` (warns once)."""
@@ -203,11 +240,15 @@ class PrecisionDebugger:
             self._dump_module_handles = None
 
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
+        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        A no-op at level debug."""
+        if self.config.level == "debug":
+            return
         self.session.end_step(before_export=self.recorder.flush_pending)
 
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
+        self.recorder.drain()
         if self.session.recording:
             self.session.stop()
         self.module_dump_end()
@@ -251,6 +292,7 @@ def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
     if dbg is None:
         return
     try:
+        dbg.recorder.drain()
         if dbg.session.recording:
             dbg.session.stop()
         dbg.session.close()

@@ -99,18 +99,23 @@ class LeafBuilder:
         with_data: compute statistics (False for task ``structure``).
         capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
             the tensor's values; the reference goes to the leaf's ``payload``.
+        defer: ``async_dump``: ``defer(io, path, tensor) -> placeholder leaf`` replaces the
+            synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "capture")
+    __slots__ = ("md5", "with_data", "capture", "defer")
 
     def __init__(self, *, md5: bool, with_data: bool = True,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
         self.capture = capture
+        self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
         """The leaf of one tensor."""
+        if self.defer is not None:
+            return self.defer(io, path, t)
         st = tensor_stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:

@@ -21,6 +21,7 @@ import torch
 from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
+from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.leaves import LeafBuilder
 from msprobe.pytorch.payload import tensor_bytes
@@ -84,7 +85,33 @@ class Recorder:
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
         self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
         self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
+        self.gatherer: Optional[AsyncGatherer] = None
+        if cfg.async_dump:
+            self.gatherer = AsyncGatherer(session.emit, session.put_payload if session.stores_tensors else None,
+                                          md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
+            self.leaves.defer = self.gatherer.tensor_leaf
         self._warned = False
+
+    def emit(self, call: Call) -> None:
+        """Hand ``call`` to the session (held back until :meth:`drain` with async_dump)."""
+        if self.gatherer is not None:
+            self.gatherer.add(call)
+        else:
+            self.session.emit(call)
+
+    def drain(self) -> None:
+        """async_dump: resolve and emit the held calls (at stop()/step())."""
+        if self.gatherer is None:
+            return
+        tls = self.session._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            self.gatherer.drain()
+        except Exception as exc:
+            self.internal_error(exc)
+        finally:
+            tls.busy = prev
 
     def _capture(self, t: torch.Tensor) -> Optional[str]:
         """Task tensor: store ``t``'s values now (before the call runs: in-place safe)."""
@@ -209,7 +236,7 @@ class Recorder:
             if dm.allows("forward", "output"):
                 keys.append("output")
                 self.leaves.sequence("output", _as_list(out), plan.leaves)
-            s.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
+            self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
                         parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                         keys=tuple(keys), leaves=tuple(plan.leaves)))
         return result
@@ -324,7 +351,7 @@ class Recorder:
                 if dm.allows_parameters():
                     keys.append("parameters")
                 keys.append("is_recompute")
-                s.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
+                self.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
                             api_type=frame.prefix.split(".", 1)[0], parent=frame.parent,
                             stack_id=frame.stack_id, is_recompute=frame.recompute,
                             keys=tuple(keys), leaves=tuple(frame.leaves)))
@@ -352,7 +379,7 @@ class Recorder:
             grad = param.grad
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if grad is not None
                     else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
-            s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
+            self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
                         keys=names, leaves=(leaf,)))
         except Exception as exc:
             self.internal_error(exc)
@@ -380,7 +407,12 @@ class Recorder:
             if grad is not None and isinstance(grad, torch.Tensor):
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
-                    grads[p] = first if p == paths[0] else dataclasses.replace(first, path=p)
+                    if p == paths[0]:
+                        grads[p] = first
+                    elif self.gatherer is None:
+                        grads[p] = dataclasses.replace(first, path=p)
+                    else:  # async placeholders are resolved by identity: one per slot
+                        grads[p] = self.leaves.tensor_leaf(side, p, grad)
             if side == "output":
                 pending.fired_out += 1
                 complete = pending.fired_out >= pending.expect_out
@@ -398,7 +430,7 @@ class Recorder:
         pending.done = True
         self.pending.pop(id(pending), None)
         if pending.keys and (pending.fired_in or pending.fired_out):
-            self.session.emit(pending.to_call())
+            self.emit(pending.to_call())
 
     def flush_pending(self) -> None:
         """Emit the backward entries still incomplete (some gradient never arrived)."""
@@ -410,6 +442,7 @@ class Recorder:
                 if not pending.done and self.session.open_step(pending.step):
                     self._emit_pending(pending)
             self.pending.clear()
+            self.drain()
             self.modules_seen.clear()
             self.modules_bwd.clear()
             self.scope.reset()
