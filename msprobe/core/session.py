@@ -90,6 +90,17 @@ class Session:
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         self._tensors_done: set[str] = set()
+        self._flush_hooks: list[Callable[[], None]] = []
+        self._dirty = True  # entries arrived since the last export of the step
+
+    def add_flush_hook(self, fn: Callable[[], None]) -> None:
+        """Register ``fn`` to run before every export and at close (adapters resolve entries
+        whose statistics are still pending on a device there)."""
+        self._flush_hooks.append(fn)
+
+    def _run_flush_hooks(self) -> None:
+        for fn in self._flush_hooks:
+            fn()
 
     # --- per-thread "inside the tool" flag ---------------------------------------------
     @property
@@ -152,6 +163,7 @@ class Session:
         self.recording = False
         if self._writer is None or self._opened_step != self.step or self.failed:
             return
+        self._run_flush_hooks()
         with self._lock:
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
             self._export()
@@ -165,6 +177,7 @@ class Session:
         self.recording = False
         if before_export is not None:
             before_export()
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
@@ -173,6 +186,7 @@ class Session:
             self._step_tables = []
             self._tensors_done = set()
             self._opened_step = None
+            self._dirty = True
             self.step += 1
             self.api_counter.reset()
             self.module_counter.reset()
@@ -181,6 +195,7 @@ class Session:
 
     def close(self) -> None:
         """Flush and close the log (idempotent)."""
+        self._run_flush_hooks()
         with self._lock:
             if self._writer is not None:
                 try:
@@ -225,6 +240,7 @@ class Session:
                 self._stacks[sid] = frames
                 self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
             self._guard(self._writer.append, call)
+            self._dirty = True
 
     def meta(self) -> dict:
         step_dir = self.step_dir()
@@ -241,8 +257,9 @@ class Session:
 
     # --- internals ---------------------------------------------------------------------------
     def _export(self) -> None:
-        if self._writer is None or self.failed:
-            return
+        if self._writer is None or self.failed or not self._dirty:
+            return  # the files on disk already hold everything of this step
+        self._dirty = False
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return

@@ -5,75 +5,38 @@ fix 14: ``md5`` is kept).
 While recording, each tensor leaf gets a placeholder :class:`store.records.Leaf` (dtype,
 shape, no statistics yet) and the gatherer keeps, on the tensor's device:
 
-* one float64 vector of :data:`N_STATS` statistics computed by device reductions
-  (:func:`device_stats`, no ``.item()``/``.cpu()``);
+* one float64 statistics vector computed by device reductions
+  (:func:`msprobe.pytorch.deferred.stats_vector`, no ``.item()``/``.cpu()``);
 * with task ``tensor`` or ``summary_mode: md5``, a detached clone of the tensor.
 
 Calls are held back (their order kept) and emitted by :meth:`AsyncGatherer.drain`, which
 copies all statistic vectors of one device to the host with **one** transfer, fills the
 leaves, stores the clones' bytes as payloads and computes CRC-32 from them.
-The statistics are the same numbers the synchronous path computes
-(:mod:`msprobe.pytorch.stats`).
+The statistics are those of the device path of :mod:`msprobe.pytorch.deferred` (on the
+CPU, Norm accumulates in float32 there while the host path accumulates in float64, so the
+last digits of Norm and Mean can differ from a synchronous CPU dump).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe.pytorch.deferred import _fill, stats_vector
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import crc32_hex, has_data
 from store import schema
 from store.records import Call, Leaf
 
-_F64 = torch.float64
-_F32 = torch.float32
-_LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-#: vector layout: max, min, mean, norm, finite max, finite min, non-NaN max, non-NaN min,
-#: any NaN, any Inf, any finite, any non-NaN
-N_STATS = 12
-
-
-def device_stats(t: torch.Tensor) -> torch.Tensor:
-    """The statistics vector (float64, shape ``[N_STATS]``, on ``t``'s device) of a tensor
-    with data; never synchronises. Bool: ``max = any``, ``min = all``, the rest NaN."""
-    with torch.no_grad():
-        x = t.detach()
-        nan = torch.tensor(float("nan"), dtype=_F64, device=x.device)
-        if x.dtype == torch.bool:
-            return torch.stack([x.any().to(_F64), x.all().to(_F64)] + [nan] * (N_STATS - 2))
-        if x.is_complex():
-            v = x.abs().to(_F64)
-            head = [v.max(), v.min(), v.mean(), torch.linalg.vector_norm(v)]
-        elif x.dtype in _LOW_FLOATS:
-            mn, mx = torch.aminmax(x)
-            v = x.to(_F64)
-            head = [mx.to(_F64), mn.to(_F64), x.mean(dtype=_F64), torch.linalg.vector_norm(x, dtype=_F32).to(_F64)]
-        else:
-            v = x.to(_F64)
-            mn, mx = torch.aminmax(v)
-            head = [mx, mn, v.mean(), torch.linalg.vector_norm(v)]
-        if not (v.is_floating_point()):
-            v = v.to(_F64)
-        is_nan = torch.isnan(v)
-        finite = torch.isfinite(v)
-        inf = torch.tensor(float("inf"), dtype=_F64, device=v.device)
-        tail = [
-            torch.where(finite, v, -inf).max(), torch.where(finite, v, inf).min(),
-            torch.where(is_nan, -inf, v).max(), torch.where(is_nan, inf, v).min(),
-            is_nan.any().to(_F64), torch.isinf(v).any().to(_F64),
-            finite.any().to(_F64), (~is_nan).any().to(_F64),
-        ]
-        return torch.stack(head + tail)
-
 
 class _Deferred:
-    __slots__ = ("vector", "clone", "zero_dim")
+    """Device-side data of one placeholder ``leaf`` (kept referenced so its id stays unique)."""
 
-    def __init__(self, vector: Optional[torch.Tensor], clone: Optional[torch.Tensor], zero_dim: bool) -> None:
-        self.vector, self.clone, self.zero_dim = vector, clone, zero_dim
+    __slots__ = ("leaf", "vector", "clone")
+
+    def __init__(self, leaf: Leaf, vector: Optional[torch.Tensor], clone: Optional[torch.Tensor]) -> None:
+        self.leaf, self.vector, self.clone = leaf, vector, clone
 
 
 class AsyncGatherer:
@@ -101,9 +64,9 @@ class AsyncGatherer:
                     shape=tuple(t.shape), numel=t.numel(), requires_grad=bool(t.requires_grad))
         if not self._with_data or t.layout != torch.strided or t.device.type == "meta":
             return leaf
-        vector = device_stats(t) if has_data(t) else None
+        vector = stats_vector(t) if has_data(t) else None
         clone = t.detach().clone() if (self._put is not None or self._md5) else None
-        self._deferred[id(leaf)] = _Deferred(vector, clone, t.dim() == 0)
+        self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 
     def add(self, call: Call) -> None:
@@ -133,22 +96,9 @@ class AsyncGatherer:
     def _resolve(self, leaf: Leaf, d: Optional[_Deferred], row: Optional[list[float]]) -> Leaf:
         if d is None:
             return leaf
-        fields: dict[str, Any] = {}
         if row is not None:
-            mx, mn, mean, norm, fmax, fmin, nmax, nmin, any_nan, any_inf, any_fin, any_notnan = row
-            if leaf.dtype == "torch.bool":
-                fields.update(max=mx, min=mn, has_nan=False, has_inf=False)
-            else:
-                if d.zero_dim:
-                    norm = abs(mx)
-                fields.update(max=mx, min=mn, mean=mean, norm=norm, has_nan=bool(any_nan), has_inf=bool(any_inf))
-                if not (math.isfinite(mx) and math.isfinite(mn)):
-                    if any_fin:
-                        fields.update(max_finite=fmax, min_finite=fmin)
-                    elif any_notnan:
-                        fields.update(max_finite=nmax, min_finite=nmin)
-                    else:
-                        fields.update(max_finite=float("nan"), min_finite=float("nan"))
+            leaf = _fill(leaf, row)
+        fields: dict[str, Any] = {}
         if d.clone is not None:
             if self._md5:
                 fields["crc32"] = crc32_hex(d.clone)
@@ -156,4 +106,4 @@ class AsyncGatherer:
                 snap = tensor_bytes(d.clone)
                 if snap is not None:
                     fields["payload"] = self._put(*snap)
-        return dataclasses.replace(leaf, **fields)
+        return dataclasses.replace(leaf, **fields) if fields else leaf

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from msprobe.pytorch.stats import crc32_hex, tensor_stats
+from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
 from store import schema
 from store.records import Leaf
 
@@ -43,10 +44,6 @@ def _safe_repr(obj: Any) -> str:
     except Exception:
         text = f"<{_qualname(obj)} object>"
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
-def _json_number(v: Any) -> Any:
-    return v
 
 
 def value_record(obj: Any) -> dict:
@@ -103,27 +100,36 @@ class LeafBuilder:
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "capture", "defer")
+    __slots__ = ("md5", "with_data", "cache", "defer_all", "capture", "defer")
 
-    def __init__(self, *, md5: bool, with_data: bool = True,
+    def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
+        self.cache = StatsCache()
+        # accelerator tensors always take the deferred (sync-free) path; defer_all sends
+        # CPU tensors there too (tests of the deferred path on machines without a device)
+        self.defer_all = defer_all
         self.capture = capture
         self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
 
-    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
-        """The leaf of one tensor."""
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
+        """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
+        statistics stay on the device until the recorder's next flush point."""
         if self.defer is not None:
             return self.defer(io, path, t)
-        st = tensor_stats(t) if self.with_data else None
+        payload = self.capture(t) if self.capture is not None and self.with_data else None
+        if self.with_data and (t.device.type != "cpu" or self.defer_all) and has_data(t) and not self.md5:
+            return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                    dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                    requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
+        st = self.cache.stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:
             try:
                 crc = crc32_hex(t)
             except Exception:
                 crc = None
-        payload = self.capture(t) if self.capture is not None and self.with_data else None
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),

@@ -23,6 +23,7 @@ from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
+from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import LeafBuilder
 from msprobe.pytorch.payload import tensor_bytes
 from store import schema
@@ -90,12 +91,18 @@ class Recorder:
             self.gatherer = AsyncGatherer(session.emit, session.put_payload if session.stores_tensors else None,
                                           md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
             self.leaves.defer = self.gatherer.tensor_leaf
+        self.deferred = DeferredStats()
         self._warned = False
+        session.add_flush_hook(self.flush_deferred)
 
     def emit(self, call: Call) -> None:
-        """Hand ``call`` to the session (held back until :meth:`drain` with async_dump)."""
+        """Hand ``call`` to the session; held back until :meth:`drain` with async_dump, or
+        queued while device statistics are pending (queued entries keep their order)."""
         if self.gatherer is not None:
             self.gatherer.add(call)
+        elif len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves):
+            if self.deferred.add(call, list(call.leaves)):
+                self.flush_deferred()
         else:
             self.session.emit(call)
 
@@ -410,7 +417,7 @@ class Recorder:
                     if p == paths[0]:
                         grads[p] = first
                     elif self.gatherer is None:
-                        grads[p] = dataclasses.replace(first, path=p)
+                        grads[p] = _with_path(first, p)
                     else:  # async placeholders are resolved by identity: one per slot
                         grads[p] = self.leaves.tensor_leaf(side, p, grad)
             if side == "output":
@@ -446,6 +453,22 @@ class Recorder:
             self.modules_seen.clear()
             self.modules_bwd.clear()
             self.scope.reset()
+            self.leaves.cache.clear()
+        finally:
+            tls.busy = prev
+
+    def flush_deferred(self) -> None:
+        """Resolve queued device statistics in one transfer per device and emit the entries."""
+        if not len(self.deferred):
+            return
+        tls = self.session._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            for call in self.deferred.resolve():
+                self.session.emit(call)
+        except Exception as exc:
+            self.internal_error(exc)
         finally:
             tls.busy = prev
 
@@ -457,6 +480,12 @@ class Recorder:
                          exc_info=exc)
         self.session.recording = False
         self.session.failed = True
+
+
+def _with_path(leaf, path: tuple):
+    if isinstance(leaf, PendingLeaf):
+        return PendingLeaf(dataclasses.replace(leaf.leaf, path=path), leaf.vector)
+    return dataclasses.replace(leaf, path=path)
 
 
 def _as_list(out: Any) -> list:

@@ -6,7 +6,8 @@ tensor                 Max / Min              Mean / Norm
 empty, meta, sparse    null                   null
 bool                   any() / all()          null
 complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
-float16/bfloat16/fp32  exact, source dtype    Mean in float64, Norm in float32
+float16/bfloat16/fp32  exact, source dtype    float64 on the host (CPU tensors);
+                                              on a device: Mean float64, Norm float32
 float64, integer       exact (float64)        float64
 0-dim (non-bool)       the value              Mean = value, Norm = ``|value|``
 =====================  =====================  ==================================
@@ -22,6 +23,7 @@ Example: ``torch.tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Nor
 from __future__ import annotations
 
 import math
+import weakref
 import zlib
 from typing import Optional
 
@@ -31,6 +33,10 @@ import torch
 _F64 = torch.float64
 _F32 = torch.float32
 _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+# dtypes numpy reads directly (host path); bf16 and complex go through torch first
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
+                           torch.int32, torch.int64, torch.uint8})
+_CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 
 
 class TensorStats:
@@ -70,7 +76,9 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             s.min = float(bool(x.all()))
             s.has_nan = s.has_inf = False
             return s
-        if x.is_complex():
+        if x.device.type == "cpu" and (dtype in _NUMPY_DTYPES or dtype == torch.bfloat16 or x.is_complex()):
+            vals = _host_stats(x)
+        elif x.is_complex():
             mag = x.abs().to(_F64)
             vals = torch.stack([mag.max(), mag.min(), mag.mean(), torch.linalg.vector_norm(mag)]).tolist()
         elif dtype in _LOW_FLOATS:
@@ -92,6 +100,84 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         if not (fin_max and fin_min):
             _except_inf_nan(x, s)
     return s
+
+
+def _host_stats(x: torch.Tensor) -> list[float]:
+    """Max, Min, Mean, Norm of a CPU tensor, single-threaded and exact where it matters.
+
+    * Max/Min: numpy over the source values (exact; NaN propagates);
+    * Mean: numpy sum accumulated in float64 (buffered cast, no full float64 copy);
+    * Norm: float32 sources (fp16/bf16 are widened to float32 first) use PyTorch's cascade
+      summation in float32, re-done in float64 if that overflows while the data is finite;
+      float64 and integer sources use float64.
+
+    Complex tensors go through ``|z|``.
+    """
+    if x.is_complex():
+        x = x.abs()
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.to(_F32)
+    x = x.resolve_conj().resolve_neg()
+    a = x.numpy().reshape(-1)
+    with np.errstate(all="ignore"):
+        mx = float(np.maximum.reduce(a))
+        mn = float(np.minimum.reduce(a))
+        mean = float(np.add.reduce(a, dtype=np.float64)) / a.size
+        if x.dtype == _F32:
+            norm = float(torch.linalg.vector_norm(x))
+            if math.isinf(norm) and math.isfinite(mx) and math.isfinite(mn):
+                norm = _norm64(a)
+        else:
+            norm = _norm64(a)
+    return [mx, mn, mean, norm]
+
+
+def _norm64(a: np.ndarray) -> float:
+    squares = 0.0
+    for start in range(0, a.size, _CHUNK):
+        c = a[start:start + _CHUNK].astype(np.float64)
+        squares += float(np.dot(c, c))
+    return math.sqrt(squares)
+
+
+class StatsCache:
+    """Remembers the statistics of tensors still alive, so a tensor recorded twice
+    (one op's output is the next op's input, usually through a view of it) is reduced once.
+
+    Keyed by ``(data_ptr, shape, stride, dtype, device)``; an entry holds a weak reference to
+    the tensor it was computed on and that tensor's version counter (shared with its
+    views): while the tensor lives its memory cannot be reused, and an in-place change
+    bumps the version, so a hit always describes the same bytes.
+    """
+
+    __slots__ = ("_entries", "_limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: dict[tuple, tuple] = {}
+        self._limit = limit
+
+    def stats(self, t: torch.Tensor) -> "TensorStats":
+        """``tensor_stats(t)``, from the cache when possible."""
+        if not has_data(t):
+            return tensor_stats(t)
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+        hit = self._entries.get(key)
+        version = t._version
+        if hit is not None:
+            ref, ver, st = hit
+            if ver == version and ref() is not None:
+                return st
+        st = tensor_stats(t)
+        if len(self._entries) >= self._limit:
+            self._entries.clear()
+        try:
+            self._entries[key] = (weakref.ref(t), version, st)
+        except TypeError:
+            pass
+        return st
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _except_inf_nan(x: torch.Tensor, s: TensorStats) -> None:

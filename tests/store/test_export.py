@@ -8,9 +8,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from store.errors import ExportError, LogNotFoundError
-from store.export import export_debug, export_log, export_step
+from store.export import dumps_indent1, export_debug, export_log, export_step
 from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker
 
@@ -449,3 +451,22 @@ def test_empty_step_exports_skeleton(tmp_path, sample):
     assert load(tmp_path / "out/dump.json")["data"] == {}
     assert load(tmp_path / "out/stack.json") == {}
     assert load(tmp_path / "out/construct.json") == {}
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_json_values)
+def test_dumps_indent1_equals_json_dumps_indent_1(value):
+    assert dumps_indent1(value) == json.dumps(value, indent=1)
+
+
+def test_dumps_indent1_falls_back_for_other_types():
+    value = {"t": (1, 2), 3: "int key", "n": [True, 2.5]}
+    assert dumps_indent1(value) == json.dumps(value, indent=1)

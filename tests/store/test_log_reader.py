@@ -85,8 +85,13 @@ def test_truncated_at_every_byte_near_the_end_and_sampled_elsewhere(tmp_path, lo
     data = source.read_bytes()
     assert len(data) == ends[-1] + 8  # end-of-stream marker
     target = tmp_path / "cut.arrows"
-    tail_start = ends[-2] - 4
-    cuts = list(range(tail_start, len(data) + 1)) + list(range(0, tail_start, 29)) + ends
+    last = ends[-2]  # the last batch message starts here
+    cuts = (
+        list(range(last - 4, last + 300))  # every byte: its header, metadata start
+        + list(range(len(data) - 300, len(data) + 1))  # every byte: body end, end-of-stream
+        + list(range(0, len(data), 17))  # sampled elsewhere
+        + ends
+    )
     check_prefixes(target, data, cuts, ends, full)
 
 

@@ -305,3 +305,22 @@ def test_concurrent_appends_get_unique_seqs(tmp_path):
     call_seqs = [s for s, r in zip(table.column(S.SEQ).to_pylist(), table.column(S.ROW).to_pylist())
                  if r == "call"]
     assert sorted(call_seqs) == list(range(1200))
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_compressed_log_reads_back(tmp_path, compression):
+    with LogWriter(tmp_path / compression, 0, compression=compression) as writer:
+        for _ in range(50):
+            writer.append(CALL)
+    table = read_log(tmp_path / compression).table
+    assert table.num_rows == 200
+    assert table.column(S.CRC32).to_pylist().count("8e0be875") == 50
+    with LogWriter(tmp_path / "plain", 0) as plain:
+        for _ in range(50):
+            plain.append(CALL)
+    assert writer.path.stat().st_size < plain.path.stat().st_size
+
+
+def test_unknown_compression_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="compression: got 'gzip'; allowed: None, 'lz4', 'zstd'"):
+        LogWriter(tmp_path, 0, compression="gzip")
