@@ -7,6 +7,9 @@
         from the log under DUMP_PATH; prints each directory written and each skipped part
     msprobe query DUMP_PATH "SQL" [--format table|csv|json]
         run SQL over the views tensors, calls, stacks (see store.query)
+    msprobe compact DUMP_PATH [-o OUT]
+        write the log as rank{R}.parquet files (default DUMP_PATH/.msprobe/parquet) for
+        engines without msprobe (DuckDB, Spark); the log stays the source of truth
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
 log, a failed export or an invalid query (message on stderr). Imports no deep-learning
@@ -48,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("sql", metavar="SQL", help="one SQL statement")
     query.add_argument(
         "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+    compact = commands.add_parser("compact", help="write the log as Parquet files, one per rank")
+    compact.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
+    compact.add_argument(
+        "-o", "--out", metavar="OUT", default=None,
+        help="output directory (default: DUMP_PATH/.msprobe/parquet)",
     )
     return parser
 
@@ -122,6 +131,18 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_compact(args: argparse.Namespace) -> int:
+    from store.compact import compact
+
+    report = compact(args.dump_path, args.out)
+    for path, rows in zip(report.written, report.rows):
+        print(f"wrote {path} ({rows} rows)")
+    for skip in report.skipped:
+        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
+        print(f"skipped {skip.path}{where}: {skip.reason}")
+    return 0
+
+
 def _run_query(args: argparse.Namespace) -> int:
     from store.query import query
 
@@ -153,6 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "export":
             return _run_export(args)
+        if args.command == "compact":
+            return _run_compact(args)
         return _run_query(args)
     except (StoreError, OSError) as exc:
         print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)

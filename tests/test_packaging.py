@@ -70,15 +70,16 @@ def test_project_metadata():
     ]
     extras = project["optional-dependencies"]
     assert extras["torch"] == ["torch>=2.1"]
-    assert extras["mindspore"] == ["mindspore>=2.4"]
+    assert extras["mindspore"] == ["mindspore>=2.10", "numpy<2"]
     assert extras["test"] == ["pytest>=7", "hypothesis>=6"]
 
 
 def test_package_data_is_declared_and_present():
     data = _pyproject()["tool"]["setuptools"]["package-data"]
-    assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"]}
+    assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"], "msprobe.mindspore": ["*.yaml"]}
     assert (REPO / "msprobe" / "config.json").is_file()
     assert (REPO / "msprobe" / "pytorch" / "support_wrap_ops.yaml").is_file()
+    assert (REPO / "msprobe" / "mindspore" / "support_wrap_ops.yaml").is_file()
 
 
 def test_console_script_resolves():

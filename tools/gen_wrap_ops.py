@@ -16,6 +16,10 @@ Rules (this project's own; see docs/pytorch.md "API list"):
   without factories that take no tensor (``ones``, ``zeros``, ``empty``, ``tensor``,
   ``randn``, ...) and without helpers (``is_tensor``, ``set_*``, ``manual_seed``...);
 * ``_VF``: ``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``;
+* ``distributed``: the collectives and point-to-point calls of ``torch.distributed`` in
+  :data:`DISTRIBUTED` that this torch has (none where ``torch.distributed`` is not
+  available); process-group management (``init_process_group``, ``new_group``, ...) and
+  queries (``get_rank``, ...) are not recorded.
 * ``torch_npu`` (only when ``torch_npu`` is installed): its public ``npu_*`` callables.
 """
 from __future__ import annotations
@@ -28,6 +32,13 @@ import types
 import torch
 import torch.nn.functional as F
 import yaml
+
+DISTRIBUTED = [
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast", "all_reduce",
+    "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+]
 
 TENSOR_DUNDERS = [
     "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__",
@@ -154,6 +165,14 @@ def npu_names() -> list[str]:
     return sorted(n for n in dir(torch_npu) if n.startswith("npu_") and callable(getattr(torch_npu, n, None)))
 
 
+def distributed_names() -> list[str]:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return []
+    return [name for name in DISTRIBUTED if callable(getattr(dist, name, None))]
+
+
 def main(argv: list[str]) -> int:
     out = argv[1] if len(argv) > 1 else "msprobe/pytorch/support_wrap_ops.yaml"
     doc = {
@@ -161,6 +180,7 @@ def main(argv: list[str]) -> int:
         "tensor": tensor_names(),
         "torch": torch_names(),
         "_VF": ["lstm", "gru", "rnn_tanh", "rnn_relu"],
+        "distributed": distributed_names(),
     }
     npu = npu_names()
     if npu:

@@ -90,6 +90,7 @@ class Session:
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         self._tensors_done: set[str] = set()
+        self._rank_warned = False
         self._flush_hooks: list[Callable[[], None]] = []
         self._dirty = True  # entries arrived since the last export of the step
 
@@ -141,6 +142,11 @@ class Session:
             self.finished = True
             return False
         self.rank, self.rank_dir = rank, rank_dir
+        if rank is None and not self.rank_selected() and not self._rank_warned:
+            self._rank_warned = True
+            logger.warning("msprobe: rank filter %s excludes this process: torch.distributed is not "
+                           "initialised, so it counts as rank 0 (spec section 9, fix 18); nothing is recorded",
+                           list(self.config.rank))
         if not self.rank_selected() or not self.step_selected():
             self.recording = False
             return False

@@ -1,7 +1,8 @@
 """API interception: wrap the functions named in ``support_wrap_ops.yaml``.
 
 Families (spec section 7.1): ``Tensor`` (``torch.Tensor`` methods), ``Torch`` (``torch.*``),
-``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``), and ``NPU``
+``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``), ``Distributed``
+(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`) and ``NPU``
 (``torch_npu`` custom ops, yaml key ``torch_npu``, only when ``torch_npu`` is importable). Each listed name is
 replaced by a wrapper that, while the session records and the thread is not already
 inside a recorded call, hands the call to :meth:`Recorder.record_api`; otherwise it calls
@@ -22,6 +23,7 @@ import yaml
 
 from msprobe.core.errors import ConfigError
 from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 
 logger = logging.getLogger("msprobe")
 
@@ -33,6 +35,7 @@ _FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "torch": ("Torch", lambda: torch),
     "functional": ("Functional", lambda: torch.nn.functional),
     "_VF": ("VF", lambda: torch._VF),
+    "distributed": (DIST_FAMILY, distributed_module),  # None where torch has no distributed
     "torch_npu": ("NPU", lambda: _import_optional("torch_npu")),
 }
 
@@ -90,7 +93,10 @@ def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
         family, resolve = fam
         owner = resolve()
         if owner is None:
-            logger.debug("msprobe: %s is not installed; its %d API names are not hooked", key, len(names or []))
+            if key == "torch_npu":
+                logger.debug("msprobe: %s is not installed; its %d API names are not hooked", key, len(names or []))
+            else:
+                unknown.extend(f"{key}.{name}" for name in names or [])
             continue
         for name in names or []:
             if not isinstance(name, str) or not callable(getattr(owner, name, None)):
@@ -107,11 +113,16 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals."""
     group = HandleGroup()
     session = recorder.session
+    dist_calls = None
     for spec in specs:
         owner, name = spec.owner, spec.api
         own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
-        wrapper = _make_wrapper(original, spec.family, name, recorder, session)
+        if spec.family == DIST_FAMILY:
+            dist_calls = dist_calls or DistributedCalls(recorder)
+            wrapper = DistributedWrapper(original, f"{spec.family}.{name}", dist_calls.record, session)
+        else:
+            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session)
         try:
             setattr(owner, name, wrapper)
         except (AttributeError, TypeError):
@@ -139,9 +150,8 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
         setattr(owner, name, original)
 
 
-def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: Any) -> Callable:
+def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any) -> Callable:
     key = f"{family}.{api}"
-    record = recorder.record_api
     tls = session._tls
 
     def wrapper(*args, **kwargs):

@@ -117,7 +117,6 @@ class PrecisionDebugger:
         self._dump_module_handles: Optional[HandleGroup] = None
         self._dump_grad_handles = HandleGroup()
         self._deprecation_warned = False
-        self._rank_warned = False
         self._saver = DebugSaver(self.recorder)
         #: API-list names not found in this PyTorch (reported, not fatal); levels L1/mix
         self.unknown_apis: list[str] = []
@@ -152,10 +151,6 @@ class PrecisionDebugger:
                                   detail=f"level {level} records modules: pass model to PrecisionDebugger(...) or start(model)")
             models, indexed = _as_models(model, level)
         rank, rank_dir = _current_rank()
-        if rank is None and self.config.rank and 0 not in self.config.rank and not self._rank_warned:
-            self._rank_warned = True
-            logger.warning("msprobe: `rank` %s excludes this non-distributed run (it counts as rank 0): "
-                           "nothing is recorded", list(self.config.rank))
         if not self.session.start(rank, rank_dir):
             return
         if level in _API_LEVELS and self._api_handles is None:

@@ -9,7 +9,8 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 * other values: ``{"type": ..., "value": ...}``: int, float, bool, str, slice, Ellipsis,
   ``torch.dtype``, ``torch.device`` (``"cpu"``, ``"cuda:1"``), ``torch.Size``,
   ``torch.memory_format`` (``{"type", "format"}``), numpy scalars (numpy type name), and any
-  other object as its qualified type name with a short, safe ``repr``.
+  other object as its qualified type name with a short, safe ``repr``; ``ReduceOp`` and
+  ``ProcessGroup`` as :func:`msprobe.pytorch.dist_hooks.distributed_value` says.
 
 Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 """
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
 from store import schema
 from store.records import Leaf
@@ -77,6 +79,9 @@ def value_record(obj: Any) -> dict:
         return {"type": type(obj).__name__, "value": v}
     if isinstance(obj, complex):
         return {"type": "complex", "value": _safe_repr(obj)}
+    dist_record = distributed_value(obj)
+    if dist_record is not None:
+        return dist_record
     return {"type": _qualname(obj), "value": _safe_repr(obj)}
 
 
@@ -86,6 +91,15 @@ def _slice_part(v: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.numel() == 1 and v.layout == torch.strided and v.device.type != "meta":
         return v.item() if not v.is_floating_point() else float(v.item())
     return _safe_repr(v)
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """``t.to_local()`` (detached) for a ``torch.distributed.tensor.DTensor``, else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is None or type(t) is torch.Tensor or type(t).__name__ != "DTensor":
+        return t
+    with torch.no_grad():
+        return to_local()
 
 
 class LeafBuilder:
@@ -115,7 +129,10 @@ class LeafBuilder:
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
-        statistics stay on the device until the recorder's next flush point."""
+        statistics stay on the device until the recorder's next flush point. A DTensor
+        (FSDP2 parameters and gradients) is recorded by its local shard: statistics, shape
+        and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md)."""
+        t = local_shard(t)
         if self.defer is not None:
             return self.defer(io, path, t)
         payload = self.capture(t) if self.capture is not None and self.with_data else None

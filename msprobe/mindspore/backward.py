@@ -1,0 +1,166 @@
+"""Backward recording in PyNative mode with ``ops.HookBackward`` identities.
+
+For one recorded call (an API, a Primitive, a Jit function or a Cell forward) made while
+MindSpore builds a gradient graph (``_pynative_executor.requires_grad()``), every tensor
+argument is passed through ``ops.HookBackward(fn)``, an identity whose ``fn`` receives the
+gradient flowing through it, and so is every tensor output:
+
+* through an output identity: the gradient w.r.t. that forward output (backward ``input``);
+* through an input identity: the gradient w.r.t. that forward input *contributed by this
+  very call* (backward ``output``; spec section 9 fix 3: ``output[i]`` belongs to
+  ``input_args[i]``, then tensor kwargs in kwarg order; ``null`` for non-tensors and for
+  arguments that receive no gradient).
+
+A tensor passed twice gets one identity (so ``a is b`` stays true inside the call) whose
+gradient fills both slots. MindSpore only runs the hooks of tensors on the path to what is
+differentiated, so an entry cannot know in advance how many gradients will arrive: the
+recorder emits every entry that received one when the gradient computation returns
+(:mod:`msprobe.mindspore.grad_end`), in the order of their first gradient.
+
+Identities only forward values: recording changes no result bit (tested).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from mindspore import Tensor, ops
+
+from store import schema
+from store.records import Call, Leaf
+
+Path = tuple
+
+
+class PendingBackward:
+    """The gradients of one forward call, collected while backward runs."""
+
+    __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
+                 "in_slots", "out_slots", "grads_in", "grads_out", "order", "done")
+
+    def __init__(self, *, step: int, name: str, kind: str, api_type: str,
+                 parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
+        self.step, self.name, self.kind, self.api_type = step, name, kind, api_type
+        self.parent, self.stack_id, self.keys = parent, stack_id, keys
+        self.in_slots: list[Path] = []   # backward "input": forward outputs
+        self.out_slots: list[Path] = []  # backward "output": forward inputs
+        self.grads_in: dict[Path, Leaf] = {}
+        self.grads_out: dict[Path, Leaf] = {}
+        self.order: Optional[int] = None  # rank of its first gradient in this backward
+        self.done = False
+
+    def to_call(self) -> Call:
+        leaves: list[Leaf] = []
+        if "input" in self.keys:
+            _fill(leaves, "input", self.in_slots, self.grads_in)
+        if "output" in self.keys:
+            _fill(leaves, "output", self.out_slots, self.grads_out)
+        return Call(step=self.step, kind=self.kind, name=self.name, api_type=self.api_type,
+                    parent=self.parent, stack_id=self.stack_id, keys=self.keys, leaves=tuple(leaves))
+
+
+def _fill(out: list[Leaf], io: str, slots: list[Path], grads: dict[Path, Leaf]) -> None:
+    for path in slots:
+        leaf = grads.get(path)
+        out.append(leaf if leaf is not None else Leaf(io=io, path=path, leaf_kind=schema.LEAF_NONE))
+
+
+def _is_float(t: Any) -> bool:
+    try:
+        return t.is_floating_point() or t.is_complex()
+    except Exception:
+        return False
+
+
+class BackwardTaps:
+    """Installs the HookBackward identities of one call.
+
+    Args:
+        on_grad: ``on_grad(pending, side, paths, grad)`` records one gradient for the slots
+            ``paths``; ``side`` is ``"input"`` (w.r.t. a forward output) or ``"output"``
+            (w.r.t. a forward input).
+    """
+
+    def __init__(self, on_grad: Callable[[PendingBackward, str, list, Any], None]) -> None:
+        self._on_grad = on_grad
+
+    def _identity(self, t: Tensor, pending: PendingBackward, side: str, paths: list) -> Tensor:
+        on_grad = self._on_grad
+
+        def hook(grads):
+            g = grads[0] if isinstance(grads, tuple) and grads else grads
+            on_grad(pending, side, paths, g)
+
+        return ops.HookBackward(hook)(t)
+
+    def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict,
+                   skip_first: bool = False) -> tuple[tuple, dict]:
+        """Replace floating tensors in ``args`` (and lists/tuples in them) and tensor
+        ``kwargs`` by identities; ``skip_first`` leaves ``args[0]`` alone (in-place APIs).
+
+        Returns ``(args, kwargs)``; unchanged containers are returned as the same objects.
+        """
+        memo: dict[int, tuple[Tensor, list]] = {}
+        new_args = []
+        changed = False
+        for i, a in enumerate(args):
+            if i == 0 and skip_first:
+                b = a
+                pending.out_slots.append((0,))
+            else:
+                b = self._map_in(pending, a, (i,), memo, 0)
+            changed |= b is not a
+            new_args.append(b)
+        pos = len(args)
+        new_kwargs = kwargs
+        for k, v in kwargs.items():
+            if isinstance(v, Tensor):
+                b = self._map_in(pending, v, (pos,), memo, 0)
+                pos += 1
+                if b is not v:
+                    if new_kwargs is kwargs:
+                        new_kwargs = dict(kwargs)
+                    new_kwargs[k] = b
+        return (tuple(new_args) if changed else args), new_kwargs
+
+    def _map_in(self, pending, value, path, memo, depth):
+        if isinstance(value, Tensor):
+            pending.out_slots.append(path)
+            if not _is_float(value):
+                return value
+            known = memo.get(id(value))
+            if known is None:
+                paths = [path]
+                ident = self._identity(value, pending, "output", paths)
+                memo[id(value)] = (ident, paths)
+                return ident
+            known[1].append(path)
+            return known[0]
+        if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
+            items = [self._map_in(pending, v, path + (j,), memo, depth + 1) for j, v in enumerate(value)]
+            if all(x is y for x, y in zip(items, value)):
+                return value
+            return type(value)(items)
+        pending.out_slots.append(path)
+        return value
+
+    def tap_outputs(self, pending: PendingBackward, out: Any, inputs: tuple = ()) -> Any:
+        """Replace floating output tensors by identities; an output that *is* one of the
+        call's inputs (``inputs``: the caller's objects) is returned unchanged so that
+        identity is kept (``x.copy_(y) is x``). Returns the value for the caller."""
+        keep = {id(a) for a in inputs if isinstance(a, Tensor)}
+        top = isinstance(out, (list, tuple)) and not hasattr(out, "_fields")
+        return self._map_out(pending, out, () if top else (0,), keep, 0)
+
+    def _map_out(self, pending, value, path, keep, depth):
+        if isinstance(value, Tensor):
+            pending.in_slots.append(path)
+            if id(value) in keep or not _is_float(value):
+                return value
+            return self._identity(value, pending, "input", [path])
+        if depth < 4 and isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            items = [self._map_out(pending, v, path + (k,), keep, depth + 1) for k, v in enumerate(value)]
+            if all(x is y for x, y in zip(items, value)):
+                return value
+            return type(value)(items)
+        pending.in_slots.append(path)
+        return value

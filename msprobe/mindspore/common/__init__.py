@@ -1,0 +1,1 @@
+"""Helpers for MindSpore training loops (``MsprobeStep``)."""

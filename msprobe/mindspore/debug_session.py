@@ -1,0 +1,46 @@
+"""The session of level ``debug``: one ``{dump_path}/{rank_dir}/debug.json`` (spec 1.2).
+
+Same state machine and event log as :class:`msprobe.core.session.Session`, but every
+export writes the rank's ``debug.json`` (entries of the whole run, no ``step{N}``
+directory) instead of the step layout. ``start`` is called once, at construction.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import pyarrow as pa
+
+from msprobe.core.config import Config
+from msprobe.core.session import Session
+from store import schema
+from store.export import export_debug
+
+
+class DebugSession(Session):
+    """A :class:`Session` exporting ``debug.json``.
+
+    Args:
+        config: the validated configuration (level ``debug``).
+        exclude_dirs: framework directories dropped from stacks.
+        dump_data_dir: as for :class:`Session` (tensor directory for task tensor).
+    """
+
+    def __init__(self, config: Config, *, exclude_dirs: tuple[str, ...] = (),
+                 dump_data_dir: Optional[Callable[[Path], Optional[str]]] = None) -> None:
+        super().__init__(config, framework="mindspore", exclude_dirs=exclude_dirs, dump_data_dir=dump_data_dir)
+
+    def step_dir(self, step: Optional[int] = None) -> Path:
+        """The rank directory ``{dump_path}/{rank_dir}`` (debug level has no step directories)."""
+        return Path(self.config.dump_path) / self.rank_dir
+
+    def _export(self) -> None:
+        if self._writer is None or self.failed:
+            return
+        table = self._guard(self._writer.take_step, self.step)
+        if table is None:
+            return
+        if table.num_rows:
+            self._step_tables.append(table)
+        rows = pa.concat_tables(self._step_tables) if self._step_tables else schema.LOG_SCHEMA.empty_table()
+        self._guard(export_debug, rows, self.meta(), self.step_dir())

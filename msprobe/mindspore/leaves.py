@@ -1,0 +1,193 @@
+"""Turn nested MindSpore call arguments into dump records (spec 3.3, section 9 fixes 4/13).
+
+Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
+
+* ``mindspore.Tensor`` (Parameters included): ``{"type": "mindspore.Tensor", "dtype":
+  "Float32", "shape", "Max", "Min", "Mean", "Norm"}``, ``requires_grad`` for Parameters
+  only (plain MindSpore tensors have no such flag), ``md5`` in summary_mode md5,
+  ``data_name`` for task tensor;
+* ``numpy.ndarray``: the same record with ``type`` ``numpy.ndarray`` and the numpy dtype;
+* ``None``: JSON ``null``; lists/tuples: lists; dicts, namedtuples, dataclasses: objects;
+* MindSpore dtypes: ``{"type": "mindspore.dtype", "value": "Float16"}``; other values as
+  in the PyTorch adapter (``int``, ``float``, ``bool``, ``str``, ``slice``, ``ellipsis``,
+  numpy scalars, anything else as its qualified type name and a short repr).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+from mindspore import Parameter, Tensor
+from mindspore.common import dtype as mstype
+
+from msprobe.mindspore.stats import array_stats, crc32_hex, host_array
+from store import schema
+from store.records import Leaf
+
+MAX_DEPTH = 10
+MAX_TEXT = 256
+
+#: dump.json top-level key → tensor file name category (spec 2.2).
+CATEGORY = {"input_args": "input", "input_kwargs": "kwargs"}
+
+#: ``sink(stem, array) -> data_name``: writes one tensor file for task ``tensor``.
+TensorSink = Callable[[str, np.ndarray], str]
+
+
+def _qualname(obj: Any) -> str:
+    t = type(obj)
+    mod = t.__module__
+    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
+
+
+def _safe_repr(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{_qualname(obj)} object>"
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def value_record(obj: Any) -> dict:
+    """The JSON record of a non-tensor, non-container value."""
+    if isinstance(obj, bool):
+        return {"type": "bool", "value": obj}
+    if isinstance(obj, int):
+        return {"type": "int", "value": obj}
+    if isinstance(obj, float):
+        return {"type": "float", "value": obj}
+    if isinstance(obj, str):
+        return {"type": "str", "value": obj if len(obj) <= 4096 else obj[:4093] + "..."}
+    if isinstance(obj, slice):
+        return {"type": "slice", "value": [_part(obj.start), _part(obj.stop), _part(obj.step)]}
+    if obj is Ellipsis:
+        return {"type": "ellipsis", "value": "..."}
+    if isinstance(obj, mstype.Type):
+        return {"type": "mindspore.dtype", "value": str(obj)}
+    if isinstance(obj, np.generic):
+        try:
+            v = obj.item()
+            json.dumps(v)
+        except Exception:
+            v = _safe_repr(obj)
+        return {"type": type(obj).__name__, "value": v}
+    return {"type": _qualname(obj), "value": _safe_repr(obj)}
+
+
+def _part(v: Any) -> Any:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    return _safe_repr(v)
+
+
+def file_stem(entry: str, io: str, path: tuple) -> str:
+    """Tensor file stem (spec 2.2): ``Functional.add.0.forward`` + ``input_args`` + ``(1, 0)``
+    → ``Functional.add.0.forward.input.1.0``."""
+    parts = [entry, CATEGORY.get(io, io)] if io else [entry]
+    parts.extend(str(p) for p in path)
+    return ".".join(parts)
+
+
+class LeafBuilder:
+    """Builds the leaves of one recorded argument structure.
+
+    Args:
+        md5: also compute CRC-32 (summary_mode md5).
+        with_data: compute statistics (False for task ``structure``).
+        sink: for task ``tensor``, writes each tensor's file and returns its name.
+    """
+
+    __slots__ = ("md5", "with_data", "sink")
+
+    def __init__(self, *, md5: bool, with_data: bool = True, sink: Optional[TensorSink] = None) -> None:
+        self.md5 = md5
+        self.with_data = with_data
+        self.sink = sink
+
+    def tensor_leaf(self, io: str, path: tuple, t: Any, stem: Optional[str] = None) -> Leaf:
+        """The leaf of one MindSpore tensor or numpy array (``stem``: file stem for task tensor)."""
+        is_np = isinstance(t, np.ndarray)
+        if is_np:
+            type_, dtype = "numpy.ndarray", str(t.dtype)
+        else:
+            type_, dtype = "mindspore.Tensor", str(t.dtype)
+        shape = tuple(int(d) for d in t.shape)
+        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        rg = bool(t.requires_grad) if isinstance(t, Parameter) else None
+        if not self.with_data:
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype,
+                        shape=shape, numel=numel, requires_grad=rg)
+        a = host_array(t)
+        st = array_stats(a)
+        crc = crc32_hex(a) if self.md5 else None
+        data_name = self.sink(stem, a) if self.sink is not None and stem is not None else None
+        return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype, shape=shape,
+                    numel=numel, max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+                    max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc, requires_grad=rg,
+                    has_nan=st.has_nan, has_inf=st.has_inf, data_name=data_name)
+
+    def leaves(self, entry: str, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
+        """Append the leaves of ``value`` (under top-level key ``io`` of ``entry``) to ``out``."""
+        for p, v, kind in _walk(value, path, 0):
+            if kind == schema.LEAF_TENSOR:
+                out.append(self.tensor_leaf(io, p, v, file_stem(entry, io, p)))
+            elif kind == schema.LEAF_VALUE:
+                out.append(Leaf(io=io, path=p, leaf_kind=kind, type=v.get("type"), value_json=json.dumps(v)))
+            else:
+                out.append(Leaf(io=io, path=p, leaf_kind=kind))
+
+    def sequence(self, entry: str, io: str, values: Any, out: list[Leaf]) -> None:
+        """Leaves of a top-level list (``input_args``, ``output``): element ``i`` at path ``(i,)``."""
+        for i, v in enumerate(values):
+            self.leaves(entry, io, v, out, (i,))
+
+    def mapping(self, entry: str, io: str, values: dict, out: list[Leaf]) -> None:
+        """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
+        for k, v in values.items():
+            self.leaves(entry, io, v, out, (str(k),))
+
+
+def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
+    if isinstance(value, (Tensor, np.ndarray)):
+        yield path, value, schema.LEAF_TENSOR
+        return
+    if value is None:
+        yield path, None, schema.LEAF_NONE
+        return
+    if depth >= MAX_DEPTH:
+        yield path, {"type": _qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
+        return
+    if isinstance(value, (list, tuple)):
+        fields = getattr(value, "_fields", None)
+        if fields is not None and isinstance(value, tuple):
+            if not fields:
+                yield path, None, schema.LEAF_EMPTY_DICT
+            for k, v in zip(fields, value):
+                yield from _walk(v, path + (str(k),), depth + 1)
+            return
+        if len(value) == 0:
+            yield path, None, schema.LEAF_EMPTY_LIST
+            return
+        for i, v in enumerate(value):
+            yield from _walk(v, path + (i,), depth + 1)
+        return
+    if isinstance(value, dict):
+        if not value:
+            yield path, None, schema.LEAF_EMPTY_DICT
+            return
+        for k, v in value.items():
+            yield from _walk(v, path + (str(k),), depth + 1)
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        if not fields:
+            yield path, None, schema.LEAF_EMPTY_DICT
+        for f in fields:
+            yield from _walk(getattr(value, f.name, None), path + (f.name,), depth + 1)
+        return
+    try:
+        yield path, value_record(value), schema.LEAF_VALUE
+    except Exception:
+        yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE

@@ -1,0 +1,118 @@
+"""Tensor statistics for MindSpore dump records (spec 3.4 with section 9 fixes 10-12, 31).
+
+Computed on the host with numpy from ``Tensor.asnumpy()`` (a snapshot copy), because many
+MindSpore reduction kernels are missing on CPU (``LinalgVectorNorm`` for every dtype,
+``Reduce`` for BFloat16 and Bool; spec fix 31). Every dtype works, bf16 included:
+
+=====================  =====================  ==================================
+tensor                 Max / Min              Mean / Norm
+=====================  =====================  ==================================
+empty                  null                   null
+Bool                   any() / all()          null
+Complex64/128          max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
+every other dtype      exact (float64)        float64
+0-dim (non-bool)       the value              Mean = value, Norm = ``|value|``
+=====================  =====================  ==================================
+
+Widening Float16/BFloat16/Float32/integers to float64 is exact, so Max/Min are the
+tensor's own values. NaN propagates (``has_nan``); when Max or Min is not finite,
+``max_finite``/``min_finite`` hold max/min over the finite elements (over the non-NaN ones
+when none is finite; NaN when all are NaN), as for PyTorch.
+
+CRC-32 (``md5``, spec 3.5): ``zlib.crc32`` of the C-order bytes of ``asnumpy()``, bf16
+converted to float32 first, 8 lowercase hex digits.
+
+Example: ``Tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.7417.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+
+
+class TensorStats:
+    """Statistics of one tensor as Python floats (None = JSON null)."""
+
+    __slots__ = ("max", "min", "mean", "norm", "max_finite", "min_finite", "has_nan", "has_inf")
+
+    def __init__(self) -> None:
+        self.max: Optional[float] = None
+        self.min: Optional[float] = None
+        self.mean: Optional[float] = None
+        self.norm: Optional[float] = None
+        self.max_finite: Optional[float] = None
+        self.min_finite: Optional[float] = None
+        self.has_nan: Optional[bool] = None
+        self.has_inf: Optional[bool] = None
+
+
+def host_array(t: Any) -> np.ndarray:
+    """``t.asnumpy()`` for a MindSpore tensor, ``t`` itself for a numpy array."""
+    return t if isinstance(t, np.ndarray) else t.asnumpy()
+
+
+def _as_float64(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "c":
+        return np.abs(a).astype(np.float64)
+    if a.dtype.kind not in "fiub":  # bfloat16 and other extension types: via float32 (exact)
+        return a.astype(np.float32).astype(np.float64)
+    return a.astype(np.float64, copy=False)
+
+
+def array_stats(a: np.ndarray) -> TensorStats:
+    """Statistics of a host array (any dtype numpy or MindSpore can hold).
+
+    Args:
+        a: the values, any shape; never modified.
+    Returns:
+        :class:`TensorStats` in float64 (bool: Max = any, Min = all as 1.0/0.0).
+    """
+    s = TensorStats()
+    if a.size == 0:
+        return s
+    if a.dtype == np.bool_:
+        s.max, s.min = float(a.any()), float(a.all())
+        s.has_nan = s.has_inf = False
+        return s
+    f = _as_float64(a).ravel()
+    s.max, s.min = float(f.max()), float(f.min())
+    s.mean = float(f.mean())
+    s.norm = float(np.sqrt(np.dot(f, f))) if a.ndim else abs(s.max)
+    s.has_nan = math.isnan(s.max) or math.isnan(s.min)
+    s.has_inf = (not s.has_nan) and (math.isinf(s.max) or math.isinf(s.min))
+    if not (math.isfinite(s.max) and math.isfinite(s.min)):
+        nan = np.isnan(f)
+        inf = np.isinf(f)
+        s.has_nan, s.has_inf = bool(nan.any()), bool(inf.any())
+        finite = f[~(nan | inf)]
+        if finite.size:
+            s.max_finite, s.min_finite = float(finite.max()), float(finite.min())
+        else:
+            not_nan = f[~nan]
+            if not_nan.size:
+                s.max_finite, s.min_finite = float(not_nan.max()), float(not_nan.min())
+            else:
+                s.max_finite = s.min_finite = float("nan")
+    return s
+
+
+def crc32_hex(a: np.ndarray) -> str:
+    """CRC-32 of the C-order bytes of ``a`` (bf16 → float32 first) as 8 hex digits.
+
+    >>> crc32_hex(np.zeros(0, np.float32))
+    '00000000'
+    """
+    if a.dtype.kind not in "fiubc" and a.dtype != np.bool_:
+        a = a.astype(np.float32)
+    return format(zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
+
+
+def savable(a: np.ndarray) -> np.ndarray:
+    """The array written to a ``.npy`` file: types numpy's format cannot describe
+    (BFloat16 and other extension dtypes) become float32 (spec 1.1, exact)."""
+    if a.dtype.kind not in "fiubc" and a.dtype != np.bool_:
+        return a.astype(np.float32)
+    return a
