@@ -260,3 +260,22 @@ def test_statistics_task_has_no_tensor_files(tmp_path):
     assert dump["dump_data_dir"] is None
     assert "data_name" not in dump["data"]["Torch.neg.0.forward"]["input_args"][0]
     assert not (tmp_path / "step0" / "rank" / "dump_tensor_data").exists()
+
+
+def test_payload_write_failure_stops_recording_not_training(tmp_path, caplog):
+    import logging
+
+    dump = tmp_path / "dump"
+    (dump / ".msprobe").mkdir(parents=True)
+    (dump / ".msprobe" / "payload").write_text("a file where the shard directory should be")
+    dbg = PrecisionDebugger(dump_path=str(dump), level="L1", task="tensor")
+    with caplog.at_level(logging.ERROR, logger="msprobe"):
+        dbg.start()
+        y = torch.neg(torch.ones(3))
+        dbg.stop()          # the shard write fails here: one error, recording stops
+        dbg.start()
+        z = torch.neg(y)    # training goes on
+        dbg.stop()
+        dbg.close()
+    assert torch.equal(z, torch.ones(3))
+    assert dbg.session.failed and "recording stopped" in caplog.text
