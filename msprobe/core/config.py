@@ -53,7 +53,7 @@ DEFAULT_TASK: Final = "statistics"
 DEFAULT_LEVEL: Final = "L1"
 
 #: Top-level keys this module reads; the task sub-objects are read by name.
-_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump"})
+_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list"})
 
 #: Scope endpoint patterns (spec 5.3).
 _API_NAME_RE: Final = re.compile(
@@ -84,6 +84,8 @@ class Config:
         summary_mode: ``statistics`` or ``md5`` (CRC-32); read for task statistics only.
         file_format: ``npy`` or ``bin``; read for task tensor only.
         framework: ``pytorch`` or ``mindspore``.
+        api_list: path of the user's own API list YAML (``support_wrap_ops.yaml`` format)
+            replacing the packaged one; None = the packaged list.
     """
 
     task: Task = "statistics"
@@ -98,6 +100,7 @@ class Config:
     summary_mode: SummaryMode = "statistics"
     file_format: FileFormat = "npy"
     framework: Framework = "pytorch"
+    api_list: str | None = None
 
     def step_selected(self, step: int) -> bool:
         """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
@@ -171,6 +174,9 @@ def load_config(
     eff_dump_path = dump_path if dump_path is not None else doc.get("dump_path", MISSING)
     rank = parse_int_list("rank", doc.get("rank", []))
     eff_step = parse_int_list("step", step if step is not None else doc.get("step", []))
+    api_list = doc.get("api_list")
+    if api_list is not None and (not isinstance(api_list, str) or not os.path.isfile(api_list)):
+        raise ConfigError("api_list", api_list, "the path of an existing YAML file (support_wrap_ops.yaml format)")
     async_dump = doc.get("async_dump", False)
     if not isinstance(async_dump, bool):
         raise ConfigError("async_dump", async_dump, "true, false")
@@ -214,6 +220,7 @@ def load_config(
         summary_mode=summary_mode,
         file_format=file_format,
         framework=framework,
+        api_list=api_list,
     )
 
 
