@@ -105,10 +105,17 @@ def _format_csv(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return out.getvalue().rstrip("\n")
 
 
+def _write_pt(path: Path, payload: Any) -> None:
+    """Tensor-file callback for PyTorch dumps; imports torch only when a tensor is written."""
+    from msprobe.pytorch.payload import write_pt
+
+    write_pt(path, payload)
+
+
 def _run_export(args: argparse.Namespace) -> int:
     from store.export import export_log
 
-    report = export_log(args.dump_path, args.out)
+    report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt})
     directories: list[Path] = []
     for path in report.written:
         if path.parent not in directories:

@@ -28,3 +28,8 @@ class ExportError(StoreError, ValueError):
 
 class QueryError(StoreError, ValueError):
     """A SQL query failed; the message carries DuckDB's own message."""
+
+
+class PayloadDamagedError(StoreError, ValueError):
+    """A payload shard is truncated or corrupted, or lacks the referenced key: the message
+    names the shard and the key. The exporter skips that tensor file and goes on."""

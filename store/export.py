@@ -21,20 +21,30 @@ entry; leaf rows (same ``seq`` as their call) fill each key of the entry by ``pa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from store import schema as S
-from store.errors import ExportError
+from store.errors import ExportError, StoreError
 from store.fileutil import atomic_write_text, make_dirs
 from store.log_reader import Skipped, read_log
+from store.payload_writer import Payload, PayloadReader
+
+logger = logging.getLogger("msprobe")
+
+#: ``write_tensor(path, payload)`` writes one tensor file (``.pt``, ``.npy``) at ``path``;
+#: the adapter hands it to the exporter, so ``store`` never imports a framework.
+TensorFileWriter = Callable[[Path, Payload], None]
+TENSOR_DIR = "dump_tensor_data"
 
 __all__ = [
     "DEBUG_FILE",
@@ -43,6 +53,9 @@ __all__ = [
     "STACK_FILE",
     "META_KEYS",
     "ExportReport",
+    "TENSOR_DIR",
+    "TensorFileWriter",
+    "export_tensors",
     "build_entries",
     "export_debug",
     "export_log",
@@ -442,8 +455,13 @@ def export_step(
     stacks: Mapping[int, Sequence[str]],
     meta: Mapping[str, Any],
     out_dir: Union[str, os.PathLike],
+    *,
+    payloads: Optional[PayloadReader] = None,
+    write_tensor: Optional[TensorFileWriter] = None,
+    done: Optional[set] = None,
 ) -> list[Path]:
-    """Write ``dump.json``, ``stack.json`` and ``construct.json`` of one rank and step.
+    """Write ``dump.json``, ``stack.json`` and ``construct.json`` of one rank and step,
+    and with ``payloads`` and ``write_tensor`` the tensor files (:func:`export_tensors`).
 
     Args:
         rows: call, leaf (and possibly marker/stack, ignored) rows of one rank and one
@@ -452,8 +470,9 @@ def export_step(
         meta: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
         out_dir: the rank directory (``{dump_path}/step{N}/{rank_dir}``); created with
             mode 0o750 if missing.
+        payloads, write_tensor, done: see :func:`export_tensors`.
     Returns:
-        The three files written, in the order above.
+        The three files written, in the order above (tensor files are not listed).
     Raises:
         ExportError: ``meta`` lacks a key or has an unsafe ``rank_dir``.
         OSError: a file could not be written (earlier files may have been replaced).
@@ -484,11 +503,97 @@ def export_step(
         target = directory / file_name
         atomic_write_text(target, _dumps(obj))
         written.append(target)
+    if payloads is not None and write_tensor is not None and meta["task"] != _TASK_STRUCTURE:
+        export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return written
 
 
+def export_tensors(
+    rows: pa.Table,
+    payloads: PayloadReader,
+    write_tensor: TensorFileWriter,
+    tensor_dir: Union[str, os.PathLike],
+    *,
+    done: Optional[set] = None,
+) -> list[str]:
+    """Write ``{tensor_dir}/{data_name}`` for every leaf row with a ``data_name`` and a
+    ``payload`` (spec 2.2; task ``tensor``).
+
+    The first file of a payload is written by ``write_tensor`` under a temporary name
+    and renamed; later files with the same payload (identical bytes) are hard links to
+    it, or copies where links are impossible. Names in ``done`` (updated in place) are
+    skipped: the live session passes the names written at an earlier ``stop()`` of the
+    same step. A payload that cannot be read (its shard was never written because the
+    process died) is logged and skipped.
+
+    Returns:
+        The ``data_name`` s written.
+    Raises:
+        OSError: a tensor file could not be written.
+    """
+    leaves = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
+    leaves = leaves.filter(pc.invert(pc.is_null(leaves[S.PAYLOAD])))
+    if not leaves.num_rows:
+        return []
+    names = leaves[S.DATA_NAME].to_pylist()
+    refs = leaves[S.PAYLOAD].to_pylist()
+    directory = make_dirs(tensor_dir)
+    first: dict[str, Path] = {}
+    written: list[str] = []
+    done = done if done is not None else set()
+    for name, ref in zip(names, refs):
+        if not name or name in done or "/" in name or "\\" in name or name.startswith("."):
+            continue
+        target = directory / name
+        source = first.get(ref)
+        if source is None:
+            try:
+                payload = payloads.read(ref)
+            except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
+                logger.warning("msprobe: tensor %s not exported: payload %s unreadable (%s)", name, ref, exc)
+                continue
+            tmp = directory / f".{name}.tmp"
+            try:
+                write_tensor(tmp, payload)
+                os.chmod(tmp, 0o640)
+                os.replace(tmp, target)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            first[ref] = target
+        else:
+            _link_or_copy(source, target)
+        done.add(name)
+        written.append(name)
+    return written
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Make ``target`` a hard link to ``source`` (a copy where links are impossible)."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o640)
+    os.replace(tmp, target)
+
+
 def export_debug(
-    rows: pa.Table, meta: Mapping[str, Any], out_dir: Union[str, os.PathLike]
+    rows: pa.Table,
+    meta: Mapping[str, Any],
+    out_dir: Union[str, os.PathLike],
+    *,
+    payloads: Optional[PayloadReader] = None,
+    write_tensor: Optional[TensorFileWriter] = None,
+    done: Optional[set] = None,
 ) -> list[Path]:
     """Write ``debug.json`` (level debug, spec 1.2) of one rank: entries of all steps
     merged in ``seq`` order, top-level ``level`` = ``"debug"``.
@@ -497,6 +602,7 @@ def export_debug(
         rows: the rank's rows, any steps, any order.
         meta: as for :func:`export_step`.
         out_dir: the rank directory ``{dump_path}/{rank_dir}``.
+        payloads, write_tensor, done: tensor files, see :func:`export_tensors`.
     Returns:
         ``[out_dir / "debug.json"]``.
     Raises:
@@ -507,6 +613,8 @@ def export_debug(
     directory = make_dirs(out_dir, own_levels=1)
     target = directory / DEBUG_FILE
     atomic_write_text(target, _dumps(_top(meta, LEVEL_DEBUG, entry_values(order, entries))))
+    if payloads is not None and write_tensor is not None:
+        export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return [target]
 
 
@@ -554,7 +662,10 @@ def _meta_for_step(markers: list[tuple[int, int, dict]], step: int) -> Optional[
 
 
 def export_log(
-    dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None
+    dump_path: Union[str, os.PathLike],
+    out: Optional[Union[str, os.PathLike]] = None,
+    *,
+    tensor_writers: Optional[Mapping[str, TensorFileWriter]] = None,
 ) -> ExportReport:
     """Rebuild the dump layout from the log under ``dump_path`` (every rank and step).
 
@@ -562,7 +673,9 @@ def export_log(
     ``{out or dump_path}/step{N}/{rank_dir}/`` via :func:`export_step`, with the meta of
     the rank's latest marker at or before step N (the earliest marker when none is). A
     rank whose meta says level ``debug`` becomes ``{out}/{rank_dir}/debug.json`` instead.
-    Idempotent: running it twice writes the same bytes.
+    Idempotent: running it twice writes the same bytes. ``tensor_writers`` maps a
+    ``framework`` (meta) to its tensor-file callback; with one for the rank's framework,
+    the tensor files of task ``tensor`` are rebuilt from the payload shards too.
 
     Raises:
         LogNotFoundError: no log under ``dump_path``.
@@ -576,6 +689,8 @@ def export_log(
     written: list[Path] = []
     groups: list[tuple[int, int]] = []
     skipped: list[Skipped] = list(contents.skipped)
+    payloads = PayloadReader(dump_path)
+    writers = tensor_writers or {}
     ranks = table[S.RANK].to_numpy()
     steps = table[S.STEP].to_numpy()
     for rank_start, rank_stop in _runs(ranks):
@@ -589,7 +704,8 @@ def export_log(
             if markers[-1][2].get("level") == LEVEL_DEBUG:
                 meta = markers[-1][2]
                 _check_meta(meta)
-                written += export_debug(rank_rows, meta, root / meta["rank_dir"])
+                written += export_debug(rank_rows, meta, root / meta["rank_dir"], payloads=payloads,
+                                        write_tensor=writers.get(meta.get("framework")))
                 groups.append((rank, -1))
                 continue
             rank_steps = steps[rank_start:rank_stop]
@@ -601,7 +717,8 @@ def export_log(
                 _check_meta(meta)
                 step_rows = rank_rows.slice(step_start, step_stop - step_start)
                 out_dir = root / f"step{step}" / meta["rank_dir"]
-                written += export_step(step_rows, contents.stacks, meta, out_dir)
+                written += export_step(step_rows, contents.stacks, meta, out_dir, payloads=payloads,
+                                       write_tensor=writers.get(meta.get("framework")))
                 groups.append((rank, step))
         except ExportError as exc:
             skipped.append(Skipped(log_dir, -1, f"rank {rank}: {exc}; not exported"))

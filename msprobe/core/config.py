@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ DEFAULT_TASK: Final = "statistics"
 DEFAULT_LEVEL: Final = "L1"
 
 #: Top-level keys this module reads; the task sub-objects are read by name.
-_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump"})
+_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list"})
 
 #: Scope endpoint patterns (spec 5.3).
 _API_NAME_RE: Final = re.compile(
@@ -83,6 +84,8 @@ class Config:
         summary_mode: ``statistics`` or ``md5`` (CRC-32); read for task statistics only.
         file_format: ``npy`` or ``bin``; read for task tensor only.
         framework: ``pytorch`` or ``mindspore``.
+        api_list: path of the user's own API list YAML (``support_wrap_ops.yaml`` format)
+            replacing the packaged one; None = the packaged list.
     """
 
     task: Task = "statistics"
@@ -97,6 +100,7 @@ class Config:
     summary_mode: SummaryMode = "statistics"
     file_format: FileFormat = "npy"
     framework: Framework = "pytorch"
+    api_list: str | None = None
 
     def step_selected(self, step: int) -> bool:
         """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
@@ -159,14 +163,20 @@ def load_config(
     _check_argument("step", step, (list, tuple))
 
     doc = _read_document(DEFAULT_CONFIG_PATH if config_path is None else config_path)
-    for key in doc.keys() - _KNOWN_KEYS - set(TASKS):
-        logger.debug("config.json: ignoring unsupported top-level key %r", key)
+    for key in sorted(doc.keys() - _KNOWN_KEYS - set(TASKS)):
+        if key in _UPSTREAM_ONLY_KEYS:
+            logger.debug("config.json: ignoring unsupported top-level key %r", key)
+        else:  # most likely a typo: say so where the user sees it
+            logger.warning("config.json: unknown top-level key %r ignored", key)
 
     eff_task = _choice("task", task if task is not None else doc.get("task", DEFAULT_TASK), TASKS)
     eff_level = _choice("level", level if level is not None else doc.get("level", DEFAULT_LEVEL), LEVELS)
     eff_dump_path = dump_path if dump_path is not None else doc.get("dump_path", MISSING)
     rank = parse_int_list("rank", doc.get("rank", []))
     eff_step = parse_int_list("step", step if step is not None else doc.get("step", []))
+    api_list = doc.get("api_list")
+    if api_list is not None and (not isinstance(api_list, str) or not os.path.isfile(api_list)):
+        raise ConfigError("api_list", api_list, "the path of an existing YAML file (support_wrap_ops.yaml format)")
     async_dump = doc.get("async_dump", False)
     if not isinstance(async_dump, bool):
         raise ConfigError("async_dump", async_dump, "true, false")
@@ -210,6 +220,7 @@ def load_config(
         summary_mode=summary_mode,
         file_format=file_format,
         framework=framework,
+        api_list=api_list,
     )
 
 
@@ -310,6 +321,23 @@ def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: t
         raise ConfigError(f"{task}.scope", list(scope), f"{allowed} at level {level}")
 
 
+# keys of upstream's config.json that this project accepts and does not use (spec 5.1)
+_UPSTREAM_ONLY_KEYS = frozenset({
+    "enable_dataloader", "is_deterministic", "overflow_check", "free_benchmark", "run_ut",
+    "grad_probe", "acc_check", "nan_check", "diff_check", "exception_dump", "extra_info",
+    "dump_enable", "precision", "risk_level", "custom_op_namespaces",
+})
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Try for real (os.access is always True for root): create and remove a temporary file."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
 def _check_dump_path(value: Any) -> None:
     """Validate the dump path without creating anything (section 9, fix 18).
 
@@ -345,5 +373,5 @@ def _check_dump_path(value: Any) -> None:
         raise ConfigError("dump_path", value, allowed, f"cannot inspect the path: {exc}") from None
     if not ancestor.is_dir():
         raise ConfigError("dump_path", value, allowed, f"{str(ancestor)!r} exists and is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
+    if not os.access(ancestor, os.W_OK | os.X_OK) or not _can_create_in(ancestor):
         raise ConfigError("dump_path", value, allowed, f"directory {str(ancestor)!r} is not writable")

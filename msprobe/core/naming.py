@@ -11,6 +11,7 @@ Names (separator always ``.``):
 from __future__ import annotations
 
 import re
+import zlib
 
 
 class CallCounter:
@@ -74,3 +75,47 @@ def safe_component(text: str, limit: int = 200) -> str:
     ``[A-Za-z0-9_.-]`` become ``_`` and ``..`` becomes ``__``; truncated to ``limit``."""
     cleaned = _UNSAFE.sub("_", text).replace("..", "__")
     return cleaned[:limit] or "_"
+
+
+#: dump.json top-level key → file-name category (spec 2.2).
+_CATEGORY = {"input_args": "input", "input_kwargs": "kwargs", "output": "output",
+             "parameters": "parameters", "input": "input"}
+#: longest file name most file systems accept (unit: bytes).
+MAX_FILE_NAME = 255
+
+
+def tensor_file_name(entry: str, kind: str, io: str, path: tuple, ext: str) -> str:
+    """The tensor file name of one leaf (spec 2.2, section 9 fix 15), sanitised.
+
+    Args:
+        entry: the dump.json entry name.
+        kind: the call kind (``store.schema`` ``CALL_KINDS`` value).
+        io: the leaf's top-level key (``input_args``, ``input_kwargs``, ``output``,
+            ``parameters``, ``input``; a parameter name for ``parameters_grad``; ``""``
+            for a debug save).
+        path: the leaf's index path below ``io``.
+        ext: ``"pt"`` or ``"npy"``.
+
+    Examples::
+
+        tensor_file_name("Torch.cat.0.forward", "api_forward", "input_args", (0, 1), "pt")
+            == "Torch.cat.0.forward.input.0.1.pt"
+        tensor_file_name("Torch.add.0.forward", "api_forward", "input_kwargs", ("other",), "pt")
+            == "Torch.add.0.forward.kwargs.other.pt"
+        tensor_file_name("M.fc.Linear.parameters_grad", "parameters_grad", "bias", (0,), "pt")
+            == "M.fc.Linear.parameters_grad.bias.pt"
+        tensor_file_name("y.0", "debug_save", "", (), "pt") == "y.0.tensor.pt"
+        tensor_file_name("nested.0", "debug_save", "", ("k2", 0), "pt") == "nested.0.tensor.k2.0.pt"
+    """
+    if kind == "parameters_grad":
+        parts = [entry, io]
+    elif kind == "debug_save":
+        parts = [entry, "tensor", *(str(p) for p in path)]
+    else:
+        parts = [entry, _CATEGORY.get(io, io), *(str(p) for p in path)]
+    name = ".".join(p for p in parts if p != "") + "." + ext
+    name = safe_component(name, limit=10_000)
+    if len(name.encode()) > MAX_FILE_NAME:
+        digest = format(zlib.crc32(name.encode()) & 0xFFFFFFFF, "08x")
+        name = name[: MAX_FILE_NAME - len(ext) - 11] + "." + digest + "." + ext
+    return name

@@ -20,6 +20,7 @@ Semantics (spec section 6.1, seeds "start/stop/step"):
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -32,11 +33,13 @@ import pyarrow as pa
 
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
-from msprobe.core.naming import CallCounter
+from msprobe.core.guard import INSIDE
+from msprobe.core.naming import CallCounter, tensor_file_name
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.export import export_step
+from store.export import TensorFileWriter, export_debug, export_step
 from store.log_writer import LogWriter
+from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
 
 logger = logging.getLogger("msprobe")
@@ -51,6 +54,9 @@ class Session:
         exclude_dirs: framework package directories dropped from stack.json.
         dump_data_dir: callable ``(step_dir: Path) -> str | None`` giving dump.json's
             ``dump_data_dir`` for a step directory (None for task statistics).
+        write_tensor: task ``tensor``: the adapter's tensor-file callback (``.pt``/``.npy``)
+            handed to the exporter; payloads are stored only when it is given.
+        tensor_ext: file extension of tensor files (``"pt"``, ``"npy"``), for ``data_name``.
     """
 
     def __init__(
@@ -60,6 +66,8 @@ class Session:
         framework: str,
         exclude_dirs: tuple[str, ...] = (),
         dump_data_dir: Callable[[Path], Optional[str]] | None = None,
+        write_tensor: TensorFileWriter | None = None,
+        tensor_ext: str = "pt",
     ) -> None:
         self.config = config
         self.framework = framework
@@ -80,10 +88,17 @@ class Session:
         self._stacks: dict[int, tuple[str, ...]] = {}
         self._opened_step: int | None = None
         self._lock = threading.RLock()
-        self._tls = threading.local()
+        self._tls = INSIDE  # the "busy" flag, shared by all sessions (msprobe.core.guard)
+        self.local = threading.local()  # this session's per-thread state (module stacks)
+        self.disabled = False
         self._last_step = max(config.step) if config.step else None
         self._pid = os.getpid()
         os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
+        self._write_tensor = write_tensor
+        self._tensor_ext = tensor_ext
+        self._payloads: PayloadWriter | None = None
+        self._payload_reader: PayloadReader | None = None
+        self._tensors_done: set[str] = set()
         self._rank_warned = False
         self._flush_hooks: list[Callable[[], None]] = []
         self._dirty = True  # entries arrived since the last export of the step
@@ -123,14 +138,20 @@ class Session:
 
     def open_step(self, step: int) -> bool:
         """True if events of ``step`` are still accepted (it is the current, unexported step)."""
-        return not self.failed and self._opened_step == step and step == self.step
+        return not (self.failed or self.disabled) and self._opened_step == step and step == self.step
 
     # --- state machine ------------------------------------------------------------------------
+    def disable(self) -> None:
+        """Stop recording for good after an internal error; what was recorded is still
+        exported at the next stop()/step()."""
+        self.disabled = True
+        self.recording = False
+
     def start(self, rank: int | None, rank_dir: str) -> bool:
         """Turn recording on for the current step if it and the rank are selected.
 
         Returns True if recording is now on."""
-        if self.failed or self.finished or os.getpid() != self._pid:
+        if self.failed or self.finished or self.disabled or os.getpid() != self._pid:
             return False
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
@@ -147,6 +168,9 @@ class Session:
         with self._lock:
             if self._writer is None:
                 self._writer = LogWriter(self.config.dump_path, self.rank or 0)
+            if self._payloads is None and self._write_tensor is not None:
+                self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0)
+                self._payload_reader = PayloadReader(self.config.dump_path)
             first_start = self._opened_step != self.step
             self._opened_step = self.step
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
@@ -181,6 +205,7 @@ class Session:
                 self._export()
                 self._guard(self._writer.flush, True)
             self._step_tables = []
+            self._tensors_done = set()
             self._opened_step = None
             self._dirty = True
             self.step += 1
@@ -199,12 +224,38 @@ class Session:
                 except Exception as exc:  # never raise into training at exit
                     logger.error("msprobe: closing the event log failed: %s", exc)
                 self._writer = None
+            if self._payloads is not None:
+                try:
+                    self._payloads.close()
+                except Exception as exc:
+                    logger.error("msprobe: closing the tensor payload store failed: %s", exc)
+                self._payloads = None
+
+    # --- tensor payloads (task tensor) --------------------------------------------------
+    @property
+    def stores_tensors(self) -> bool:
+        """True when tensors are stored (task ``tensor`` with a tensor-file callback)."""
+        return self._write_tensor is not None
+
+    def put_payload(self, data: bytes, dtype: str, shape: tuple[int, ...]) -> str | None:
+        """Store one tensor's bytes; returns the payload reference (None when not stored:
+        no tensor task, not started, or the store failed; the failure is logged once)."""
+        if self._payloads is None or self.failed:
+            return None
+        return self._guard(self._payloads.put, data, dtype, shape)
 
     # --- events -----------------------------------------------------------------------------
     def emit(self, call: Call) -> None:
-        """Append one entry to the log if its step is still open."""
+        """Append one entry to the log if its step is still open. Leaves holding a payload
+        get their ``data_name`` (spec 2.2) here."""
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
+        if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
+            call = dataclasses.replace(call, leaves=tuple(
+                dataclasses.replace(leaf, data_name=tensor_file_name(
+                    call.name, call.kind, leaf.io, leaf.path, self._tensor_ext))
+                if leaf.payload is not None and leaf.data_name is None else leaf
+                for leaf in call.leaves))
         with self._lock:
             for sid, frames in self.stacks.drain():
                 self._stacks[sid] = frames
@@ -236,7 +287,17 @@ class Session:
         if table.num_rows:
             self._step_tables.append(table)
         rows = pa.concat_tables(self._step_tables) if self._step_tables else schema.LOG_SCHEMA.empty_table()
-        self._guard(export_step, rows, self._stacks, self.meta(), self.step_dir())
+        if self._payloads is not None:
+            self._guard(self._payloads.flush)
+        self._guard(self._export_step, rows)
+
+    def _export_step(self, rows: pa.Table) -> None:
+        if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
+            export_debug(rows, self.meta(), Path(self.config.dump_path) / self.rank_dir,
+                         payloads=self._payload_reader, write_tensor=self._write_tensor, done=self._tensors_done)
+            return
+        export_step(rows, self._stacks, self.meta(), self.step_dir(), payloads=self._payload_reader,
+                    write_tensor=self._write_tensor, done=self._tensors_done)
 
     def _guard(self, fn, *args):
         """Run a store call; on failure log one clear error and stop recording for good."""

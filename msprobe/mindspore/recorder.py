@@ -73,14 +73,14 @@ class Recorder:
 
     # --- per-thread state -------------------------------------------------------------------
     def frames(self) -> list:
-        tls = self.session._tls
-        stack = getattr(tls, "frames", None)
+        local = self.session.local
+        stack = getattr(local, "frames", None)
         if stack is None:
-            stack = tls.frames = []
+            stack = local.frames = []
         return stack
 
     def parent(self) -> Optional[str]:
-        stack = getattr(self.session._tls, "frames", None)
+        stack = getattr(self.session.local, "frames", None)
         if stack:
             for frame in reversed(stack):
                 if frame is not None:
@@ -249,7 +249,7 @@ class Recorder:
         """Forward hook body; returns a substitute output or None."""
         s = self.session
         tls = s._tls
-        stack = getattr(tls, "frames", None)
+        stack = getattr(s.local, "frames", None)
         if not stack:
             return None
         frame = stack.pop()
@@ -288,7 +288,7 @@ class Recorder:
         """``Parameter.register_hook`` body: record the accumulated gradient under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.cells_seen or s.failed or not self.dm.allows_parameters_grad():
+        if prefix not in self.cells_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
         if not s.accepts(name) or not s.open_step(s.step):
@@ -401,7 +401,7 @@ class Recorder:
         step = s.step
 
         def hook(g):
-            if not isinstance(g, Tensor) or s.failed:
+            if not isinstance(g, Tensor) or s.failed or s.disabled:
                 return None
             tls = s._tls
             prev = getattr(tls, "busy", False)
@@ -423,8 +423,7 @@ class Recorder:
             self._warned = True
             logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
                          exc_info=exc)
-        self.session.recording = False
-        self.session.failed = True
+        self.session.disable()
 
 
 def _walk_for_save(value: Any, path: tuple = (), depth: int = 0):

@@ -1,4 +1,7 @@
-"""msprobe for PyTorch: ``PrecisionDebugger`` and ``seed_all``."""
-from msprobe.pytorch.debugger import PrecisionDebugger
+"""msprobe for PyTorch: ``PrecisionDebugger``, ``module_dump``/``module_dump_end`` and
+``seed_all``. Importing this package changes no framework behaviour: hooks are installed by
+``PrecisionDebugger.start()`` and ``module_dump()``, seeds and dropout by ``seed_all()``."""
+from msprobe.pytorch.debugger import PrecisionDebugger, module_dump, module_dump_end
+from msprobe.pytorch.seed import seed_all
 
-__all__ = ["PrecisionDebugger"]
+__all__ = ["PrecisionDebugger", "module_dump", "module_dump_end", "seed_all"]

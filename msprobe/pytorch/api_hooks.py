@@ -2,7 +2,8 @@
 
 Families (spec section 7.1): ``Tensor`` (``torch.Tensor`` methods), ``Torch`` (``torch.*``),
 ``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``), ``Distributed``
-(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`). Each listed name is
+(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`) and ``NPU``
+(``torch_npu`` custom ops, yaml key ``torch_npu``, only when ``torch_npu`` is importable). Each listed name is
 replaced by a wrapper that, while the session records and the thread is not already
 inside a recorded call, hands the call to :meth:`Recorder.record_api`; otherwise it calls
 the original at once. ``install_api_hooks`` returns a handle that restores every original.
@@ -10,6 +11,8 @@ the original at once. ``install_api_hooks`` returns a handle that restores every
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from msprobe.core.errors import ConfigError
 from msprobe.core.handles import CallbackHandle, HandleGroup
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 
@@ -32,7 +36,19 @@ _FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "functional": ("Functional", lambda: torch.nn.functional),
     "_VF": ("VF", lambda: torch._VF),
     "distributed": (DIST_FAMILY, distributed_module),  # None where torch has no distributed
+    "torch_npu": ("NPU", lambda: _import_optional("torch_npu")),
 }
+
+
+def _import_optional(name: str) -> Any:
+    """The module ``name`` if it is importable, else None."""
+    if importlib.util.find_spec(name) is None:
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:
+        logger.warning("msprobe: %s is installed but cannot be imported (%s); its APIs are not recorded", name, exc)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,25 +63,40 @@ class ApiSpec:
 def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
     """Read an API list YAML (``{yaml_key: [names]}``) and resolve the names.
 
-    Returns ``(specs, unknown)``: names absent from the installed framework are reported
-    in ``unknown`` (and logged once), not fatal.
+    Args:
+        path: the YAML file; None = the packaged ``support_wrap_ops.yaml``.
+
+    Returns ``(specs, unknown)``: names absent from the installed framework (and yaml keys
+    that are not a family) are reported in ``unknown`` as ``"{key}.{name}"`` and logged
+    as one warning, not fatal. A ``torch_npu`` section is skipped quietly when
+    ``torch_npu`` is not installed.
 
     Raises:
-        OSError / yaml.YAMLError: the file cannot be read or parsed.
+        ConfigError: the file cannot be read or parsed, or is not a mapping of lists.
     """
-    with open(path or DEFAULT_API_LIST, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh) or {}
+    file = path or DEFAULT_API_LIST
+    allowed = "a YAML mapping {family: [API names]} (support_wrap_ops.yaml format)"
+    try:
+        with open(file, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError("api_list", file, allowed, detail=f"cannot read: {exc}") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, (list, type(None))) for v in doc.values()):
+        raise ConfigError("api_list", file, allowed)
     specs: list[ApiSpec] = []
     unknown: list[str] = []
     for key, names in doc.items():
         fam = _FAMILIES.get(key)
         if fam is None:
-            unknown.append(f"{key}: (unsupported family)")
+            unknown.append(f"{key} (unsupported family; allowed: {', '.join(_FAMILIES)})")
             continue
         family, resolve = fam
         owner = resolve()
         if owner is None:
-            unknown.extend(f"{key}.{name}" for name in names or [])
+            if key == "torch_npu":
+                logger.debug("msprobe: %s is not installed; its %d API names are not hooked", key, len(names or []))
+            else:
+                unknown.extend(f"{key}.{name}" for name in names or [])
             continue
         for name in names or []:
             if not isinstance(name, str) or not callable(getattr(owner, name, None)):
@@ -73,8 +104,8 @@ def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
                 continue
             specs.append(ApiSpec(family, name, owner))
     if unknown:
-        logger.info("msprobe: %d API names in the API list are not in this torch: %s",
-                    len(unknown), ", ".join(unknown[:10]))
+        logger.warning("msprobe: %d names of the API list %s are not in this PyTorch and are not recorded: %s%s",
+                       len(unknown), file, ", ".join(unknown[:20]), ", ..." if len(unknown) > 20 else "")
     return specs, unknown
 
 

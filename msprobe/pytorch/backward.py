@@ -1,19 +1,19 @@
 """Backward recording without custom autograd Functions.
 
 For one recorded call (an API or a module forward), every tensor argument that requires
-grad is replaced by ``t.view_as(t)``, a differentiable view; every output that requires
-grad likewise. A pre-hook on each view's autograd node receives exactly the gradient that
-flows through that view, i.e.
-
-* for an output view: the gradient w.r.t. that forward output (backward ``input``);
-* for an input view: the gradient w.r.t. that forward input *contributed by this very
-  call* (backward ``output``; spec section 9 fix 3: ``output[i]`` is the gradient w.r.t.
-  ``input_args[i]``, then tensor kwargs in kwarg order, ``null`` where there is none).
+grad is replaced by ``t.view_as(t)``, a differentiable view. A pre-hook on each view's
+autograd node receives exactly the gradient that flows through that view: the gradient
+w.r.t. that forward input *contributed by this very call* (backward ``output``; spec
+section 9 fix 3: ``output[i]`` is the gradient w.r.t. ``input_args[i]``, then tensor
+kwargs in kwarg order, ``null`` where there is none). Outputs are not substituted: a
+pre-hook on the node that produced each output receives the gradient w.r.t. it
+(backward ``input``), and stays in the graph when later code modifies the output in place.
 
 Views are identities for autograd and for values, so recording changes no result bit;
 in-place ops on them rebase their base as usual (no custom-Function view restrictions).
 A call whose output *is* one of its inputs (in-place ops) returns the caller's original
-object, and its gradient is taken from the rebased node of that tensor.
+object. An input the call modified in place takes its gradient from the node that
+produced it (the view's own node has left the graph).
 
 An entry is complete when every input view has seen its gradient (or, with no input
 views, every output view); entries left incomplete are emitted at step end.
@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe.pytorch.leaves import is_structseq
 from store import schema
 from store.records import Call, Leaf
 
@@ -65,8 +66,32 @@ def _fill(out: list[Leaf], io: str, slots: list[tuple[Path, bool]], grads: dict[
         out.append(leaf if leaf is not None else Leaf(io=io, path=path, leaf_kind=schema.LEAF_NONE))
 
 
+def _producer(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose autograd node an in-place change of ``t`` leaves in the graph:
+    ``t`` itself, or its base when ``t`` is a same-shape view of it (the views msprobe
+    itself inserts); a view of part of a larger base has no such node (gradients of the
+    base are not the input's)."""
+    if t._is_view():
+        base = t._base
+        if base is not None and base.shape == t.shape and base.stride() == t.stride():
+            return base
+        return t
+    return t
+
+
 def _wants_grad(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad and t.layout == torch.strided
+
+
+class TapState:
+    """What :meth:`BackwardTaps.tap_inputs` substituted for one call."""
+
+    __slots__ = ("views", "originals")
+
+    def __init__(self) -> None:
+        # (view, caller's tensor, its node, its output_nr, version before the call, slot paths)
+        self.views: list[tuple] = []
+        self.originals: dict[int, torch.Tensor] = {}  # id(view) -> caller's tensor
 
 
 class BackwardTaps:
@@ -74,8 +99,8 @@ class BackwardTaps:
 
     Args:
         on_grad: ``on_grad(pending, side, paths, grad)`` records one gradient for the
-            slots ``paths``: ``side`` is
-            ``"input"`` (w.r.t. a forward output) or ``"output"`` (w.r.t. a forward input).
+            slots ``paths``: ``side`` is ``"input"`` (w.r.t. a forward output) or
+            ``"output"`` (w.r.t. a forward input).
     """
 
     def __init__(self, on_grad: Callable[[PendingBackward, str, list, Optional[torch.Tensor]], None]) -> None:
@@ -87,84 +112,95 @@ class BackwardTaps:
         return (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                 and not torch._C._are_functorch_transforms_active())
 
-    def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
+    def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict, *,
+                   share: bool) -> tuple[tuple, dict, TapState]:
         """Replace grad-requiring tensors in ``args``/``kwargs`` by views.
 
-        Returns ``(args, kwargs, originals)``; ``originals`` maps ``id(view)`` to the
-        caller's tensor (used to hand back the caller's object from in-place calls).
-        Containers without substituted tensors are returned as the same objects.
+        Args:
+            share: one view per distinct tensor, so ``a is b`` inside the call stays true
+                (``F.multi_head_attention_forward(h, h, h)`` takes its self-attention path
+                only when query is key); a tensor passed twice then reports its combined
+                gradient in both slots (``x * x``: ``2·x·g`` in each). False gives every
+                slot its own view and gradient, for calls known not to test identity.
+
+        Returns ``(args, kwargs, state)``; containers without substituted tensors are
+        returned as the same objects.
         """
-        memo: dict[int, torch.Tensor] = {}
-        originals: dict[int, torch.Tensor] = {}
+        state = TapState()
+        memo: Optional[dict] = {} if share else None
         new_args = []
         changed = False
         for i, a in enumerate(args):
-            b = self._map_in(pending, a, (i,), memo, originals, 0)
+            b = self._map_in(pending, a, (i,), memo, state, 0)
             changed |= b is not a
             new_args.append(b)
         pos = len(args)
         new_kwargs = kwargs
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
-                b = self._map_in(pending, v, (pos,), memo, originals, 0)
+                b = self._map_in(pending, v, (pos,), memo, state, 0)
                 pos += 1
                 if b is not v:
                     if new_kwargs is kwargs:
                         new_kwargs = dict(kwargs)
                     new_kwargs[k] = b
-        return (tuple(new_args) if changed else args), new_kwargs, originals
+        return (tuple(new_args) if changed else args), new_kwargs, state
 
-    def _map_in(self, pending, value, path, memo, originals, depth):
+    def _map_in(self, pending, value, path, memo, state, depth):
         if isinstance(value, torch.Tensor):
-            if not _wants_grad(value):
-                pending.out_slots.append((path, True))
-                return value
-            known = memo.get(id(value))
-            if known is None:
-                view = value.view_as(value)
-                paths = [path]
-                memo[id(value)] = (view, paths)
-                originals[id(view)] = value
-                self._hook(view.grad_fn, 0, pending, "output", paths)
-            else:  # the same tensor passed twice: one view, one gradient for both slots
-                view, paths = known
-                paths.append(path)
             pending.out_slots.append((path, True))
+            if not _wants_grad(value):
+                return value
+            known = memo.get(id(value)) if memo is not None else None
+            if known is not None:
+                known[5].append(path)
+                return known[0]
+            view = value.view_as(value)
+            paths = [path]
+            src = _producer(value)
+            entry = (view, value, src.grad_fn, src.output_nr, view._version, paths)
+            if memo is not None:
+                memo[id(value)] = entry
+            state.views.append(entry)
+            state.originals[id(view)] = value
+            self._hook(view.grad_fn, 0, pending, "output", paths)
             return view
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
-            items = [self._map_in(pending, v, path + (j,), memo, originals, depth + 1) for j, v in enumerate(value)]
+            items = [self._map_in(pending, v, path + (j,), memo, state, depth + 1) for j, v in enumerate(value)]
             if all(x is y for x, y in zip(items, value)):
                 return value
             return type(value)(items) if isinstance(value, list) or type(value) is tuple else value
         pending.out_slots.append((path, False))
         return value
 
-    def tap_outputs(self, pending: PendingBackward, out: Any, originals: dict[int, torch.Tensor]) -> Any:
-        """Replace grad-requiring output tensors by views (in-place results: the caller's
-        object, hooked on its rebased node). Returns the value to hand to the caller."""
-        return self._map_out(pending, out, () if isinstance(out, (list, tuple)) and not hasattr(out, "_fields") or _is_structseq(out) else (0,), originals, 0)
+    def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> Any:
+        """Hook the autograd nodes that produced the grad-requiring outputs (the outputs
+        themselves are handed back unchanged; an in-place call that returned our input
+        view hands back the caller's tensor). Inputs the call modified in place are
+        re-hooked on the node that produced them, whose gradient is theirs."""
+        state = state or TapState()
+        for view, orig, node, nr, version, paths in state.views:
+            if view._version != version and node is not None:
+                pending.expect_out -= 1  # the view's node left the graph when it was modified
+                self._hook(node, nr, pending, "output", paths)
+        top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
+        return self._map_out(pending, out, top, state.originals, 0)
 
     def _map_out(self, pending, value, path, originals, depth):
         if isinstance(value, torch.Tensor):
             orig = originals.get(id(value))
             if orig is not None:  # an in-place call returned our input view
                 value = orig
-            if not (_wants_grad(value) and value.grad_fn is not None):
-                pending.in_slots.append((path, True))
-                return value
             pending.in_slots.append((path, True))
-            if orig is not None:
+            if _wants_grad(value) and value.grad_fn is not None:
                 self._hook(value.grad_fn, value.output_nr, pending, "input", [path])
-                return value
-            view = value.view_as(value)
-            self._hook(view.grad_fn, 0, pending, "input", [path])
-            return view
+            return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
                 keys = [str(k) for k in value]
                 vals = list(value.values())
             else:
-                fields = None if _is_structseq(value) else getattr(value, "_fields", None)
+                fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
                 vals = list(value)
             items = [self._map_out(pending, v, path + (k,), originals, depth + 1) for k, v in zip(keys, vals)]
@@ -177,7 +213,7 @@ class BackwardTaps:
                     return dict(zip(value.keys(), items))
             if isinstance(value, list):
                 return items
-            if hasattr(value, "_fields") and not _is_structseq(value):
+            if hasattr(value, "_fields") and not is_structseq(value):
                 return type(value)(*items)
             return type(value)(items)
         pending.in_slots.append((path, False))
@@ -198,6 +234,3 @@ class BackwardTaps:
 
         node.register_prehook(prehook)
 
-
-def _is_structseq(value: Any) -> bool:
-    return isinstance(value, tuple) and type(value).__module__ == "torch.return_types"

@@ -21,6 +21,7 @@ import logging
 import os
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -31,8 +32,12 @@ from msprobe.core.handles import HandleGroup
 from msprobe.core.session import Session
 from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
 from msprobe.pytorch.autograd_guard import install_autograd_guard
-from msprobe.pytorch.module_hooks import install_module_hooks
+from msprobe.core.naming import safe_component
+from msprobe.pytorch.debug_save import DebugSaver
+from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
+from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
+from store.export import TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 
@@ -49,6 +54,17 @@ def _current_rank() -> tuple[Optional[int], str]:
         r = dist.get_rank()
         return r, f"rank{r}"
     return None, "rank"
+
+
+def _dump_data_dir(dump_path: str, level: str):
+    """dump.json ``dump_data_dir``: the configured path kept as written (relative stays
+    relative), e.g. ``./dump/step0/rank/dump_tensor_data``; level debug:
+    ``./dump/rank/dump_tensor_data`` (spec 1.1, 1.2)."""
+    def of(step_dir: Path) -> str:
+        if level == "debug":
+            return os.path.join(dump_path, step_dir.name, TENSOR_DIR)
+        return os.path.join(dump_path, step_dir.parent.name, step_dir.name, TENSOR_DIR)
+    return of
 
 
 def _as_models(model: Any, level: str) -> tuple[list[torch.nn.Module], bool]:
@@ -90,14 +106,28 @@ class PrecisionDebugger:
         if model is not None:
             _as_models(model, self.config.level)
         self.model = model
-        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,))
+        tensor_task = self.config.task == "tensor"
+        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,),
+                               dump_data_dir=_dump_data_dir(self.config.dump_path, self.config.level) if tensor_task else None,
+                               write_tensor=write_pt if tensor_task else None, tensor_ext="pt")
         self.recorder = Recorder(self.session)
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
-        self._hooked_models: list[int] = []
+        self._hooked_models: list[weakref.ref] = []
+        self._dump_module_handles: Optional[HandleGroup] = None
+        self._dump_grad_handles = HandleGroup()
         self._deprecation_warned = False
+        self._saver = DebugSaver(self.recorder)
+        #: API-list names not found in this PyTorch (reported, not fatal); levels L1/mix
+        self.unknown_apis: list[str] = []
+        self._api_specs = None
+        if self.config.level in _API_LEVELS:
+            self._api_specs, self.unknown_apis = load_api_list(self.config.api_list)
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
+        if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json from now on (spec 1.2)
+            rank, rank_dir = _current_rank()
+            self.session.start(rank, rank_dir)
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
@@ -124,22 +154,46 @@ class PrecisionDebugger:
         if not self.session.start(rank, rank_dir):
             return
         if level in _API_LEVELS and self._api_handles is None:
-            specs, _unknown = load_api_list()
             self._api_handles = HandleGroup()
             self._api_handles.add(install_autograd_guard(self.session))
-            self._api_handles.add(install_api_hooks(specs, self.recorder))
+            self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
         if models:
-            ids = [id(m) for m in models]
-            if ids != self._hooked_models:
+            hooked = [ref() for ref in self._hooked_models]
+            if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
                 if self._model_handles is not None:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
-                self._hooked_models = ids
+                self._hooked_models = [weakref.ref(m) for m in models]
 
     def stop(self) -> None:
         """Stop recording forward calls; the step's files are written. Backward calls of
-        forwards recorded in this step are still recorded until :meth:`step`."""
+        forwards recorded in this step are still recorded until :meth:`step`.
+        A no-op at level debug (debug.json is written by :meth:`close` and at exit)."""
+        if self.config.level == "debug":
+            return
+        self.recorder.drain()
         self.session.stop()
+
+    @staticmethod
+    def save(variable: Any, name: str, save_backward: bool = True) -> None:
+        """Level debug: record ``variable`` as ``{name}.{k}`` in debug.json, and with
+        ``save_backward`` its gradients as ``{name}_grad.{k}`` (seeds "save"; spec 6.1,
+        fix 15). Records into the most recently constructed debugger; a no-op when there
+        is none or its level is not ``debug``.
+
+        Args:
+            variable: tensor, dict, list, tuple, int, float, str or None (nested freely);
+                anything else is skipped with a warning.
+            name: the entry name (``k`` counts the calls with this name).
+            save_backward: also record the gradients of the saved tensors.
+
+        Raises:
+            ConfigError: ``name`` is not a non-empty str or ``save_backward`` not a bool.
+        """
+        dbg = PrecisionDebugger._latest() if PrecisionDebugger._latest is not None else None
+        if dbg is None or dbg.config.level != "debug":
+            return
+        dbg._saver.save(variable, name, save_backward)
 
     def forward_backward_dump_end(self) -> None:
         """Deprecated alias of :meth:`stop` (warns once)."""
@@ -148,15 +202,52 @@ class PrecisionDebugger:
             warnings.warn("forward_backward_dump_end() is deprecated; use stop()", DeprecationWarning, stacklevel=2)
         self.stop()
 
+    def module_dump(self, module: torch.nn.Module, name: str) -> None:
+        """Record only ``module`` until :meth:`module_dump_end`, as one entry per call named
+        ``Module.{name}.{Class}.forward.{n}`` (and ``.backward.{n}``, ``.parameters_grad``);
+        its children and the APIs called inside it, and every other API or module, are
+        not recorded in between (seeds "module_dump"; spec section 9 fix 23).
+
+        Args:
+            module: the ``torch.nn.Module`` to record.
+            name: the user's name for it (sanitised for file names).
+
+        Raises:
+            ConfigError: ``module`` is not an ``nn.Module`` or ``name`` is not a non-empty str.
+        """
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError("module", module, "a torch.nn.Module", detail="module_dump(module, name)")
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "a non-empty string", detail="module_dump(module, name)")
+        self.module_dump_end()
+        prefix = f"Module.{safe_component(name)}.{type(module).__name__}"
+        self._dump_module_handles = HandleGroup()
+        hook_module(module, prefix, self.recorder, self._dump_module_handles, self._dump_grad_handles)
+        self.recorder.exclusive = prefix
+
+    def module_dump_end(self) -> None:
+        """End the :meth:`module_dump` window; recording resumes normally (idempotent).
+        The module's parameter-gradient hooks stay until :meth:`close`, so a backward run
+        after this call still records its ``parameters_grad``."""
+        self.recorder.exclusive = None
+        if self._dump_module_handles is not None:
+            self._dump_module_handles.remove()
+            self._dump_module_handles = None
+
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
+        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        A no-op at level debug."""
+        if self.config.level == "debug":
+            return
         self.session.end_step(before_export=self.recorder.flush_pending)
 
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
+        self.recorder.drain()
         if self.session.recording:
             self.session.stop()
-        for handles in (self._api_handles, self._model_handles):
+        self.module_dump_end()
+        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles):
             if handles is not None:
                 handles.remove()
         self._api_handles = self._model_handles = None
@@ -170,11 +261,33 @@ class PrecisionDebugger:
         self.close()
 
 
+def _latest_debugger() -> PrecisionDebugger:
+    dbg = PrecisionDebugger._latest() if PrecisionDebugger._latest is not None else None
+    if dbg is None:
+        raise MsprobeError("no PrecisionDebugger exists: construct one before module_dump()")
+    return dbg
+
+
+def module_dump(module: torch.nn.Module, name: str) -> None:
+    """:meth:`PrecisionDebugger.module_dump` of the most recently constructed debugger.
+
+    Raises:
+        MsprobeError: no debugger exists. ConfigError: bad ``module`` or ``name``.
+    """
+    _latest_debugger().module_dump(module, name)
+
+
+def module_dump_end() -> None:
+    """:meth:`PrecisionDebugger.module_dump_end` of the most recently constructed debugger."""
+    _latest_debugger().module_dump_end()
+
+
 def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
     dbg = ref()
     if dbg is None:
         return
     try:
+        dbg.recorder.drain()
         if dbg.session.recording:
             dbg.session.stop()
         dbg.session.close()

@@ -189,9 +189,9 @@ class DistributedCalls:
                 plan = Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
                             parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.is_recompute,
                             keys=plan.keys + ("output",), leaves=plan.leaves + self._output_leaves(args, kwargs))
-            self.session.emit(plan)
+            self.recorder.emit(plan)
             return out
-        self.session.emit(plan)
+        self.recorder.emit(plan)
         if not want_out:
             return out
         done = _Countdown(len(works), lambda: self._emit_output(plan, args, kwargs))
@@ -208,9 +208,6 @@ class DistributedCalls:
         return wrapped[0] if len(works) == 1 and not isinstance(out, list) else wrapped
 
     def _output_leaves(self, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
-        # collectives write their tensors without bumping the version counter: statistics
-        # cached for the inputs would be reused for the changed outputs
-        self.recorder.leaves.cache.clear()
         leaves: list[Leaf] = []
         self.recorder.leaves.sequence("output", [_plain(v) for v in (*args, *kwargs.values())], leaves)
         return tuple(leaves)
@@ -224,7 +221,7 @@ class DistributedCalls:
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
-            s.emit(Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
+            self.recorder.emit(Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
                         keys=("output",), leaves=self._output_leaves(args, kwargs)))
         except Exception as exc:
             self.recorder.internal_error(exc)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import StatsCache, crc32_hex, has_data
+from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
 from store import schema
 from store.records import Leaf
 
@@ -108,17 +108,23 @@ class LeafBuilder:
     Args:
         md5: also compute CRC-32 (summary_mode md5).
         with_data: compute statistics (False for task ``structure``).
+        capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
+            the tensor's values; the reference goes to the leaf's ``payload``.
+        defer: ``async_dump``: ``defer(io, path, tensor) -> placeholder leaf`` replaces the
+            synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "cache", "defer_all")
+    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer")
 
-    def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
+                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
-        self.cache = StatsCache()
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
         # CPU tensors there too (tests of the deferred path on machines without a device)
         self.defer_all = defer_all
+        self.capture = capture
+        self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
@@ -126,11 +132,14 @@ class LeafBuilder:
         (FSDP2 parameters and gradients) is recorded by its local shard: statistics, shape
         and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md)."""
         t = local_shard(t)
+        if self.defer is not None:
+            return self.defer(io, path, t)
+        payload = self.capture(t) if self.capture is not None and self.with_data else None
         if self.with_data and (t.device.type != "cpu" or self.defer_all) and has_data(t) and not self.md5:
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-                                    requires_grad=bool(t.requires_grad)), stats_vector(t))
-        st = self.cache.stats(t) if self.with_data else None
+                                    requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
+        st = tensor_stats(t) if self.with_data else None
         crc = None
         if self.md5 and self.with_data:
             try:
@@ -140,13 +149,14 @@ class LeafBuilder:
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-                        requires_grad=bool(t.requires_grad))
+                        requires_grad=bool(t.requires_grad), payload=payload)
         return Leaf(
             io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
             dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
             max=st.max, min=st.min, mean=st.mean, norm=st.norm,
             max_finite=st.max_finite, min_finite=st.min_finite,
             crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
+            payload=payload,
         )
 
     def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
@@ -183,7 +193,7 @@ def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str
         return
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         fields = getattr(value, "_fields", None)
-        if fields is not None and isinstance(value, tuple) and not _is_structseq(value):
+        if fields is not None and isinstance(value, tuple) and not is_structseq(value):
             items = list(zip((str(f) for f in fields), value))
             if not items:
                 yield path, None, schema.LEAF_EMPTY_DICT
@@ -216,18 +226,8 @@ def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str
         yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
 
 
-def _is_structseq(value: Any) -> bool:
-    return type(value).__module__ == "torch.return_types" or hasattr(type(value), "n_sequence_fields")
-
-
-def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Every tensor inside a nested structure (lists, tuples, dicts, dataclasses)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < MAX_DEPTH:
-        if isinstance(value, (list, tuple)):
-            for v in value:
-                yield from iter_tensors(v, depth + 1)
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from iter_tensors(v, depth + 1)
+def is_structseq(value: Any) -> bool:
+    """True for PyTorch's named-tuple-like return types (``torch.return_types.max``...),
+    which dump.json records as lists."""
+    return isinstance(value, tuple) and (type(value).__module__ == "torch.return_types"
+                                         or hasattr(type(value), "n_sequence_fields"))

@@ -37,16 +37,32 @@ def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recor
     """Hook every module of ``models`` for ``recorder``; returns the handles."""
     group = HandleGroup()
     for prefix, module in module_prefixes(models, indexed):
-        group.add(module.register_forward_pre_hook(_pre(recorder, prefix), with_kwargs=True))
-        group.add(module.register_forward_hook(_post(recorder), with_kwargs=True, always_call=True))
-        install_grad_hooks(module, prefix, recorder, group)
+        hook_module(module, prefix, recorder, group, group)
     return group
+
+
+def hook_module(module: torch.nn.Module, prefix: str, recorder: Any, forward_group: HandleGroup,
+                grad_group: HandleGroup) -> None:
+    """Hook one module under the entry prefix ``prefix`` (``Module.{path}.{Class}``): forward
+    pre/post hooks go to ``forward_group``, parameter-gradient hooks to ``grad_group``."""
+    forward_group.add(module.register_forward_pre_hook(_pre(recorder, prefix), with_kwargs=True))
+    # a plain hook marks a forward that returned; the always-called one (runs after it, and
+    # also when forward raised) pops the module stack and records the entry
+    forward_group.add(module.register_forward_hook(_done(recorder)))
+    forward_group.add(module.register_forward_hook(_post(recorder), with_kwargs=True, always_call=True))
+    install_grad_hooks(module, prefix, recorder, grad_group)
 
 
 def _pre(recorder, prefix: str):
     def pre_hook(module, args, kwargs):
         return recorder.module_pre(module, prefix, args, kwargs)
     return pre_hook
+
+
+def _done(recorder):
+    def done_hook(module, args, output):
+        recorder.module_done(module)
+    return done_hook
 
 
 def _post(recorder):

@@ -18,11 +18,14 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
+from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
-from msprobe.pytorch.leaves import LeafBuilder
+from msprobe.pytorch.leaves import LeafBuilder, is_structseq
+from msprobe.pytorch.payload import tensor_bytes
 from store import schema
 from store.records import Call, Leaf
 
@@ -43,10 +46,24 @@ class _ApiPlan:
 
 
 class ModuleFrame:
-    """A module forward in progress (the innermost one parents API calls)."""
+    """A module forward in progress (the innermost one parents API calls).
+
+    ``keep_fwd``/``keep_bwd``: the module's forward/backward name matched the ``list`` at
+    level mix, so everything running inside is kept (spec 5.5); ``scope_end``: the
+    module is the scope's last entry, which closes when it finishes."""
 
     __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
-                 "pending", "originals", "want_fwd", "recompute")
+                 "pending", "originals", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end",
+                 "done")
+
+
+class _ScopeEnd:
+    """Placeholder frame of an unrecorded module that is the scope's last entry."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class Recorder:
@@ -60,50 +77,131 @@ class Recorder:
         cfg = session.config
         self.session = session
         self.dm = session.data_mode
-        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
+        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
+                                  capture=self._capture if session.stores_tensors else None)
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
+        self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
+        self.scope = ScopeRange.from_config(cfg.scope)
+        self.list_inside = cfg.level == "mix" and bool(cfg.list)
+        self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
+        self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
+        self.gatherer: Optional[AsyncGatherer] = None
+        if cfg.async_dump:
+            self.gatherer = AsyncGatherer(session.emit, session.put_payload if session.stores_tensors else None,
+                                          md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
+            self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
         self._warned = False
         session.add_flush_hook(self.flush_deferred)
 
+    def emit(self, call: Call) -> None:
+        """Hand ``call`` to the session; held back until :meth:`drain` with async_dump, or
+        queued while device statistics are pending (queued entries keep their order)."""
+        if self.gatherer is not None:
+            self.gatherer.add(call)
+        elif len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves):
+            if self.deferred.add(call, list(call.leaves)):
+                self.flush_deferred()
+        else:
+            self.session.emit(call)
+
+    def drain(self) -> None:
+        """async_dump: resolve and emit the held calls (at stop()/step())."""
+        if self.gatherer is None:
+            return
+        tls = self.session._tls
+        prev = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            self.gatherer.drain()
+        except Exception as exc:
+            self.internal_error(exc)
+        finally:
+            tls.busy = prev
+
+    def _capture(self, t: torch.Tensor) -> Optional[str]:
+        """Task tensor: store ``t``'s values now (before the call runs: in-place safe)."""
+        snap = tensor_bytes(t)
+        if snap is None:
+            return None
+        return self.session.put_payload(*snap)
+
     # --- per-thread state -------------------------------------------------------------------
     def frames(self) -> list:
-        tls = self.session._tls
-        stack = getattr(tls, "frames", None)
+        local = self.session.local
+        stack = getattr(local, "frames", None)
         if stack is None:
-            stack = tls.frames = []
+            stack = local.frames = []
         return stack
 
     def parent(self) -> Optional[str]:
-        stack = getattr(self.session._tls, "frames", None)
+        stack = getattr(self.session.local, "frames", None)
         if stack:
             for frame in reversed(stack):
-                if frame is not None:
+                if type(frame) is ModuleFrame:
                     return frame.name
         return None
+
+    def _kept_inside(self) -> tuple[bool, bool]:
+        """``(forward, backward)``: a running module matched the ``list`` at mix (spec 5.5)."""
+        fwd = bwd = False
+        if self.list_inside:
+            for frame in getattr(self.session.local, "frames", None) or ():
+                if type(frame) is ModuleFrame:
+                    fwd |= frame.keep_fwd
+                    bwd |= frame.keep_bwd
+        return fwd, bwd
+
+    def _wanted(self, fwd: str, bwd: str) -> tuple[bool, bool]:
+        """Whether the forward and the backward entry of a call starting now are recorded:
+        data_mode, scope (entered here: inclusive, backward follows forward) and list."""
+        s, dm = self.session, self.dm
+        if not self.scope.enter(fwd):
+            return False, False
+        inside_fwd, inside_bwd = self._kept_inside()
+        want_fwd = dm.forward and (inside_fwd or s.accepts(fwd))
+        want_bwd = dm.backward and (inside_bwd or s.accepts(bwd)) and BackwardTaps.active()
+        return want_fwd, want_bwd
 
     # --- API calls ----------------------------------------------------------------------------
     def record_api(self, original: Any, family: str, key: str, args: tuple, kwargs: dict) -> Any:
         """Run ``original(*args, **kwargs)`` recording it as ``{key}.{n}.forward`` (and its
         backward). Exceptions of ``original`` propagate unchanged."""
         tls = self.session._tls
+        if self.exclusive is not None:  # module_dump window: no API is recorded
+            return original(*args, **kwargs)
         tls.busy = True
+        self._closing = None
         try:
             try:
                 plan = self._api_before(family, key, args, kwargs)
             except Exception as exc:
                 self.internal_error(exc)
                 plan = None
+            closing = self._closing
             if plan is None:
-                return original(*args, **kwargs)
-            out = original(*plan.args, **plan.kwargs)
+                out = original(*args, **kwargs)
+                if closing is not None:
+                    self.scope.exit(closing)
+                return out
+            if getattr(original, "__msprobe_original__", None) is not None:
+                tls.busy = False  # another debugger's wrapper: let it record the call too
+                try:
+                    out = original(*plan.args, **plan.kwargs)
+                finally:
+                    tls.busy = True
+            else:
+                out = original(*plan.args, **plan.kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
                 self.internal_error(exc)
-                return _unview(out, plan.originals)
+                return _unview(out, plan.originals.originals if plan.originals is not None else None)
+            finally:
+                if closing is not None:
+                    self.scope.exit(closing)
         finally:
             tls.busy = False
 
@@ -112,8 +210,9 @@ class Recorder:
         n = s.api_counter.next(key)
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        if fwd == self.scope.last:
+            self._closing = fwd
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         plan = _ApiPlan()
@@ -126,13 +225,13 @@ class Recorder:
             self.leaves.sequence("input_args", args, leaves)
             self.leaves.mapping("input_kwargs", kwargs, leaves)
         plan.leaves = leaves
-        plan.args, plan.kwargs, plan.originals = args, kwargs, {}
+        plan.args, plan.kwargs, plan.originals = args, kwargs, None
         plan.pending = None
         if want_bwd:
             pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                       parent=to_backward(plan.parent), stack_id=plan.stack_id,
                                       keys=self._backward_keys())
-            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs)
+            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs, share=True)
             plan.pending = pending
         return plan
 
@@ -142,8 +241,7 @@ class Recorder:
         if plan.pending is not None:
             result = self.taps.tap_outputs(plan.pending, out, plan.originals)
             self._keep_pending(plan.pending)
-        elif plan.originals:
-            result = _unview(out, plan.originals)
+
         if plan.want_fwd:
             keys = []
             if dm.allows("forward", "input"):
@@ -171,18 +269,21 @@ class Recorder:
         s = self.session
         tls = s._tls
         stack = self.frames()
-        if not s.recording or getattr(tls, "busy", False):
+        if not s.recording or getattr(tls, "busy", False) or (self.exclusive is not None and prefix != self.exclusive):
             stack.append(None)
             return None
         tls.busy = True
         pushed = False
+        self._closing = None
         try:
             frame = self._module_frame(module, prefix, args, kwargs)
+            if frame is None and self._closing is not None:
+                frame = _ScopeEnd(self._closing)
             stack.append(frame)
             pushed = True
-            if frame is None or frame.pending is None:
+            if type(frame) is not ModuleFrame or frame.pending is None:
                 return None
-            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs)
+            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs, share=True)
             if new_args is args and new_kwargs is kwargs:
                 return None
             return new_args, new_kwargs
@@ -199,8 +300,8 @@ class Recorder:
         n = s.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and BackwardTaps.active()
+        self._closing = fwd if fwd == self.scope.last else None
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         frame = ModuleFrame()
@@ -209,7 +310,11 @@ class Recorder:
         frame.stack_id = s.stacks.capture()
         frame.recompute = in_recompute()
         frame.want_fwd = want_fwd
-        frame.originals = {}
+        frame.done = False
+        frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
+        frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
+        frame.scope_end = self._closing is not None
+        frame.originals = None
         leaves: list[Leaf] = []
         if want_fwd:
             if dm.allows("forward", "input"):
@@ -224,18 +329,33 @@ class Recorder:
                                             api_type=prefix.split(".", 1)[0], parent=to_backward(frame.parent),
                                             stack_id=frame.stack_id, keys=self._backward_keys())
         self.modules_seen.add(prefix)
+        if want_bwd:
+            self.modules_bwd.add(prefix)
         return frame
+
+    def module_done(self, module: torch.nn.Module) -> None:
+        """Plain forward hook body: the forward of the innermost module returned normally."""
+        stack = getattr(self.session.local, "frames", None)
+        if stack and type(stack[-1]) is ModuleFrame and stack[-1].module_id == id(module):
+            stack[-1].done = True
 
     def module_post(self, module: torch.nn.Module, output: Any) -> Any:
         """Forward hook body (also runs when forward raised); returns a substitute output or None."""
         s = self.session
         tls = s._tls
-        stack = getattr(tls, "frames", None)
+        stack = getattr(s.local, "frames", None)
         if not stack:
             return None
         frame = stack.pop()
         if frame is None:
             return None
+        if type(frame) is _ScopeEnd:
+            self.scope.exit(frame.name)
+            return None
+        if frame.scope_end:
+            self.scope.exit(frame.name)
+        if not frame.done:
+            return None  # the forward raised: no entry (its output is unknown)
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
@@ -270,10 +390,10 @@ class Recorder:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.modules_seen or s.failed or not self.dm.allows_parameters_grad():
+        if prefix not in self.modules_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
-        if not s.accepts(name):
+        if not (prefix in self.modules_bwd or s.accepts(name)):
             return
         tls = s._tls
         prev = getattr(tls, "busy", False)
@@ -310,7 +430,12 @@ class Recorder:
             if grad is not None and isinstance(grad, torch.Tensor):
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
-                    grads[p] = first if p == paths[0] else _with_path(first, p)
+                    if p == paths[0]:
+                        grads[p] = first
+                    elif self.gatherer is None:
+                        grads[p] = _with_path(first, p)
+                    else:  # async placeholders are resolved by identity: one per slot
+                        grads[p] = self.leaves.tensor_leaf(side, p, grad)
             if side == "output":
                 pending.fired_out += 1
                 complete = pending.fired_out >= pending.expect_out
@@ -340,19 +465,12 @@ class Recorder:
                 if not pending.done and self.session.open_step(pending.step):
                     self._emit_pending(pending)
             self.pending.clear()
+            self.drain()
             self.modules_seen.clear()
-            self.leaves.cache.clear()
+            self.modules_bwd.clear()
+            self.scope.reset()
         finally:
             tls.busy = prev
-
-    def emit(self, call: Call) -> None:
-        """Hand ``call`` to the session, or queue it while device statistics are pending
-        (queued entries keep their order)."""
-        if len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves):
-            if self.deferred.add(call, list(call.leaves)):
-                self.flush_deferred()
-        else:
-            self.session.emit(call)
 
     def flush_deferred(self) -> None:
         """Resolve queued device statistics in one transfer per device and emit the entries."""
@@ -375,8 +493,7 @@ class Recorder:
             self._warned = True
             logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
                          exc_info=exc)
-        self.session.recording = False
-        self.session.failed = True
+        self.session.disable()
 
 
 def _with_path(leaf, path: tuple):
@@ -386,7 +503,8 @@ def _with_path(leaf, path: tuple):
 
 
 def _as_list(out: Any) -> list:
-    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields") or type(out).__module__ == "torch.return_types":
+    """dump.json ``output`` is always a list: tuples, lists and structseqs give their items."""
+    if isinstance(out, (list, tuple)) and (not hasattr(out, "_fields") or is_structseq(out)):
         return list(out)
     return [out]
 

@@ -22,8 +22,8 @@ Example: ``torch.tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Nor
 """
 from __future__ import annotations
 
+import ctypes
 import math
-import weakref
 import zlib
 from typing import Optional
 
@@ -37,6 +37,28 @@ _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                            torch.int32, torch.int64, torch.uint8})
 _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
+_NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
+             torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+             torch.uint8: np.uint8, torch.bool: np.bool_,
+             torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
+def host_array(x: torch.Tensor) -> np.ndarray:
+    """A flat numpy view of a CPU tensor's values, valid while ``x`` lives.
+
+    ``Tensor.numpy()`` is not used on purpose: it marks the tensor's storage as not
+    resizable for ever, which breaks code that frees storages by resizing them (FSDP).
+    Non-contiguous tensors (and conj/neg views) are copied first.
+    """
+    x = x.resolve_conj().resolve_neg()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    n = x.numel()
+    if n == 0:
+        return np.empty(0, dtype=_NUMPY_OF[x.dtype])
+    buf = (ctypes.c_char * (n * x.element_size())).from_address(x.data_ptr())
+    buf._owner = x  # the array's base keeps the tensor (maybe a fresh contiguous copy) alive
+    return np.frombuffer(buf, dtype=_NUMPY_OF[x.dtype], count=n)
 
 
 class TensorStats:
@@ -106,96 +128,38 @@ def _host_stats(x: torch.Tensor) -> list[float]:
     """Max, Min, Mean, Norm of a CPU tensor, single-threaded and exact where it matters.
 
     * Max/Min: numpy over the source values (exact; NaN propagates);
-    * Mean: numpy sums accumulated in float64, chunk by chunk (no full float64 copy);
+    * Mean: numpy sum accumulated in float64 (buffered cast, no full float64 copy);
     * Norm: float32 sources (fp16/bf16 are widened to float32 first) use PyTorch's cascade
       summation in float32, re-done in float64 if that overflows while the data is finite;
       float64 and integer sources use float64.
 
-    Complex tensors go through ``|z|``. numpy only ever sees msprobe's own buffer, filled
-    with ``_CHUNK`` elements at a time: ``Tensor.numpy()`` makes a tensor's storage
-    non-resizable for good, and FSDP frees parameter storage by resizing it to 0 (recording
-    made FSDP's backward fail).
+    Complex tensors go through ``|z|``.
     """
     if x.is_complex():
         x = x.abs()
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.to(_F32)
     x = x.resolve_conj().resolve_neg()
-    flat = x.reshape(-1)
-    n = flat.numel()
-    buf = torch.empty(min(n, _CHUNK), dtype=flat.dtype)
-    mx = mn = None
-    total = 0.0
-    squares = 0.0
-    wide = x.dtype != _F32
+    a = host_array(x)
     with np.errstate(all="ignore"):
-        for a in _host_chunks(flat, buf):
-            cmx, cmn = np.maximum.reduce(a), np.minimum.reduce(a)
-            mx = cmx if mx is None else np.maximum(mx, cmx)
-            mn = cmn if mn is None else np.minimum(mn, cmn)
-            total += float(np.add.reduce(a, dtype=np.float64))
-            if wide:
-                c = a.astype(np.float64)
-                squares += float(np.dot(c, c))
-        mx, mn = float(mx), float(mn)
-        if wide:
-            norm = math.sqrt(squares)
-        else:
+        mx = float(np.maximum.reduce(a))
+        mn = float(np.minimum.reduce(a))
+        mean = float(np.add.reduce(a, dtype=np.float64)) / a.size
+        if x.dtype == _F32:
             norm = float(torch.linalg.vector_norm(x))
             if math.isinf(norm) and math.isfinite(mx) and math.isfinite(mn):
-                norm = math.sqrt(sum(float(np.dot(c, c)) for c in
-                                     (a.astype(np.float64) for a in _host_chunks(flat, buf))))
-    return [mx, mn, total / n, norm]
+                norm = _norm64(a)
+        else:
+            norm = _norm64(a)
+    return [mx, mn, mean, norm]
 
 
-def _host_chunks(flat: torch.Tensor, buf: torch.Tensor):
-    """Yield numpy views of ``buf`` holding consecutive ``_CHUNK``-element pieces of the
-    1-d CPU tensor ``flat`` (copied: numpy never touches ``flat``'s storage)."""
-    for start in range(0, flat.numel(), _CHUNK):
-        part = flat[start:start + _CHUNK]
-        dst = buf[:part.numel()]
-        dst.copy_(part)
-        yield dst.numpy()
-
-
-class StatsCache:
-    """Remembers the statistics of tensors still alive, so a tensor recorded twice
-    (one op's output is the next op's input, usually through a view of it) is reduced once.
-
-    Keyed by ``(data_ptr, shape, stride, dtype, device)``; an entry holds a weak reference to
-    the tensor it was computed on and that tensor's version counter (shared with its
-    views): while the tensor lives its memory cannot be reused, and an in-place change
-    bumps the version, so a hit always describes the same bytes.
-    """
-
-    __slots__ = ("_entries", "_limit")
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._entries: dict[tuple, tuple] = {}
-        self._limit = limit
-
-    def stats(self, t: torch.Tensor) -> "TensorStats":
-        """``tensor_stats(t)``, from the cache when possible."""
-        if not has_data(t) or t.is_inference():  # inference tensors have no version counter
-            return tensor_stats(t)
-        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
-        hit = self._entries.get(key)
-        version = t._version
-        if hit is not None:
-            ref, ver, st = hit
-            if ver == version and ref() is not None:
-                return st
-        st = tensor_stats(t)
-        if len(self._entries) >= self._limit:
-            self._entries.clear()
-        try:
-            self._entries[key] = (weakref.ref(t), version, st)
-        except TypeError:
-            pass
-        return st
-
-    def clear(self) -> None:
-        self._entries.clear()
+def _norm64(a: np.ndarray) -> float:
+    squares = 0.0
+    for start in range(0, a.size, _CHUNK):
+        c = a[start:start + _CHUNK].astype(np.float64)
+        squares += float(np.dot(c, c))
+    return math.sqrt(squares)
 
 
 def _except_inf_nan(x: torch.Tensor, s: TensorStats) -> None:
@@ -228,9 +192,8 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
         x = t.detach()
         if x.dtype == torch.bfloat16:
             x = x.to(_F32)
-        src = t.untyped_storage().data_ptr() if t.device.type == "cpu" else None
-        x = x.resolve_conj().resolve_neg().cpu().contiguous()
-        if x.untyped_storage().data_ptr() == src:
-            x = x.clone()  # numpy() would make the caller's storage non-resizable
-        arr = np.ascontiguousarray(x.numpy())
-    return format(zlib.crc32(arr.view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
+        x = x.cpu()
+        if x.dtype not in _NUMPY_OF:
+            return None
+        arr = host_array(x)
+        return format(zlib.crc32(arr.view(np.uint8)) & 0xFFFFFFFF, "08x")

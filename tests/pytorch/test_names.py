@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ModuleOP, load_dump
+from pt_helpers import ModuleOP, load_dump
 from msprobe.core.errors import ConfigError
 from msprobe.pytorch import PrecisionDebugger
 
@@ -102,3 +102,88 @@ def test_hooks_removed_on_close(tmp_path):
     assert F.linear is original
     assert torch.Tensor.__add__ is orig_add
     assert not m.linear_1._forward_pre_hooks and not m.linear_1._forward_hooks
+
+
+def test_inplace_relu_after_linear_keeps_backward(tmp_path):
+    """nn.ReLU(inplace=True) modifies the Linear's output in place: the backward entries of
+    both still arrive, with the gradients autograd computes."""
+    import torch.nn as nn
+    from pt_helpers import assert_record
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    x = torch.randn(5, 8)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(net)
+    net(x).sum().backward()
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    for name in ("Module.0.Linear.backward.0", "Module.1.ReLU.backward.0", "Module.2.Linear.backward.0",
+                 "Functional.relu.0.backward", "Functional.linear.0.backward"):
+        assert name in data, name
+    # independent: gradient w.r.t. the first Linear's output
+    w0, b0 = net[0].weight.detach(), net[0].bias.detach()
+    h = torch.nn.functional.linear(x, w0, b0).requires_grad_()
+    out = net[2](torch.relu(h)).sum()
+    (g_h,) = torch.autograd.grad(out, h)
+    assert_record(data["Module.0.Linear.backward.0"]["input"][0], g_h)
+    assert_record(data["Module.1.ReLU.backward.0"]["output"][0], g_h)
+
+
+def test_inference_mode_forward_does_not_stop_recording(tmp_path):
+    torch.manual_seed(0)
+    m = ModuleOP()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(m)
+    with torch.inference_mode():
+        m(torch.randn(2, 8))
+    m(torch.randn(2, 8)).sum().backward()
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert "Module.linear_1.Linear.forward.1" in data and "Module.linear_1.Linear.backward.1" in data
+
+
+def test_two_active_debuggers_record_no_internal_ops(tmp_path):
+    a = PrecisionDebugger(dump_path=str(tmp_path / "a"), level="L1")
+    b = PrecisionDebugger(dump_path=str(tmp_path / "b"), level="L1")
+    a.start()
+    b.start()
+    torch.ones(2).add(1)
+    b.stop()
+    a.stop()
+    a.close()
+    b.close()
+    assert set(load_dump(tmp_path / "a")[0]["data"]) == {"Tensor.add.0.forward"}
+    assert set(load_dump(tmp_path / "b")[0]["data"]) == {"Tensor.add.0.forward"}
+
+
+def test_module_forward_that_raises_is_not_recorded(tmp_path):
+    import torch.nn as nn
+
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.boom = Boom()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            try:
+                return self.boom(x)
+            except ValueError:
+                return self.lin(x)
+
+    net = Net()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    dbg.start(net)
+    net(torch.ones(1, 2))
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert "Module.lin.Linear.forward.0" in data
+    assert not any(k.startswith("Module.boom") for k in data)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ModuleOP, load_dump
+from pt_helpers import ModuleOP, load_dump
 from msprobe.cli import main as cli_main
 from msprobe.core.errors import ConfigError
 from msprobe.pytorch import PrecisionDebugger

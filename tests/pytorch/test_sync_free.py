@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import ModuleOP, load_dump
+from pt_helpers import ModuleOP, load_dump
 from msprobe.pytorch import PrecisionDebugger
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ModuleOP, assert_record, load_dump
+from pt_helpers import ModuleOP, assert_record, load_dump
 from msprobe.pytorch import PrecisionDebugger
 
 
@@ -173,3 +173,18 @@ def test_non_tensor_records(tmp_path):
     assert not any(k.startswith("Tensor.to.") for k in data)
     c = data["Torch.cat.0.forward"]["input_args"]
     assert len(c[0]) == 2 and c[0][0]["shape"] == [3, 4]
+
+
+def test_recording_leaves_storages_resizable(tmp_path):
+    """Tensor.numpy() would pin storages for ever; FSDP frees storages by resizing them."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"task": "statistics", "dump_path": "%s", "level": "L1", '
+                   '"statistics": {"summary_mode": "md5"}}' % (tmp_path / "d"))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    x = torch.randn(16)
+    dbg.start()
+    y = torch.tanh(x)
+    dbg.stop()
+    dbg.close()
+    x.untyped_storage().resize_(0)
+    y.untyped_storage().resize_(0)

@@ -1,0 +1,18 @@
+"""The per-thread "inside msprobe" flag shared by every session in the process.
+
+While a thread runs msprobe's own code (statistics, views, hooks) or a recorded call, its
+``busy`` flag is set, and no wrapper of *any* debugger records what that thread calls:
+two debuggers recording at once never record each other's internal operations (and only
+the outermost API call is recorded, spec section 2.1). This is the only process-wide
+object msprobe has; it holds no configuration and no data, only this flag per thread.
+"""
+from __future__ import annotations
+
+import threading
+
+INSIDE = threading.local()
+
+
+def is_busy() -> bool:
+    """True while this thread runs msprobe's own code or a recorded call."""
+    return getattr(INSIDE, "busy", False)

@@ -1,0 +1,367 @@
+"""Tensor payloads (task ``tensor``): content-addressed safetensors shards beside the log.
+
+Layout: ``{dump_path}/.msprobe/payload/rank{R}.{pid}.{time_ns}.{shard:05d}.safetensors``.
+Each shard is a plain safetensors file (8-byte little-endian header length, JSON header,
+data) readable by any safetensors reader. Every tensor is stored under its content key
+(``blake2b`` of dtype, shape and bytes, 32 hex digits); the shard's ``__metadata__`` maps
+each key to ``"{dtype}|{shape as JSON}"`` with the framework's own dtype spelling
+(``"torch.bfloat16"``, ``"Float16"``), so that dtypes safetensors lacks (complex) still
+round-trip: their bytes are stored as ``U8``.
+
+A record references a payload as ``"{shard file name}:{key}"`` (log column ``payload``).
+Identical bytes (one op's output is the next op's input; a parameter seen every step) are
+stored once and referenced again: :meth:`PayloadWriter.put` returns the earlier reference.
+
+Threads. :meth:`PayloadWriter.put` hashes the bytes in the caller's thread (``hashlib``
+releases the GIL on large buffers) and hands them to one background thread through a
+bounded queue (back-pressure: a full queue blocks the caller instead of growing memory).
+The background thread collects a shard in memory and writes it atomically (temporary
+name, then rename) when it exceeds ``shard_bytes`` or at :meth:`PayloadWriter.flush`.
+A shard not yet written when the process dies is lost; references to it are reported by
+the exporter as missing payloads.
+
+Nothing here imports a deep-learning framework: callers pass raw C-order bytes, a dtype
+string and a shape.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from store import schema as S
+from store.errors import PayloadDamagedError, StoreError, StoreWriteError
+from store.fileutil import FILE_MODE, make_dirs
+
+__all__ = ["PAYLOAD_DIR", "Payload", "PayloadReader", "PayloadWriter", "SAFETENSORS_DTYPES"]
+
+PAYLOAD_DIR = "payload"
+SHARD_SUFFIX = ".safetensors"
+
+#: dtype strings (PyTorch and MindSpore spellings) → (safetensors dtype, item size in bytes).
+#: Any other dtype (complex, ...) is stored as ``U8`` bytes; its real dtype is in metadata.
+SAFETENSORS_DTYPES: dict[str, tuple[str, int]] = {}
+for _names, _code, _size in (
+    (("torch.float64", "Float64", "float64"), "F64", 8),
+    (("torch.float32", "Float32", "float32"), "F32", 4),
+    (("torch.float16", "Float16", "float16"), "F16", 2),
+    (("torch.bfloat16", "BFloat16", "bfloat16"), "BF16", 2),
+    (("torch.int64", "Int64", "int64"), "I64", 8),
+    (("torch.int32", "Int32", "int32"), "I32", 4),
+    (("torch.int16", "Int16", "int16"), "I16", 2),
+    (("torch.int8", "Int8", "int8"), "I8", 1),
+    (("torch.uint8", "UInt8", "uint8"), "U8", 1),
+    (("torch.uint16", "UInt16", "uint16"), "U16", 2),
+    (("torch.uint32", "UInt32", "uint32"), "U32", 4),
+    (("torch.uint64", "UInt64", "uint64"), "U64", 8),
+    (("torch.bool", "Bool", "bool"), "BOOL", 1),
+):
+    for _name in _names:
+        SAFETENSORS_DTYPES[_name] = (_code, _size)
+
+
+def payload_dir(dump_path: Union[str, os.PathLike]) -> Path:
+    """``{dump_path}/.msprobe/payload``."""
+    return Path(dump_path) / S.STORE_DIR / PAYLOAD_DIR
+
+
+def content_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
+    """The content address of a payload: 32 hex digits of BLAKE2b over dtype, shape, bytes.
+
+    >>> content_key(b"", "torch.float32", (0,)) == content_key(b"", "torch.float32", (0,))
+    True
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{dtype}|{list(shape)}|".encode())
+    h.update(data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One stored tensor: C-order ``data`` bytes, ``dtype`` string, ``shape`` tuple."""
+
+    data: bytes
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple[bytes, list[bytes]]:
+    """Header bytes (length prefix included) and data pieces of a safetensors file."""
+    header: dict = {}
+    meta: dict[str, str] = {}
+    offset = 0
+    pieces = []
+    for key, dtype, shape, data in items:
+        code, size = SAFETENSORS_DTYPES.get(dtype, ("U8", 1))
+        numel = 1
+        for d in shape:
+            numel *= d
+        if code == "U8" and dtype not in SAFETENSORS_DTYPES or numel * size != len(data):
+            code, st_shape = "U8", [len(data)]
+        else:
+            st_shape = list(shape)
+        header[key] = {"dtype": code, "shape": st_shape, "data_offsets": [offset, offset + len(data)]}
+        meta[key] = f"{dtype}|{json.dumps(list(shape), separators=(',', ':'))}"
+        offset += len(data)
+        pieces.append(data)
+    header["__metadata__"] = meta
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, pieces
+
+
+class PayloadWriter:
+    """Stores tensor bytes of one rank in content-addressed safetensors shards.
+
+    Args:
+        dump_path: the dump directory; shards go to ``{dump_path}/.msprobe/payload/``
+            (directories mode 0o750, files 0o640, created at the first shard write).
+        rank: rank in the shard file names.
+        queue_size: bound of the queue to the background thread (unit: payloads); a full
+            queue blocks :meth:`put`. Must be >= 1.
+        shard_bytes: a shard is written once its data exceeds this size (unit: bytes).
+            Must be >= 1.
+
+    Raises:
+        ValueError: a bound < 1.
+
+    Example::
+
+        with PayloadWriter("/tmp/dump", rank=0) as w:
+            ref = w.put(b"\\x00\\x00\\x80\\x3f", "torch.float32", (1,))
+            assert w.put(b"\\x00\\x00\\x80\\x3f", "torch.float32", (1,)) == ref  # stored once
+            w.flush()                                   # shard on disk now
+        PayloadReader("/tmp/dump").read(ref).data == b"\\x00\\x00\\x80\\x3f"
+    """
+
+    def __init__(
+        self,
+        dump_path: Union[str, os.PathLike],
+        rank: int,
+        *,
+        queue_size: int = 64,
+        shard_bytes: int = 256 << 20,
+    ) -> None:
+        if int(queue_size) < 1:
+            raise ValueError(f"queue_size: got {queue_size!r}; allowed: an int >= 1")
+        if int(shard_bytes) < 1:
+            raise ValueError(f"shard_bytes: got {shard_bytes!r}; allowed: an int >= 1")
+        self._dir = payload_dir(dump_path)
+        self._stem = f"rank{int(rank)}.{os.getpid()}.{time.time_ns()}"
+        self._shard_bytes = int(shard_bytes)
+        self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
+        self._lock = threading.Lock()
+        self._index: dict[str, str] = {}  # key -> ref
+        self._shard = 0
+        self._shard_fill = 0
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self.stored_bytes = 0      #: unique payload bytes handed to the writer (unit: bytes)
+        self.referenced_bytes = 0  #: bytes of every put, duplicates included (unit: bytes)
+        self._thread = threading.Thread(target=self._run, name="msprobe-payload-writer", daemon=True)
+        self._thread.start()
+
+    # --- caller side -----------------------------------------------------------------
+    def shard_name(self, index: int) -> str:
+        """File name of shard ``index``."""
+        return f"{self._stem}.{index:05d}{SHARD_SUFFIX}"
+
+    def put(self, data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
+        """Store one tensor; returns its reference ``"{shard}:{key}"``.
+
+        Args:
+            data: the tensor's C-order bytes (copied before return is not required: the
+                writer keeps ``bytes(data)``).
+            dtype: the framework's dtype string (``"torch.float16"``).
+            shape: the tensor's shape (``()`` for 0-dim).
+
+        Raises:
+            StoreWriteError: the background thread failed earlier, or the writer is closed.
+        """
+        self._raise_if_failed()
+        shape = tuple(int(d) for d in shape)
+        key = content_key(data, dtype, shape)
+        with self._lock:
+            self.referenced_bytes += len(data)
+            ref = self._index.get(key)
+            if ref is not None:
+                return ref
+            ref = f"{self.shard_name(self._shard)}:{key}"
+            self._index[key] = ref
+            self.stored_bytes += len(data)
+            self._shard_fill += len(data)
+            item = ("put", self._shard, key, dtype, shape, bytes(data))
+            seal = self._shard_fill >= self._shard_bytes
+            shard = self._shard
+            if seal:
+                self._shard += 1
+                self._shard_fill = 0
+            self._queue.put(item)
+            if seal:
+                self._queue.put(("seal", shard, None))
+        return ref
+
+    def flush(self) -> None:
+        """Write the current shard and wait until every payload put so far is on disk.
+
+        Raises:
+            StoreWriteError: a shard could not be written.
+        """
+        if self._closed:
+            self._raise_if_failed()
+            return
+        done = threading.Event()
+        with self._lock:
+            shard = self._shard
+            if self._shard_fill:
+                self._shard += 1
+                self._shard_fill = 0
+            self._queue.put(("seal", shard, done))
+        done.wait()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Flush and stop the background thread (idempotent).
+
+        Raises:
+            StoreWriteError: the final write failed.
+        """
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._queue.put(("stop", -1, None))
+            self._thread.join()
+
+    def __enter__(self) -> "PayloadWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise StoreWriteError(f"payload writer failed: {self._error}") from self._error
+        if self._closed:
+            raise StoreWriteError("payload writer is closed")
+
+    # --- background thread ----------------------------------------------------------
+    def _run(self) -> None:
+        shards: dict[int, list] = {}
+        while True:
+            item = self._queue.get()
+            op = item[0]
+            if op == "stop":
+                return
+            if op == "put":
+                _, shard, key, dtype, shape, data = item
+                shards.setdefault(shard, []).append((key, dtype, shape, data))
+                continue
+            _, shard, done = item
+            try:
+                for index in sorted(k for k in shards if k <= shard):
+                    items = shards.pop(index)
+                    if self._error is None:
+                        self._write_shard(index, items)
+            except BaseException as exc:  # reported to the caller by put/flush
+                self._error = exc
+            finally:
+                if done is not None:
+                    done.set()
+
+    def _write_shard(self, index: int, items: list) -> None:
+        make_dirs(self._dir)
+        target = self._dir / self.shard_name(index)
+        tmp = target.with_name(f".{target.name}.tmp")
+        head, pieces = _encode_shard(items)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), FILE_MODE)
+                fh.write(head)
+                for piece in pieces:
+                    fh.write(piece)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+class PayloadReader:
+    """Reads payloads by reference from the shards under ``{dump_path}/.msprobe/payload``.
+
+    Args:
+        dump_path: the dump directory.
+
+    Example: ``PayloadReader(dump).read("rank0.1.2.00000.safetensors:ab…")`` →
+    ``Payload(data=b"…", dtype="torch.float32", shape=(2, 3))``.
+    """
+
+    def __init__(self, dump_path: Union[str, os.PathLike]) -> None:
+        self._dir = payload_dir(dump_path)
+        self._headers: dict[str, tuple[int, dict]] = {}
+
+    def _header(self, shard: str) -> tuple[int, dict]:
+        cached = self._headers.get(shard)
+        if cached is None:
+            if "/" in shard or "\\" in shard or shard.startswith("."):
+                raise StoreError(f"payload shard: got {shard!r}; allowed: a shard file name")
+            with open(self._dir / shard, "rb") as fh:
+                head = fh.read(8)
+                if len(head) != 8:
+                    raise PayloadDamagedError(f"payload shard {shard!r} truncated: {len(head)} of 8 header-length bytes")
+                (length,) = struct.unpack("<Q", head)
+                text = fh.read(min(length, 1 << 30))
+            try:
+                header = json.loads(text)
+                if not isinstance(header, dict):
+                    raise ValueError(f"header is a JSON {type(header).__name__}, not an object")
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                raise PayloadDamagedError(f"payload shard {shard!r} has a damaged header: {exc}") from None
+            cached = self._headers[shard] = (8 + length, header)
+        return cached
+
+    def read(self, ref: str) -> Payload:
+        """The payload of ``ref`` (``"{shard}:{key}"``).
+
+        Raises:
+            FileNotFoundError: the shard is missing (never written: the process died first).
+            StoreError: a malformed reference.
+            PayloadDamagedError: the shard is truncated or corrupted (the bytes are checked
+                against their content key), or the key is not in it.
+        """
+        shard, sep, key = ref.partition(":")
+        if not sep or not key:
+            raise StoreError(f"payload reference: got {ref!r}; allowed: 'SHARD:KEY'")
+        start, header = self._header(shard)
+        info = header.get(key)
+        meta = header.get("__metadata__", {}).get(key)
+        if info is None or meta is None:
+            raise PayloadDamagedError(f"payload {key!r} not found in shard {shard!r}")
+        try:
+            dtype, _, shape_text = meta.partition("|")
+            begin, end = (int(v) for v in info["data_offsets"])
+            shape = tuple(int(v) for v in json.loads(shape_text))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise PayloadDamagedError(f"payload {key!r} in shard {shard!r}: damaged header entry ({exc})") from None
+        with open(self._dir / shard, "rb") as fh:
+            fh.seek(start + begin)
+            data = fh.read(max(end - begin, 0))
+        if len(data) != end - begin:
+            raise PayloadDamagedError(f"payload {key!r} truncated in shard {shard!r}")
+        if content_key(data, dtype, shape) != key:  # the key is the hash of the content
+            raise PayloadDamagedError(f"payload {key!r} in shard {shard!r} is corrupted: its bytes do not match their key")
+        return Payload(data=data, dtype=dtype, shape=shape)

@@ -1,0 +1,133 @@
+"""Damaged payload shards (issue 6, item 2): a truncated or corrupted shard, or a damaged
+header, gives a PayloadDamagedError naming shard and key (never another exception); the
+exporter skips just those tensor files, writes every other one and logs each skip."""
+from __future__ import annotations
+
+import logging
+import struct
+
+import pytest
+
+from store.errors import PayloadDamagedError, StoreError
+from store.export import export_tensors
+from store.payload_writer import PayloadReader, PayloadWriter, content_key, payload_dir
+
+A = (b"\x00\x00\x80\x3f" * 4, "torch.float32", (4,))   # four 1.0
+B = (b"\x00\x00\x00\x40" * 6, "torch.float32", (2, 3))  # six 2.0
+
+
+def shard_with_two(tmp_path):
+    with PayloadWriter(tmp_path, rank=0) as writer:
+        refs = [writer.put(*A), writer.put(*B)]
+    (shard,) = payload_dir(tmp_path).iterdir()
+    return shard, refs
+
+
+def test_intact_shard_reads_back(tmp_path):
+    shard, refs = shard_with_two(tmp_path)
+    reader = PayloadReader(tmp_path)
+    assert reader.read(refs[0]).data == A[0] and reader.read(refs[1]).shape == (2, 3)
+    assert refs[1].endswith(content_key(*B))
+
+
+def test_flipped_data_byte_is_detected_by_the_content_key(tmp_path):
+    shard, refs = shard_with_two(tmp_path)
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x01  # last byte belongs to the last tensor's data
+    shard.write_bytes(bytes(raw))
+    reader = PayloadReader(tmp_path)
+    damaged = [ref for ref in refs if _fails(reader, ref)]
+    assert len(damaged) == 1
+    with pytest.raises(PayloadDamagedError, match=r"is corrupted: its bytes do not match their key"):
+        reader.read(damaged[0])
+
+
+def _fails(reader, ref) -> bool:
+    try:
+        reader.read(ref)
+    except PayloadDamagedError:
+        return True
+    return False
+
+
+def test_truncated_shard_keeps_the_payloads_before_the_cut(tmp_path):
+    shard, refs = shard_with_two(tmp_path)
+    raw = shard.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    data_start = 8 + length
+    shard.write_bytes(raw[: data_start + 16])  # the first payload (16 bytes) stays whole
+    reader = PayloadReader(tmp_path)
+    readable = [ref for ref in refs if not _fails(reader, ref)]
+    assert len(readable) == 1 and reader.read(readable[0]).data in (A[0], B[0])
+    with pytest.raises(PayloadDamagedError, match="truncated"):
+        reader.read(next(ref for ref in refs if ref not in readable))
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "truncated: 0 of 8"),
+    (b"\x05\x00", "truncated: 2 of 8"),
+    (struct.pack("<Q", 12) + b'{"a": [1, 2', "damaged header"),
+    (struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc", "damaged header"),
+    (struct.pack("<Q", 2) + b"[]", "damaged header"),
+    (struct.pack("<Q", 10**12), "damaged header"),
+])
+def test_damaged_header_is_a_clear_error(tmp_path, content, words):
+    shard, refs = shard_with_two(tmp_path)
+    shard.write_bytes(content)
+    reader = PayloadReader(tmp_path)
+    for ref in refs:
+        with pytest.raises(PayloadDamagedError, match=words):
+            reader.read(ref)
+
+
+def test_damaged_header_entry_is_a_clear_error(tmp_path):
+    shard, refs = shard_with_two(tmp_path)
+    raw = shard.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = raw[8:8 + length].replace(b'"data_offsets":[', b'"data_offsets":["x",', 1)
+    shard.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + length:])
+    reader = PayloadReader(tmp_path)
+    errors = 0
+    for ref in refs:
+        try:
+            reader.read(ref)
+        except PayloadDamagedError as exc:
+            errors += 1
+            assert "damaged header entry" in str(exc)
+    assert errors == 1
+
+
+def test_exporter_skips_damaged_payloads_and_writes_the_rest(tmp_path, caplog):
+    import pyarrow as pa
+
+    from store import schema as S
+
+    shard, refs = shard_with_two(tmp_path)
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    reader = PayloadReader(tmp_path)
+    bad = next(ref for ref in refs if _fails(reader, ref))
+    good = next(ref for ref in refs if ref != bad)
+    refs_all = [good, bad, "no-colon", "missing.safetensors:" + "0" * 32]
+    names = [f"t{i}.pt" for i in range(len(refs_all))]
+    n = len(refs_all)
+    columns = {field.name: pa.nulls(n, field.type) for field in S.LOG_SCHEMA}
+    columns[S.ROW] = pa.array([S.ROW_LEAF] * n, S.LOG_SCHEMA.field(S.ROW).type)
+    columns[S.DATA_NAME] = pa.array(names, S.LOG_SCHEMA.field(S.DATA_NAME).type)
+    columns[S.PAYLOAD] = pa.array(refs_all, S.LOG_SCHEMA.field(S.PAYLOAD).type)
+    rows = pa.table(columns)
+    written = {}
+
+    def write_tensor(path, payload):
+        path.write_bytes(payload.data)
+        written[path.name] = payload.data
+
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    export_tensors(rows, reader, write_tensor, tmp_path / "out")
+    assert sorted((tmp_path / "out").iterdir()) == [tmp_path / "out" / "t0.pt"]
+    assert (tmp_path / "out" / "t0.pt").read_bytes() in (A[0], B[0])
+    skipped = [r.getMessage() for r in caplog.records if "not exported" in r.getMessage()]
+    assert len(skipped) == 3 and all(isinstance(m, str) for m in skipped)
+    assert any("is corrupted" in m for m in skipped)
+    assert issubclass(PayloadDamagedError, StoreError)

@@ -1,0 +1,86 @@
+"""store/payload_writer.py: content-addressed safetensors shards, read back through the
+reader and through the safetensors library itself."""
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from store.errors import StoreError, StoreWriteError
+from store.payload_writer import PayloadReader, PayloadWriter, content_key, payload_dir
+
+
+def test_round_trip_and_dedup(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([1 + 2j, -3j], dtype=np.complex64)
+    with PayloadWriter(tmp_path, rank=0) as w:
+        ra = w.put(a.tobytes(), "torch.float32", (2, 3))
+        rb = w.put(b.tobytes(), "torch.complex64", (2,))
+        assert w.put(a.tobytes(), "torch.float32", (2, 3)) == ra       # identical bytes: stored once
+        assert w.put(a.tobytes(), "torch.int32", (2, 3)) != ra         # same bytes, other dtype
+        assert w.stored_bytes == 24 + 16 + 24 and w.referenced_bytes == 24 * 3 + 16
+    r = PayloadReader(tmp_path)
+    pa_, pb = r.read(ra), r.read(rb)
+    assert (pa_.dtype, pa_.shape, pa_.data) == ("torch.float32", (2, 3), a.tobytes())
+    assert (pb.dtype, pb.shape) == ("torch.complex64", (2,))
+    assert np.array_equal(np.frombuffer(pb.data, np.complex64), b)
+    shards = sorted(payload_dir(tmp_path).iterdir())
+    assert len(shards) == 1 and stat.S_IMODE(shards[0].stat().st_mode) == 0o640
+    # a plain safetensors file: the library reads the float tensor under its content key
+    loaded = load_file(str(shards[0]))
+    key = ra.split(":")[1]
+    assert key == content_key(a.tobytes(), "torch.float32", (2, 3))
+    assert np.array_equal(loaded[key], a)
+    assert loaded[rb.split(":")[1]].dtype == np.uint8  # complex stored as bytes
+
+
+def test_shard_rollover_and_tiny_queue(tmp_path):
+    with PayloadWriter(tmp_path, rank=3, queue_size=1, shard_bytes=10) as w:
+        refs = [w.put(bytes([i]) * 8, "torch.uint8", (8,)) for i in range(5)]
+    shards = {ref.split(":")[0] for ref in refs}
+    assert len(shards) >= 3 and all(s.startswith("rank3.") for s in shards)
+    r = PayloadReader(tmp_path)
+    assert [r.read(ref).data for ref in refs] == [bytes([i]) * 8 for i in range(5)]
+
+
+def test_flush_makes_shard_visible_and_empty_tensor(tmp_path):
+    w = PayloadWriter(tmp_path, rank=0)
+    ref = w.put(b"", "torch.float16", (0, 4))
+    with pytest.raises(FileNotFoundError):
+        PayloadReader(tmp_path).read(ref)
+    w.flush()
+    p = PayloadReader(tmp_path).read(ref)
+    assert (p.data, p.shape) == (b"", (0, 4))
+    w.close()
+    w.close()  # idempotent
+    with pytest.raises(StoreWriteError, match="closed"):
+        w.put(b"x", "torch.uint8", (1,))
+
+
+def test_background_failure_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    w = PayloadWriter(blocker, rank=0)
+    w.put(b"abcd", "torch.float32", (1,))
+    with pytest.raises(StoreWriteError, match="payload writer failed"):
+        w.flush()
+    with pytest.raises(StoreWriteError):
+        w.put(b"efgh", "torch.float32", (1,))
+    with pytest.raises(StoreWriteError):
+        w.close()
+
+
+@pytest.mark.parametrize("ref", ["nocolon", "../x:abc", "shard:"])
+def test_bad_reference(tmp_path, ref):
+    with pytest.raises((StoreError, FileNotFoundError)):
+        PayloadReader(tmp_path).read(ref)
+
+
+def test_bad_bounds(tmp_path):
+    with pytest.raises(ValueError, match="queue_size"):
+        PayloadWriter(tmp_path, rank=0, queue_size=0)
+    with pytest.raises(ValueError, match="shard_bytes"):
+        PayloadWriter(tmp_path, rank=0, shard_bytes=0)
