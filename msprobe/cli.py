@@ -7,6 +7,12 @@
         from the log under DUMP_PATH; prints each directory written and each skipped part
     msprobe query DUMP_PATH "SQL" [--format table|csv|json]
         run SQL over the views tensors, calls, stacks (see store.query)
+    msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics] [--rank 0,2-3]
+        [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
+        [--format summary,csv,parquet,html]
+    msprobe compare TARGET --nan-origin
+        find the first divergence between two dumps (see msprobe.compare); exit status
+        0 no divergence, 1 divergence, 2 bad input
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
 log, a failed export or an invalid query (message on stderr). Imports no deep-learning
@@ -49,7 +55,56 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument(
         "--format", choices=FORMATS, default="table", help="output format (default: table)"
     )
+    _add_compare(commands)
     return parser
+
+
+def _add_compare(commands) -> None:
+    cmp = commands.add_parser("compare", help="find the first divergence between two dumps")
+    cmp.add_argument("target", metavar="TARGET", help="dump path, upstream dump directory or dump.json")
+    cmp.add_argument("baseline", metavar="BASELINE", nargs="?", default=None, help="the reference dump")
+    cmp.add_argument("-o", "--out", metavar="OUT", default=None, help="output directory (default: no files)")
+    cmp.add_argument("--mode", default="auto", help="auto, md5 or statistics (default auto = statistics)")
+    cmp.add_argument("--rank", default=None, help="ranks to compare, e.g. 0,2-3")
+    cmp.add_argument("--step", default=None, help="steps to compare, e.g. 0-4")
+    cmp.add_argument("--tol", default="strict", help="strict, loose, bitwise or DTYPE=RTOL[,...]")
+    cmp.add_argument("--loss-scale", default="1", help="divide target backward values by S")
+    cmp.add_argument("--first-only", action="store_true", help="outputs stop at each rank's first origin")
+    cmp.add_argument("--format", default=None, help="comma list of summary,csv,parquet,html,xlsx")
+    cmp.add_argument("--workers", type=int, default=1, help="accepted for compatibility (statistics run in SQL)")
+    cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
+                     "and non-finite outputs")
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from msprobe.compare import CompareInputError, compare
+    from msprobe.compare.outputs import console_summary
+
+    try:
+        if args.nan_origin:
+            from msprobe.compare.engine import nan_origin
+
+            if args.baseline is not None:
+                raise CompareInputError("--nan-origin takes one dump; got a BASELINE too")
+            result = nan_origin(args.target, ranks=args.rank, steps=args.step)
+            if args.out:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / "summary.json").write_text(json.dumps(result, indent=1))
+            for r in result["ranks"]:
+                f = r["first_origin"]
+                print(f"rank {r['rank']}: " + (f"first NaN/Inf origin {f['name']} (step {f['step']}, "
+                                               f"{f['direction']}) in {f['module']}" if f else "no NaN/Inf origin"))
+            return 1 if result["verdict"] == "nonfinite" else 0
+        if args.baseline is None:
+            raise CompareInputError("BASELINE missing: msprobe compare TARGET BASELINE (or TARGET --nan-origin)")
+        result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
+                         loss_scale=args.loss_scale, rank=args.rank, step=args.step,
+                         first_only=args.first_only, formats=args.format)
+    except CompareInputError as exc:
+        print(f"msprobe compare: error: {exc}", file=sys.stderr)
+        return 2
+    print(console_summary(result.summary))
+    return result.exit_code
 
 
 def _text(value: Any, *, null: str) -> str:
@@ -146,6 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "export":
             return _run_export(args)
+        if args.command == "compare":
+            return _run_compare(args)
         return _run_query(args)
     except (StoreError, OSError) as exc:
         print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
