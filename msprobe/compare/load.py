@@ -100,14 +100,15 @@ def _load_log(p: Path) -> Side:
     contents = read_log(p)
     con = duckdb.connect(":memory:")
     try:
-        con.register("log", contents.table)
+        table = contents.table
+        con.register("log", table.append_column("ridx", pa.array(range(table.num_rows), pa.int64())))
         calls = con.sql(
             "SELECT rank, step, min(seq) AS seq, name, arg_min(kind, seq) AS kind, "
             "arg_min(parent, seq) AS parent, arg_min(stack_id, seq) AS stack_id "
             f"FROM log WHERE row = '{S.ROW_CALL}' GROUP BY rank, step, name ORDER BY rank, step, seq"
         ).to_arrow_table()
         leaves = con.sql(
-            "SELECT rank, step, name, row_number() OVER (PARTITION BY rank, step, name ORDER BY seq) - 1 AS lord, "
+            "SELECT rank, step, name, row_number() OVER (PARTITION BY rank, step, name ORDER BY seq, ridx) - 1 AS lord, "
             "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
             "requires_grad, has_nan, has_inf, data_name, value_json "
             f"FROM log WHERE row = '{S.ROW_LEAF}'"

@@ -41,8 +41,8 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Option
         ``{"cosine", "euc_dist", "e", "max_abs_err", "max_rel_err",
         "one_thousandth_ratio", "five_thousandths_ratio", "nonfinite"}``; Cosine is None
         when either side is all zeros (undefined). Relative errors use eps = 2**-52
-        where B = 0. Example: N = [1, 2.002], B = [1, 2] gives MaxAbsErr 0.002,
-        MaxRelativeErr 0.001, e = 0.002/√5 ≈ 0.000894, One Thousandth ratio 0.5.
+        where B = 0. Example: N = [1, 2.004], B = [1, 2] gives MaxAbsErr 0.004,
+        MaxRelativeErr 0.002, e = 0.004/√5 ≈ 0.00179, One Thousandth ratio 0.5.
     Raises:
         ValueError: the shapes differ.
     """
