@@ -171,9 +171,13 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_query(args: argparse.Namespace) -> int:
+    from msprobe.compare.outputs import is_compare_output, query_outputs
     from store.query import query
 
-    table = query(args.dump_path, args.sql)
+    if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
+        table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
+    else:
+        table = query(args.dump_path, args.sql)
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
     rows = list(zip(*columns)) if columns else []

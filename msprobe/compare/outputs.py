@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-__all__ = ["write_outputs", "console_summary"]
+__all__ = ["write_outputs", "console_summary", "is_compare_output", "query_outputs"]
 
 TABLES = ("tensors", "calls", "alignment")
 
@@ -107,3 +107,40 @@ def console_summary(summary: dict) -> str:
     for note in summary.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def is_compare_output(path: Union[str, os.PathLike]) -> bool:
+    """True when ``path`` is an OUT directory of ``msprobe compare`` (summary.json and
+    Parquet tables)."""
+    p = Path(path)
+    return (p / "summary.json").is_file() and any((p / f"{t}.parquet").is_file() for t in TABLES)
+
+
+def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
+    """Run ``sql`` over the Parquet tables ``tensors``, ``calls``, ``alignment`` of a
+    compare OUT directory (read-only, like :func:`store.query.query`).
+
+    Raises:
+        store.errors.QueryError: the SQL is invalid or fails.
+    """
+    import duckdb
+
+    from store.errors import QueryError
+
+    con = duckdb.connect(":memory:")
+    try:
+        for name in TABLES:
+            file = Path(path) / f"{name}.parquet"
+            if file.is_file():
+                con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet(?)", [str(file)])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        try:
+            rel = con.sql(sql)
+            if rel is None:
+                return pa.table({})
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {exc}") from exc
+    finally:
+        con.close()

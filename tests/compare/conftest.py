@@ -52,7 +52,8 @@ class Net(nn.Module):
 
 
 def record(path: Path, *, level: str = "mix", md5: bool = False, perturb: Optional[dict] = None,
-           insert: bool = False, autocast: bool = False, fragile: bool = False, steps: int = 1) -> Path:
+           insert: bool = False, autocast: bool = False, fragile: bool = False, steps: int = 1,
+           loss_scale: float = 1.0) -> Path:
     """Record ``steps`` training steps of the seeded Net into ``path``.
 
     ``perturb`` maps ``(module, attribute)`` names such as ``"F.gelu"`` to a wrapper
@@ -85,7 +86,7 @@ def record(path: Path, *, level: str = "mix", md5: bool = False, perturb: Option
                     out = net(x)
             else:
                 out = net(x)
-            out.float().pow(2).mean().backward()
+            out.float().pow(2).mean().backward(torch.tensor(loss_scale))
             debugger.stop()
             debugger.step()
             opt.step()
@@ -132,5 +133,8 @@ def runs(tmp_path_factory):
         "fp32": record(d / "fp32"),
         "bf16_fragile": record(d / "bf16_fragile", autocast=True, fragile=True),
         "fp32_fragile": record(d / "fp32_fragile", fragile=True),
+        "nan": record(d / "nan", perturb={"F.layer_norm": scaled(float("inf"))}),
+        "scaled8": record(d / "scaled8", md5=True, loss_scale=8.0),
+        "two_steps": record(d / "two_steps", md5=True, steps=2),
     }
     return out
