@@ -48,11 +48,13 @@ class CompareResult:
         first: ``{rank: first_origin dict or None}``.
         con: the DuckDB connection holding the tables.
         notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
+        timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
     """
 
     summary: dict
     con: duckdb.DuckDBPyConnection
     notes: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -117,7 +119,17 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
                 opts: CompareOptions) -> CompareResult:
     """Run the whole comparison (see module docstring); raises CompareInputError on bad input."""
+    import time
+
     notes: list[str] = []
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        timings[stage] = round(now - clock[0], 3)
+        clock[0] = now
+
     t = _filter(load_side(target, "TARGET"), opts)
     b = _filter(load_side(baseline, "BASELINE"), opts)
     for label, side in (("TARGET", t), ("BASELINE", b)):
@@ -130,6 +142,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     if t.framework and b.framework and t.framework != b.framework:
         notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; no mapping given, names must match")
     mode = _choose_mode(opts, t, b, notes)
+    lap("load")
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
         for name in ("calls", "leaves", "stacks"):
@@ -144,6 +157,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             notes.append(f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only)))
     if not common:
         raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
+    lap("tables")
     # alignment
     sides = {}
     for prefix in ("t", "b"):
@@ -153,6 +167,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
                                                      ("rank", "step", "seq", "name", "kind", "sig"))):
             grouped.setdefault((rank, step), []).append(Call(seq, name, kind, sig))
         sides[prefix] = grouped
+    lap("signatures")
     cols: dict[str, list] = {n: [] for n in ALIGN_SCHEMA.names}
     for rank, step in common:
         for row in align_step(sides["t"][(rank, step)], sides["b"][(rank, step)], max_d=opts.max_d):
@@ -161,17 +176,22 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con.register("alignment_src", pa.table(cols, schema=ALIGN_SCHEMA))
     con.execute("CREATE TABLE alignment AS SELECT * FROM alignment_src")
     con.unregister("alignment_src")
+    lap("align")
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
     con.execute(LEAF_VERDICTS_SQL)
+    lap("leaf_metrics")
     agg = _arrow(con.sql(CALL_AGG_SQL))
+    lap("call_aggregates")
     rows = call_verdicts(agg.to_pylist())
     calls = pa.Table.from_pylist(rows) if rows else pa.table({})
     con.register("calls_src", calls)
     con.execute("CREATE TABLE calls AS SELECT * EXCLUDE (in_e_all) FROM calls_src" if "in_e_all" in calls.column_names
                 else "CREATE TABLE calls AS SELECT * FROM calls_src")
     con.unregister("calls_src")
+    lap("call_verdicts")
     summary = _summary(con, rows, common, mode, opts, notes)
-    return CompareResult(summary=summary, con=con, notes=notes)
+    lap("summary")
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
