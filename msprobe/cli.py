@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_compare(commands) -> None:
     cmp = commands.add_parser("compare", help="find the first divergence between two dumps")
-    cmp.add_argument("target", metavar="TARGET", help="dump path, upstream dump directory or dump.json")
+    cmp.add_argument("target", metavar="TARGET", nargs="?", default=None,
+                     help="dump path, upstream dump directory or dump.json")
     cmp.add_argument("baseline", metavar="BASELINE", nargs="?", default=None, help="the reference dump")
     cmp.add_argument("-o", "--out", metavar="OUT", default=None, help="output directory (default: no files)")
     cmp.add_argument("--mode", default="auto", help="auto, md5 or statistics (default auto = statistics)")
@@ -74,6 +75,46 @@ def _add_compare(commands) -> None:
     cmp.add_argument("--workers", type=int, default=1, help="accepted for compatibility (statistics run in SQL)")
     cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
                      "and non-finite outputs")
+    up = cmp.add_argument_group("upstream spellings (run the same engine)")
+    up.add_argument("-i", "--input_path", default=None, help="compare.json with npu_path and bench_path")
+    up.add_argument("-tp", "--target_path", default=None, help="= TARGET")
+    up.add_argument("-gp", "--golden_path", default=None, help="= BASELINE")
+    up.add_argument("-output_path", "--output_path", dest="out_alias", default=None, help="= -o")
+    up.add_argument("-s", "--stack_mode", action="store_true", help="accepted: stacks are always reported")
+    up.add_argument("-f", "-fm", "--fuzzy_match", action="store_true", help="accepted: matching is always structural")
+    up.add_argument("-da", "--diff_analyze", action="store_true", help="accepted: the first divergence is always found")
+    up.add_argument("--xlsx", action="store_true", help="= --format xlsx")
+    for flag, long in (("-dm", "--data_mapping"), ("-cm", "--cell_mapping"), ("-am", "--api_mapping"),
+                       ("-lm", "--layer_mapping")):
+        up.add_argument(flag, long, default=None, help="mapping file (not supported by this build)")
+
+
+def _upstream_args(args: argparse.Namespace) -> None:
+    """Fold upstream spellings into TARGET/BASELINE/OUT/format; raises CompareInputError."""
+    from msprobe.compare import CompareInputError
+
+    for name in ("data_mapping", "cell_mapping", "api_mapping", "layer_mapping"):
+        if getattr(args, name):
+            raise CompareInputError(f"--{name}: mapping files are not supported by this build yet; "
+                                    f"names must match (got {getattr(args, name)!r})")
+    if args.input_path:
+        try:
+            spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CompareInputError(f"-i {args.input_path!r}: unreadable compare.json: {exc}") from None
+        if not isinstance(spec, dict) or "npu_path" not in spec or "bench_path" not in spec:
+            raise CompareInputError(f"-i {args.input_path!r}: fields 'npu_path' and 'bench_path' are required")
+        args.target, args.baseline = spec["npu_path"], spec["bench_path"]
+    if args.target_path:
+        args.target = args.target_path
+    if args.golden_path:
+        args.baseline = args.golden_path
+    if args.out_alias and not args.out:
+        args.out = args.out_alias
+    if args.xlsx:
+        args.format = ",".join(filter(None, [args.format or "summary,csv,parquet,html", "xlsx"]))
+    if args.target is None:
+        raise CompareInputError("TARGET missing: msprobe compare TARGET BASELINE (or -tp/-gp, or -i compare.json)")
 
 
 def _run_compare(args: argparse.Namespace) -> int:
@@ -81,6 +122,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from msprobe.compare.outputs import console_summary
 
     try:
+        _upstream_args(args)
         if args.nan_origin:
             from msprobe.compare.engine import nan_origin
 
@@ -198,6 +240,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: arguments without the program name; None means ``sys.argv[1:]``.
     """
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] in ("-f", "--framework") and argv[1] in ("pytorch", "mindspore"):
+        argv = argv[2:]  # upstream's "msprobe -f pytorch compare ..."
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help (0)

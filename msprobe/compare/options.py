@@ -140,6 +140,12 @@ class CompareOptions:
             bad = [f for f in fmts if f not in FORMATS]
             if bad:
                 raise CompareInputError(f"--format: got {','.join(bad)!r}; allowed: {', '.join(FORMATS)}")
+            if "xlsx" in fmts:
+                import importlib.util
+
+                detail = ("needs the openpyxl package, which is not installed"
+                          if importlib.util.find_spec("openpyxl") is None else "not implemented in this build")
+                raise CompareInputError(f"--format xlsx: {detail}; use csv or parquet")
             if "summary" not in fmts:
                 fmts = ("summary",) + fmts
         def sel(value, what):

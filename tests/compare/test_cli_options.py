@@ -124,3 +124,25 @@ def test_bad_input_exit_2(runs, tmp_path, capsys):
     assert "field 'md5' (CRC-32) missing from TARGET" in capsys.readouterr().err
     # the old subcommands still work
     assert main(["query", str(runs["base"]), "SELECT count(*) FROM calls"]) == 0
+
+
+def test_upstream_spellings(runs, tmp_path, capsys):
+    spec = tmp_path / "compare.json"
+    spec.write_text(json.dumps({"npu_path": str(runs["gelu"] / "step0" / "rank" / "dump.json"),
+                                "bench_path": str(runs["base"] / "step0" / "rank" / "dump.json"),
+                                "stack_path": str(runs["gelu"] / "step0" / "rank" / "stack.json"),
+                                "is_print_compare_log": True}))
+    out = tmp_path / "o"
+    assert main(["-f", "pytorch", "compare", "-i", str(spec), "-o", str(out), "-s", "-fm"]) == 1
+    assert json.loads((out / "summary.json").read_text())["ranks"][0]["first_origin"]["name"] == \
+        "Functional.gelu.0.forward"
+    assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "-da"]) == 0
+    capsys.readouterr()
+    assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "-am", "map.yaml"]) == 2
+    assert "--api_mapping: mapping files are not supported" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"npu_path": "x"}')
+    assert main(["compare", "-i", str(bad)]) == 2
+    assert "fields 'npu_path' and 'bench_path' are required" in capsys.readouterr().err
+    assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "--xlsx"]) == 2
+    assert "xlsx" in capsys.readouterr().err
