@@ -48,3 +48,14 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
     if out is not None:
         write_outputs(result, out, opts)
     return result
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """Lets ``msprobe.compare(target, baseline, **options)`` call :func:`compare` while
+    ``msprobe.compare`` stays the package (``msprobe.compare.engine`` ...)."""
+
+    def __call__(self, target, baseline, **options):
+        return compare(target, baseline, **options)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule

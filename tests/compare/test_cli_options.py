@@ -146,3 +146,14 @@ def test_upstream_spellings(runs, tmp_path, capsys):
     assert "fields 'npu_path' and 'bench_path' are required" in capsys.readouterr().err
     assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "--xlsx"]) == 2
     assert "xlsx" in capsys.readouterr().err
+
+
+def test_python_api_is_lazy_and_callable(runs):
+    import subprocess
+    import sys
+
+    code = ("import sys, msprobe; assert 'duckdb' not in sys.modules and 'msprobe.compare' not in sys.modules; "
+            f"r = msprobe.compare({str(runs['gelu'])!r}, {str(runs['base'])!r}); "
+            "print(r.first[0]['name'], r.exit_code, r.calls.count('*').fetchall()[0][0] > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["Functional.gelu.0.forward", "1", "True"]
