@@ -101,6 +101,35 @@ def _filter(side: Side, opts: CompareOptions) -> Side:
     return side
 
 
+_LEVEL_KINDS = {
+    "L0": frozenset({"module_forward", "module_backward", "parameters_grad"}),
+    "L1": frozenset({"api_forward", "api_backward"}),
+    "mix": frozenset({"module_forward", "module_backward", "parameters_grad", "api_forward", "api_backward"}),
+    "debug": frozenset({"debug_save"}),
+}
+
+
+def _common_kinds(t: Side, b: Side, notes: list) -> None:
+    """Levels differ: keep the entry kinds both levels record (spec section 1), or raise."""
+    import pyarrow.compute as pc
+
+    kt, kb = _LEVEL_KINDS.get(t.level), _LEVEL_KINDS.get(b.level)
+    if kt is None or kb is None:
+        notes.append(f"levels differ: TARGET {t.level}, BASELINE {b.level}")
+        return
+    common = sorted(kt & kb)
+    if not common:
+        raise CompareInputError(f"levels differ: TARGET level {t.level!r} records {sorted(kt)}, BASELINE level "
+                                f"{b.level!r} records {sorted(kb)}; no entry kind in common")
+    notes.append(f"levels differ: TARGET {t.level}, BASELINE {b.level}; comparing the common entry kinds "
+                 f"{', '.join(common)}")
+    keep = pa.array(common)
+    for side in (t, b):
+        side.calls = side.calls.filter(pc.is_in(side.calls["kind"], keep))
+        names = side.calls["name"].unique()
+        side.leaves = side.leaves.filter(pc.is_in(side.leaves["name"], names))
+
+
 def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
     def has(side: Side, col: str) -> bool:
         return side.leaves.num_rows > 0 and side.leaves[col].null_count < side.leaves.num_rows
@@ -138,7 +167,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
-        notes.append(f"levels differ: TARGET {t.level}, BASELINE {b.level}; comparing the common entry kinds")
+        _common_kinds(t, b, notes)
     if t.framework and b.framework and t.framework != b.framework:
         notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; no mapping given, names must match")
     mode = _choose_mode(opts, t, b, notes)
@@ -146,9 +175,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
         for name in ("calls", "leaves", "stacks"):
-            con.register(f"{prefix}_{name}_src", getattr(side, name))
-            con.execute(f"CREATE TABLE {prefix}_{name} AS SELECT * FROM {prefix}_{name}_src")
-            con.unregister(f"{prefix}_{name}_src")
+            con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
     b_keys = set(con.sql("SELECT DISTINCT rank, step FROM b_calls").fetchall())
     common = sorted(t_keys & b_keys)
@@ -251,6 +278,8 @@ def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict
     Raises:
         CompareInputError: the dump is missing or empty.
     """
+    import pyarrow.compute as pc
+
     side = _filter(load_side(dump, "TARGET"), CompareOptions.build(rank=ranks, step=steps))
     con = duckdb.connect(":memory:")
     try:
@@ -268,7 +297,7 @@ def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict
         out = []
         for rank in sorted(set(table["rank"].to_pylist())):
             first, n_bad = None, 0
-            for r in table.filter(pa.compute.equal(table["rank"], rank)).to_pylist():
+            for r in table.filter(pc.equal(table["rank"], rank)).to_pylist():
                 if r["bad_out"] or r["bad_in"]:
                     n_bad += 1
                 if first is None and r["bad_out"] and not r["bad_in"]:

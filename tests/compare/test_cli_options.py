@@ -157,3 +157,16 @@ def test_python_api_is_lazy_and_callable(runs):
             "print(r.first[0]['name'], r.exit_code, r.calls.count('*').fetchall()[0][0] > 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["Functional.gelu.0.forward", "1", "True"]
+
+
+def test_levels_differ(runs, tmp_path):
+    from conftest import record
+
+    l1 = record(tmp_path / "l1", level="L1", md5=True)
+    l0 = record(tmp_path / "l0", level="L0", md5=True)
+    r = C.compare(runs["gelu"], l1, mode="md5")        # mix vs L1: API calls only
+    assert any("comparing the common entry kinds api_backward, api_forward" in n for n in r.summary["notes"])
+    assert r.first[0]["name"] == "Functional.gelu.0.forward"
+    assert r.summary["ranks"][0]["counts"]["unpaired"] == 0
+    with pytest.raises(CompareInputError, match="levels differ: TARGET level 'L0'.*no entry kind in common"):
+        C.compare(l0, l1)
