@@ -99,9 +99,11 @@ def child(target: str, baseline: str, out: str, threads: int) -> None:
     inserted = r.con.sql("SELECT count(*) FROM alignment WHERE how = 'inserted'").fetchall()[0][0]
     deleted = r.con.sql("SELECT count(*) FROM alignment WHERE how = 'deleted'").fetchall()[0][0]
     leaves = r.con.sql("SELECT count(*) FROM tensors").fetchall()[0][0]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = usage.ru_maxrss / 1024
+    cpu = usage.ru_utime + usage.ru_stime
     first = r.first[0]
-    print(json.dumps({"wall_s": round(wall, 2), "peak_rss_mb": round(rss), "leaf_pairs": leaves,
+    print(json.dumps({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(rss), "leaf_pairs": leaves,
                       "inserted": inserted, "deleted": deleted, "first_origin": first and first["name"], "stages_s": r.timings}))
 
 

@@ -43,12 +43,13 @@ ALIGN_SCHEMA = pa.schema([
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One call as the aligner sees it: ``sig`` is the tensor-leaf signature string."""
+    """One call as the aligner sees it: ``sig`` is a hash of the tensor-leaf signature
+    (``io:arg:dtype class:shape`` of each tensor leaf, sorted by io and arg)."""
 
     seq: int
     name: str
     kind: str
-    sig: str
+    sig: int
 
 
 def base_name(name: str, kind: str) -> str:

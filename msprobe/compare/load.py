@@ -108,7 +108,7 @@ def _load_log(p: Path) -> Side:
             f"FROM log WHERE row = '{S.ROW_CALL}' GROUP BY rank, step, name ORDER BY rank, step, seq"
         ).to_arrow_table()
         leaves = con.sql(
-            "SELECT rank, step, name, row_number() OVER (PARTITION BY rank, step, name ORDER BY seq, ridx) - 1 AS lord, "
+            "SELECT rank, step, name, ridx AS lord, "
             "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
             "requires_grad, has_nan, has_inf, data_name, value_json "
             f"FROM log WHERE row = '{S.ROW_LEAF}'"

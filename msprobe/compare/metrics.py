@@ -79,12 +79,14 @@ def _fin(x: str) -> str:
 
 
 def _dclass_sql(col: str) -> str:
-    d = f"lower(regexp_replace({col}, '^.*\\.', ''))"
+    d = f"lower({col})"
     return (f"CASE WHEN {col} IS NULL THEN NULL "
-            f"WHEN {d} IN ('bfloat16') THEN 'bfloat16' WHEN {d} IN ('float16','half') THEN 'float16' "
-            f"WHEN {d} IN ('float32','float') THEN 'float32' WHEN {d} IN ('float64','double') THEN 'float64' "
-            f"WHEN {d} LIKE '%float%' THEN 'float' WHEN {d} LIKE '%complex%' THEN 'complex' "
-            f"WHEN {d} LIKE 'bool%' THEN 'bool' WHEN {d} LIKE '%int%' THEN 'int' ELSE {d} END")
+            f"WHEN contains({d}, 'bfloat16') THEN 'bfloat16' "
+            f"WHEN contains({d}, 'float16') OR suffix({d}, 'half') THEN 'float16' "
+            f"WHEN contains({d}, 'float32') OR {d} IN ('float', 'torch.float') THEN 'float32' "
+            f"WHEN contains({d}, 'float64') OR suffix({d}, 'double') THEN 'float64' "
+            f"WHEN contains({d}, 'float') THEN 'float' WHEN contains({d}, 'complex') THEN 'complex' "
+            f"WHEN contains({d}, 'bool') THEN 'bool' WHEN contains({d}, 'int') THEN 'int' ELSE {d} END")
 
 
 def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
