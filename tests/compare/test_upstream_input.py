@@ -127,3 +127,19 @@ def test_entry_kinds():
     assert dumpjson.entry_kind("Cell.head.Dense.backward.2") == "module_backward"
     assert dumpjson.entry_kind("Module.fc.Linear.parameters_grad") == "parameters_grad"
     assert dumpjson.entry_kind("y.0") == "debug_save"
+
+
+def test_leaves_pair_by_unique_shape_when_paths_differ(tmp_path):
+    # upstream linear backward output order: [grad_bias [4], grad_input [2, 8], grad_weight [4, 8]];
+    # ours: [grad_input [2, 8], grad_weight [4, 8], grad_bias [4]] (spec section 9, fix 3)
+    gi, gw, gb = np.full((2, 8), 0.5), np.full((4, 8), 0.25), np.array([1.0, 2.0, 3.0, 4.0])
+    fwd = {"input_args": [rec(np.ones((2, 8)))], "input_kwargs": {}, "output": [rec(np.ones((2, 4)))]}
+    up = {"Functional.linear.0.forward": fwd,
+          "Functional.linear.0.backward": {"input": [rec(np.ones((2, 4)))], "output": [rec(gb), rec(gi), rec(gw)]}}
+    ours = {"Functional.linear.0.forward": fwd,
+            "Functional.linear.0.backward": {"input": [rec(np.ones((2, 4)))], "output": [rec(gi), rec(gw), rec(gb)]}}
+    r = C.compare(write_dump(tmp_path / "t", ours), write_dump(tmp_path / "b", up))
+    rows = r.con.sql("SELECT arg, b_arg, verdict FROM tensors WHERE t_call = 'Functional.linear.0.backward' "
+                     "AND io = 'output' ORDER BY arg").fetchall()
+    assert rows == [("0", "1", "identical"), ("1", "2", "identical"), ("2", "0", "identical")]
+    assert r.summary["verdict"] == "identical"
