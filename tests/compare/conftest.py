@@ -138,3 +138,9 @@ def runs(tmp_path_factory):
         "two_steps": record(d / "two_steps", md5=True, steps=2),
     }
     return out
+
+
+@pytest.fixture
+def record_run():
+    """The :func:`record` helper (a fixture: ``conftest`` module names collide across test dirs)."""
+    return record

@@ -159,9 +159,8 @@ def test_python_api_is_lazy_and_callable(runs):
     assert out.split() == ["Functional.gelu.0.forward", "1", "True"]
 
 
-def test_levels_differ(runs, tmp_path):
-    from conftest import record
-
+def test_levels_differ(runs, tmp_path, record_run):
+    record = record_run
     l1 = record(tmp_path / "l1", level="L1", md5=True)
     l0 = record(tmp_path / "l0", level="L0", md5=True)
     r = C.compare(runs["gelu"], l1, mode="md5")        # mix vs L1: API calls only

@@ -33,9 +33,8 @@ def test_identical_runs(runs, mode, tmp_path):
 
 
 @pytest.mark.parametrize("level", ["L0", "L1"])
-def test_identical_runs_other_levels(tmp_path, level):
-    from conftest import record
-
+def test_identical_runs_other_levels(tmp_path, level, record_run):
+    record = record_run
     a = record(tmp_path / "a", level=level, md5=True)
     b = record(tmp_path / "b", level=level, md5=True)
     r = C.compare(a, b, mode="md5")
