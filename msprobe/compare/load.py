@@ -8,7 +8,7 @@ directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
 Both give a :class:`Side` with three tables:
 
 ``calls``   rank, step, seq (execution order within rank), name, kind, parent, stack_id
-``leaves``  rank, step, name (the call), lord (leaf order in the call), io, arg,
+``leaves``  rank, step, name (the call), cseq (the call's seq), lord (leaf order), io, arg,
             leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite,
             min_finite, crc32, requires_grad, has_nan, has_inf, data_name, value_json
 ``stacks``  stack_id, depth (0 = innermost), frame
@@ -37,7 +37,7 @@ CALL_SCHEMA = pa.schema([
     ("kind", pa.string()), ("parent", pa.string()), ("stack_id", pa.int64()),
 ])
 LEAF_SCHEMA = pa.schema([
-    ("rank", pa.int32()), ("step", pa.int32()), ("name", pa.string()), ("lord", pa.int64()),
+    ("rank", pa.int32()), ("step", pa.int32()), ("name", pa.string()), ("cseq", pa.int64()), ("lord", pa.int64()),
     ("io", pa.string()), ("arg", pa.string()), ("leaf_kind", pa.string()), ("dtype", pa.string()),
     ("shape", pa.list_(pa.int64())), ("numel", pa.int64()),
     ("max", pa.float64()), ("min", pa.float64()), ("mean", pa.float64()), ("norm", pa.float64()),
@@ -108,10 +108,11 @@ def _load_log(p: Path) -> Side:
             f"FROM log WHERE row = '{S.ROW_CALL}' GROUP BY rank, step, name ORDER BY rank, step, seq"
         ).to_arrow_table()
         leaves = con.sql(
-            "SELECT rank, step, name, ridx AS lord, "
+            "SELECT l.rank, l.step, l.name, c.cseq, l.ridx AS lord, "
             "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
             "requires_grad, has_nan, has_inf, data_name, value_json "
-            f"FROM log WHERE row = '{S.ROW_LEAF}'"
+            f"FROM log l JOIN (SELECT rank, step, name, min(seq) AS cseq FROM log WHERE row = '{S.ROW_CALL}' "
+            f"GROUP BY ALL) c ON c.rank = l.rank AND c.step = l.step AND c.name = l.name WHERE l.row = '{S.ROW_LEAF}'"
         ).to_arrow_table()
         metas = con.sql(f"SELECT meta FROM log WHERE row = '{S.ROW_MARKER}' AND meta IS NOT NULL LIMIT 1").fetchall()
     finally:
@@ -196,6 +197,8 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
                 for key in LEAF_SCHEMA.names:
                     leaves[key].append(leaf.get(key))
         _move_parameters_grad(calls, first_call)
+    call_seq = {(r, st, n): q for r, st, n, q in zip(calls["rank"], calls["step"], calls["name"], calls["seq"])}
+    leaves["cseq"] = [call_seq[(r, st, n)] for r, st, n in zip(leaves["rank"], leaves["step"], leaves["name"])]
     ids, depths, frames_col = [], [], []
     for sid, frames in stacks.items():
         for depth, frame in enumerate(frames):

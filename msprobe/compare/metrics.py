@@ -125,14 +125,14 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
         div = f" / {scale!r}" if alias == "t" and scale != 1.0 else ""
         stat = {c: (f"CASE WHEN {bwd} THEN l.{c}{div} ELSE l.{c} END" if div else f"l.{c}")
                 for c in ("max", "min", "mean", "norm", "max_finite", "min_finite")}
-        name = "a.t_name" if alias == "t" else "a.b_name"
-        return f"""SELECT a.rank, a.step, a.ord, a.t_name AS t_call, a.b_name AS b_call, a.kind AS call_kind,
+        seq = "a.t_seq" if alias == "t" else "a.b_seq"
+        return f"""SELECT a.rank, a.step, a.ord, a.t_seq AS aid, a.t_name AS t_call, a.b_name AS b_call, a.kind AS call_kind,
          l.io, l.arg, l.lord, l.leaf_kind, l.dtype, {_dclass_sql('l.dtype')} AS dclass, l.shape, l.numel,
          {stat['max']} AS max, {stat['min']} AS min, {stat['mean']} AS mean, {stat['norm']} AS norm,
          {stat['max_finite']} AS max_finite, {stat['min_finite']} AS min_finite,
          l.crc32, l.requires_grad, coalesce(l.has_nan, FALSE) AS has_nan, coalesce(l.has_inf, FALSE) AS has_inf,
          l.data_name, l.value_json
-  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.name = {name}
+  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = {seq}
   WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
     cols = ["leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
             "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "lord"]
@@ -143,35 +143,35 @@ WITH t0 AS ({side('t', 't_leaves')}),
 b AS ({side('b', 'b_leaves')}),
 -- leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
 t_left AS (SELECT * FROM t0 WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM b WHERE b.rank = t0.rank
-           AND b.step = t0.step AND b.t_call = t0.t_call AND b.io = t0.io AND b.arg = t0.arg
+           AND b.step = t0.step AND b.aid = t0.aid AND b.io = t0.io AND b.arg = t0.arg
            AND b.leaf_kind = 'tensor' AND b.shape = t0.shape)),
 b_left AS (SELECT * FROM b WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM t0 WHERE t0.rank = b.rank
-           AND t0.step = b.step AND t0.t_call = b.t_call AND t0.io = b.io AND t0.arg = b.arg
+           AND t0.step = b.step AND t0.aid = b.aid AND t0.io = b.io AND t0.arg = b.arg
            AND t0.leaf_kind = 'tensor' AND t0.shape = b.shape)),
-t_u AS (SELECT rank, step, t_call, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, t_call, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
+t_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
+        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
         FROM t_left),
-b_u AS (SELECT rank, step, t_call, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, t_call, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
+b_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
+        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
         FROM b_left),
-remap AS (SELECT t_u.rank, t_u.step, t_u.t_call, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
-          ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.t_call = b_u.t_call AND t_u.io = b_u.io
+remap AS (SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
+          ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
           AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1),
 t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
                          WHEN EXISTS (SELECT 1 FROM remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
-                              AND r2.t_call = t0.t_call AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
+                              AND r2.aid = t0.aid AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
                          ELSE t0.arg END AS join_arg
       FROM t0 LEFT JOIN remap
-      ON remap.rank = t0.rank AND remap.step = t0.step AND remap.t_call = t0.t_call AND remap.io = t0.io
+      ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
       AND remap.arg = t0.arg),
 j AS (
   SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
-         coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
+         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
          coalesce(t.call_kind, b.call_kind) AS call_kind,
          coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, {renamed},
          t.crc32 AS t_md5, b.crc32 AS b_md5, t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b
   FROM t FULL OUTER JOIN b
-    ON t.rank = b.rank AND t.step = b.step AND t.t_call = b.t_call AND t.io = b.io AND t.join_arg = b.arg),
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),
 k AS (
   SELECT j.*,
     (CASE b_dclass {atol_case} ELSE 1.0 END) AS atol,

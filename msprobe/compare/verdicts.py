@@ -25,15 +25,15 @@ BAD = ("diverged", "nonfinite", "structural")
 LEAF_VERDICTS_SQL = """
 CREATE OR REPLACE TABLE tensors AS
 WITH c AS (
-  SELECT rank, step, t_call, min(ord) AS ord, max(tol_pair) AS call_tol FROM leaf_pairs GROUP BY ALL),
+  SELECT rank, step, aid, min(ord) AS ord, max(tol_pair) AS call_tol FROM leaf_pairs GROUP BY ALL),
 w AS (
-  SELECT rank, step, t_call, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
+  SELECT rank, step, aid, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS watermark FROM c)
 SELECT p.*, CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END AS tol,
   CASE WHEN p.state <> 'measured' THEN p.state
        WHEN p.e <= (CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END) THEN 'close'
        ELSE 'diverged' END AS verdict
-FROM leaf_pairs p JOIN w USING (rank, step, t_call)
+FROM leaf_pairs p JOIN w USING (rank, step, aid)
 """
 
 CALL_AGG_SQL = """
@@ -49,8 +49,8 @@ SELECT a.rank, a.step, a.ord, a.t_name, a.b_name, a.t_seq, a.b_seq, a.kind, a.ho
   arg_max(t.verdict, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_verdict,
   tc.parent AS module, tc.stack_id AS stack_id
 FROM alignment a
-LEFT JOIN tensors t ON t.rank = a.rank AND t.step = a.step AND t.t_call = a.t_name AND a.b_name IS NOT NULL
-LEFT JOIN t_calls tc ON tc.rank = a.rank AND tc.step = a.step AND tc.name = a.t_name
+LEFT JOIN tensors t ON t.rank = a.rank AND t.step = a.step AND t.aid = a.t_seq AND a.b_name IS NOT NULL
+LEFT JOIN t_calls tc ON tc.rank = a.rank AND tc.step = a.step AND tc.seq = a.t_seq
 GROUP BY ALL
 ORDER BY a.rank, a.step, a.ord
 """
