@@ -210,10 +210,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     agg = _arrow(con.sql(CALL_AGG_SQL))
     lap("call_aggregates")
     rows = call_verdicts(agg.to_pylist())
-    calls = pa.Table.from_pylist(rows) if rows else pa.table({})
+    names = [n for n in agg.column_names] + ["e", "verdict", "reason"]
+    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r[n] for r in rows], pa.float64() if n == "e"
+                      else pa.string()) for n in names})
     con.register("calls_src", calls)
-    con.execute("CREATE TABLE calls AS SELECT * EXCLUDE (in_e_all) FROM calls_src" if "in_e_all" in calls.column_names
-                else "CREATE TABLE calls AS SELECT * FROM calls_src")
+    con.execute("CREATE TABLE calls AS SELECT * FROM calls_src")
     con.unregister("calls_src")
     lap("call_verdicts")
     summary = _summary(con, rows, common, mode, opts, notes)
