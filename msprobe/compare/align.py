@@ -43,8 +43,9 @@ ALIGN_SCHEMA = pa.schema([
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One call as the aligner sees it: ``sig`` is a hash of the tensor-leaf signature
-    (``io:arg:dtype class:shape`` of each tensor leaf, sorted by io and arg)."""
+    """One call as the aligner sees it: ``sig`` is an order-independent hash of the
+    tensor-leaf signature (XOR of ``hash(io, arg, dtype class, shape)`` over its tensor
+    leaves; (io, arg) is unique within a call, so no two terms cancel)."""
 
     seq: int
     name: str

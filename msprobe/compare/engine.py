@@ -25,8 +25,7 @@ __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
 _SIG_SQL = """
 SELECT c.rank, c.step, c.seq, c.name, c.kind,
-  coalesce(hash(string_agg(l.io || ':' || l.arg || ':' || l.dc || ':' || coalesce(CAST(l.shape AS VARCHAR), '?'), ';'
-           ORDER BY l.io, l.arg)), 0) AS sig
+  coalesce(bit_xor(hash(l.io, l.arg, l.dc, l.shape)), 0) AS sig
 FROM {side}_calls c LEFT JOIN (
   SELECT *, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%' OR lower(dtype) LIKE '%double%'
                  THEN 'f' ELSE dtype END AS dc FROM {side}_leaves WHERE leaf_kind = 'tensor') l
