@@ -10,6 +10,12 @@
     msprobe compact DUMP_PATH [-o OUT]
         write the log as rank{R}.parquet files (default DUMP_PATH/.msprobe/parquet) for
         engines without msprobe (DuckDB, Spark); the log stays the source of truth
+    msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics] [--rank 0,2-3]
+        [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
+        [--format summary,csv,parquet,html]
+    msprobe compare TARGET --nan-origin
+        find the first divergence between two dumps (see msprobe.compare); exit status
+        0 no divergence, 1 divergence, 2 bad input
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
 log, a failed export or an invalid query (message on stderr). Imports no deep-learning
@@ -58,7 +64,98 @@ def _parser() -> argparse.ArgumentParser:
         "-o", "--out", metavar="OUT", default=None,
         help="output directory (default: DUMP_PATH/.msprobe/parquet)",
     )
+    _add_compare(commands)
     return parser
+
+
+def _add_compare(commands) -> None:
+    cmp = commands.add_parser("compare", help="find the first divergence between two dumps")
+    cmp.add_argument("target", metavar="TARGET", nargs="?", default=None,
+                     help="dump path, upstream dump directory or dump.json")
+    cmp.add_argument("baseline", metavar="BASELINE", nargs="?", default=None, help="the reference dump")
+    cmp.add_argument("-o", "--out", metavar="OUT", default=None, help="output directory (default: no files)")
+    cmp.add_argument("--mode", default="auto", help="auto, md5 or statistics (default auto = statistics)")
+    cmp.add_argument("--rank", default=None, help="ranks to compare, e.g. 0,2-3")
+    cmp.add_argument("--step", default=None, help="steps to compare, e.g. 0-4")
+    cmp.add_argument("--tol", default="strict", help="strict, loose, bitwise or DTYPE=RTOL[,...]")
+    cmp.add_argument("--loss-scale", default="1", help="divide target backward values by S")
+    cmp.add_argument("--first-only", action="store_true", help="outputs stop at each rank's first origin")
+    cmp.add_argument("--format", default=None, help="comma list of summary,csv,parquet,html,xlsx")
+    cmp.add_argument("--workers", type=int, default=1, help="accepted for compatibility (statistics run in SQL)")
+    cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
+                     "and non-finite outputs")
+    up = cmp.add_argument_group("upstream spellings (run the same engine)")
+    up.add_argument("-i", "--input_path", default=None, help="compare.json with npu_path and bench_path")
+    up.add_argument("-tp", "--target_path", default=None, help="= TARGET")
+    up.add_argument("-gp", "--golden_path", default=None, help="= BASELINE")
+    up.add_argument("-output_path", "--output_path", dest="out_alias", default=None, help="= -o")
+    up.add_argument("-s", "--stack_mode", action="store_true", help="accepted: stacks are always reported")
+    up.add_argument("-f", "-fm", "--fuzzy_match", action="store_true", help="accepted: matching is always structural")
+    up.add_argument("-da", "--diff_analyze", action="store_true", help="accepted: the first divergence is always found")
+    up.add_argument("--xlsx", action="store_true", help="= --format xlsx")
+    for flag, long in (("-dm", "--data_mapping"), ("-cm", "--cell_mapping"), ("-am", "--api_mapping"),
+                       ("-lm", "--layer_mapping")):
+        up.add_argument(flag, long, default=None, help="mapping file (not supported by this build)")
+
+
+def _upstream_args(args: argparse.Namespace) -> None:
+    """Fold upstream spellings into TARGET/BASELINE/OUT/format; raises CompareInputError."""
+    from msprobe.compare import CompareInputError
+
+    for name in ("data_mapping", "cell_mapping", "api_mapping", "layer_mapping"):
+        if getattr(args, name):
+            raise CompareInputError(f"--{name}: mapping files are not supported by this build yet; "
+                                    f"names must match (got {getattr(args, name)!r})")
+    if args.input_path:
+        try:
+            spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CompareInputError(f"-i {args.input_path!r}: unreadable compare.json: {exc}") from None
+        if not isinstance(spec, dict) or "npu_path" not in spec or "bench_path" not in spec:
+            raise CompareInputError(f"-i {args.input_path!r}: fields 'npu_path' and 'bench_path' are required")
+        args.target, args.baseline = spec["npu_path"], spec["bench_path"]
+    if args.target_path:
+        args.target = args.target_path
+    if args.golden_path:
+        args.baseline = args.golden_path
+    if args.out_alias and not args.out:
+        args.out = args.out_alias
+    if args.xlsx:
+        args.format = ",".join(filter(None, [args.format or "summary,csv,parquet,html", "xlsx"]))
+    if args.target is None:
+        raise CompareInputError("TARGET missing: msprobe compare TARGET BASELINE (or -tp/-gp, or -i compare.json)")
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from msprobe.compare import CompareInputError, compare
+    from msprobe.compare.outputs import console_summary
+
+    try:
+        _upstream_args(args)
+        if args.nan_origin:
+            from msprobe.compare.engine import nan_origin
+
+            if args.baseline is not None:
+                raise CompareInputError("--nan-origin takes one dump; got a BASELINE too")
+            result = nan_origin(args.target, ranks=args.rank, steps=args.step)
+            if args.out:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / "summary.json").write_text(json.dumps(result, indent=1))
+            for r in result["ranks"]:
+                f = r["first_origin"]
+                print(f"rank {r['rank']}: " + (f"first NaN/Inf origin {f['name']} (step {f['step']}, "
+                                               f"{f['direction']}) in {f['module']}" if f else "no NaN/Inf origin"))
+            return 1 if result["verdict"] == "nonfinite" else 0
+        if args.baseline is None:
+            raise CompareInputError("BASELINE missing: msprobe compare TARGET BASELINE (or TARGET --nan-origin)")
+        result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
+                         loss_scale=args.loss_scale, rank=args.rank, step=args.step,
+                         first_only=args.first_only, formats=args.format)
+    except CompareInputError as exc:
+        print(f"msprobe compare: error: {exc}", file=sys.stderr)
+        return 2
+    print(console_summary(result.summary))
+    return result.exit_code
 
 
 def _text(value: Any, *, null: str) -> str:
@@ -144,9 +241,13 @@ def _run_compact(args: argparse.Namespace) -> int:
 
 
 def _run_query(args: argparse.Namespace) -> int:
+    from msprobe.compare.outputs import is_compare_output, query_outputs
     from store.query import query
 
-    table = query(args.dump_path, args.sql)
+    if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
+        table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
+    else:
+        table = query(args.dump_path, args.sql)
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
     rows = list(zip(*columns)) if columns else []
@@ -167,6 +268,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: arguments without the program name; None means ``sys.argv[1:]``.
     """
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] in ("-f", "--framework") and argv[1] in ("pytorch", "mindspore"):
+        argv = argv[2:]  # upstream's "msprobe -f pytorch compare ..."
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help (0)
@@ -176,6 +280,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _run_export(args)
         if args.command == "compact":
             return _run_compact(args)
+        if args.command == "compare":
+            return _run_compare(args)
         return _run_query(args)
     except (StoreError, OSError) as exc:
         print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)

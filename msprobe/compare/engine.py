@@ -1,0 +1,314 @@
+"""The comparison pipeline: load → align → leaf metrics → verdicts → first divergence.
+
+Everything after loading runs in one DuckDB connection holding ``t_calls``, ``t_leaves``,
+``t_stacks`` (target) and ``b_*`` (baseline); Python only runs the aligner per
+(rank, step) and the call-verdict pass. See :func:`msprobe.compare.compare`.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import duckdb
+import pyarrow as pa
+
+from msprobe.compare.align import ALIGN_SCHEMA, Call, align_step
+from msprobe.compare.errors import CompareInputError
+from msprobe.compare.load import Side, load_side
+from msprobe.compare.metrics import leaf_pairs_sql
+from msprobe.compare.options import CompareOptions
+from msprobe.compare.verdicts import CALL_AGG_SQL, LEAF_VERDICTS_SQL, call_verdicts
+
+__all__ = ["CompareResult", "run_compare", "nan_origin"]
+
+_SIG_SQL = """
+SELECT c.rank, c.step, c.seq, c.name, c.kind,
+  coalesce(bit_xor(hash(l.io, l.arg, l.dc, l.shape)), 0) AS sig
+FROM {side}_calls c LEFT JOIN (
+  SELECT *, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%' OR lower(dtype) LIKE '%double%'
+                 THEN 'f' ELSE dtype END AS dc FROM {side}_leaves WHERE leaf_kind = 'tensor') l
+  ON l.rank = c.rank AND l.step = c.step AND l.name = c.name
+GROUP BY ALL ORDER BY c.rank, c.step, c.seq
+"""
+
+
+def _arrow(rel) -> pa.Table:
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+@dataclass
+class CompareResult:
+    """What :func:`msprobe.compare.compare` returns.
+
+    Attributes:
+        summary: the ``summary.json`` object (verdict, per-rank first origin...).
+        first: ``{rank: first_origin dict or None}``.
+        con: the DuckDB connection holding the tables.
+        notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
+        timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
+    """
+
+    summary: dict
+    con: duckdb.DuckDBPyConnection
+    notes: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return self.summary["verdict"]
+
+    @property
+    def first(self) -> dict:
+        return {r["rank"]: r["first_origin"] for r in self.summary["ranks"]}
+
+    @property
+    def tensors(self) -> duckdb.DuckDBPyRelation:
+        """Per leaf pair: names, metrics, verdict (DuckDB relation)."""
+        return self.con.table("tensors")
+
+    @property
+    def calls(self) -> duckdb.DuckDBPyRelation:
+        """Per call pair: names, kind, verdict, reason, e (DuckDB relation)."""
+        return self.con.table("calls")
+
+    @property
+    def alignment(self) -> duckdb.DuckDBPyRelation:
+        """Per call: target name, baseline name, how it was paired (DuckDB relation)."""
+        return self.con.table("alignment")
+
+    @property
+    def exit_code(self) -> int:
+        """0: no divergence, 1: divergence."""
+        return 1 if self.verdict == "diverged" else 0
+
+
+def _filter(side: Side, opts: CompareOptions) -> Side:
+    import pyarrow.compute as pc
+
+    def keep(table: pa.Table) -> pa.Table:
+        mask = None
+        if opts.ranks is not None:
+            mask = pc.is_in(table["rank"], pa.array(sorted(opts.ranks), pa.int32()))
+        if opts.steps is not None:
+            m2 = pc.is_in(table["step"], pa.array(sorted(opts.steps), pa.int32()))
+            mask = m2 if mask is None else pc.and_(mask, m2)
+        return table if mask is None else table.filter(mask)
+
+    side.calls, side.leaves = keep(side.calls), keep(side.leaves)
+    return side
+
+
+_LEVEL_KINDS = {
+    "L0": frozenset({"module_forward", "module_backward", "parameters_grad"}),
+    "L1": frozenset({"api_forward", "api_backward"}),
+    "mix": frozenset({"module_forward", "module_backward", "parameters_grad", "api_forward", "api_backward"}),
+    "debug": frozenset({"debug_save"}),
+}
+
+
+def _common_kinds(t: Side, b: Side, notes: list) -> None:
+    """Levels differ: keep the entry kinds both levels record (spec section 1), or raise."""
+    import pyarrow.compute as pc
+
+    kt, kb = _LEVEL_KINDS.get(t.level), _LEVEL_KINDS.get(b.level)
+    if kt is None or kb is None:
+        notes.append(f"levels differ: TARGET {t.level}, BASELINE {b.level}")
+        return
+    common = sorted(kt & kb)
+    if not common:
+        raise CompareInputError(f"levels differ: TARGET level {t.level!r} records {sorted(kt)}, BASELINE level "
+                                f"{b.level!r} records {sorted(kb)}; no entry kind in common")
+    notes.append(f"levels differ: TARGET {t.level}, BASELINE {b.level}; comparing the common entry kinds "
+                 f"{', '.join(common)}")
+    keep = pa.array(common)
+    for side in (t, b):
+        side.calls = side.calls.filter(pc.is_in(side.calls["kind"], keep))
+        names = side.calls["name"].unique()
+        side.leaves = side.leaves.filter(pc.is_in(side.leaves["name"], names))
+
+
+def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
+    def has(side: Side, col: str) -> bool:
+        return side.leaves.num_rows > 0 and side.leaves[col].null_count < side.leaves.num_rows
+    if opts.mode == "auto":
+        return "statistics"
+    if opts.mode == "md5" and not (has(t, "crc32") and has(b, "crc32")):
+        raise CompareInputError("--mode md5: field 'md5' (CRC-32) missing from "
+                                + ("TARGET" if not has(t, "crc32") else "BASELINE")
+                                + "; record with summary_mode md5, or use --mode statistics")
+    if opts.mode == "tensor":
+        raise CompareInputError("--mode tensor: tensor files are not supported by this build yet; "
+                                "allowed: auto, md5, statistics")
+    return opts.mode
+
+
+def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
+                opts: CompareOptions) -> CompareResult:
+    """Run the whole comparison (see module docstring); raises CompareInputError on bad input."""
+    import time
+
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        timings[stage] = round(now - clock[0], 3)
+        clock[0] = now
+
+    t = _filter(load_side(target, "TARGET"), opts)
+    b = _filter(load_side(baseline, "BASELINE"), opts)
+    for label, side in (("TARGET", t), ("BASELINE", b)):
+        for skip in side.skipped:
+            notes.append(f"{label}: skipped unreadable log part {skip.path} at byte {skip.offset}: {skip.reason}")
+        if side.calls.num_rows == 0:
+            raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
+    if t.level and b.level and t.level != b.level:
+        _common_kinds(t, b, notes)
+    if t.framework and b.framework and t.framework != b.framework:
+        notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; no mapping given, names must match")
+    mode = _choose_mode(opts, t, b, notes)
+    lap("load")
+    con = duckdb.connect(":memory:")
+    for prefix, side in (("t", t), ("b", b)):
+        for name in ("calls", "leaves", "stacks"):
+            con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
+    t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
+    b_keys = set(con.sql("SELECT DISTINCT rank, step FROM b_calls").fetchall())
+    common = sorted(t_keys & b_keys)
+    for label, only in (("TARGET", t_keys - b_keys), ("BASELINE", b_keys - t_keys)):
+        if only:
+            notes.append(f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only)))
+    if not common:
+        raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
+    lap("tables")
+    # alignment
+    sides = {}
+    for prefix in ("t", "b"):
+        table = _arrow(con.sql(_SIG_SQL.format(side=prefix)))
+        grouped: dict[tuple, list[Call]] = {}
+        for rank, step, seq, name, kind, sig in zip(*(table[c].to_pylist() for c in
+                                                     ("rank", "step", "seq", "name", "kind", "sig"))):
+            grouped.setdefault((rank, step), []).append(Call(seq, name, kind, sig))
+        sides[prefix] = grouped
+    lap("signatures")
+    cols: dict[str, list] = {n: [] for n in ALIGN_SCHEMA.names}
+    for rank, step in common:
+        for row in align_step(sides["t"][(rank, step)], sides["b"][(rank, step)], max_d=opts.max_d):
+            for key, value in zip(tuple(ALIGN_SCHEMA.names), (rank, step) + tuple(row)):
+                cols[key].append(value)
+    con.register("alignment_src", pa.table(cols, schema=ALIGN_SCHEMA))
+    con.execute("CREATE TABLE alignment AS SELECT * FROM alignment_src")
+    con.unregister("alignment_src")
+    lap("align")
+    con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
+    con.execute(LEAF_VERDICTS_SQL)
+    lap("leaf_metrics")
+    agg = _arrow(con.sql(CALL_AGG_SQL))
+    lap("call_aggregates")
+    rows = call_verdicts(agg.to_pylist())
+    names = [n for n in agg.column_names] + ["e", "verdict", "reason"]
+    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r[n] for r in rows], pa.float64() if n == "e"
+                      else pa.string()) for n in names})
+    con.register("calls_src", calls)
+    con.execute("CREATE TABLE calls AS SELECT * FROM calls_src")
+    con.unregister("calls_src")
+    lap("call_verdicts")
+    summary = _summary(con, rows, common, mode, opts, notes)
+    lap("summary")
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings)
+
+
+def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
+    if stack_id is None:
+        return []
+    return [f for (f,) in con.execute("SELECT frame FROM t_stacks WHERE stack_id = ? ORDER BY depth", [stack_id]).fetchall()]
+
+
+def _describe(con, r: dict) -> dict:
+    return {"name": r["t_name"], "baseline_name": r["b_name"], "step": r["step"],
+            "direction": "backward" if r["kind"] in ("api_backward", "module_backward", "parameters_grad") else "forward",
+            "kind": r["kind"], "module": r["module"], "reason": r["reason"] or
+            (f"diverged inputs and outputs (largest e {r['e']:.3g})" if r["e"] is not None else None),
+            "e": r["e"], "stack": _stack(con, r["stack_id"])}
+
+
+def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, notes: list) -> dict:
+    ranks = sorted({r for r, _ in common})
+    out_ranks = []
+    any_div = False
+    for rank in ranks:
+        mine = [r for r in rows if r["rank"] == rank]
+        mine.sort(key=lambda r: (r["step"], r["ord"]))
+        counts = {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0}
+        first_origin = first_div = None
+        for r in mine:
+            counts[r["verdict"]] += 1
+            if r["verdict"] == "origin" and first_origin is None:
+                first_origin = r
+            if r["verdict"] in ("origin", "propagated") and first_div is None:
+                first_div = r
+        if first_div is not None and first_origin is not None and first_div is first_origin:
+            first_div = None
+        if first_div is not None and first_origin is not None and \
+                (first_div["step"], first_div["ord"]) > (first_origin["step"], first_origin["ord"]):
+            first_div = None
+        if first_origin is not None or first_div is not None:
+            any_div = True
+        out_ranks.append({"rank": rank,
+                          "first_origin": _describe(con, first_origin) if first_origin else None,
+                          "first_diverged": _describe(con, first_div) if first_div else None,
+                          "counts": counts})
+    if any_div:
+        verdict = "diverged"
+    else:
+        n_not_identical = con.sql("SELECT count(*) FROM tensors WHERE verdict NOT IN ('identical', 'unpaired')").fetchall()[0][0]
+        verdict = "close" if n_not_identical else "identical"
+    return {"verdict": verdict, "mode": mode, "ranks": out_ranks, "notes": list(notes)}
+
+
+def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict:
+    """First call per rank whose inputs are all finite and whose outputs hold NaN/Inf.
+
+    Returns:
+        ``{"verdict": "nonfinite"|"finite", "ranks": [{"rank", "first_origin", "counts"}]}``
+        where ``counts`` gives ``{"nonfinite_calls": n}``.
+    Raises:
+        CompareInputError: the dump is missing or empty.
+    """
+    import pyarrow.compute as pc
+
+    side = _filter(load_side(dump, "TARGET"), CompareOptions.build(rank=ranks, step=steps))
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("calls_t", side.calls)
+        con.register("leaves_t", side.leaves)
+        con.register("stacks_t", side.stacks)
+        table = _arrow(con.sql("""
+            SELECT c.rank, c.step, c.seq, c.name, c.kind, c.parent, c.stack_id,
+              coalesce(bool_or((l.has_nan OR l.has_inf) AND (l.io IN ('input_args','input_kwargs','parameters','input')
+                                AND c.kind <> 'parameters_grad')), FALSE) AS bad_in,
+              coalesce(bool_or((l.has_nan OR l.has_inf) AND NOT (l.io IN ('input_args','input_kwargs','parameters','input')
+                                AND c.kind <> 'parameters_grad')), FALSE) AS bad_out
+            FROM calls_t c LEFT JOIN leaves_t l ON l.rank = c.rank AND l.step = c.step AND l.name = c.name
+            GROUP BY ALL ORDER BY c.rank, c.step, c.seq"""))
+        out = []
+        for rank in sorted(set(table["rank"].to_pylist())):
+            first, n_bad = None, 0
+            for r in table.filter(pc.equal(table["rank"], rank)).to_pylist():
+                if r["bad_out"] or r["bad_in"]:
+                    n_bad += 1
+                if first is None and r["bad_out"] and not r["bad_in"]:
+                    frames = [f for (f,) in con.execute(
+                        "SELECT frame FROM stacks_t WHERE stack_id = ? ORDER BY depth", [r["stack_id"]]).fetchall()] \
+                        if r["stack_id"] is not None else []
+                    first = {"name": r["name"], "step": r["step"], "kind": r["kind"],
+                             "direction": "backward" if "backward" in r["kind"] or r["kind"] == "parameters_grad" else "forward",
+                             "module": r["parent"], "reason": "finite inputs, non-finite output", "stack": frames}
+            out.append({"rank": rank, "first_origin": first, "counts": {"nonfinite_calls": n_bad}})
+    finally:
+        con.close()
+    return {"verdict": "nonfinite" if any(r["first_origin"] or r["counts"]["nonfinite_calls"] for r in out) else "finite",
+            "ranks": out}

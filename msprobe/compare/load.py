@@ -1,0 +1,256 @@
+"""Loading one side of a comparison into Arrow tables (then DuckDB).
+
+A side is either our dump (a ``dump_path`` holding ``.msprobe/log/``, read through
+:func:`store.log_reader.read_log`) or an upstream layout: a ``dump.json`` file, or any
+directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
+:mod:`msprobe.compare.dumpjson`, plus ``construct.json`` and ``stack.json`` beside it).
+
+Both give a :class:`Side` with three tables:
+
+``calls``   rank, step, seq (execution order within rank), name, kind, parent, stack_id
+``leaves``  rank, step, name (the call), cseq (the call's seq), lord (leaf order), io, arg,
+            leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite,
+            min_finite, crc32, requires_grad, has_nan, has_inf, data_name, value_json
+``stacks``  stack_id, depth (0 = innermost), frame
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import duckdb
+import pyarrow as pa
+
+from msprobe.compare.dumpjson import entry_kind, entry_leaves, iter_entries
+from msprobe.compare.errors import CompareInputError
+from store import schema as S
+
+__all__ = ["Side", "load_side", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
+
+CALL_SCHEMA = pa.schema([
+    ("rank", pa.int32()), ("step", pa.int32()), ("seq", pa.int64()), ("name", pa.string()),
+    ("kind", pa.string()), ("parent", pa.string()), ("stack_id", pa.int64()),
+])
+LEAF_SCHEMA = pa.schema([
+    ("rank", pa.int32()), ("step", pa.int32()), ("name", pa.string()), ("cseq", pa.int64()), ("lord", pa.int64()),
+    ("io", pa.string()), ("arg", pa.string()), ("leaf_kind", pa.string()), ("dtype", pa.string()),
+    ("shape", pa.list_(pa.int64())), ("numel", pa.int64()),
+    ("max", pa.float64()), ("min", pa.float64()), ("mean", pa.float64()), ("norm", pa.float64()),
+    ("max_finite", pa.float64()), ("min_finite", pa.float64()), ("crc32", pa.string()),
+    ("requires_grad", pa.bool_()), ("has_nan", pa.bool_()), ("has_inf", pa.bool_()),
+    ("data_name", pa.string()), ("value_json", pa.string()),
+])
+STACK_SCHEMA = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("frame", pa.string())])
+
+
+@dataclass
+class Side:
+    """One loaded side. ``task``/``level``/``framework`` are the first values found
+    (None when unknown); ``data_dirs`` maps (rank, step) to the directory holding tensor
+    files (upstream layouts); ``skipped`` lists unreadable parts of our logs."""
+
+    path: str
+    source: str                     # "log" or "dump.json"
+    calls: pa.Table
+    leaves: pa.Table
+    stacks: pa.Table
+    task: Optional[str] = None
+    level: Optional[str] = None
+    framework: Optional[str] = None
+    data_dirs: dict = field(default_factory=dict)
+    skipped: tuple = ()
+
+
+def load_side(path: Union[str, os.PathLike], label: str) -> Side:
+    """Load ``path`` (see module docstring).
+
+    Args:
+        path: our dump path, an upstream dump directory at any level, or a dump.json.
+        label: ``"TARGET"`` or ``"BASELINE"``, used in error messages.
+    Raises:
+        CompareInputError: the path is missing, holds neither an msprobe log nor a
+            dump.json, is empty (no entries), or a dump.json is malformed or truncated.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CompareInputError(f"{label} {str(p)!r}: path does not exist; expected a dump path, "
+                                f"an upstream step*/rank*/ directory or a dump.json")
+    if p.is_dir() and (p / S.STORE_DIR / S.LOG_DIR).is_dir():
+        side = _load_log(p)
+    else:
+        files = [p] if p.is_file() else _find_dump_files(p)
+        if not files:
+            raise CompareInputError(f"{label} {str(p)!r}: no msprobe log ({S.STORE_DIR}/{S.LOG_DIR}/) and no "
+                                    f"dump.json found below it")
+        side = _load_dump_files(p, files)
+    if side.calls.num_rows == 0:
+        raise CompareInputError(f"{label} {str(p)!r}: empty dump (0 entries)")
+    return side
+
+
+# --- our log -----------------------------------------------------------------------------
+def _load_log(p: Path) -> Side:
+    from store.log_reader import read_log
+
+    contents = read_log(p)
+    con = duckdb.connect(":memory:")
+    try:
+        table = contents.table
+        con.register("log", table.append_column("ridx", pa.array(range(table.num_rows), pa.int64())))
+        calls = con.sql(
+            "SELECT rank, step, min(seq) AS seq, name, arg_min(kind, seq) AS kind, "
+            "arg_min(parent, seq) AS parent, arg_min(stack_id, seq) AS stack_id "
+            f"FROM log WHERE row = '{S.ROW_CALL}' GROUP BY rank, step, name ORDER BY rank, step, seq"
+        ).to_arrow_table()
+        leaves = con.sql(
+            "SELECT l.rank, l.step, l.name, c.cseq, l.ridx AS lord, "
+            "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
+            "requires_grad, has_nan, has_inf, data_name, value_json "
+            f"FROM log l JOIN (SELECT rank, step, name, min(seq) AS cseq FROM log WHERE row = '{S.ROW_CALL}' "
+            f"GROUP BY ALL) c ON c.rank = l.rank AND c.step = l.step AND c.name = l.name WHERE l.row = '{S.ROW_LEAF}'"
+        ).to_arrow_table()
+        metas = con.sql(f"SELECT meta FROM log WHERE row = '{S.ROW_MARKER}' AND meta IS NOT NULL LIMIT 1").fetchall()
+    finally:
+        con.close()
+    meta = json.loads(metas[0][0]) if metas else {}
+    ids, depths, frames = [], [], []
+    for sid, fr in contents.stacks.items():
+        for depth, frame in enumerate(fr):
+            ids.append(sid)
+            depths.append(depth)
+            frames.append(frame)
+    stacks = pa.table({"stack_id": pa.array(ids, pa.int64()), "depth": pa.array(depths, pa.int32()),
+                       "frame": pa.array(frames, pa.string())})
+    return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
+                stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
+                skipped=contents.skipped)
+
+
+def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return table.select(schema.names).cast(schema)
+
+
+# --- upstream layouts --------------------------------------------------------------------
+_RANK_DIR = re.compile(r"^rank(\d*)$")
+_STEP_DIR = re.compile(r"^step(\d+)$")
+
+
+def _find_dump_files(root: Path) -> list[Path]:
+    found = sorted(set(root.rglob("dump.json")) | set(root.rglob("debug.json")))
+    return [f for f in found if S.STORE_DIR not in f.parts]
+
+
+def _rank_step(file: Path) -> tuple[int, int]:
+    rank, step = 0, 0
+    for part in file.parent.parts:
+        m = _RANK_DIR.match(part)
+        if m:
+            rank = int(m.group(1) or 0)
+        m = _STEP_DIR.match(part)
+        if m:
+            step = int(m.group(1))
+    return rank, step
+
+
+def _stack_id(frames: list) -> int:
+    return zlib.crc32("\n".join(str(f) for f in frames).encode()) 
+
+
+def _load_dump_files(root: Path, files: list[Path]) -> Side:
+    calls: dict[str, list] = {k: [] for k in CALL_SCHEMA.names}
+    leaves: dict[str, list] = {k: [] for k in LEAF_SCHEMA.names}
+    stacks: dict[int, list] = {}
+    header: dict[str, Any] = {}
+    data_dirs = {}
+    seen = set()
+    for file in files:
+        rank, step = _rank_step(file)
+        if (rank, step) in seen:
+            raise CompareInputError(f"{str(file)!r}: a second dump.json for rank {rank} step {step} under "
+                                    f"{str(root)!r}; pass the step or rank directory instead")
+        seen.add((rank, step))
+        data_dirs[(rank, step)] = str(file.parent / "dump_tensor_data")
+        parents = _read_small_json(file.parent / "construct.json")
+        stack_of = _stack_map(_read_small_json(file.parent / "stack.json"))
+        for sid, frames in stack_of.values():
+            stacks.setdefault(sid, frames)
+        seq = 0
+        first_call = len(calls["name"])
+        for name, entry in iter_entries(file):
+            if name == "header":
+                header = header or entry
+                continue
+            seq += 2
+            kind = entry_kind(name)
+            sid = stack_of.get(name, (None, None))[0]
+            for key, value in ((
+                "rank", rank), ("step", step), ("seq", seq), ("name", name), ("kind", kind),
+                ("parent", parents.get(name) or None), ("stack_id", sid)):
+                calls[key].append(value)
+            for lord, leaf in enumerate(entry_leaves(kind, entry)):
+                leaf.update(rank=rank, step=step, name=name, lord=lord)
+                for key in LEAF_SCHEMA.names:
+                    leaves[key].append(leaf.get(key))
+        _move_parameters_grad(calls, first_call)
+    call_seq = {(r, st, n): q for r, st, n, q in zip(calls["rank"], calls["step"], calls["name"], calls["seq"])}
+    leaves["cseq"] = [call_seq[(r, st, n)] for r, st, n in zip(leaves["rank"], leaves["step"], leaves["name"])]
+    ids, depths, frames_col = [], [], []
+    for sid, frames in stacks.items():
+        for depth, frame in enumerate(frames):
+            ids.append(sid)
+            depths.append(depth)
+            frames_col.append(str(frame))
+    return Side(
+        path=str(root), source="dump.json",
+        calls=pa.table(calls, schema=CALL_SCHEMA), leaves=pa.table(leaves, schema=LEAF_SCHEMA),
+        stacks=pa.table({"stack_id": ids, "depth": depths, "frame": frames_col}, schema=STACK_SCHEMA),
+        task=header.get("task"), level=header.get("level"), framework=header.get("framework"),
+        data_dirs=data_dirs,
+    )
+
+
+def _move_parameters_grad(calls: dict[str, list], first: int) -> None:
+    """Upstream inserts ``P.parameters_grad`` right after ``P``'s first forward; the
+    gradients arrive with ``P``'s backward, so order it just after its last backward."""
+    last_backward: dict[str, int] = {}
+    for i in range(first, len(calls["name"])):
+        name = calls["name"][i]
+        if calls["kind"][i] == "module_backward":
+            last_backward[name.rsplit(".", 2)[0]] = calls["seq"][i]
+    for i in range(first, len(calls["name"])):
+        if calls["kind"][i] == "parameters_grad":
+            seq = last_backward.get(calls["name"][i][: -len(".parameters_grad")])
+            if seq is not None:
+                calls["seq"][i] = seq + 1
+
+
+def _read_small_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CompareInputError(f"{str(path)!r}: malformed JSON: {exc}") from None
+    return value if isinstance(value, dict) else {}
+
+
+def _stack_map(raw: dict) -> dict[str, tuple[int, list]]:
+    """``{entry name: (stack_id, frames)}`` from a 1.2.2 (``{name: [frames]}``) or v26
+    (``{"0": [[names], [frames]]}``) stack.json."""
+    out: dict[str, tuple[int, list]] = {}
+    for key, value in raw.items():
+        if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+                and isinstance(value[1], list) and all(isinstance(n, str) for n in value[0])
+                and key.isdigit()):
+            names, frames = value
+        else:
+            names, frames = [key], value if isinstance(value, list) else [str(value)]
+        sid = _stack_id(frames)
+        for name in names:
+            out[name] = (sid, frames)
+    return out

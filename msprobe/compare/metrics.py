@@ -1,0 +1,207 @@
+"""Per-leaf metrics (issue 8, "Metrics"), float64.
+
+``statistics`` (SQL, :func:`leaf_pairs_sql`): upstream's ``X diff`` = X_N − X_B and
+``XRelativeErr`` = |X_N − X_B| / |X_B| × 100 for X in Max, Min, Mean, Norm; our error
+
+    e = max(|ΔMax|/S, |ΔMin|/S, |ΔMean|/R, |ΔNorm|/Norm_B),
+    S = max(|Max_B|, |Min_B|), R = Norm_B / sqrt(numel),
+
+every denominator floored at the baseline dtype's atol (float64 1e-7, other floats 1e-5,
+non-floats 1), so a Mean near 0 never dominates. Worked example: B = [1, -1, 2, -2]
+(Max 2, Min -2, Mean 0, Norm √10 ≈ 3.1623), N = B with 2 → 2.002: ΔMax = 0.002,
+ΔMean = 0.0005, ΔNorm ≈ 0.000632; S = 2, R = √10/2 ≈ 1.5811; e = max(0.001, 0, 0.000316,
+0.0002) = 0.001.
+
+``md5``: e = 0 if CRC-32, dtype and shape are equal, else 1.
+
+``tensor`` (:func:`tensor_metrics`, two numpy arrays): Cosine, EucDist, e = ‖N−B‖/‖B‖,
+MaxAbsErr, MaxRelativeErr, One/Five Thousandth Err Ratio.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["tensor_metrics", "leaf_pairs_sql", "ATOL"]
+
+ATOL = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "float": 1e-5}
+
+
+def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Optional[float]]:
+    """Element-wise metrics of two same-shape arrays, in float64.
+
+    NaN/Inf positions compare first: if they differ, ``nonfinite`` is True and ``e`` is
+    inf; otherwise the metrics use the finite elements only.
+
+    Args:
+        target, baseline: arrays of equal shape (any real dtype; converted to float64).
+    Returns:
+        ``{"cosine", "euc_dist", "e", "max_abs_err", "max_rel_err",
+        "one_thousandth_ratio", "five_thousandths_ratio", "nonfinite"}``; Cosine is None
+        when either side is all zeros (undefined). Relative errors use eps = 2**-52
+        where B = 0. Example: N = [1, 2.004], B = [1, 2] gives MaxAbsErr 0.004,
+        MaxRelativeErr 0.002, e = 0.004/√5 ≈ 0.00179, One Thousandth ratio 0.5.
+    Raises:
+        ValueError: the shapes differ.
+    """
+    n = np.asarray(target, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    if n.shape != b.shape:
+        raise ValueError(f"tensor_metrics: shapes differ: target {n.shape}, baseline {b.shape}")
+    n, b = n.ravel(), b.ravel()
+    fin_n, fin_b = np.isfinite(n), np.isfinite(b)
+    same_nonfinite = bool(np.array_equal(fin_n, fin_b)) and bool(
+        np.array_equal(n[~fin_n], b[~fin_b], equal_nan=True))
+    if not same_nonfinite:
+        return {"cosine": None, "euc_dist": math.inf, "e": math.inf, "max_abs_err": math.inf,
+                "max_rel_err": math.inf, "one_thousandth_ratio": 0.0, "five_thousandths_ratio": 0.0,
+                "nonfinite": True}
+    n, b = n[fin_n], b[fin_b]
+    if n.size == 0:
+        return {"cosine": None, "euc_dist": 0.0, "e": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0, "nonfinite": False}
+    diff = n - b
+    euc = float(np.sqrt(np.dot(diff, diff)))
+    norm_n, norm_b = float(np.sqrt(np.dot(n, n))), float(np.sqrt(np.dot(b, b)))
+    cosine = float(np.dot(n, b) / (norm_n * norm_b)) if norm_n > 0 and norm_b > 0 else None
+    abs_err = np.abs(diff)
+    rel = abs_err / np.where(b == 0, np.finfo(np.float64).eps, np.abs(b))
+    e = euc / norm_b if norm_b > 0 else (0.0 if euc == 0 else math.inf)
+    return {"cosine": cosine, "euc_dist": euc, "e": e, "max_abs_err": float(abs_err.max()),
+            "max_rel_err": float(rel.max()), "one_thousandth_ratio": float((rel < 0.001).mean()),
+            "five_thousandths_ratio": float((rel < 0.005).mean()), "nonfinite": False}
+
+
+def _fin(x: str) -> str:
+    return f"CASE WHEN isnan({x}) OR isinf({x}) THEN NULL ELSE {x} END"
+
+
+def _dclass_sql(col: str) -> str:
+    d = f"lower({col})"
+    return (f"CASE WHEN {col} IS NULL THEN NULL "
+            f"WHEN contains({d}, 'bfloat16') THEN 'bfloat16' "
+            f"WHEN contains({d}, 'float16') OR suffix({d}, 'half') THEN 'float16' "
+            f"WHEN contains({d}, 'float32') OR {d} IN ('float', 'torch.float') THEN 'float32' "
+            f"WHEN contains({d}, 'float64') OR suffix({d}, 'double') THEN 'float64' "
+            f"WHEN contains({d}, 'float') THEN 'float' WHEN contains({d}, 'complex') THEN 'complex' "
+            f"WHEN contains({d}, 'bool') THEN 'bool' WHEN contains({d}, 'int') THEN 'int' ELSE {d} END")
+
+
+def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
+    """SQL building table ``leaf_pairs`` from ``alignment``, ``t_leaves``, ``b_leaves``:
+    one row per leaf of a paired call (full outer join on ``io``, ``arg``; a tensor leaf
+    without a same-path partner pairs with the other side's leftover leaf of the same
+    ``io``, dtype class and shape when that is unique on both sides: upstream orders API
+    backward outputs differently, spec section 9), with the
+    upstream diff columns, ``e`` (see module docstring), ``tol_pair`` (rtol of the pair's
+    lower-precision dtype, 0 for non-floats) and ``state``: identical, structural,
+    nonfinite, unpaired, or measured (to be judged against the tolerance).
+    Target backward statistics are divided by ``loss_scale`` first.
+    """
+    floats = "('float64','float32','float','float16','bfloat16')"
+    prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
+    tol_case = " ".join(f"WHEN '{k}' THEN {float(v)!r}" for k, v in tol.items())
+    prec_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in prec.items())
+    atol_case = " ".join(f"WHEN '{k}' THEN {v!r}" for k, v in ATOL.items())
+    scale = float(loss_scale)
+    terms = [
+        "abs(coalesce(t_max_finite, t_max) - coalesce(b_max_finite, b_max)) / s_den",
+        "abs(coalesce(t_min_finite, t_min) - coalesce(b_min_finite, b_min)) / s_den",
+        "abs(t_mean - b_mean) / greatest(b_norm / sqrt(greatest(b_numel, 1)), atol)",
+        "abs(t_norm - b_norm) / greatest(abs(b_norm), atol)",
+    ]
+    stat_e = "greatest(" + ", ".join(_fin(f"({x})") for x in terms) + ", 0.0)"
+    md5_e = "CASE WHEN t_md5 = b_md5 AND t_dtype = b_dtype AND t_shape = b_shape THEN 0.0 ELSE 1.0 END"
+    e_expr = md5_e if mode == "md5" else stat_e
+    same_stats = ("t_max IS NOT DISTINCT FROM b_max AND t_min IS NOT DISTINCT FROM b_min AND "
+                  "t_mean IS NOT DISTINCT FROM b_mean AND t_norm IS NOT DISTINCT FROM b_norm")
+    no_md5 = "FALSE" if mode == "md5" else f"t_dtype = b_dtype AND {same_stats}"
+    identical = (f"CASE WHEN t_md5 IS NOT NULL AND b_md5 IS NOT NULL THEN t_md5 = b_md5 AND t_dtype = b_dtype "
+                 f"ELSE {no_md5} END")
+    def side(alias: str, table: str) -> str:
+        bwd = "a.kind IN ('api_backward','module_backward','parameters_grad')"
+        div = f" / {scale!r}" if alias == "t" and scale != 1.0 else ""
+        stat = {c: (f"CASE WHEN {bwd} THEN l.{c}{div} ELSE l.{c} END" if div else f"l.{c}")
+                for c in ("max", "min", "mean", "norm", "max_finite", "min_finite")}
+        seq = "a.t_seq" if alias == "t" else "a.b_seq"
+        return f"""SELECT a.rank, a.step, a.ord, a.t_seq AS aid, a.t_name AS t_call, a.b_name AS b_call, a.kind AS call_kind,
+         l.io, l.arg, l.lord, l.leaf_kind, l.dtype, {_dclass_sql('l.dtype')} AS dclass, l.shape, l.numel,
+         {stat['max']} AS max, {stat['min']} AS min, {stat['mean']} AS mean, {stat['norm']} AS norm,
+         {stat['max_finite']} AS max_finite, {stat['min_finite']} AS min_finite,
+         l.crc32, l.requires_grad, coalesce(l.has_nan, FALSE) AS has_nan, coalesce(l.has_inf, FALSE) AS has_inf,
+         l.data_name, l.value_json
+  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = {seq}
+  WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
+    cols = ["leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
+            "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "lord"]
+    renamed = ", ".join(f"t.{c} AS t_{c}, b.{c} AS b_{c}" for c in cols)
+    return f"""
+CREATE OR REPLACE TABLE leaf_pairs AS
+WITH t0 AS ({side('t', 't_leaves')}),
+b AS ({side('b', 'b_leaves')}),
+-- leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
+t_left AS (SELECT * FROM t0 WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM b WHERE b.rank = t0.rank
+           AND b.step = t0.step AND b.aid = t0.aid AND b.io = t0.io AND b.arg = t0.arg
+           AND b.leaf_kind = 'tensor' AND b.shape = t0.shape)),
+b_left AS (SELECT * FROM b WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM t0 WHERE t0.rank = b.rank
+           AND t0.step = b.step AND t0.aid = b.aid AND t0.io = b.io AND t0.arg = b.arg
+           AND t0.leaf_kind = 'tensor' AND t0.shape = b.shape)),
+t_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
+        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
+        FROM t_left),
+b_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
+        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
+        FROM b_left),
+remap AS (SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
+          ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
+          AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1),
+t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
+                         WHEN EXISTS (SELECT 1 FROM remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
+                              AND r2.aid = t0.aid AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
+                         ELSE t0.arg END AS join_arg
+      FROM t0 LEFT JOIN remap
+      ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
+      AND remap.arg = t0.arg),
+j AS (
+  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
+         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
+         coalesce(t.call_kind, b.call_kind) AS call_kind,
+         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, {renamed},
+         t.crc32 AS t_md5, b.crc32 AS b_md5, t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b
+  FROM t FULL OUTER JOIN b
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),
+k AS (
+  SELECT j.*,
+    (CASE b_dclass {atol_case} ELSE 1.0 END) AS atol,
+    greatest(abs(coalesce(b_max_finite, b_max)), abs(coalesce(b_min_finite, b_min)), (CASE b_dclass {atol_case} ELSE 1.0 END)) AS s_den,
+    CASE WHEN NOT in_t OR NOT in_b THEN 'unpaired'
+         WHEN t_leaf_kind <> b_leaf_kind THEN 'structural'
+         WHEN t_leaf_kind = 'value' THEN CASE WHEN t_value_json IS NOT DISTINCT FROM b_value_json THEN 'identical' ELSE 'structural' END
+         WHEN t_leaf_kind <> 'tensor' THEN 'identical'
+         WHEN t_dclass IS DISTINCT FROM b_dclass AND NOT (t_dclass IN {floats} AND b_dclass IN {floats}) THEN 'structural'
+         WHEN t_shape IS DISTINCT FROM b_shape THEN 'structural'
+         WHEN t_requires_grad IS NOT NULL AND b_requires_grad IS NOT NULL AND t_requires_grad <> b_requires_grad THEN 'structural'
+         WHEN t_has_nan <> b_has_nan OR t_has_inf <> b_has_inf THEN 'nonfinite'
+         WHEN {identical} THEN 'identical'
+         ELSE 'measured' END AS state
+  FROM j)
+SELECT k.* EXCLUDE (s_den, atol),
+  t_max - b_max AS max_diff, t_min - b_min AS min_diff, t_mean - b_mean AS mean_diff, t_norm - b_norm AS norm_diff,
+  abs(t_max - b_max) / abs(b_max) * 100 AS max_rel_pct, abs(t_min - b_min) / abs(b_min) * 100 AS min_rel_pct,
+  abs(t_mean - b_mean) / abs(b_mean) * 100 AS mean_rel_pct, abs(t_norm - b_norm) / abs(b_norm) * 100 AS norm_rel_pct,
+  CASE WHEN state IN ('structural', 'nonfinite') THEN 'inf'::DOUBLE
+       WHEN state = 'identical' THEN 0.0
+       WHEN state = 'unpaired' THEN NULL
+       ELSE {e_expr} END AS e,
+  CASE WHEN state = 'unpaired' OR t_leaf_kind <> 'tensor' THEN 0.0
+       WHEN t_dclass NOT IN {floats} OR b_dclass NOT IN {floats} THEN 0.0
+       WHEN (CASE t_dclass {prec_case} ELSE 1 END) >= (CASE b_dclass {prec_case} ELSE 1 END)
+         THEN (CASE t_dclass {tol_case} ELSE 1.3e-6 END)
+       ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair,
+  coalesce(t_dclass IN {floats}, FALSE) AS is_float,
+  CASE WHEN io IN ('input_args', 'input_kwargs', 'parameters', 'input') AND call_kind <> 'parameters_grad'
+       THEN 'in' ELSE 'out' END AS role
+FROM k
+"""

@@ -1,0 +1,146 @@
+"""Outputs in OUT: summary.json, tensors/calls/alignment as CSV and Parquet, report.html."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Union
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+__all__ = ["write_outputs", "console_summary", "is_compare_output", "query_outputs"]
+
+TABLES = ("tensors", "calls", "alignment")
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _table(result, name: str, opts) -> pa.Table:
+    rel = result.con.table(name)
+    if opts.first_only and name in ("calls", "tensors", "alignment"):
+        limits = {r["rank"]: (r["first_origin"]["step"], r["first_origin"]["name"])
+                  for r in result.summary["ranks"] if r["first_origin"]}
+        if limits:
+            cond = " OR ".join(
+                f"(rank = {rank} AND (step < {s} OR (step = {s} AND ord <= (SELECT ord FROM calls WHERE rank = {rank} "
+                f"AND step = {s} AND t_name = '{n.replace(chr(39), chr(39) * 2)}'))))" for rank, (s, n) in limits.items())
+            others = ", ".join(str(r) for r in limits)
+            rel = result.con.sql(f"SELECT * FROM {name} WHERE {cond} OR rank NOT IN ({others})")
+    table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    return table
+
+
+def _csv_safe(table: pa.Table) -> pa.Table:
+    cols = []
+    for col in table.columns:
+        if pa.types.is_list(col.type) or pa.types.is_struct(col.type):
+            col = pa.array([None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string())
+        cols.append(col)
+    return pa.table(cols, names=table.column_names)
+
+
+def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
+    """Write the selected formats into ``out`` (created); returns the files written.
+
+    Raises:
+        CompareInputError: ``xlsx`` requested without openpyxl installed.
+    """
+    from msprobe.compare.errors import CompareInputError
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = out / "summary.json"
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(_jsonable(result.summary), indent=1, allow_nan=False))
+    os.replace(tmp, path)
+    written.append(path)
+    for name in TABLES:
+        if "csv" not in opts.formats and "parquet" not in opts.formats:
+            break
+        table = _table(result, name, opts)
+        if "parquet" in opts.formats:
+            pq.write_table(table, out / f"{name}.parquet")
+            written.append(out / f"{name}.parquet")
+        if "csv" in opts.formats:
+            pacsv.write_csv(_csv_safe(table), out / f"{name}.csv")
+            written.append(out / f"{name}.csv")
+    if "html" in opts.formats:
+        from msprobe.compare.report import write_html
+
+        written.append(write_html(result, out / "report.html"))
+    if "xlsx" in opts.formats:
+        try:
+            import openpyxl  # noqa: F401
+        except ImportError:
+            raise CompareInputError("--format xlsx: needs the openpyxl package, which is not installed; "
+                                    "use csv or parquet") from None
+        raise CompareInputError("--format xlsx: not implemented in this build; use csv or parquet")
+    return written
+
+
+def console_summary(summary: dict) -> str:
+    """A few lines for the terminal: the verdict and, per rank, the first origin."""
+    lines = [f"verdict: {summary['verdict']} (mode {summary.get('mode')})"]
+    for r in summary["ranks"]:
+        c = r["counts"]
+        lines.append(f"rank {r['rank']}: pass {c['pass']}, propagated {c['propagated']}, "
+                     f"origin {c['origin']}, unpaired {c['unpaired']}")
+        for key, label in (("first_origin", "first origin"), ("first_diverged", "first diverged (earlier)")):
+            f = r.get(key)
+            if f:
+                where = f" in {f['module']}" if f.get("module") else ""
+                lines.append(f"  {label}: {f['name']} (step {f['step']}, {f['direction']}){where}: {f['reason']}")
+                if f.get("stack"):
+                    lines.append(f"    at {f['stack'][0].splitlines()[0]}")
+    for note in summary.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def is_compare_output(path: Union[str, os.PathLike]) -> bool:
+    """True when ``path`` is an OUT directory of ``msprobe compare`` (summary.json and
+    Parquet tables)."""
+    p = Path(path)
+    return (p / "summary.json").is_file() and any((p / f"{t}.parquet").is_file() for t in TABLES)
+
+
+def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
+    """Run ``sql`` over the Parquet tables ``tensors``, ``calls``, ``alignment`` of a
+    compare OUT directory (read-only, like :func:`store.query.query`).
+
+    Raises:
+        store.errors.QueryError: the SQL is invalid or fails.
+    """
+    import duckdb
+
+    from store.errors import QueryError
+
+    con = duckdb.connect(":memory:")
+    try:
+        for name in TABLES:
+            file = Path(path) / f"{name}.parquet"
+            if file.is_file():
+                con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet(?)", [str(file)])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        try:
+            rel = con.sql(sql)
+            if rel is None:
+                return pa.table({})
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {exc}") from exc
+    finally:
+        con.close()
