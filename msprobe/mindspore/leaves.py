@@ -22,12 +22,13 @@ import numpy as np
 from mindspore import Parameter, Tensor
 from mindspore.common import dtype as mstype
 
+from msprobe.core.values import qualname as _qualname
+from msprobe.core.values import value_record as core_value_record
 from msprobe.mindspore.stats import array_stats, crc32_hex, host_array
 from store import schema
 from store.records import Leaf
 
 MAX_DEPTH = 10
-MAX_TEXT = 256
 
 #: dump.json top-level key → tensor file name category (spec 2.2).
 CATEGORY = {"input_args": "input", "input_kwargs": "kwargs"}
@@ -36,50 +37,12 @@ CATEGORY = {"input_args": "input", "input_kwargs": "kwargs"}
 TensorSink = Callable[[str, np.ndarray], str]
 
 
-def _qualname(obj: Any) -> str:
-    t = type(obj)
-    mod = t.__module__
-    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
-
-
-def _safe_repr(obj: Any) -> str:
-    try:
-        text = repr(obj)
-    except Exception:
-        text = f"<{_qualname(obj)} object>"
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
 def value_record(obj: Any) -> dict:
-    """The JSON record of a non-tensor, non-container value."""
-    if isinstance(obj, bool):
-        return {"type": "bool", "value": obj}
-    if isinstance(obj, int):
-        return {"type": "int", "value": obj}
-    if isinstance(obj, float):
-        return {"type": "float", "value": obj}
-    if isinstance(obj, str):
-        return {"type": "str", "value": obj if len(obj) <= 4096 else obj[:4093] + "..."}
-    if isinstance(obj, slice):
-        return {"type": "slice", "value": [_part(obj.start), _part(obj.stop), _part(obj.step)]}
-    if obj is Ellipsis:
-        return {"type": "ellipsis", "value": "..."}
+    """The JSON record of a non-tensor, non-container value: MindSpore dtypes here (spec
+    3.3, any position), everything else via :func:`msprobe.core.values.value_record`."""
     if isinstance(obj, mstype.Type):
         return {"type": "mindspore.dtype", "value": str(obj)}
-    if isinstance(obj, np.generic):
-        try:
-            v = obj.item()
-            json.dumps(v)
-        except Exception:
-            v = _safe_repr(obj)
-        return {"type": type(obj).__name__, "value": v}
-    return {"type": _qualname(obj), "value": _safe_repr(obj)}
-
-
-def _part(v: Any) -> Any:
-    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
-        return v
-    return _safe_repr(v)
+    return core_value_record(obj)
 
 
 def file_stem(entry: str, io: str, path: tuple) -> str:

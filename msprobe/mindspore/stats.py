@@ -32,21 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-
-class TensorStats:
-    """Statistics of one tensor as Python floats (None = JSON null)."""
-
-    __slots__ = ("max", "min", "mean", "norm", "max_finite", "min_finite", "has_nan", "has_inf")
-
-    def __init__(self) -> None:
-        self.max: Optional[float] = None
-        self.min: Optional[float] = None
-        self.mean: Optional[float] = None
-        self.norm: Optional[float] = None
-        self.max_finite: Optional[float] = None
-        self.min_finite: Optional[float] = None
-        self.has_nan: Optional[bool] = None
-        self.has_inf: Optional[bool] = None
+from msprobe.core.statistics import TensorStats
 
 
 def host_array(t: Any) -> np.ndarray:

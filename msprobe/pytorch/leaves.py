@@ -24,6 +24,9 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from msprobe.core.values import qualname as _qualname
+from msprobe.core.values import slice_part
+from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
@@ -31,37 +34,12 @@ from store import schema
 from store.records import Leaf
 
 MAX_DEPTH = 10
-MAX_TEXT = 256
-
-
-def _qualname(obj: Any) -> str:
-    t = type(obj)
-    mod = t.__module__
-    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
-
-
-def _safe_repr(obj: Any) -> str:
-    try:
-        text = repr(obj)
-    except Exception:
-        text = f"<{_qualname(obj)} object>"
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
 
 
 def value_record(obj: Any) -> dict:
-    """The JSON record of a non-tensor, non-container value."""
-    if isinstance(obj, bool):
-        return {"type": "bool", "value": obj}
-    if isinstance(obj, int):
-        return {"type": "int", "value": obj}
-    if isinstance(obj, float):
-        return {"type": "float", "value": obj}
-    if isinstance(obj, str):
-        return {"type": "str", "value": obj if len(obj) <= 4096 else obj[:4093] + "..."}
-    if isinstance(obj, slice):
-        return {"type": "slice", "value": [_slice_part(obj.start), _slice_part(obj.stop), _slice_part(obj.step)]}
-    if obj is Ellipsis:
-        return {"type": "ellipsis", "value": "..."}
+    """The JSON record of a non-tensor, non-container value: PyTorch's own types here
+    (dtype and device wherever they appear, spec 9 fix 13), distributed objects, then the
+    framework-neutral records of :func:`msprobe.core.values.value_record`."""
     if isinstance(obj, torch.dtype):
         return {"type": "torch.dtype", "value": str(obj)}
     if isinstance(obj, torch.device):
@@ -70,27 +48,17 @@ def value_record(obj: Any) -> dict:
         return {"type": "torch.Size", "value": list(obj)}
     if isinstance(obj, torch.memory_format):
         return {"type": "torch.memory_format", "format": str(obj).rpartition(".")[2]}
-    if isinstance(obj, np.generic):
-        try:
-            v = obj.item()
-            json.dumps(v)
-        except Exception:
-            v = _safe_repr(obj)
-        return {"type": type(obj).__name__, "value": v}
-    if isinstance(obj, complex):
-        return {"type": "complex", "value": _safe_repr(obj)}
-    dist_record = distributed_value(obj)
-    if dist_record is not None:
-        return dist_record
-    return {"type": _qualname(obj), "value": _safe_repr(obj)}
+    if not isinstance(obj, (bool, int, float, str, slice, np.generic)) and obj is not Ellipsis:
+        dist_record = distributed_value(obj)
+        if dist_record is not None:
+            return dist_record
+    return core_value_record(obj, _slice_part)
 
 
 def _slice_part(v: Any) -> Any:
-    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
-        return v
     if isinstance(v, torch.Tensor) and v.numel() == 1 and v.layout == torch.strided and v.device.type != "meta":
         return v.item() if not v.is_floating_point() else float(v.item())
-    return _safe_repr(v)
+    return slice_part(v)
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:

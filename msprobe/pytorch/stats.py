@@ -30,6 +30,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from msprobe.core.statistics import TensorStats
+
 _F64 = torch.float64
 _F32 = torch.float32
 _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -59,22 +61,6 @@ def host_array(x: torch.Tensor) -> np.ndarray:
     buf = (ctypes.c_char * (n * x.element_size())).from_address(x.data_ptr())
     buf._owner = x  # the array's base keeps the tensor (maybe a fresh contiguous copy) alive
     return np.frombuffer(buf, dtype=_NUMPY_OF[x.dtype], count=n)
-
-
-class TensorStats:
-    """Statistics of one tensor as Python floats (None = JSON null)."""
-
-    __slots__ = ("max", "min", "mean", "norm", "max_finite", "min_finite", "has_nan", "has_inf")
-
-    def __init__(self) -> None:
-        self.max: Optional[float] = None
-        self.min: Optional[float] = None
-        self.mean: Optional[float] = None
-        self.norm: Optional[float] = None
-        self.max_finite: Optional[float] = None
-        self.min_finite: Optional[float] = None
-        self.has_nan: Optional[bool] = None
-        self.has_inf: Optional[bool] = None
 
 
 def has_data(t: torch.Tensor) -> bool:
