@@ -38,6 +38,7 @@ from store.errors import ExportError, StoreError
 from store.fileutil import atomic_write_text, make_dirs
 from store.log_reader import Skipped, read_log
 from store.payload_writer import Payload, PayloadReader
+from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
 
 logger = logging.getLogger("msprobe")
 
@@ -524,7 +525,9 @@ def export_tensors(
     it, or copies where links are impossible. Names in ``done`` (updated in place) are
     skipped: the live session passes the names written at an earlier ``stop()`` of the
     same step. A payload that cannot be read (its shard was never written because the
-    process died) is logged and skipped.
+    process died) is logged and skipped. A ``data_name`` longer than the file-name limit
+    is written under a short name recorded in ``mapping.csv``
+    (:mod:`store.tensor_names`).
 
     Returns:
         The ``data_name`` s written.
@@ -538,42 +541,57 @@ def export_tensors(
     names = leaves[S.DATA_NAME].to_pylist()
     refs = leaves[S.PAYLOAD].to_pylist()
     directory = make_dirs(tensor_dir)
+    limit = name_limit(directory)
     first: dict[str, Path] = {}
     written: list[str] = []
+    mapped: dict[str, str] = {}
     done = done if done is not None else set()
-    for name, ref in zip(names, refs):
-        if not name or name in done or "/" in name or "\\" in name or name.startswith("."):
-            continue
-        target = directory / name
-        source = first.get(ref)
-        if source is None:
-            try:
-                payload = payloads.read(ref)
-            except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
-                logger.warning("msprobe: tensor %s not exported: payload %s unreadable (%s)", name, ref, exc)
+    try:
+        for name, ref in zip(names, refs):
+            if not name or name in done or "/" in name or "\\" in name or name.startswith("."):
                 continue
-            tmp = directory / f".{name}.tmp"
-            try:
-                write_tensor(tmp, payload)
-                os.chmod(tmp, 0o640)
-                os.replace(tmp, target)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-            first[ref] = target
-        else:
-            _link_or_copy(source, target)
-        done.add(name)
-        written.append(name)
+            file_name = disk_name(name, limit)
+            if _write_one(directory, name, file_name, ref, first, payloads, write_tensor, limit):
+                if file_name != name:
+                    mapped[name] = file_name
+                done.add(name)
+                written.append(name)
+    finally:
+        update_mapping(directory, mapped)
     return written
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def _write_one(directory: Path, name: str, file_name: str, ref: str, first: dict[str, Path],
+               payloads: PayloadReader, write_tensor: TensorFileWriter, limit: int) -> bool:
+    """Write one tensor file of :func:`export_tensors`; False when its payload is unreadable."""
+    target = directory / file_name
+    source = first.get(ref)
+    if source is None:
+        try:
+            payload = payloads.read(ref)
+        except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
+            logger.warning("msprobe: tensor %s not exported: payload %s unreadable (%s)", name[:300], ref, exc)
+            return False
+        tmp = directory / tmp_name(file_name, limit)
+        try:
+            write_tensor(tmp, payload)
+            os.chmod(tmp, 0o640)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        first[ref] = target
+    else:
+        _link_or_copy(source, target, limit)
+    return True
+
+
+def _link_or_copy(source: Path, target: Path, limit: int = 255) -> None:
     """Make ``target`` a hard link to ``source`` (a copy where links are impossible)."""
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = target.with_name(tmp_name(target.name, limit))
     try:
         os.unlink(tmp)
     except OSError:

@@ -11,7 +11,6 @@ Names (separator always ``.``):
 from __future__ import annotations
 
 import re
-import zlib
 
 
 class CallCounter:
@@ -80,12 +79,9 @@ def safe_component(text: str, limit: int = 200) -> str:
 #: dump.json top-level key → file-name category (spec 2.2).
 _CATEGORY = {"input_args": "input", "input_kwargs": "kwargs", "output": "output",
              "parameters": "parameters", "input": "input"}
-#: longest file name most file systems accept (unit: bytes).
-MAX_FILE_NAME = 255
-
-
 def tensor_file_name(entry: str, kind: str, io: str, path: tuple, ext: str) -> str:
-    """The tensor file name of one leaf (spec 2.2, section 9 fix 15), sanitised.
+    """The tensor file name of one leaf (spec 2.2, section 9 fix 15), sanitised, any
+    length (see :mod:`store.tensor_names` for names over 255 bytes).
 
     Args:
         entry: the dump.json entry name.
@@ -114,8 +110,6 @@ def tensor_file_name(entry: str, kind: str, io: str, path: tuple, ext: str) -> s
     else:
         parts = [entry, _CATEGORY.get(io, io), *(str(p) for p in path)]
     name = ".".join(p for p in parts if p != "") + "." + ext
-    name = safe_component(name, limit=10_000)
-    if len(name.encode()) > MAX_FILE_NAME:
-        digest = format(zlib.crc32(name.encode()) & 0xFFFFFFFF, "08x")
-        name = name[: MAX_FILE_NAME - len(ext) - 11] + "." + digest + "." + ext
-    return name
+    # not shortened: a name over the file-name limit is mapped to a short file name at
+    # export time (store.tensor_names, mapping.csv); dump.json keeps this full name
+    return safe_component(name, limit=len(name))

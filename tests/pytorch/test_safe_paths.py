@@ -5,6 +5,7 @@ refused at construction, and a symbolic link planted in place of one of msprobe'
 directories (``step{N}``, ``rank``, ``.msprobe/log``) is refused at write time."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -16,7 +17,9 @@ import torch.nn as nn
 
 from msprobe.core.errors import ConfigError
 from msprobe.pytorch import PrecisionDebugger
+from msprobe.pytorch.payload import write_pt
 from store.export import export_log
+from store.tensor_names import read_mapping, tensor_file_path
 
 EVIL = "../../escaped"
 LONG = "N" * 5000
@@ -182,11 +185,92 @@ def test_tensor_files_of_hostile_names_stay_inside(tmp_path):
         assert os.path.realpath(path).startswith(str(tmp_path) + os.sep)
 
 
-@pytest.mark.xfail(strict=True, reason="no mapping for tensor file names over 255 bytes yet (spec 1.4 "
-                   "mapping.csv): data_name is recorded but the file cannot be created")
+def _expected_disk_name(data_name: str) -> str:
+    """Hand-written rule of the mapped name: first bytes of the name, 16 hex digits of
+    sha256, the extension; 255 bytes in all (ASCII names here)."""
+    stem, ext = data_name.rsplit(".", 1)
+    tail = "." + hashlib.sha256(data_name.encode()).hexdigest()[:16] + "." + ext
+    return data_name[: 255 - len(tail)] + tail
+
+
 def test_very_long_tensor_file_names_are_mapped(tmp_path):
     tensor_dir, names = _tensor_run(tmp_path, "N" * 300)
-    assert all(len(n.encode()) <= 255 for n in os.listdir(tensor_dir))
-    mapped = (tensor_dir / "mapping.csv").read_text() if (tensor_dir / "mapping.csv").exists() else ""
-    for n in names:
-        assert (tensor_dir / n).exists() or n in mapped, n[:80]
+    files = os.listdir(tensor_dir)
+    assert all(len(n.encode()) <= 255 for n in files)
+    long_names = sorted({n for n in names if len(n.encode()) > 255})
+    # dump.json keeps the full names: ReLU forward input/output and backward input/output
+    prefix = "Module." + "N" * 300 + ".ReLU."
+    assert long_names == sorted(prefix + s for s in (
+        "forward.0.input.0.pt", "forward.0.output.0.pt", "backward.0.input.0.pt", "backward.0.output.0.pt"))
+    expected_csv = "file_name,data_name\n" + "".join(f"{_expected_disk_name(n)},{n}\n" for n in long_names)
+    assert (tensor_dir / "mapping.csv").read_text() == expected_csv
+    assert stat.S_IMODE(os.lstat(tensor_dir / "mapping.csv").st_mode) == 0o640
+    short = sorted({n for n in names if len(n.encode()) <= 255})
+    assert sorted(files) == sorted(short + [_expected_disk_name(n) for n in long_names] + ["mapping.csv"])
+    assert read_mapping(tensor_dir) == {n: _expected_disk_name(n) for n in long_names}
+    # read-back through the mapping: ReLU's input is the Linear's output, its output relu of that
+    lin_out = torch.load(tensor_file_path(tensor_dir, "Module.a_______b.Evil_______Class.forward.0.output.0.pt"),
+                         weights_only=True)
+    relu_in = torch.load(tensor_file_path(tensor_dir, prefix + "forward.0.input.0.pt"), weights_only=True)
+    relu_out = torch.load(tensor_file_path(tensor_dir, prefix + "forward.0.output.0.pt"), weights_only=True)
+    assert torch.equal(relu_in, lin_out)
+    assert torch.equal(relu_out, torch.clamp(lin_out, min=0))
+    # backward of sum(): ReLU's output gradient is all ones, its input gradient the 0/1 mask
+    g_out = torch.load(tensor_file_path(tensor_dir, prefix + "backward.0.input.0.pt"), weights_only=True)
+    g_in = torch.load(tensor_file_path(tensor_dir, prefix + "backward.0.output.0.pt"), weights_only=True)
+    assert torch.equal(g_out, torch.ones(2, 3))
+    assert torch.equal(g_in, (lin_out > 0).to(g_in.dtype))
+    # offline export writes the same names, the same mapping and the same tensors
+    dump = tmp_path / "d"
+    export_log(dump, tmp_path / "offline", tensor_writers={"pytorch": write_pt})
+    offline = tmp_path / "offline" / "step0" / "rank" / "dump_tensor_data"
+    assert sorted(os.listdir(offline)) == sorted(files)
+    assert (offline / "mapping.csv").read_text() == expected_csv
+    for name in files:
+        if name != "mapping.csv":
+            assert torch.equal(torch.load(offline / name, weights_only=True),
+                               torch.load(tensor_dir / name, weights_only=True)), name[:80]
+    assert (tmp_path / "offline" / "step0" / "rank" / "dump.json").read_bytes() == \
+        (dump / "step0" / "rank" / "dump.json").read_bytes()
+
+
+def test_tensor_file_path_refuses_path_names(tmp_path):
+    with pytest.raises(ValueError, match="not a file name"):
+        tensor_file_path(tmp_path, "../x.pt")
+    assert tensor_file_path(tmp_path, "a.pt") == tmp_path / "a.pt"  # no mapping.csv: the name itself
+
+
+@pytest.mark.parametrize("name, entry_start", [
+    ("a/../../escaped", "a_______escaped.0.tensor"),
+    ("../../../etc/passwd", "_________etc_passwd.0.tensor"),
+    ("..", "__.0.tensor"),
+    ("S" * 5000, "S" * 5000 + ".0.tensor"),
+])
+def test_debug_save_hostile_names_stay_inside(tmp_path, name, entry_start):
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    dump = sandbox / "dump"
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    dbg = PrecisionDebugger(dump_path=str(dump), level="debug", task="tensor")
+    y = x * 2
+    PrecisionDebugger.save(y, name)
+    y.sum().backward()
+    dbg.close()
+    assert sorted(os.listdir(tmp_path)) == ["sandbox"] and os.listdir(sandbox) == ["dump"]
+    for path in every_path(dump):
+        assert len(os.path.basename(path).encode()) <= 255
+        assert not os.path.islink(path)
+        assert os.path.realpath(path).startswith(str(dump) + os.sep)
+    doc = json.loads((dump / "rank" / "debug.json").read_text())
+    assert sorted(doc["data"]) == sorted([f"{name}.0", f"{name}_grad.0"])  # names kept verbatim as keys
+    tdir = dump / "rank" / "dump_tensor_data"
+    data_name = doc["data"][f"{name}.0"]["data_name"]
+    grad_name = doc["data"][f"{name}_grad.0"]["data_name"]
+    assert data_name == entry_start + ".pt"
+    assert torch.equal(torch.load(tensor_file_path(tdir, data_name), weights_only=True),
+                       torch.tensor([2.0, -4.0, 6.0]))
+    assert torch.equal(torch.load(tensor_file_path(tdir, grad_name), weights_only=True), torch.ones(3))
+    if len(data_name) > 255:
+        assert read_mapping(tdir) == {n: _expected_disk_name(n) for n in (data_name, grad_name)}
+    else:
+        assert not (tdir / "mapping.csv").exists()
