@@ -27,7 +27,8 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
         target, baseline: our dump paths, upstream ``step*/rank*`` directories (any
             level) or ``dump.json`` files.
         out: directory for summary.json and the other outputs; None writes nothing.
-        mode: ``auto`` (statistics), ``md5`` or ``statistics``.
+        mode: ``auto`` (tensor when both sides hold tensor data, else statistics),
+            ``md5``, ``statistics`` or ``tensor`` (:mod:`msprobe.compare.tensordata`).
         tol: ``strict``, ``loose``, ``bitwise`` or ``"DTYPE=RTOL,..."``; or a dict.
         loss_scale: target backward values are divided by it.
         rank, step: selections (``"0,2-3"``, an int or a list).

@@ -133,14 +133,18 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
     def has(side: Side, col: str) -> bool:
         return side.leaves.num_rows > 0 and side.leaves[col].null_count < side.leaves.num_rows
     if opts.mode == "auto":
-        return "statistics"
+        from msprobe.compare.tensordata import has_tensor_data
+        return "tensor" if has_tensor_data(t) and has_tensor_data(b) else "statistics"
     if opts.mode == "md5" and not (has(t, "crc32") and has(b, "crc32")):
         raise CompareInputError("--mode md5: field 'md5' (CRC-32) missing from "
                                 + ("TARGET" if not has(t, "crc32") else "BASELINE")
                                 + "; record with summary_mode md5, or use --mode statistics")
     if opts.mode == "tensor":
-        raise CompareInputError("--mode tensor: tensor files are not supported by this build yet; "
-                                "allowed: auto, md5, statistics")
+        from msprobe.compare.tensordata import has_tensor_data
+        for label, side in (("TARGET", t), ("BASELINE", b)):
+            if not has_tensor_data(side):
+                raise CompareInputError(f"--mode tensor: {label} {side.path!r}: no tensor data (field 'data_name' "
+                                        f"and payload empty); record with task tensor, or use --mode statistics")
     return opts.mode
 
 
@@ -204,6 +208,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con.unregister("alignment_src")
     lap("align")
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
+    if mode == "tensor":
+        from msprobe.compare.tensordata import apply_tensor_metrics
+        timings["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
     con.execute(LEAF_VERDICTS_SQL)
     lap("leaf_metrics")
     agg = _arrow(con.sql(CALL_AGG_SQL))
