@@ -104,6 +104,12 @@ def console_summary(summary: dict) -> str:
                 lines.append(f"  {label}: {f['name']} (step {f['step']}, {f['direction']}){where}: {f['reason']}")
                 if f.get("stack"):
                     lines.append(f"    at {f['stack'][0].splitlines()[0]}")
+    g = summary.get("global_origin")
+    if g and len(summary["ranks"]) > 1:
+        lines.append(f"global origin: rank {g['rank']} {g['name']} (step {g['step']}, {g['direction']})")
+    for side, names in (summary.get("unmatched") or {}).items():
+        if names:
+            lines.append(f"unmatched {side} names: {', '.join(names)}")
     for note in summary.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)
