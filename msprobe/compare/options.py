@@ -145,9 +145,9 @@ class CompareOptions:
             if "xlsx" in fmts:
                 import importlib.util
 
-                detail = ("needs the openpyxl package, which is not installed"
-                          if importlib.util.find_spec("openpyxl") is None else "not implemented in this build")
-                raise CompareInputError(f"--format xlsx: {detail}; use csv or parquet")
+                if importlib.util.find_spec("openpyxl") is None:
+                    raise CompareInputError("--format xlsx: needs the openpyxl package, which is not installed; "
+                                            "use csv or parquet")
             if "summary" not in fmts:
                 fmts = ("summary",) + fmts
         def sel(value, what):
