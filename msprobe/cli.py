@@ -106,8 +106,9 @@ def _upstream_args(args: argparse.Namespace) -> None:
 
     for name in ("data_mapping", "cell_mapping", "api_mapping", "layer_mapping"):
         if getattr(args, name):
-            raise CompareInputError(f"--{name}: mapping files are not supported by this build yet; "
-                                    f"names must match (got {getattr(args, name)!r})")
+            raise CompareInputError(f"--{name}: upstream mapping files are not supported by this build yet "
+                                    f"(got {getattr(args, name)!r}); write one --mapping YAML with sections "
+                                    f"api, module, layer, leaf, ignore")
     if args.input_path:
         try:
             spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))

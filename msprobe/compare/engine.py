@@ -52,12 +52,15 @@ class CompareResult:
         con: the DuckDB connection holding the tables.
         notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
         timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
+        stats: counts: ``tensor_pairs`` (pairs read in tensor mode), ``attributed``
+            (collective calls attributed to another rank).
     """
 
     summary: dict
     con: duckdb.DuckDBPyConnection
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -159,6 +162,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
 
     notes: list[str] = []
     timings: dict[str, float] = {}
+    stats: dict[str, int] = {}
     clock = [time.perf_counter()]
 
     def lap(stage: str) -> None:
@@ -231,13 +235,13 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
     if mode == "tensor":
         from msprobe.compare.tensordata import apply_tensor_metrics
-        timings["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
+        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
     con.execute(LEAF_VERDICTS_SQL)
     lap("leaf_metrics")
     agg = _arrow(con.sql(CALL_AGG_SQL))
     lap("call_aggregates")
     rows = call_verdicts(agg.to_pylist())
-    timings["attributed"] = attribute_collectives(con, rows)
+    stats["attributed"] = attribute_collectives(con, rows)
     names = [n for n in agg.column_names] + ["e", "verdict", "reason", "attributed_to"]
     types = {"e": pa.float64(), "attributed_to": pa.int32()}
     calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r.get(n) for r in rows],
@@ -255,7 +259,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings)
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:

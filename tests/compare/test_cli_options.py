@@ -139,7 +139,8 @@ def test_upstream_spellings(runs, tmp_path, capsys):
     assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "-da"]) == 0
     capsys.readouterr()
     assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "-am", "map.yaml"]) == 2
-    assert "--api_mapping: mapping files are not supported" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--api_mapping: upstream mapping files are not supported" in err and "--mapping YAML" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"npu_path": "x"}')
     assert main(["compare", "-i", str(bad)]) == 2

@@ -34,11 +34,11 @@ def test_identical_runs_tensor_mode(truns, tmp_path):
     assert r.exit_code == 0 and r.summary["verdict"] == "identical"
     assert r.con.sql("SELECT DISTINCT verdict FROM tensors WHERE t_leaf_kind = 'tensor'").fetchall() == [("identical",)]
     n = r.con.sql("SELECT count(*) FROM tensors WHERE cosine IS NOT NULL OR euc_dist = 0").fetchall()[0][0]
-    assert n == r.timings["tensor_pairs"] > 50
+    assert n == r.stats["tensor_pairs"] > 50
     assert main(["compare", str(truns["same"]), str(truns["base"]), "--mode", "tensor",
                  "-o", str(tmp_path / "cli")]) == 0
     # auto picks tensor when both sides hold tensor data
-    assert C.compare(truns["same"], truns["base"]).timings.get("tensor_pairs") == n
+    assert C.compare(truns["same"], truns["base"]).stats.get("tensor_pairs") == n
 
 
 def test_perturbed_gelu_tensor_mode(truns):
