@@ -74,13 +74,15 @@ def _add_compare(commands) -> None:
                      help="dump path, upstream dump directory or dump.json")
     cmp.add_argument("baseline", metavar="BASELINE", nargs="?", default=None, help="the reference dump")
     cmp.add_argument("-o", "--out", metavar="OUT", default=None, help="output directory (default: no files)")
-    cmp.add_argument("--mode", default="auto", help="auto, md5 or statistics (default auto = statistics)")
+    cmp.add_argument("--mode", default="auto", help="auto, md5, statistics or tensor (auto: tensor when both hold tensor data, else statistics)")
     cmp.add_argument("--rank", default=None, help="ranks to compare, e.g. 0,2-3")
     cmp.add_argument("--step", default=None, help="steps to compare, e.g. 0-4")
     cmp.add_argument("--tol", default="strict", help="strict, loose, bitwise or DTYPE=RTOL[,...]")
     cmp.add_argument("--loss-scale", default="1", help="divide target backward values by S")
     cmp.add_argument("--first-only", action="store_true", help="outputs stop at each rank's first origin")
     cmp.add_argument("--format", default=None, help="comma list of summary,csv,parquet,html,xlsx")
+    cmp.add_argument("--mapping", default=None, metavar="MAP.yaml",
+                     help="name mapping: sections api, module, layer, leaf, ignore")
     cmp.add_argument("--workers", type=int, default=1, help="accepted for compatibility (statistics run in SQL)")
     cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
                      "and non-finite outputs")
@@ -104,8 +106,9 @@ def _upstream_args(args: argparse.Namespace) -> None:
 
     for name in ("data_mapping", "cell_mapping", "api_mapping", "layer_mapping"):
         if getattr(args, name):
-            raise CompareInputError(f"--{name}: mapping files are not supported by this build yet; "
-                                    f"names must match (got {getattr(args, name)!r})")
+            raise CompareInputError(f"--{name}: upstream mapping files are not supported by this build yet "
+                                    f"(got {getattr(args, name)!r}); write one --mapping YAML with sections "
+                                    f"api, module, layer, leaf, ignore")
     if args.input_path:
         try:
             spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
@@ -150,7 +153,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             raise CompareInputError("BASELINE missing: msprobe compare TARGET BASELINE (or TARGET --nan-origin)")
         result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
                          loss_scale=args.loss_scale, rank=args.rank, step=args.step,
-                         first_only=args.first_only, formats=args.format)
+                         first_only=args.first_only, formats=args.format, mapping=args.mapping)
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2

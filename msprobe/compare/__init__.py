@@ -20,19 +20,21 @@ __all__ = ["compare", "CompareError", "CompareInputError"]
 def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], *,
             out: Optional[Union[str, os.PathLike]] = None, mode: str = "auto", tol="strict",
             loss_scale: float = 1.0, rank=None, step=None, first_only: bool = False,
-            formats: Optional[Sequence[str]] = None):
+            formats: Optional[Sequence[str]] = None, mapping=None):
     """Compare two dumps; returns a :class:`msprobe.compare.engine.CompareResult`.
 
     Args:
         target, baseline: our dump paths, upstream ``step*/rank*`` directories (any
             level) or ``dump.json`` files.
         out: directory for summary.json and the other outputs; None writes nothing.
-        mode: ``auto`` (statistics), ``md5`` or ``statistics``.
+        mode: ``auto`` (tensor when both sides hold tensor data, else statistics),
+            ``md5``, ``statistics`` or ``tensor`` (:mod:`msprobe.compare.tensordata`).
         tol: ``strict``, ``loose``, ``bitwise`` or ``"DTYPE=RTOL,..."``; or a dict.
         loss_scale: target backward values are divided by it.
         rank, step: selections (``"0,2-3"``, an int or a list).
         first_only: outputs keep only calls up to each rank's first origin.
         formats: subset of summary, csv, parquet, html, xlsx.
+        mapping: a mapping YAML path or dict (:mod:`msprobe.compare.mapping`).
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
     ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
     Raises:
@@ -43,7 +45,7 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
     from msprobe.compare.outputs import write_outputs
 
     opts = CompareOptions.build(mode=mode, tol=tol, loss_scale=loss_scale, rank=rank, step=step,
-                                first_only=first_only, formats=formats)
+                                first_only=first_only, formats=formats, mapping=mapping)
     result = run_compare(target, baseline, opts)
     if out is not None:
         write_outputs(result, out, opts)

@@ -15,6 +15,7 @@ import duckdb
 import pyarrow as pa
 
 from msprobe.compare.align import ALIGN_SCHEMA, Call, align_step
+from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
 from msprobe.compare.metrics import leaf_pairs_sql
@@ -29,9 +30,12 @@ SELECT c.rank, c.step, c.seq, c.name, c.kind,
 FROM {side}_calls c LEFT JOIN (
   SELECT *, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%' OR lower(dtype) LIKE '%double%'
                  THEN 'f' ELSE dtype END AS dc FROM {side}_leaves WHERE leaf_kind = 'tensor') l
-  ON l.rank = c.rank AND l.step = c.step AND l.name = c.name
+  ON l.rank = c.rank AND l.step = c.step AND l.name = c.name{outputs_only}
 GROUP BY ALL ORDER BY c.rank, c.step, c.seq
 """
+# APIs with a ``leaf`` mapping: their inputs differ by construction, so only outputs sign them
+_OUTPUTS_ONLY = (" AND NOT (l.io LIKE 'input%' AND regexp_replace(c.name, '\\.\\d+\\.(forward|backward)$', '') "
+                 "IN ({names}))")
 
 
 def _arrow(rel) -> pa.Table:
@@ -48,12 +52,15 @@ class CompareResult:
         con: the DuckDB connection holding the tables.
         notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
         timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
+        stats: counts: ``tensor_pairs`` (pairs read in tensor mode), ``attributed``
+            (collective calls attributed to another rank).
     """
 
     summary: dict
     con: duckdb.DuckDBPyConnection
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -133,14 +140,18 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
     def has(side: Side, col: str) -> bool:
         return side.leaves.num_rows > 0 and side.leaves[col].null_count < side.leaves.num_rows
     if opts.mode == "auto":
-        return "statistics"
+        from msprobe.compare.tensordata import has_tensor_data
+        return "tensor" if has_tensor_data(t) and has_tensor_data(b) else "statistics"
     if opts.mode == "md5" and not (has(t, "crc32") and has(b, "crc32")):
         raise CompareInputError("--mode md5: field 'md5' (CRC-32) missing from "
                                 + ("TARGET" if not has(t, "crc32") else "BASELINE")
                                 + "; record with summary_mode md5, or use --mode statistics")
     if opts.mode == "tensor":
-        raise CompareInputError("--mode tensor: tensor files are not supported by this build yet; "
-                                "allowed: auto, md5, statistics")
+        from msprobe.compare.tensordata import has_tensor_data
+        for label, side in (("TARGET", t), ("BASELINE", b)):
+            if not has_tensor_data(side):
+                raise CompareInputError(f"--mode tensor: {label} {side.path!r}: no tensor data (field 'data_name' "
+                                        f"and payload empty); record with task tensor, or use --mode statistics")
     return opts.mode
 
 
@@ -151,6 +162,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
 
     notes: list[str] = []
     timings: dict[str, float] = {}
+    stats: dict[str, int] = {}
     clock = [time.perf_counter()]
 
     def lap(stage: str) -> None:
@@ -167,8 +179,21 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
         _common_kinds(t, b, notes)
-    if t.framework and b.framework and t.framework != b.framework:
-        notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; no mapping given, names must match")
+    from msprobe.compare.mapping import BUILTIN, apply_mapping
+    differ = bool(t.framework and b.framework and t.framework != b.framework)
+    mapping = opts.mapping
+    if differ:
+        mapping = mapping.merged_over(BUILTIN) if mapping is not None else BUILTIN
+        notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; "
+                     + (f"mapping {opts.mapping.source}" if opts.mapping is not None else
+                        "no mapping given: built-in table (Cell -> Module) only; unmatched names are listed"))
+    renames = apply_mapping(t, b, mapping) if mapping is not None else None
+    if renames is not None:
+        for label, n in renames.ignored.items():
+            notes.append(f"{label}: {n} calls ignored by the mapping")
+        for label, side in (("TARGET", t), ("BASELINE", b)):
+            if side.calls.num_rows == 0:
+                raise CompareInputError(f"{label} {side.path!r}: no calls left after the mapping's ignore list")
     mode = _choose_mode(opts, t, b, notes)
     lap("load")
     con = duckdb.connect(":memory:")
@@ -187,7 +212,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     # alignment
     sides = {}
     for prefix in ("t", "b"):
-        table = _arrow(con.sql(_SIG_SQL.format(side=prefix)))
+        leaf_apis = sorted({k.rsplit(".", 1)[0] if k.endswith((".forward", ".backward")) else k
+                            for k in (mapping.leaf if mapping is not None else {})})
+        only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
+            if leaf_apis else ""
+        table = _arrow(con.sql(_SIG_SQL.format(side=prefix, outputs_only=only)))
         grouped: dict[tuple, list[Call]] = {}
         for rank, step, seq, name, kind, sig in zip(*(table[c].to_pylist() for c in
                                                      ("rank", "step", "seq", "name", "kind", "sig"))):
@@ -204,21 +233,33 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con.unregister("alignment_src")
     lap("align")
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
+    if mode == "tensor":
+        from msprobe.compare.tensordata import apply_tensor_metrics
+        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
     con.execute(LEAF_VERDICTS_SQL)
     lap("leaf_metrics")
     agg = _arrow(con.sql(CALL_AGG_SQL))
     lap("call_aggregates")
     rows = call_verdicts(agg.to_pylist())
-    names = [n for n in agg.column_names] + ["e", "verdict", "reason"]
-    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r[n] for r in rows], pa.float64() if n == "e"
-                      else pa.string()) for n in names})
+    stats["attributed"] = attribute_collectives(con, rows)
+    names = [n for n in agg.column_names] + ["e", "verdict", "reason", "attributed_to"]
+    types = {"e": pa.float64(), "attributed_to": pa.int32()}
+    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r.get(n) for r in rows],
+                      types.get(n, pa.string())) for n in names})
     con.register("calls_src", calls)
     con.execute("CREATE TABLE calls AS SELECT * FROM calls_src")
     con.unregister("calls_src")
     lap("call_verdicts")
+    original = renames.original if renames is not None else {}
+    for r in rows:
+        if r.get("t_name") in original:
+            r["t_original"] = original[r["t_name"]]
     summary = _summary(con, rows, common, mode, opts, notes)
+    if differ or opts.mapping is not None:
+        from msprobe.compare.mapping import Renames, unmatched_prefixes
+        summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings)
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
@@ -228,11 +269,12 @@ def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]
 
 
 def _describe(con, r: dict) -> dict:
-    return {"name": r["t_name"], "baseline_name": r["b_name"], "step": r["step"],
+    return {"name": r.get("t_original") or r["t_name"], "baseline_name": r["b_name"], "step": r["step"],
             "direction": "backward" if r["kind"] in ("api_backward", "module_backward", "parameters_grad") else "forward",
             "kind": r["kind"], "module": r["module"], "reason": r["reason"] or
             (f"diverged inputs and outputs (largest e {r['e']:.3g})" if r["e"] is not None else None),
-            "e": r["e"], "stack": _stack(con, r["stack_id"])}
+            "e": r["e"], "stack": _stack(con, r["stack_id"]),
+            **({"attributed_to": r["attributed_to"]} if r.get("attributed_to") is not None else {})}
 
 
 def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, notes: list) -> dict:
@@ -266,7 +308,24 @@ def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, not
     else:
         n_not_identical = con.sql("SELECT count(*) FROM tensors WHERE verdict NOT IN ('identical', 'unpaired')").fetchall()[0][0]
         verdict = "close" if n_not_identical else "identical"
-    return {"verdict": verdict, "mode": mode, "ranks": out_ranks, "notes": list(notes)}
+    return {"verdict": verdict, "mode": mode, "ranks": out_ranks, "global_origin": _global_origin(out_ranks),
+            "notes": list(notes)}
+
+
+def _global_origin(out_ranks: list[dict]) -> Optional[dict]:
+    """The rank whose first origin the others' divergences trace back to: the rank a first
+    diverged call is attributed to (through a collective), else the lowest rank with an
+    origin; None without an origin. Returns ``{"rank": r, **first_origin}``."""
+    by_rank = {r["rank"]: r for r in out_ranks}
+    for r in out_ranks:
+        fd = r["first_diverged"]
+        src = fd.get("attributed_to") if fd else None
+        if src is not None and by_rank.get(src, {}).get("first_origin"):
+            return {"rank": src, **by_rank[src]["first_origin"]}
+    for r in out_ranks:
+        if r["first_origin"]:
+            return {"rank": r["rank"], **r["first_origin"]}
+    return None
 
 
 def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict:

@@ -10,7 +10,8 @@ Both give a :class:`Side` with three tables:
 ``calls``   rank, step, seq (execution order within rank), name, kind, parent, stack_id
 ``leaves``  rank, step, name (the call), cseq (the call's seq), lord (leaf order), io, arg,
             leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite,
-            min_finite, crc32, requires_grad, has_nan, has_inf, data_name, value_json
+            min_finite, crc32, requires_grad, has_nan, has_inf, data_name, value_json,
+            payload (task tensor: payload-store reference of our logs, else null)
 ``stacks``  stack_id, depth (0 = innermost), frame
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ LEAF_SCHEMA = pa.schema([
     ("max", pa.float64()), ("min", pa.float64()), ("mean", pa.float64()), ("norm", pa.float64()),
     ("max_finite", pa.float64()), ("min_finite", pa.float64()), ("crc32", pa.string()),
     ("requires_grad", pa.bool_()), ("has_nan", pa.bool_()), ("has_inf", pa.bool_()),
-    ("data_name", pa.string()), ("value_json", pa.string()),
+    ("data_name", pa.string()), ("value_json", pa.string()), ("payload", pa.string()),
 ])
 STACK_SCHEMA = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("frame", pa.string())])
 
@@ -110,7 +111,7 @@ def _load_log(p: Path) -> Side:
         leaves = con.sql(
             "SELECT l.rank, l.step, l.name, c.cseq, l.ridx AS lord, "
             "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
-            "requires_grad, has_nan, has_inf, data_name, value_json "
+            "requires_grad, has_nan, has_inf, data_name, value_json, payload "
             f"FROM log l JOIN (SELECT rank, step, name, min(seq) AS cseq FROM log WHERE row = '{S.ROW_CALL}' "
             f"GROUP BY ALL) c ON c.rank = l.rank AND c.step = l.step AND c.name = l.name WHERE l.row = '{S.ROW_LEAF}'"
         ).to_arrow_table()

@@ -131,11 +131,11 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
          {stat['max']} AS max, {stat['min']} AS min, {stat['mean']} AS mean, {stat['norm']} AS norm,
          {stat['max_finite']} AS max_finite, {stat['min_finite']} AS min_finite,
          l.crc32, l.requires_grad, coalesce(l.has_nan, FALSE) AS has_nan, coalesce(l.has_inf, FALSE) AS has_inf,
-         l.data_name, l.value_json
+         l.data_name, l.value_json, l.payload
   FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = {seq}
   WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
     cols = ["leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
-            "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "lord"]
+            "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "payload", "lord"]
     renamed = ", ".join(f"t.{c} AS t_{c}, b.{c} AS b_{c}" for c in cols)
     return f"""
 CREATE OR REPLACE TABLE leaf_pairs AS

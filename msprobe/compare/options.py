@@ -113,10 +113,12 @@ class CompareOptions:
     first_only: bool = False
     formats: tuple = ("summary", "csv", "parquet", "html")
     max_d: int = 20000
+    mapping: object = None          # parsed msprobe.compare.mapping.Mapping, or None
 
     @staticmethod
     def build(*, mode: str = "auto", tol="strict", loss_scale: float = 1.0, rank=None, step=None,
-              first_only: bool = False, formats: Optional[Sequence[str]] = None, max_d: int = 20000) -> "CompareOptions":
+              first_only: bool = False, formats: Optional[Sequence[str]] = None, max_d: int = 20000,
+              mapping=None) -> "CompareOptions":
         """Validate raw option values (strings as on the command line, or Python values).
 
         Raises:
@@ -143,9 +145,9 @@ class CompareOptions:
             if "xlsx" in fmts:
                 import importlib.util
 
-                detail = ("needs the openpyxl package, which is not installed"
-                          if importlib.util.find_spec("openpyxl") is None else "not implemented in this build")
-                raise CompareInputError(f"--format xlsx: {detail}; use csv or parquet")
+                if importlib.util.find_spec("openpyxl") is None:
+                    raise CompareInputError("--format xlsx: needs the openpyxl package, which is not installed; "
+                                            "use csv or parquet")
             if "summary" not in fmts:
                 fmts = ("summary",) + fmts
         def sel(value, what):
@@ -154,5 +156,8 @@ class CompareOptions:
             if isinstance(value, int):
                 return frozenset({value})
             return frozenset(int(v) for v in value)
-        return CompareOptions(mode=mode, tol=tol_table, loss_scale=scale, ranks=sel(rank, "rank"),
+        if mapping is not None:
+            from msprobe.compare.mapping import Mapping, load_mapping
+            mapping = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
+        return CompareOptions(mapping=mapping, mode=mode, tol=tol_table, loss_scale=scale, ranks=sel(rank, "rank"),
                               steps=sel(step, "step"), first_only=bool(first_only), formats=fmts, max_d=max_d)

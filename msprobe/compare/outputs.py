@@ -54,7 +54,8 @@ def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
     """Write the selected formats into ``out`` (created); returns the files written.
 
     Raises:
-        CompareInputError: ``xlsx`` requested without openpyxl installed.
+        CompareInputError: ``xlsx`` requested without openpyxl installed, or over
+            Excel's row limit (:mod:`msprobe.compare.xlsx`).
     """
     from msprobe.compare.errors import CompareInputError
 
@@ -81,12 +82,9 @@ def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
 
         written.append(write_html(result, out / "report.html"))
     if "xlsx" in opts.formats:
-        try:
-            import openpyxl  # noqa: F401
-        except ImportError:
-            raise CompareInputError("--format xlsx: needs the openpyxl package, which is not installed; "
-                                    "use csv or parquet") from None
-        raise CompareInputError("--format xlsx: not implemented in this build; use csv or parquet")
+        from msprobe.compare.xlsx import write_xlsx
+
+        written.extend(write_xlsx(result, out, result.summary.get("mode", "statistics")))
     return written
 
 
@@ -104,6 +102,12 @@ def console_summary(summary: dict) -> str:
                 lines.append(f"  {label}: {f['name']} (step {f['step']}, {f['direction']}){where}: {f['reason']}")
                 if f.get("stack"):
                     lines.append(f"    at {f['stack'][0].splitlines()[0]}")
+    g = summary.get("global_origin")
+    if g and len(summary["ranks"]) > 1:
+        lines.append(f"global origin: rank {g['rank']} {g['name']} (step {g['step']}, {g['direction']})")
+    for side, names in (summary.get("unmatched") or {}).items():
+        if names:
+            lines.append(f"unmatched {side} names: {', '.join(names)}")
     for note in summary.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -53,7 +53,7 @@ class Net(nn.Module):
 
 def record(path: Path, *, level: str = "mix", md5: bool = False, perturb: Optional[dict] = None,
            insert: bool = False, autocast: bool = False, fragile: bool = False, steps: int = 1,
-           loss_scale: float = 1.0) -> Path:
+           loss_scale: float = 1.0, task: str = "statistics") -> Path:
     """Record ``steps`` training steps of the seeded Net into ``path``.
 
     ``perturb`` maps ``(module, attribute)`` names such as ``"F.gelu"`` to a wrapper
@@ -66,7 +66,7 @@ def record(path: Path, *, level: str = "mix", md5: bool = False, perturb: Option
     net.fragile = fragile
     x = torch.randn(4, 8)
     config = path.parent / f"{path.name}.config.json"
-    cfg = {"task": "statistics", "dump_path": str(path), "level": level}
+    cfg = {"task": task, "dump_path": str(path), "level": level}
     if md5:
         cfg["statistics"] = {"summary_mode": "md5"}
     config.write_text(json.dumps(cfg))
@@ -140,7 +140,13 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def record_run():
     """The :func:`record` helper (a fixture: ``conftest`` module names collide across test dirs)."""
     return record
+
+
+@pytest.fixture(scope="session")
+def scaled_fn():
+    """The :func:`scaled` replacement factory."""
+    return scaled

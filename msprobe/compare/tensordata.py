@@ -1,0 +1,209 @@
+"""Tensor mode (issue 8, "Metrics", row ``tensor``): metrics from the saved tensor values.
+
+Values come, per side, from (in this order):
+
+* our log's payload store (``{dump_path}/.msprobe/payload/*.safetensors``, column
+  ``payload``), decoded with numpy only (bfloat16 widened to float32 exactly);
+* a tensor file named by ``data_name`` in the step's ``dump_tensor_data`` directory:
+  ``.npy`` with numpy, ``.pt`` with ``torch.load(weights_only=True)`` when torch is
+  importable (a ``.pt`` without torch counts as missing).
+
+Pairs stream one at a time in execution order (rank, step, ord); at most one pair's
+arrays are in memory. A leaf whose data cannot be read on either side gets state
+``missing_data`` (its statistics e is kept for reference), never an exception.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Optional
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from msprobe.compare.load import Side
+from msprobe.compare.metrics import tensor_metrics
+
+__all__ = ["TensorSource", "apply_tensor_metrics", "has_tensor_data", "numpy_dtype", "TENSOR_COLUMNS"]
+
+TENSOR_COLUMNS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_ratio",
+                  "five_thousandths_ratio")
+
+_NP = {"float64": np.float64, "double": np.float64, "float32": np.float32, "float": np.float32,
+       "float16": np.float16, "half": np.float16, "int64": np.int64, "long": np.int64, "int32": np.int32,
+       "int": np.int32, "int16": np.int16, "short": np.int16, "int8": np.int8, "uint8": np.uint8,
+       "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "bool": np.bool_,
+       "complex64": np.complex64, "complex128": np.complex128}
+
+
+def numpy_dtype(dtype: str):
+    """numpy dtype of a torch/MindSpore/numpy dtype spelling, ``"bfloat16"`` for bfloat16.
+
+    >>> numpy_dtype("torch.float32"), numpy_dtype("Float16"), numpy_dtype("torch.bfloat16")
+    (<class 'numpy.float32'>, <class 'numpy.float16'>, 'bfloat16')
+
+    Raises:
+        ValueError: unknown dtype.
+    """
+    d = dtype.lower().rsplit(".", 1)[-1]
+    if d in ("bfloat16", "bf16"):
+        return "bfloat16"
+    if d not in _NP:
+        raise ValueError(f"dtype: got {dtype!r}; allowed: a float, int, bool or complex dtype")
+    return _NP[d]
+
+
+def _from_bytes(data: bytes, dtype: str, shape) -> np.ndarray:
+    nd = numpy_dtype(dtype)
+    if nd == "bfloat16":   # upper 16 bits of a float32: exact widening
+        raw = np.frombuffer(data, dtype=np.uint16).astype(np.uint32) << 16
+        return raw.view(np.float32).reshape(tuple(shape))
+    return np.frombuffer(data, dtype=nd).reshape(tuple(shape))
+
+
+def _real(a: np.ndarray) -> np.ndarray:
+    if np.iscomplexobj(a):
+        return np.abs(a)
+    if a.dtype == np.bool_:
+        return a.astype(np.float64)
+    return a
+
+
+class TensorSource:
+    """Reads one side's tensor values (see module docstring).
+
+    Args:
+        side: a loaded :class:`~msprobe.compare.load.Side`.
+    """
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        self._payloads = None
+        self._torch = importlib.util.find_spec("torch") is not None
+
+    def _dirs(self, rank: int, step: int) -> list[Path]:
+        d = self.side.data_dirs.get((rank, step))
+        if d is not None:
+            return [Path(d)]
+        root = Path(self.side.path)
+        return [root / f"step{step}" / f"rank{rank}" / "dump_tensor_data",
+                root / f"step{step}" / "rank" / "dump_tensor_data"]
+
+    def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str]) -> Optional[np.ndarray]:
+        """The values (numpy, real; complex → modulus) or None when unreadable."""
+        if payload:
+            try:
+                if self._payloads is None:
+                    from store.payload_writer import PayloadReader
+                    self._payloads = PayloadReader(self.side.path)
+                p = self._payloads.read(payload)
+                return _real(_from_bytes(p.data, p.dtype, p.shape))
+            except (OSError, ValueError, KeyError, Exception):   # noqa: BLE001 - any damage → missing
+                pass
+        if not data_name:
+            return None
+        for d in self._dirs(rank, step):
+            f = d / data_name
+            if not f.is_file():
+                continue
+            try:
+                if f.suffix == ".npy":
+                    return _real(np.load(f, allow_pickle=False))
+                if f.suffix == ".pt" and self._torch:
+                    import torch
+                    t = torch.load(f, weights_only=True, map_location="cpu")
+                    if t.dtype == torch.bfloat16:
+                        t = t.float()
+                    return _real(t.detach().numpy())
+            except Exception:   # noqa: BLE001 - unreadable file → missing_data
+                return None
+        return None
+
+
+def has_tensor_data(side: Side) -> bool:
+    """True if some tensor leaf of ``side`` names a payload or a tensor file."""
+    leaves = side.leaves
+    if leaves.num_rows == 0:
+        return False
+    return leaves["payload"].null_count < leaves.num_rows or leaves["data_name"].null_count < leaves.num_rows
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+
+
+def _identical_metrics(a: np.ndarray) -> dict:
+    """Metrics of a pair with equal bytes, without float64 arithmetic: Cosine 1 (None for
+    an all-zero or non-finite tensor, as :func:`tensor_metrics` gives), errors 0, ratios 1."""
+    finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
+    cosine = 1.0 if finite.size and bool(np.any(finite)) else None
+    return {"cosine": cosine, "euc_dist": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+            "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0}
+
+
+_PAIRS_SQL = """
+SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype
+FROM leaf_pairs WHERE state IN ('measured', 'identical') AND t_leaf_kind = 'tensor' AND b_leaf_kind = 'tensor'
+ORDER BY rank, step, ord, aid, io, arg
+"""
+
+
+def apply_tensor_metrics(con: duckdb.DuckDBPyConnection, target: Side, baseline: Side,
+                         loss_scale: float = 1.0) -> int:
+    """Replace the statistics ``e``/``state`` of ``leaf_pairs`` by tensor metrics.
+
+    For every tensor leaf pair of state measured/identical: both sides' values are read
+    (:class:`TensorSource`); equal dtype and equal bytes → ``identical``; otherwise
+    :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine, EucDist, e, MaxAbsErr,
+    MaxRelativeErr, One/Five Thousandth Err Ratio (columns added to ``leaf_pairs``),
+    non-finite mismatch → ``nonfinite``; unreadable on either side → ``missing_data``.
+    Target backward values are divided by ``loss_scale``.
+
+    Returns:
+        the number of pairs read.
+    """
+    ts, bs = TensorSource(target), TensorSource(baseline)
+    for col in TENSOR_COLUMNS:
+        con.execute(f"ALTER TABLE leaf_pairs ADD COLUMN IF NOT EXISTS {col} DOUBLE")
+    keys = ("rank", "step", "aid", "io", "arg")
+    out: dict[str, list] = {k: [] for k in keys + ("state", "e") + TENSOR_COLUMNS}
+    cur = con.execute(_PAIRS_SQL)
+    backward_aids = {a for (a,) in con.execute(
+        "SELECT DISTINCT aid FROM leaf_pairs WHERE call_kind IN ('api_backward','module_backward','parameters_grad')"
+    ).fetchall()} if loss_scale != 1.0 else set()
+    n = 0
+    while True:
+        batch = cur.fetchmany(256)
+        if not batch:
+            break
+        for rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt in batch:
+            a = ts.load(rank, step, tp, tdn)
+            b = bs.load(rank, step, bp, bdn)
+            n += 1
+            row = dict(zip(keys, (rank, step, aid, io, arg)))
+            if a is None or b is None or a.shape != b.shape:
+                row.update(state="missing_data" if a is None or b is None else "structural",
+                           e=None if a is None or b is None else float("inf"))
+            else:
+                if aid in backward_aids:
+                    a = a.astype(np.float64) / loss_scale
+                if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
+                    row.update(_identical_metrics(a), state="identical", e=0.0)
+                else:
+                    m = tensor_metrics(a, b)
+                    row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
+            for k in out:
+                out[k].append(row.get(k))
+            del a, b
+    if n:
+        table = pa.table({k: (pa.array(v, pa.float64()) if k in ("e",) + TENSOR_COLUMNS else pa.array(v))
+                          for k, v in out.items()})
+        con.register("tm_src", table)
+        sets = ", ".join(f"{c} = tm.{c}" for c in ("state", "e") + TENSOR_COLUMNS)
+        con.execute(f"UPDATE leaf_pairs SET {sets} FROM tm_src tm WHERE leaf_pairs.rank = tm.rank AND "
+                    "leaf_pairs.step = tm.step AND leaf_pairs.aid = tm.aid AND leaf_pairs.io = tm.io AND "
+                    "leaf_pairs.arg = tm.arg")
+        con.unregister("tm_src")
+    return n
