@@ -15,6 +15,11 @@ Rules (this project's own; see docs/pytorch.md "API list"):
   ``torch._C._VariableFunctions`` and Python functions defined in ``torch.functional``),
   without factories that take no tensor (``ones``, ``zeros``, ``empty``, ``tensor``,
   ``randn``, ...) and without helpers (``is_tensor``, ``set_*``, ``manual_seed``...);
+* ``aten``: EMPTY by default, opt-in. The names of the ``torch`` section that are also
+  ``torch.ops.aten`` operator packets are written as comments under it (uncomment to record
+  ``torch.ops.aten.X`` / ``torch.ops.aten.X.overload`` calls made from Python). Why not on by
+  default: see msprobe/pytorch/aten_hooks.py (a TorchDispatchMode during recording crashes
+  the process);
 * ``_VF``: ``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``;
 * ``distributed``: the collectives and point-to-point calls of ``torch.distributed`` in
   :data:`DISTRIBUTED` that this torch has (none where ``torch.distributed`` is not
@@ -155,6 +160,12 @@ def torch_names() -> list[str]:
     return sorted(out)
 
 
+def aten_names(torch_list: list[str]) -> list[str]:
+    """Names of ``torch_list`` that are ``torch.ops.aten`` operator packets."""
+    packet = torch._ops.OpOverloadPacket
+    return [name for name in torch_list if isinstance(getattr(torch.ops.aten, name, None), packet)]
+
+
 def npu_names() -> list[str]:
     """``torch_npu`` custom operators (public callables named ``npu_*``), when torch_npu
     is installed; [] otherwise."""
@@ -175,11 +186,13 @@ def distributed_names() -> list[str]:
 
 def main(argv: list[str]) -> int:
     out = argv[1] if len(argv) > 1 else "msprobe/pytorch/support_wrap_ops.yaml"
+    torch_list = torch_names()
     doc = {
         "functional": functional_names(),
         "tensor": tensor_names(),
-        "torch": torch_names(),
+        "torch": torch_list,
         "_VF": ["lstm", "gru", "rnn_tanh", "rnn_relu"],
+        "aten": [],
         "distributed": distributed_names(),
     }
     npu = npu_names()
@@ -189,7 +202,9 @@ def main(argv: list[str]) -> int:
               "# delete a name to stop recording that API, add one to record it (unknown names are reported).\n")
     with open(out, "w") as fh:
         fh.write(header)
-        yaml.safe_dump(doc, fh, default_flow_style=False, sort_keys=False)
+        text = yaml.safe_dump(doc, default_flow_style=False, sort_keys=False)
+        examples = "".join(f"# - {name}\n" for name in aten_names(torch_list))
+        fh.write(text.replace("aten: []\n", "aten: []  # opt-in; read msprobe/pytorch/aten_hooks.py first\n" + examples))
     print(out, {k: len(v) for k, v in doc.items()})
     return 0
 

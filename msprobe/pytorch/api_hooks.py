@@ -2,7 +2,8 @@
 
 Families (spec section 7.1): ``Tensor`` (``torch.Tensor`` methods), ``Torch`` (``torch.*``),
 ``Functional`` (``torch.nn.functional``), ``VF`` (``torch._VF``), ``Distributed``
-(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`) and ``NPU``
+(``torch.distributed``, recorded by :mod:`msprobe.pytorch.dist_hooks`), ``Aten``
+(``torch.ops.aten`` packets, transparent proxies of :mod:`msprobe.pytorch.aten_hooks`) and ``NPU``
 (``torch_npu`` custom ops, yaml key ``torch_npu``, only when ``torch_npu`` is importable). Each listed name is
 replaced by a wrapper that, while the session records and the thread is not already
 inside a recorded call, hands the call to :meth:`Recorder.record_api`; otherwise it calls
@@ -23,6 +24,7 @@ import yaml
 
 from msprobe.core.errors import ConfigError
 from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 
 logger = logging.getLogger("msprobe")
@@ -35,6 +37,7 @@ _FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "torch": ("Torch", lambda: torch),
     "functional": ("Functional", lambda: torch.nn.functional),
     "_VF": ("VF", lambda: torch._VF),
+    "aten": (ATEN_FAMILY, aten_namespace),  # packets of torch.ops.aten, see aten_hooks
     "distributed": (DIST_FAMILY, distributed_module),  # None where torch has no distributed
     "torch_npu": ("NPU", lambda: _import_optional("torch_npu")),
 }
@@ -121,6 +124,8 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
         if spec.family == DIST_FAMILY:
             dist_calls = dist_calls or DistributedCalls(recorder)
             wrapper = DistributedWrapper(original, f"{spec.family}.{name}", dist_calls.record, session)
+        elif spec.family == ATEN_FAMILY:
+            wrapper = make_aten_proxy(original, name, recorder.record_api, session)
         else:
             wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session)
         try:

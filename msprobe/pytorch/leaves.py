@@ -4,6 +4,9 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 
 * tensors: ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mean", "Norm",
   "requires_grad"}`` (+ ``md5`` in summary_mode md5); parameters are ``torch.Tensor`` too;
+* ``numpy.ndarray``: ``{"type": "numpy.ndarray", "dtype" (numpy's name), "shape", "Max", "Min",
+  "Mean", "Norm"}`` in float64 (all null if empty; spec 3.3, section 9), and with task tensor
+  the values of ``torch.tensor(ndarray)`` as the payload (a ``.pt`` file, spec 1.1);
 * ``None`` (and a missing gradient): JSON ``null``;
 * lists, tuples, structseqs: JSON lists; dicts, namedtuples, dataclasses: JSON objects;
 * other values: ``{"type": ..., "value": ...}``: int, float, bool, str, slice, Ellipsis,
@@ -24,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from msprobe.core.arrays import array_stats
 from msprobe.core.values import qualname as _qualname
 from msprobe.core.values import slice_part
 from msprobe.core.values import value_record as core_value_record
@@ -34,6 +38,7 @@ from store import schema
 from store.records import Leaf
 
 MAX_DEPTH = 10
+_NDARRAY = "ndarray"  # private walk kind: a numpy array argument (stored as a tensor leaf)
 
 
 def value_record(obj: Any) -> dict:
@@ -127,11 +132,43 @@ class LeafBuilder:
             payload=payload,
         )
 
+    def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:
+        """The leaf of one ``numpy.ndarray`` argument (spec 3.3): numpy dtype name, shape and
+        float64 statistics (:func:`msprobe.core.arrays.array_stats`; all None if empty); with
+        task tensor the payload of ``torch.tensor(a)`` (arrays torch cannot hold, such as
+        object arrays, get statistics only when numpy can compute them, and no file)."""
+        shape = tuple(int(d) for d in a.shape)
+        numel = int(a.size)
+        st = None
+        if self.with_data:
+            try:
+                st = array_stats(a)
+            except (TypeError, ValueError):
+                st = None
+        payload = crc = None
+        if self.with_data and (self.capture is not None or self.md5):
+            try:
+                t = torch.tensor(a)
+            except (TypeError, ValueError, RuntimeError):
+                t = None
+            if t is not None:
+                payload = self.capture(t) if self.capture is not None else None
+                crc = crc32_hex(t) if self.md5 else None
+        if st is None:
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="numpy.ndarray", dtype=str(a.dtype),
+                        shape=shape, numel=numel, crc32=crc, payload=payload)
+        return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="numpy.ndarray", dtype=str(a.dtype),
+                    shape=shape, numel=numel, max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+                    max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc,
+                    has_nan=st.has_nan, has_inf=st.has_inf, payload=payload)
+
     def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
         """Append the leaves of ``value`` (found under top-level key ``io``) to ``out``."""
         for p, v, kind in _walk(value, path, 0):
             if kind == schema.LEAF_TENSOR:
                 out.append(self.tensor_leaf(io, p, v))
+            elif kind == _NDARRAY:
+                out.append(self.ndarray_leaf(io, p, v))
             elif kind == schema.LEAF_VALUE:
                 out.append(Leaf(io=io, path=p, leaf_kind=kind, type=v.get("type"),
                                 value_json=json.dumps(v)))
@@ -155,6 +192,9 @@ def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str
         return
     if value is None:
         yield path, None, schema.LEAF_NONE
+        return
+    if isinstance(value, np.ndarray):
+        yield path, value, _NDARRAY
         return
     if depth >= MAX_DEPTH:
         yield path, {"type": _qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
