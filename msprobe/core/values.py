@@ -12,10 +12,13 @@ characters (strings to :data:`MAX_STR`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
+
+from store import schema
 
 MAX_TEXT = 256
 MAX_STR = 4096
@@ -73,3 +76,58 @@ def value_record(obj: Any, part: Callable[[Any], Any] = slice_part) -> dict:
     if isinstance(obj, complex):
         return {"type": "complex", "value": safe_repr(obj)}
     return {"type": qualname(obj), "value": safe_repr(obj)}
+
+
+MAX_DEPTH = 10
+
+
+def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Callable[[Any], dict],
+         as_list: Callable[[Any], bool] = lambda v: False, path: tuple = (),
+         depth: int = 0) -> Iterator[tuple[tuple, Any, str]]:
+    """The leaves of a nested argument structure: ``(path, value, kind)`` triples.
+
+    Lists/tuples become list paths (int components), dicts/namedtuples/dataclasses object
+    paths (str components); empty containers are leaves of their own
+    (``empty_list``/``empty_dict``), ``None`` is ``none``, and other values are recorded
+    whole by ``record`` (kind ``value``; a failing ``record`` gives ``"<unrecordable>"``).
+    Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
+
+    Args:
+        value: the structure.
+        leaf_kind: the adapter's own leaves: a kind (``tensor``, or ``value`` for a
+            tuple-like value recorded whole such as ``torch.Size``) or None.
+        record: the JSON record of a non-tensor value.
+        as_list: tuples with ``_fields`` that are still lists (PyTorch structseqs).
+    """
+    kind = leaf_kind(value)
+    if kind is not None:
+        yield path, (record(value) if kind == schema.LEAF_VALUE else value), kind
+        return
+    if value is None:
+        yield path, None, schema.LEAF_NONE
+        return
+    if depth >= MAX_DEPTH:
+        yield path, {"type": qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
+        return
+    items: Optional[list] = None
+    empty = schema.LEAF_EMPTY_DICT
+    if isinstance(value, (list, tuple)):
+        fields = getattr(value, "_fields", None)
+        if fields is not None and isinstance(value, tuple) and not as_list(value):
+            items = list(zip((str(f) for f in fields), value))
+        else:
+            items, empty = list(enumerate(value)), schema.LEAF_EMPTY_LIST
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+    if items is not None:
+        if not items:
+            yield path, None, empty
+        for k, v in items:
+            yield from walk(v, leaf_kind=leaf_kind, record=record, as_list=as_list, path=path + (k,), depth=depth + 1)
+        return
+    try:
+        yield path, record(value), schema.LEAF_VALUE
+    except Exception:
+        yield path, {"type": qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE

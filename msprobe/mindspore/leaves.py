@@ -14,7 +14,6 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Callable, Iterator, Optional
 
@@ -22,13 +21,12 @@ import numpy as np
 from mindspore import Parameter, Tensor
 from mindspore.common import dtype as mstype
 
-from msprobe.core.values import qualname as _qualname
 from msprobe.core.values import value_record as core_value_record
+from msprobe.core.values import walk
 from msprobe.mindspore.stats import array_stats, crc32_hex, host_array
 from store import schema
 from store.records import Leaf
 
-MAX_DEPTH = 10
 
 #: dump.json top-level key → tensor file name category (spec 2.2).
 CATEGORY = {"input_args": "input", "input_kwargs": "kwargs"}
@@ -112,45 +110,9 @@ class LeafBuilder:
             self.leaves(entry, io, v, out, (str(k),))
 
 
+def _leaf_kind(value: Any) -> Optional[str]:
+    return schema.LEAF_TENSOR if isinstance(value, (Tensor, np.ndarray)) else None
+
+
 def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
-    if isinstance(value, (Tensor, np.ndarray)):
-        yield path, value, schema.LEAF_TENSOR
-        return
-    if value is None:
-        yield path, None, schema.LEAF_NONE
-        return
-    if depth >= MAX_DEPTH:
-        yield path, {"type": _qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
-        return
-    if isinstance(value, (list, tuple)):
-        fields = getattr(value, "_fields", None)
-        if fields is not None and isinstance(value, tuple):
-            if not fields:
-                yield path, None, schema.LEAF_EMPTY_DICT
-            for k, v in zip(fields, value):
-                yield from _walk(v, path + (str(k),), depth + 1)
-            return
-        if len(value) == 0:
-            yield path, None, schema.LEAF_EMPTY_LIST
-            return
-        for i, v in enumerate(value):
-            yield from _walk(v, path + (i,), depth + 1)
-        return
-    if isinstance(value, dict):
-        if not value:
-            yield path, None, schema.LEAF_EMPTY_DICT
-            return
-        for k, v in value.items():
-            yield from _walk(v, path + (str(k),), depth + 1)
-        return
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        if not fields:
-            yield path, None, schema.LEAF_EMPTY_DICT
-        for f in fields:
-            yield from _walk(getattr(value, f.name, None), path + (f.name,), depth + 1)
-        return
-    try:
-        yield path, value_record(value), schema.LEAF_VALUE
-    except Exception:
-        yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
+    return walk(value, leaf_kind=_leaf_kind, record=value_record, path=path, depth=depth)

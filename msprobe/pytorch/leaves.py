@@ -19,7 +19,6 @@ Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from typing import Any, Callable, Iterator, Optional
@@ -28,8 +27,7 @@ import numpy as np
 import torch
 
 from msprobe.core.arrays import array_stats
-from msprobe.core.values import qualname as _qualname
-from msprobe.core.values import slice_part
+from msprobe.core.values import MAX_DEPTH, slice_part, walk
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
@@ -37,7 +35,6 @@ from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
 from store import schema
 from store.records import Leaf
 
-MAX_DEPTH = 10
 _NDARRAY = "ndarray"  # private walk kind: a numpy array argument (stored as a tensor leaf)
 
 
@@ -186,52 +183,18 @@ class LeafBuilder:
             self.leaves(io, v, out, (str(k),))
 
 
-def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
+def _leaf_kind(value: Any) -> Optional[str]:
     if isinstance(value, torch.Tensor):
-        yield path, value, schema.LEAF_TENSOR
-        return
-    if value is None:
-        yield path, None, schema.LEAF_NONE
-        return
+        return schema.LEAF_TENSOR
     if isinstance(value, np.ndarray):
-        yield path, value, _NDARRAY
-        return
-    if depth >= MAX_DEPTH:
-        yield path, {"type": _qualname(value), "value": "<nesting deeper than 10 levels>"}, schema.LEAF_VALUE
-        return
-    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        fields = getattr(value, "_fields", None)
-        if fields is not None and isinstance(value, tuple) and not is_structseq(value):
-            items = list(zip((str(f) for f in fields), value))
-            if not items:
-                yield path, None, schema.LEAF_EMPTY_DICT
-            for k, v in items:
-                yield from _walk(v, path + (k,), depth + 1)
-            return
-        if len(value) == 0:
-            yield path, None, schema.LEAF_EMPTY_LIST
-            return
-        for i, v in enumerate(value):
-            yield from _walk(v, path + (i,), depth + 1)
-        return
-    if isinstance(value, dict):
-        if not value:
-            yield path, None, schema.LEAF_EMPTY_DICT
-            return
-        for k, v in value.items():
-            yield from _walk(v, path + (str(k),), depth + 1)
-        return
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        if not fields:
-            yield path, None, schema.LEAF_EMPTY_DICT
-        for f in fields:
-            yield from _walk(getattr(value, f.name, None), path + (f.name,), depth + 1)
-        return
-    try:
-        yield path, value_record(value), schema.LEAF_VALUE
-    except Exception:
-        yield path, {"type": _qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
+        return _NDARRAY
+    if isinstance(value, torch.Size):
+        return schema.LEAF_VALUE
+    return None
+
+
+def _walk(value: Any, path: tuple, depth: int) -> Iterator[tuple[tuple, Any, str]]:
+    return walk(value, leaf_kind=_leaf_kind, record=value_record, as_list=is_structseq, path=path, depth=depth)
 
 
 def is_structseq(value: Any) -> bool:
