@@ -15,16 +15,14 @@ and re-install the wrappers afterwards.
 from __future__ import annotations
 
 import functools
-import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import yaml
 from mindspore import Tensor, mint, ops
 from mindspore.mint.nn import functional as mint_functional
 
-logger = logging.getLogger("msprobe")
+from msprobe.core.api_list import ApiSpec
+from msprobe.core.api_list import load_api_list as read_api_list
 
 DEFAULT_API_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -57,48 +55,15 @@ def is_inplace(family: str, api: str) -> bool:
     return api.endswith("_") and not api.endswith("__")
 
 
-@dataclass(frozen=True, slots=True)
-class ApiSpec:
-    """One hookable API: ``family`` prefix, ``api`` name, the ``owner`` object holding it."""
-
-    family: str
-    api: str
-    owner: Any
-
-
 def load_api_list(path: Optional[str] = None) -> tuple[list[ApiSpec], list[str]]:
-    """Read an API list YAML (``{yaml_key: [names]}``) and resolve the names.
-
-    Returns ``(specs, unknown)``: names absent from the installed MindSpore (and keys of
-    unknown families) are reported in ``unknown`` and logged, not fatal.
+    """Read a MindSpore API list (``support_wrap_ops.yaml`` format; None = the packaged
+    one) and resolve its names; see :func:`msprobe.core.api_list.load_api_list` (names
+    missing from this MindSpore are logged at info level: the packaged list has some).
 
     Raises:
-        OSError / yaml.YAMLError: the file cannot be read or parsed.
+        ConfigError: the file cannot be read or parsed, or is not a mapping of lists.
     """
-    with open(path or DEFAULT_API_LIST, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh) or {}
-    specs: list[ApiSpec] = []
-    unknown: list[str] = []
-    for key, names in doc.items():
-        fam = _FAMILIES.get(key)
-        if fam is None:
-            unknown.append(f"{key}: (unsupported family)")
-            continue
-        family, resolve = fam
-        try:
-            owner = resolve()
-        except Exception:  # e.g. communication unavailable in this build
-            unknown.append(f"{key}: (not importable)")
-            continue
-        for name in names or []:
-            if not isinstance(name, str) or not callable(getattr(owner, name, None)):
-                unknown.append(f"{key}.{name}")
-                continue
-            specs.append(ApiSpec(family, name, owner))
-    if unknown:
-        logger.info("msprobe: %d API names in the API list are not in this MindSpore: %s",
-                    len(unknown), ", ".join(unknown[:10]))
-    return specs, unknown
+    return read_api_list(path or DEFAULT_API_LIST, _FAMILIES, framework="MindSpore", warn=False)
 
 
 class ApiHooks:

@@ -16,13 +16,12 @@ import importlib
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import yaml
 
-from msprobe.core.errors import ConfigError
+from msprobe.core.api_list import ApiSpec
+from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
@@ -54,62 +53,16 @@ def _import_optional(name: str) -> Any:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class ApiSpec:
-    """One hookable API: ``family`` prefix, ``api`` name, the ``owner`` object holding it."""
-
-    family: str
-    api: str
-    owner: Any
-
-
 def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
-    """Read an API list YAML (``{yaml_key: [names]}``) and resolve the names.
-
-    Args:
-        path: the YAML file; None = the packaged ``support_wrap_ops.yaml``.
-
-    Returns ``(specs, unknown)``: names absent from the installed framework (and yaml keys
-    that are not a family) are reported in ``unknown`` as ``"{key}.{name}"`` and logged
-    as one warning, not fatal. A ``torch_npu`` section is skipped quietly when
-    ``torch_npu`` is not installed.
+    """Read a PyTorch API list (``support_wrap_ops.yaml`` format; None = the packaged one)
+    and resolve its names; see :func:`msprobe.core.api_list.load_api_list` (a
+    ``torch_npu`` section is skipped quietly when torch_npu is not installed).
 
     Raises:
         ConfigError: the file cannot be read or parsed, or is not a mapping of lists.
     """
-    file = path or DEFAULT_API_LIST
-    allowed = "a YAML mapping {family: [API names]} (support_wrap_ops.yaml format)"
-    try:
-        with open(file, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError("api_list", file, allowed, detail=f"cannot read: {exc}") from None
-    if not isinstance(doc, dict) or not all(isinstance(v, (list, type(None))) for v in doc.values()):
-        raise ConfigError("api_list", file, allowed)
-    specs: list[ApiSpec] = []
-    unknown: list[str] = []
-    for key, names in doc.items():
-        fam = _FAMILIES.get(key)
-        if fam is None:
-            unknown.append(f"{key} (unsupported family; allowed: {', '.join(_FAMILIES)})")
-            continue
-        family, resolve = fam
-        owner = resolve()
-        if owner is None:
-            if key == "torch_npu":
-                logger.debug("msprobe: %s is not installed; its %d API names are not hooked", key, len(names or []))
-            else:
-                unknown.extend(f"{key}.{name}" for name in names or [])
-            continue
-        for name in names or []:
-            if not isinstance(name, str) or not callable(getattr(owner, name, None)):
-                unknown.append(f"{key}.{name}")
-                continue
-            specs.append(ApiSpec(family, name, owner))
-    if unknown:
-        logger.warning("msprobe: %d names of the API list %s are not in this PyTorch and are not recorded: %s%s",
-                       len(unknown), file, ", ".join(unknown[:20]), ", ..." if len(unknown) > 20 else "")
-    return specs, unknown
+    return read_api_list(path or DEFAULT_API_LIST, _FAMILIES, framework="PyTorch",
+                         optional=frozenset({"torch_npu"}))
 
 
 def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
