@@ -164,6 +164,11 @@ class DataMode:
         """``parameters_grad`` are recorded (they count as backward output, fix 21)."""
         return self.allows("backward", "output")
 
+    def backward_keys(self) -> tuple[str, ...]:
+        """The top-level keys of a backward entry that this data_mode keeps, in dump.json
+        order: ``("input", "output")`` for ``["all"]``, ``("input",)`` for ``["input"]``."""
+        return tuple(side for side in ("input", "output") if self.allows("backward", side))
+
 
 class NameList:
     """The ``list`` filter: a name is kept if any configured string is a substring of it

@@ -147,6 +147,21 @@ class Session:
         self.disabled = True
         self.recording = False
 
+    def internal_error(self, exc: BaseException) -> None:
+        """An adapter's own code failed: log it once, with its traceback, and stop
+        recording (:meth:`disable`); the training run is never interrupted."""
+        if not self.disabled:
+            logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
+                         exc_info=exc)
+        self.disable()
+
+    def module_stack(self) -> list:
+        """This thread's stack of module/Cell forwards in progress (adapters push frames)."""
+        stack = getattr(self.local, "frames", None)
+        if stack is None:
+            stack = self.local.frames = []
+        return stack
+
     def start(self, rank: int | None, rank_dir: str) -> bool:
         """Turn recording on for the current step if it and the rank are selected.
 

@@ -18,7 +18,6 @@ recording; they never propagate into the training script.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Callable, Optional
 
 from mindspore import Tensor
@@ -32,7 +31,6 @@ from msprobe.mindspore.leaves import LeafBuilder, TensorSink
 from store import schema
 from store.records import Call, Leaf
 
-logger = logging.getLogger("msprobe")
 
 
 def grad_active() -> bool:
@@ -69,16 +67,8 @@ class Recorder:
         self.cells_seen: set[str] = set()
         self.scope = ScopeRange.from_config(cfg.scope)
         self._fired = 0
-        self._warned = False
 
     # --- per-thread state -------------------------------------------------------------------
-    def frames(self) -> list:
-        local = self.session.local
-        stack = getattr(local, "frames", None)
-        if stack is None:
-            stack = local.frames = []
-        return stack
-
     def parent(self) -> Optional[str]:
         stack = getattr(self.session.local, "frames", None)
         if stack:
@@ -86,14 +76,6 @@ class Recorder:
                 if frame is not None:
                     return frame.name
         return None
-
-    def _backward_keys(self) -> tuple[str, ...]:
-        keys = []
-        if self.dm.allows("backward", "input"):
-            keys.append("input")
-        if self.dm.allows("backward", "output"):
-            keys.append("output")
-        return tuple(keys)
 
     # --- API, Primitive and Jit calls ---------------------------------------------------------
     def record_api(self, original: Callable, family: str, key: str, args: tuple, kwargs: dict,
@@ -164,7 +146,7 @@ class Recorder:
         if want_bwd:
             plan.pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                            parent=to_backward(plan.parent), stack_id=plan.stack_id,
-                                           keys=self._backward_keys())
+                                           keys=self.dm.backward_keys())
         return plan
 
     def _after(self, plan: _Plan, out: Any, args: tuple, kwargs: dict) -> Any:
@@ -189,7 +171,7 @@ class Recorder:
         """Forward pre-hook body; returns ``(args, kwargs)`` to substitute, or None."""
         s = self.session
         tls = s._tls
-        stack = self.frames()
+        stack = self.session.module_stack()
         if not s.recording or getattr(tls, "busy", False):
             stack.append(None)
             return None
@@ -241,7 +223,7 @@ class Recorder:
         if want_bwd:
             frame.pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD, api_type="Cell",
                                             parent=to_backward(frame.parent), stack_id=frame.stack_id,
-                                            keys=self._backward_keys())
+                                            keys=self.dm.backward_keys())
         self.cells_seen.add(prefix)
         return frame
 
@@ -418,12 +400,8 @@ class Recorder:
         return hook
 
     def internal_error(self, exc: BaseException) -> None:
-        """Log an internal error once, with its traceback, and stop recording."""
-        if not self._warned:
-            self._warned = True
-            logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
-                         exc_info=exc)
-        self.session.disable()
+        """Log an internal error once and stop recording (:meth:`Session.internal_error`)."""
+        self.session.internal_error(exc)
 
 
 def _walk_for_save(value: Any, path: tuple = (), depth: int = 0):

@@ -13,7 +13,6 @@ they never propagate into the training script.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Optional
 
 import torch
@@ -29,7 +28,6 @@ from msprobe.pytorch.payload import tensor_bytes
 from store import schema
 from store.records import Call, Leaf
 
-logger = logging.getLogger("msprobe")
 
 _current_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
 
@@ -93,7 +91,6 @@ class Recorder:
                                           md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
-        self._warned = False
         session.add_flush_hook(self.flush_deferred)
 
     def emit(self, call: Call) -> None:
@@ -129,13 +126,6 @@ class Recorder:
         return self.session.put_payload(*snap)
 
     # --- per-thread state -------------------------------------------------------------------
-    def frames(self) -> list:
-        local = self.session.local
-        stack = getattr(local, "frames", None)
-        if stack is None:
-            stack = local.frames = []
-        return stack
-
     def parent(self) -> Optional[str]:
         stack = getattr(self.session.local, "frames", None)
         if stack:
@@ -230,7 +220,7 @@ class Recorder:
         if want_bwd:
             pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                       parent=to_backward(plan.parent), stack_id=plan.stack_id,
-                                      keys=self._backward_keys())
+                                      keys=self.dm.backward_keys())
             plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs, share=True)
             plan.pending = pending
         return plan
@@ -255,20 +245,12 @@ class Recorder:
                         keys=tuple(keys), leaves=tuple(plan.leaves)))
         return result
 
-    def _backward_keys(self) -> tuple[str, ...]:
-        keys = []
-        if self.dm.allows("backward", "input"):
-            keys.append("input")
-        if self.dm.allows("backward", "output"):
-            keys.append("output")
-        return tuple(keys)
-
     # --- module calls --------------------------------------------------------------------------
     def module_pre(self, module: torch.nn.Module, prefix: str, args: tuple, kwargs: dict):
         """Forward pre-hook body; returns ``(args, kwargs)`` to substitute, or None."""
         s = self.session
         tls = s._tls
-        stack = self.frames()
+        stack = self.session.module_stack()
         if not s.recording or getattr(tls, "busy", False) or (self.exclusive is not None and prefix != self.exclusive):
             stack.append(None)
             return None
@@ -327,7 +309,7 @@ class Recorder:
         if want_bwd:
             frame.pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD,
                                             api_type=prefix.split(".", 1)[0], parent=to_backward(frame.parent),
-                                            stack_id=frame.stack_id, keys=self._backward_keys())
+                                            stack_id=frame.stack_id, keys=self.dm.backward_keys())
         self.modules_seen.add(prefix)
         if want_bwd:
             self.modules_bwd.add(prefix)
@@ -488,12 +470,8 @@ class Recorder:
             tls.busy = prev
 
     def internal_error(self, exc: BaseException) -> None:
-        """Log an internal error once, with its traceback, and stop recording."""
-        if not self._warned:
-            self._warned = True
-            logger.error("msprobe: internal error, recording stopped: %s: %s", type(exc).__name__, exc,
-                         exc_info=exc)
-        self.session.disable()
+        """Log an internal error once and stop recording (:meth:`Session.internal_error`)."""
+        self.session.internal_error(exc)
 
 
 def _with_path(leaf, path: tuple):
