@@ -146,6 +146,8 @@ class DistributedCalls:
         s = self.session
         tls = s._tls
         tls.busy = True
+        memo = self.recorder.leaves.memo
+        memo.clear()
         try:
             plan = None
             try:
@@ -161,6 +163,9 @@ class DistributedCalls:
                 self.recorder.internal_error(exc)
                 return out
         finally:
+            # collectives write tensors without bumping version counters, maybe later
+            # (async work): nothing recorded around one is reused (msprobe.pytorch.stats_memo)
+            memo.clear()
             tls.busy = False
 
     def _before(self, key: str, args: tuple, kwargs: dict) -> Optional[Call]:
