@@ -217,7 +217,7 @@ class Session:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
-                self._guard(self._writer.flush, True)
+                self._guard(functools.partial(self._writer.flush, True, background=True))
             self._step_export = StepExporter()
             self._tensors_done = set()
             self._opened_step = None
