@@ -118,16 +118,29 @@ def test_different_activation_is_first_origin(pair):
     assert v == "pass"
 
 
-def test_unmapped_lists_unmatched_names(pair, capsys):
+def test_unmapped_uses_builtin_table_and_lists_unmatched_names(pair, capsys):
+    # no mapping: the built-in table maps Cell -> Module and Dense -> Linear, so every call pairs
     r = C.compare(pair["ms"], pair["pt"], tol="loose")
-    assert r.summary["unmatched"] == {"target": ["Cell.d1.Dense", "Cell.d2.Dense"],
-                                      "baseline": ["Module.d1.Linear", "Module.d2.Linear"]}
-    assert any("frameworks differ" in n for n in r.summary["notes"])
-    # Cell.relu.ReLU still pairs through the built-in Cell -> Module
-    assert r.con.sql("SELECT b_name FROM alignment WHERE b_name = 'Module.relu.ReLU.forward.0' "
+    counts = r.summary["ranks"][0]["counts"]
+    assert counts == {"pass": 8, "propagated": 0, "origin": 0, "unpaired": 0}
+    assert r.summary["unmatched"] == {"target": [], "baseline": []}
+    assert any("frameworks differ" in n and "built-in MindSpore/PyTorch table" in n for n in r.summary["notes"])
+    # a layer class with no PyTorch counterpart here (Tanh vs ReLU) stays unmatched and is listed
+    r = C.compare(pair["ms_tanh"], pair["pt"], tol="loose")
+    assert r.summary["unmatched"] == {"target": ["Cell.relu.Tanh"], "baseline": ["Module.relu.ReLU"]}
+    assert r.con.sql("SELECT b_name FROM alignment WHERE b_name = 'Module.d1.Linear.forward.0' "
                      "AND t_name IS NOT NULL").fetchall()
-    main(["compare", str(pair["ms"]), str(pair["pt"])])
-    assert "unmatched target names: Cell.d1.Dense, Cell.d2.Dense" in capsys.readouterr().out
+    main(["compare", str(pair["ms_tanh"]), str(pair["pt"])])
+    assert "unmatched target names: Cell.relu.Tanh" in capsys.readouterr().out
+
+
+def test_builtin_table_renames_the_mindspore_baseline(pair):
+    # PyTorch TARGET, MindSpore BASELINE: the table renames the BASELINE; the unmatched
+    # listing shows the names MindSpore recorded
+    r = C.compare(pair["pt"], pair["ms"], tol="loose")
+    assert r.summary["ranks"][0]["counts"] == {"pass": 8, "propagated": 0, "origin": 0, "unpaired": 0}
+    r = C.compare(pair["pt"], pair["ms_tanh"], tol="loose")
+    assert r.summary["unmatched"] == {"target": ["Module.relu.ReLU"], "baseline": ["Cell.relu.Tanh"]}
 
 
 def test_mapping_api_leaf_ignore_sections(tmp_path):
