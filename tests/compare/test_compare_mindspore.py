@@ -202,3 +202,86 @@ def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path):
     (t_mean,), = r.con.sql("SELECT t_mean FROM tensors WHERE t_call = 'Functional.linear.0.forward' "
                            "AND io = 'output'").fetchall()
     assert t_mean == pytest.approx(h.mean(), rel=1e-5)
+
+
+# --- the built-in table at API level: the same computation through functional APIs -------------
+W3 = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+W4 = np.random.default_rng(3).standard_normal((6, 2)).astype(np.float32)
+
+
+def record_torch_functional(path):
+    import torch.nn.functional as F
+    from msprobe.pytorch import PrecisionDebugger
+
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1", task="statistics")
+    dbg.start()
+    x = torch.from_numpy(X)
+    h = torch.matmul(x, torch.from_numpy(W3))       # ops.matmul
+    h = torch.cat((h, h), 1)                        # ops.concat
+    h = F.gelu(h)                                   # ops.gelu (same name)
+    h = F.silu(h)                                   # mint.nn.functional.silu
+    h = F.softmax(h, -1)                            # ops.softmax (same name)
+    h = h.add(h)                                    # Tensor.add (same name)
+    h = torch.matmul(h, torch.from_numpy(W4))       # mint.matmul
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return path, h.numpy()
+
+
+def record_ms_functional(path):
+    from mindspore import Tensor, mint, ops
+    from msprobe.mindspore import PrecisionDebugger
+    ms.set_device("CPU")
+
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1", task="statistics")
+    dbg.start()
+    x = Tensor(X)
+    h = ops.matmul(x, Tensor(W3))
+    h = ops.concat((h, h), 1)
+    h = ops.gelu(h)
+    h = mint.nn.functional.silu(h)
+    h = ops.softmax(h, -1)
+    h = h.add(h)
+    h = mint.matmul(h, Tensor(W4))
+    dbg.stop()
+    dbg.step()
+    if hasattr(dbg, "close"):
+        dbg.close()
+    return path, h.asnumpy()
+
+
+def test_builtin_table_pairs_functional_calls_the_prefix_table_cannot(tmp_path, monkeypatch):
+    pt, pt_out = record_torch_functional(tmp_path / "pt")
+    msd, ms_out = record_ms_functional(tmp_path / "ms")
+    np.testing.assert_allclose(ms_out, pt_out, rtol=1e-5, atol=1e-6)   # the runs agree
+    r = C.compare(msd, pt, tol="loose")
+    paired = r.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL").fetchall()[0][0]
+    pairs = dict(r.con.sql("SELECT b_name, t_name FROM alignment WHERE t_name IS NOT NULL").fetchall())
+    # each MindSpore call pairs with its PyTorch counterpart
+    assert r.summary["unmatched"] == {"target": [], "baseline": []}
+    assert paired == 7 and r.summary["ranks"][0]["counts"] == {"pass": 7, "propagated": 0, "origin": 0, "unpaired": 0}
+    assert set(pairs) == {"Torch.matmul.0.forward", "Torch.cat.0.forward", "Functional.gelu.0.forward",
+                          "Functional.silu.0.forward", "Functional.softmax.0.forward", "Tensor.add.0.forward",
+                          "Torch.matmul.1.forward"}
+    assert r.summary["ranks"][0]["first_origin"] is None
+    from msprobe.compare.mapping import resolve_api
+    assert resolve_api(bt_mapping(), ["Mint.matmul", "MintFunctional.silu", "Functional.concat"],
+                       ["Torch.matmul", "Functional.silu", "Torch.cat"]) == {
+        "Mint.matmul": "Torch.matmul", "MintFunctional.silu": "Functional.silu", "Functional.concat": "Torch.cat"}
+    # without the table (only Cell -> Module, as before): only the same-name calls pair
+    import msprobe.compare.builtin_table as bt
+    from msprobe.compare.mapping import BUILTIN
+    monkeypatch.setattr(bt, "builtin_mapping", lambda path=None: BUILTIN)
+    r0 = C.compare(msd, pt, tol="loose")
+    paired0 = r0.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL"
+                         ).fetchall()[0][0]
+    assert paired0 == 3 < paired
+    assert r0.summary["unmatched"] == {
+        "target": ["Functional.concat", "Functional.matmul", "Mint.matmul", "MintFunctional.silu"],
+        "baseline": ["Functional.silu", "Torch.cat", "Torch.matmul"]}
+
+
+def bt_mapping():
+    from msprobe.compare.builtin_table import builtin_mapping
+    return builtin_mapping()
