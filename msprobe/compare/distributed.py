@@ -121,3 +121,65 @@ def attribute_collectives(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> i
                            + (f" (also ranks {senders[1:]})" if len(senders) > 1 else ""))
             changed += 1
     return changed
+
+
+def apply_rank_map(target, baseline, rank_map: dict, notes: list) -> None:
+    """``--rank-map``: renumber the BASELINE's ranks so that BASELINE rank ``rank_map[t]``
+    compares with TARGET rank ``t``; other BASELINE ranks keep their id unless the map
+    gives that id to another rank (then they are not compared, and a note says so).
+    Tensor-file directories follow their rank.
+
+    Args:
+        target, baseline: :class:`~msprobe.compare.load.Side` objects (changed in place).
+        rank_map: ``{TARGET rank: BASELINE rank}`` (:func:`~msprobe.compare.options.parse_rank_map`).
+        notes: the comparison's notes.
+    Raises:
+        CompareInputError: a rank of the map is not in its dump (the ranks found are named).
+    """
+    import os
+
+    import pyarrow as pa
+
+    from msprobe.compare.errors import CompareInputError
+
+    t_ranks = sorted(set(target.calls["rank"].to_pylist()))
+    b_ranks = sorted(set(baseline.calls["rank"].to_pylist()))
+    for t, b in rank_map.items():
+        if t not in t_ranks:
+            raise CompareInputError(f"--rank-map {t}:{b}: TARGET {target.path!r} has no rank {t} "
+                                    f"(ranks {t_ranks})")
+        if b not in b_ranks:
+            raise CompareInputError(f"--rank-map {t}:{b}: BASELINE {baseline.path!r} has no rank {b} "
+                                    f"(ranks {b_ranks})")
+    inverse = {b: t for t, b in rank_map.items()}
+    new_of = {}
+    for b in b_ranks:
+        if b in inverse:
+            new_of[b] = inverse[b]
+        elif b in rank_map:            # its id now belongs to the rank mapped onto it
+            notes.append(f"--rank-map: BASELINE rank {b} is not compared (TARGET rank {b} pairs with "
+                         f"BASELINE rank {rank_map[b]})")
+        else:
+            new_of[b] = b
+    notes.append("--rank-map: " + ", ".join(f"TARGET rank {t} ~ BASELINE rank {b}" for t, b in sorted(rank_map.items())))
+
+    def remap(table: pa.Table) -> pa.Table:
+        old = table["rank"].to_pylist()
+        keep = pa.array([r in new_of for r in old], pa.bool_())
+        table = table.set_column(table.schema.get_field_index("rank"), "rank",
+                                 pa.array([new_of.get(r, r) for r in old], table.schema.field("rank").type))
+        return table.filter(keep)
+
+    dirs = {}
+    steps = set(baseline.calls["step"].to_pylist())
+    for b, t in new_of.items():
+        for s in steps:
+            d = baseline.data_dirs.get((b, s))
+            if d is None:
+                cand = os.path.join(str(baseline.path), f"step{s}", f"rank{b}", "dump_tensor_data")
+                d = cand if os.path.isdir(cand) else None
+            if d is not None:
+                dirs[(t, s)] = d
+    baseline.calls, baseline.leaves = remap(baseline.calls), remap(baseline.leaves)
+    baseline.data_dirs = dirs
+

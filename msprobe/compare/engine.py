@@ -171,8 +171,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         timings[stage] = round(now - clock[0], 3)
         clock[0] = now
 
-    t = _filter(load_side(target, "TARGET"), opts)
-    b = _filter(load_side(baseline, "BASELINE"), opts)
+    t, b = load_side(target, "TARGET"), load_side(baseline, "BASELINE")
+    if opts.rank_map:
+        from msprobe.compare.distributed import apply_rank_map
+        apply_rank_map(t, b, opts.rank_map, notes)
+    t, b = _filter(t, opts), _filter(b, opts)
     for label, side in (("TARGET", t), ("BASELINE", b)):
         for skip in side.skipped:
             notes.append(f"{label}: skipped unreadable log part {skip.path} at byte {skip.offset}: {skip.reason}")
@@ -304,7 +307,8 @@ def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, not
         out_ranks.append({"rank": rank,
                           "first_origin": _describe(con, first_origin) if first_origin else None,
                           "first_diverged": _describe(con, first_div) if first_div else None,
-                          "counts": counts})
+                          "counts": counts,
+                          **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
     if any_div:
         verdict = "diverged"
     else:
