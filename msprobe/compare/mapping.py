@@ -204,11 +204,15 @@ def _stem_map(stem: str, m: Mapping, module: dict) -> str:
     return _prefix_map(stem, module)
 
 
-def _module_name(name: str, kind: str, m: Mapping, module: Optional[dict] = None) -> str:
+def _module_name(name: str, kind: str, m: Mapping, paths: Optional[dict] = None) -> str:
+    """Rename a module call: a ``calls`` entry, else its path by ``paths`` (the expanded
+    ``children``), then :func:`_stem_map`."""
     if name in m.calls:
         return m.calls[name]
     stem, tail = _split_module(name, kind)
-    return _stem_map(stem, m, m.module if module is None else module) + tail
+    if paths:
+        stem = paths.get(stem, stem)
+    return _stem_map(stem, m, m.module) + tail
 
 
 def _children_entries(module_stems, children: dict) -> dict:
@@ -344,10 +348,10 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
                           (_api_base(n) for n, k in zip(baseline.calls["name"].to_pylist(),
                                                         baseline.calls["kind"].to_pylist()) if k in _API_KINDS))
     renames.api = api_map
-    module = dict(mapping.module)
+    paths: dict = {}
     if mapping.children:
         stems = {_split_module(n, k)[0] for n, k in zip(names, kinds) if k in _MODULE_KINDS}
-        module = {**_children_entries(sorted(stems), mapping.children), **module}
+        paths = _children_entries(sorted(stems), mapping.children)
     new: dict[tuple, str] = {}
     counters: dict[tuple, int] = {}
     fwd_new: dict[tuple, str] = {}
@@ -356,7 +360,7 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
     for i in order:
         name, kind, key = names[i], kinds[i], (ranks[i], steps[i])
         if kind in _MODULE_KINDS:
-            out = _module_name(name, kind, mapping, module)
+            out = _module_name(name, kind, mapping, paths)
         elif kind in _API_KINDS and (api_map or mapping.calls):
             base, counter, direction = name.rsplit(".", 2)
             nb = api_map.get(base, base)
@@ -384,7 +388,7 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
     if not renames.original and not mapping.leaf:
         return renames
     new_names = [new[(r, s, n)] for r, s, n in zip(ranks, steps, names)]
-    parents = [None if p is None else _module_name(p, "module_forward", mapping, module) if p.count(".") >= 3 else p
+    parents = [None if p is None else _module_name(p, "module_forward", mapping, paths) if p.count(".") >= 3 else p
                for p in calls["parent"].to_pylist()]
     target.calls = calls.set_column(calls.schema.get_field_index("name"), "name", pa.array(new_names, pa.string())) \
         .set_column(calls.schema.get_field_index("parent"), "parent", pa.array(parents, pa.string()))

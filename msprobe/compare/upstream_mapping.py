@@ -278,7 +278,7 @@ def _cell(d: _Doc) -> dict:
         t = k if k.startswith("Cell.") else f"Cell.{k}"
         b = v if v.startswith("Module.") else f"Module.{v}"
         module[t] = b
-    return {"module": module, "exact": frozenset(module)}
+    return {"module": module}
 
 
 def _layer(d: _Doc) -> dict:
