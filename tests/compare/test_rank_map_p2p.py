@@ -101,3 +101,85 @@ def test_rank_map_names_a_missing_rank(swapped, capsys):
     assert main(["compare", str(t), str(b), "--rank-map", "0:5"]) == 2
     assert main(["compare", str(t), str(b), "--rank-map", "0:1:2"]) == 2
     assert "--rank-map: got '0:1:2'" in capsys.readouterr().err
+
+
+# --- point-to-point attribution -------------------------------------------------------------
+
+ZERO = np.zeros(4)
+
+
+def send(x, dst) -> dict:
+    return {"input_args": [rec(x), val(dst)], "input_kwargs": {}, "output": [rec(x), val(dst)]}
+
+
+def recv(got, src) -> dict:
+    return {"input_args": [rec(ZERO), val(src)], "input_kwargs": {}, "output": [rec(got), val(src)]}
+
+
+def p2p_runs(root: Path, scale: float) -> Path:
+    """Three ranks. Rank 0 sends A to rank 1, then exp(A)*scale (scale 1.001 in the TARGET:
+    its exp is the origin); rank 2 sends B to rank 1 before them; rank 1 receives from 2,
+    0, 0 and applies tanh to the last value."""
+    e = np.exp(A) * scale
+    write_rank(root, 0, {"Distributed.send.0.forward": send(A, 1),
+                         "Torch.exp.0.forward": unary(A, e),
+                         "Distributed.send.1.forward": send(e, 1)})
+    write_rank(root, 1, {"Distributed.recv.0.forward": recv(B, 2),
+                         "Distributed.recv.1.forward": recv(A, 0),
+                         "Distributed.recv.2.forward": recv(e, 0),
+                         "Torch.tanh.0.forward": unary(e, np.tanh(e))})
+    write_rank(root, 2, {"Distributed.send.0.forward": send(B, 1)})
+    return root
+
+
+def test_receive_attributed_to_the_sending_rank(tmp_path):
+    t, b = p2p_runs(tmp_path / "t", 1.001), p2p_runs(tmp_path / "b", 1.0)
+    r = C.compare(t, b)
+    ranks = {x["rank"]: x for x in r.summary["ranks"]}
+    assert ranks[0]["first_origin"]["name"] == "Torch.exp.0.forward"
+    one = ranks[1]
+    assert one["first_origin"] is None and one["counts"]["origin"] == 0
+    fd = one["first_diverged"]
+    # the third receive (the second from rank 0) carried the diverged data, not the one from rank 2
+    assert fd["name"] == "Distributed.recv.2.forward" and fd["attributed_to"] == 0
+    assert fd["reason"] == ("received through Distributed.recv.2.forward from rank 0 "
+                            "(sent by Distributed.send.1.forward)")
+    verdicts = dict(r.con.sql("SELECT t_name, verdict FROM calls WHERE rank = 1").fetchall())
+    assert verdicts["Distributed.recv.0.forward"] == verdicts["Distributed.recv.1.forward"] == "pass"
+    g = r.summary["global_origin"]
+    assert (g["rank"], g["name"]) == (0, "Torch.exp.0.forward")
+    assert r.stats["attributed"] == 1
+
+
+def test_receive_with_clean_send_stays_an_origin(tmp_path):
+    # the TARGET's rank 1 received different data although rank 0 sent the same: rank 1's origin
+    t, b = tmp_path / "t", tmp_path / "b"
+    for root, got in ((t, A * 1.01), (b, A)):
+        write_rank(root, 0, {"Distributed.send.0.forward": send(A, 1)})
+        write_rank(root, 1, {"Distributed.recv.0.forward": recv(got, 0)})
+    r = C.compare(t, b)
+    one = {x["rank"]: x for x in r.summary["ranks"]}[1]
+    assert one["first_origin"]["name"] == "Distributed.recv.0.forward"
+    assert "attributed_to" not in one["first_origin"]
+    assert r.summary["global_origin"]["rank"] == 1
+
+
+def test_batch_isend_irecv_items_pair_by_order(tmp_path):
+    def op(kind, x, peer):
+        return {"class_type": {"type": "str", "value": "torch.distributed.P2POp"},
+                "op": {"type": "str", "value": kind}, "tensor": rec(x), "peer": val(peer)}
+
+    def runs(root, scale):
+        e = np.exp(A) * scale
+        write_rank(root, 0, {"Torch.exp.0.forward": unary(A, e),
+                             "Distributed.batch_isend_irecv.0.forward": {
+                                 "input_args": [[op("isend", e, 1)]], "input_kwargs": {},
+                                 "output": [[op("isend", e, 1)]]}})
+        write_rank(root, 1, {"Distributed.batch_isend_irecv.0.forward": {
+            "input_args": [[op("irecv", ZERO, 0)]], "input_kwargs": {}, "output": [[op("irecv", e, 0)]]}})
+        return root
+
+    r = C.compare(runs(tmp_path / "t", 1.001), runs(tmp_path / "b", 1.0))
+    one = {x["rank"]: x for x in r.summary["ranks"]}[1]
+    assert one["first_diverged"]["name"] == "Distributed.batch_isend_irecv.0.forward"
+    assert one["first_diverged"]["attributed_to"] == 0 and one["counts"]["origin"] == 0
