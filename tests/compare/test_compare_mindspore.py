@@ -181,7 +181,11 @@ ignore:
 """
 
 
-def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path):
+def _n_paired(r) -> int:
+    return r.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL").fetchall()[0][0]
+
+
+def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path, monkeypatch):
     pt = record_torch(tmp_path / "pt", level="mix")
     msd = record_ms(tmp_path / "ms", level="mix")
     f = tmp_path / "mix.yaml"
@@ -202,6 +206,16 @@ def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path):
     (t_mean,), = r.con.sql("SELECT t_mean FROM tensors WHERE t_call = 'Functional.linear.0.forward' "
                            "AND io = 'output'").fetchall()
     assert t_mean == pytest.approx(h.mean(), rel=1e-5)
+    # no mapping: the built-in table pairs the Dense/Linear modules and ReLU with F.relu (12 of the
+    # 16 PyTorch calls); Dense's MatMul + BiasAdd against F.linear need the file above
+    r = C.compare(msd, pt, tol="loose")
+    assert _n_paired(r) == 12 and r.exit_code == 0
+    assert r.summary["unmatched"] == {"target": ["Primitive.bias_add.BiasAdd", "Primitive.matmul.MatMul",
+                                                 "Primitive.shape_op.Shape"], "baseline": ["Functional.linear"]}
+    import msprobe.compare.builtin_table as bt
+    from msprobe.compare.mapping import BUILTIN
+    monkeypatch.setattr(bt, "builtin_mapping", lambda path=None: BUILTIN)   # Cell -> Module only
+    assert _n_paired(C.compare(msd, pt, tol="loose")) == 4
 
 
 # --- the built-in table at API level: the same computation through functional APIs -------------
