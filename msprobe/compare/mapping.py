@@ -7,14 +7,19 @@
             first (``Cell: Module``, ``Cell.net.body: Module.model``).
 ``layer``   ``{TARGET layer class: BASELINE layer class}`` for the class token of module
             calls (``Dense: Linear``, ``SequentialCell: Sequential``).
-``leaf``    ``{BASELINE API[.forward|.backward]: {TARGET io.arg: BASELINE io.arg}}``
-            argument/output index maps (``Functional.linear: {input_args.1: input_args.2}``);
+``leaf``    ``{BASELINE API[.forward|.backward] or BASELINE call: {TARGET io.arg: BASELINE
+            io.arg}}`` argument/output index maps (``Functional.linear: {input_args.1:
+            input_args.2}``); nested elements follow their argument (``input_args.0.1``);
             a target leaf mapped to a path the baseline lacks stays unpaired.
 ``ignore``  a list of name prefixes dropped from both sides before matching.
 
+Module names are renamed in this order: an exact ``module`` entry for the whole
+``Cell.path.Class`` stem, else the class token by ``layer``, then path prefixes by
+``module``.
+
 Only the TARGET side is renamed (into the BASELINE's vocabulary); reports show the
 original TARGET names (:attr:`Renames.original`). When frameworks differ (PyTorch vs
-MindSpore) :data:`BUILTIN` (``Cell`` → ``Module``) is applied under the user's mapping;
+MindSpore) the built-in table applies under the user's mapping (:func:`framework_mapping`);
 calls left unpaired are listed by name (:func:`unmatched_prefixes`).
 
 Upstream's four mapping files (``data_mapping``, ``api_mapping``, ``cell_mapping``,
@@ -32,16 +37,15 @@ Errors name the file, line and key (:class:`~msprobe.compare.errors.CompareInput
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from msprobe.compare.errors import CompareInputError
 
-__all__ = ["Mapping", "load_mapping", "apply_mapping", "resolve_api", "BUILTIN", "SECTIONS", "unmatched_prefixes"]
+__all__ = ["Mapping", "load_mapping", "apply_mapping", "resolve_api", "framework_mapping", "BUILTIN", "SECTIONS",
+           "unmatched_prefixes", "Renames"]
 
 SECTIONS = ("api", "module", "layer", "leaf", "ignore")
 _MODULE_KINDS = ("module_forward", "module_backward", "parameters_grad")

@@ -137,8 +137,8 @@ def read_yaml(source: Union[str, os.PathLike], what: str = "--mapping") -> _Doc:
 def detect(doc: Any, sections: tuple) -> Optional[str]:
     """Which format a loaded YAML document is: None for ours (a dict using any of our
     ``sections``, or empty), else one of :data:`KINDS`. Guesses from the shape: a list →
-    ``api_mapping``; a dict of dicts → ``layer_mapping``; a dict of strings whose keys are
-    data names (``X.0.forward.input.0``) → ``data_mapping``, else ``cell_mapping``."""
+    ``api_mapping``; a dict of dicts → ``layer_mapping``; a dict with a data name as a key
+    (``X.0.forward.input.0``) → ``data_mapping``, else ``cell_mapping``."""
     if doc is None or (isinstance(doc, dict) and (not doc or any(k in sections for k in doc))):
         return None
     if isinstance(doc, list):
@@ -147,8 +147,8 @@ def detect(doc: Any, sections: tuple) -> Optional[str]:
         values = list(doc.values())
         if all(isinstance(v, dict) for v in values):
             return LAYER
-        if all(isinstance(k, str) and (_DATA_NAME.match(k) or _GRAD_NAME.match(k)) for k in doc):
-            return DATA
+        if any(isinstance(k, str) and (_DATA_NAME.match(k) or _GRAD_NAME.match(k)) for k in doc):
+            return DATA     # any data name: parse as data_mapping, so a bad key is named as such
         return CELL
     return None
 

@@ -247,3 +247,10 @@ def test_mapping_flag_detects_upstream_formats(tmp_path):
     f.write_text("- ms_api: A.b\n  pt_api: C.d\n  extra: 1\n")
     with pytest.raises(CompareInputError, match=r"--mapping '.*m.yaml': line 3: item 0: unknown key 'extra'"):
         load_mapping(f)
+
+
+def test_mapping_flag_names_the_bad_key_of_a_data_mapping(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("Functional.a.0.forward.input.0: Torch.a.0.forward.input.0\nFunctional.b: Torch.b\n")
+    with pytest.raises(CompareInputError, match=r"--mapping '.*d.yaml': line 2: key 'Functional.b' is not a data name"):
+        load_mapping(f)
