@@ -190,8 +190,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         mapping, b_renames = framework_mapping(t, b, opts.mapping, notes)
     if mapping is not None:
         renames = apply_mapping(t, b, mapping)
-    if b_renames is not None:
-        renames = renames or b_renames
+    if b_renames is not None:       # the BASELINE was renamed (PyTorch TARGET, MindSpore BASELINE)
+        from msprobe.compare.mapping import Renames
+        renames = renames or Renames()
         renames.baseline_original = b_renames.original
     if renames is not None:
         for label, n in renames.ignored.items():

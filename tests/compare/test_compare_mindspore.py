@@ -141,6 +141,9 @@ def test_builtin_table_renames_the_mindspore_baseline(pair):
     assert r.summary["ranks"][0]["counts"] == {"pass": 8, "propagated": 0, "origin": 0, "unpaired": 0}
     r = C.compare(pair["pt"], pair["ms_tanh"], tol="loose")
     assert r.summary["unmatched"] == {"target": ["Module.relu.ReLU"], "baseline": ["Cell.relu.Tanh"]}
+    # the first divergence keeps the TARGET's (PyTorch) name: d2 sees ReLU vs Tanh outputs
+    first = r.summary["ranks"][0]["first_origin"] or r.summary["ranks"][0]["first_diverged"]
+    assert first["name"].startswith("Module.")
 
 
 def test_mapping_api_leaf_ignore_sections(tmp_path):
