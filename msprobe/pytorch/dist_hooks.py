@@ -154,6 +154,7 @@ class DistributedCalls:
                 plan = self._before(key, args, kwargs)
             except Exception as exc:
                 self.recorder.internal_error(exc)
+            memo.clear()  # the inputs' statistics are stale once the collective wrote them
             out = original(*args, **kwargs)
             if plan is None:
                 return out
@@ -214,6 +215,7 @@ class DistributedCalls:
 
     def _output_leaves(self, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
         leaves: list[Leaf] = []
+        self.recorder.leaves.memo.clear()  # maybe completed later, on another thread
         self.recorder.leaves.sequence("output", [_plain(v) for v in (*args, *kwargs.values())], leaves)
         return tuple(leaves)
 
