@@ -6,7 +6,7 @@ tensor                 Max / Min              Mean / Norm
 empty, meta, sparse    null                   null
 bool                   any() / all()          null
 complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
-float16/bfloat16/fp32  exact, source dtype    host: float64 up to 65536 elements,
+float16/bfloat16/fp32  exact, source dtype    host: float64 up to 4096 elements,  
                                               float32 cascade above; device: Mean
                                               float64, Norm float32
 float64, integer       exact (float64)        float64
@@ -42,7 +42,7 @@ _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.in
 _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 #: CPU float tensors up to this many elements get float64-accumulated Mean/Norm (numpy);
 #: larger float32 ones take PyTorch's fused float32 reductions (see ``_host_stats``)
-SMALL_NUMEL = 1 << 16
+SMALL_NUMEL = 1 << 12
 _ROW = 256  # elements per partial norm in _norm32
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
