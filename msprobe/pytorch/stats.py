@@ -35,6 +35,7 @@ from msprobe.core.statistics import TensorStats
 
 _F64 = torch.float64
 _F32 = torch.float32
+_STRIDED = torch.strided
 _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # dtypes numpy reads directly (host path); bf16 and complex go through torch first
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
@@ -78,6 +79,10 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
 
     Raises nothing for odd tensors: those without readable data get all-null stats.
     """
+    if t.dtype is _F32 and t.is_cpu and t.layout is _STRIDED and type(t) is torch.Tensor:
+        fast = _small_f32_stats(t)
+        if fast is not None:
+            return fast
     s = TensorStats()
     if not has_data(t):
         return s
@@ -112,6 +117,26 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         s.has_inf = (not s.has_nan) and (math.isinf(s.max) or math.isinf(s.min))
         if not (fin_max and fin_min):
             _except_inf_nan(x, s)
+    return s
+
+
+def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:
+    """The common case in a few microseconds: a small, contiguous, finite CPU float32
+    tensor (numpy on its memory; Mean and Norm in float64). None: take the general path."""
+    n = t.numel()
+    if n == 0 or n > SMALL_NUMEL or not t.is_contiguous() or t.is_neg():
+        return None
+    a = np.frombuffer((ctypes.c_char * (4 * n)).from_address(t.data_ptr()), dtype=np.float32, count=n)
+    mx = float(np.maximum.reduce(a))
+    mn = float(np.minimum.reduce(a))
+    if not (math.isfinite(mx) and math.isfinite(mn)):
+        return None
+    a64 = a.astype(np.float64)
+    s = TensorStats()
+    s.max, s.min = mx, mn
+    s.mean = float(np.add.reduce(a64)) / n
+    s.norm = math.sqrt(float(np.dot(a64, a64))) if t.dim() else abs(mx)
+    s.has_nan = s.has_inf = False
     return s
 
 
