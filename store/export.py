@@ -534,19 +534,19 @@ def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optiona
     """The files of :func:`export_step` from built entries (``chunks``: cache of encoded
     entries, see :func:`_dump_text`; ``rows()``: the step's rows, for tensor files)."""
     level = meta["level"]
-    stack_json = {
-        name: list(stacks[entries[name].stack_id])
+    stack_items = [
+        (name, entries[name].stack_id)
         for name in order
         if entries[name].stack_id is not None and entries[name].stack_id in stacks
-    }
+    ]
     kinds = _CONSTRUCT_KINDS.get(level, frozenset())
-    construct = {name: entries[name].parent for name in order if entries[name].kind in kinds}
+    construct = [(name, entries[name].parent) for name in order if entries[name].kind in kinds]
     directory = make_dirs(out_dir, own_levels=2)
     written = []
     for file_name, text in (
         (DUMP_FILE, _dump_text(meta, level, order, entries, chunks)),
-        (STACK_FILE, _dumps(stack_json)),
-        (CONSTRUCT_FILE, _dumps(construct)),
+        (STACK_FILE, _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
+        (CONSTRUCT_FILE, _items_text(construct, None, chunks)),
     ):
         target = directory / file_name
         atomic_write_text(target, text)
@@ -586,6 +586,34 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     return head[: -len(_EMPTY_DATA_TAIL)] + "{\n  " + ",\n  ".join(parts) + "\n }\n}"
 
 
+def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
+                chunks: Optional[dict]) -> str:
+    """``dumps_indent1(dict(...))`` of a top-level object given as ``(key, token)`` pairs,
+    the value being ``expand(token)`` (or the token itself). With ``chunks``, the text of
+    each ``(key, token)`` member is cached (tokens are immutable: stack ids, parent names)."""
+    if not items:
+        return "{}"
+    parts = []
+    try:
+        for key, token in items:
+            cache_key = (_ITEMS, key, token)
+            piece = chunks.get(cache_key) if chunks is not None else None
+            if piece is None:
+                out = [_ENCODE_STR(key), ": "]
+                value = expand(token) if expand is not None else token
+                _encode(value, " ", out)
+                piece = "".join(out)
+                if chunks is not None:
+                    chunks[cache_key] = piece
+            parts.append(piece)
+    except (_NotPlainJson, RecursionError):
+        return _dumps({key: (expand(token) if expand is not None else token) for key, token in items})
+    return "{\n " + ",\n ".join(parts) + "\n}"
+
+
+_ITEMS = object()  # cache-key tag of _items_text members (never equal to an entry name)
+
+
 class StepExporter:
     """Live, incremental :func:`export_step` for the step a process is recording.
 
@@ -599,11 +627,13 @@ class StepExporter:
     def __init__(self) -> None:
         self._tables: list[pa.Table] = []
         self._builder = EntryBuilder()
-        self._chunks: dict[str, str] = {}
+        self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
         self._stale = False
 
     def add(self, table: pa.Table) -> None:
-        """Add rows of the step (:data:`store.schema.LOG_SCHEMA`)."""
+        """Add rows of the step (:data:`store.schema.LOG_SCHEMA`); the cached text of the
+        entries they touch is dropped (stack.json/construct.json members are keyed by
+        their immutable values and stay valid)."""
         if table.num_rows == 0:
             return
         self._tables.append(table)
