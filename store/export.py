@@ -340,7 +340,18 @@ class EntryBuilder:
                 path = json.loads(path_text) if path_text else []
                 path_cache[path_text] = path
             key = io if io is not None else ""
-            entry.values[key] = _put(entry.values.get(key), path, value)
+            root = entry.values.get(key)
+            if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
+                index = path[0]  # the common case of _put, inline: element `index` of a list
+                if root is None:
+                    root = []
+                if index >= 0:
+                    if len(root) <= index:
+                        root.extend([None] * (index + 1 - len(root)))
+                    root[index] = value
+                entry.values[key] = root
+            else:
+                entry.values[key] = _put(root, path, value)
             touched.add(entry.name)
         return touched
 
