@@ -50,12 +50,12 @@ def array_bytes(a: np.ndarray) -> tuple[bytes, str, tuple[int, ...]]:
         other extension dtypes (converted); the shape as ints.
     """
     if a.dtype.name == BF16 and a.dtype.itemsize == 2:
-        data = np.ascontiguousarray(a).view(np.uint16).tobytes()
+        data = a.view(np.uint16).tobytes(order="C")
         return data, BF16, tuple(int(d) for d in a.shape)
     if not _plain(a.dtype):
         a = a.astype(np.float32)
-    a = np.ascontiguousarray(a)
-    return a.tobytes(), a.dtype.name, tuple(int(d) for d in a.shape)
+    # tobytes, not ascontiguousarray: that turns a 0-dim array into shape (1,)
+    return a.tobytes(order="C"), a.dtype.name, tuple(int(d) for d in a.shape)
 
 
 def array_from_payload(payload: Payload) -> np.ndarray:
