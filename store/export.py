@@ -319,6 +319,8 @@ class EntryBuilder:
             seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
             requires_grad, max_finite, min_finite, crc32, data_name, value_json,
         ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq  # a later part holding this seq's call row is out of order
             entry = entry_of_seq.get(seq)
             if entry is None:
                 continue

@@ -77,6 +77,10 @@ class Recorder:
         self.dm = session.data_mode
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
                                   capture=self._capture if session.stores_tensors else None)
+        # the memo is sound only where intercepted calls (which clear it) separate the records:
+        # at L0 and debug nothing clears it between module hooks / save() calls
+        if cfg.level not in ("L1", "mix"):
+            self.leaves.memo.enabled = False
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
