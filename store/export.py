@@ -566,7 +566,9 @@ def _write_one(directory: Path, name: str, file_name: str, ref: str, first: dict
     """Write one tensor file of :func:`export_tensors`; False when its payload is unreadable."""
     target = directory / file_name
     source = first.get(ref)
-    if source is None:
+    if source is None and payloads.take_staged(ref, target):  # written during the step (live export)
+        first[ref] = target
+    elif source is None:
         try:
             payload = payloads.read(ref)
         except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
