@@ -46,6 +46,7 @@ import queue
 import struct
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -60,6 +61,7 @@ __all__ = ["PAYLOAD_DIR", "Payload", "PayloadReader", "PayloadWriter", "SAFETENS
 PAYLOAD_DIR = "payload"
 STAGE_DIR = "stage"
 _STAGE_KEEP = 2  # flushes after which an unmoved staged file is removed
+_MOVED_KEEP = 8192  # files moved into place that a reader remembers for later links
 SHARD_SUFFIX = ".safetensors"
 
 #: dtype strings (PyTorch and MindSpore spellings) → (safetensors dtype, item size in bytes).
@@ -410,6 +412,7 @@ class PayloadReader:
         self._verify = bool(verify)
         self._stage_dir = stage_dir(dump_path)
         self._stage_ext = stage_ext
+        self._moved: OrderedDict[str, Path] = OrderedDict()  # key -> where take_staged put its file
         self._headers: dict[str, tuple[int, dict]] = {}
 
     def _header(self, shard: str) -> tuple[int, dict]:
@@ -445,7 +448,22 @@ class PayloadReader:
             os.replace(self._stage_dir / f"{key}.{self._stage_ext}", target)
         except OSError:
             return False
+        self._moved[key] = Path(target)
+        self._moved.move_to_end(key)
+        if len(self._moved) > _MOVED_KEEP:
+            self._moved.popitem(last=False)
         return True
+
+    def earlier_file(self, ref: str) -> Optional[Path]:
+        """The file a recent :meth:`take_staged` of ``ref`` moved into place, if it still
+        exists (the live exporter hard-links a later file of the same payload to it, in
+        this step or a later one); None without ``stage_ext``."""
+        if self._stage_ext is None:
+            return None
+        path = self._moved.get(ref.partition(":")[2])
+        if path is None or not path.exists():
+            return None
+        return path
 
     def read(self, ref: str) -> Payload:
         """The payload of ``ref`` (``"{shard}:{key}"``).

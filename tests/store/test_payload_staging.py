@@ -98,3 +98,27 @@ def test_export_moves_the_staged_file_and_links_duplicates(tmp_path):
     a, b = tmp_path / "out" / "a.raw", tmp_path / "out" / "b.raw"
     assert a.read_bytes() == b.read_bytes() == b"torch.int32|[1]|" + b"\x07" * 4
     assert os.path.samefile(a, b)
+
+
+def test_later_export_links_to_the_file_moved_earlier_without_reading_the_shard(tmp_path):
+    """stop() exports a payload's first file; step() exports another name of the same
+    payload: a hard link to the first file (the shard is not needed: it is deleted here)."""
+    with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
+        ref = w.put(b"\x05" * 8, "torch.int64", (1,))
+        w.flush()
+        reader = PayloadReader(tmp_path, verify=False, stage_ext="raw")
+
+        def rows(name):
+            return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref}],
+                                        schema=S.LOG_SCHEMA)
+
+        assert export_tensors(rows("fwd.raw"), reader, write_raw, tmp_path / "step0") == ["fwd.raw"]
+        for shard in (tmp_path / ".msprobe" / "payload").iterdir():
+            shard.unlink()
+        assert export_tensors(rows("bwd.raw"), reader, write_raw, tmp_path / "step0") == ["bwd.raw"]
+        assert export_tensors(rows("next.raw"), reader, write_raw, tmp_path / "step1") == ["next.raw"]
+    first = tmp_path / "step0" / "fwd.raw"
+    assert first.read_bytes() == b"torch.int64|[1]|" + b"\x05" * 8
+    assert os.path.samefile(first, tmp_path / "step0" / "bwd.raw")
+    assert os.path.samefile(first, tmp_path / "step1" / "next.raw")
+    assert PayloadReader(tmp_path).earlier_file(ref) is None  # offline reader: never
