@@ -142,6 +142,8 @@ def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple
     offset = 0
     pieces = []
     for key, dtype, shape, data in items:
+        if key in header:  # put again after the index forgot it: one copy per shard
+            continue
         code, size = SAFETENSORS_DTYPES.get(dtype, ("U8", 1))
         numel = 1
         for d in shape:
@@ -170,7 +172,15 @@ class PayloadWriter:
         queue_size: bound of the queue to the background thread (unit: payloads); a full
             queue blocks :meth:`put`. Must be >= 1.
         shard_bytes: a shard is written once its data exceeds this size (unit: bytes).
-            Must be >= 1.
+            Must be >= 1. With ``pending_bytes`` it bounds the writer's memory: at most
+            about ``pending_bytes + shard_bytes`` of payload bytes are held at a time.
+        pending_bytes: bound of the bytes queued and not yet taken by the background
+            thread (unit: bytes); :meth:`put` blocks while it would be exceeded (one
+            payload larger than the bound is still accepted when nothing else is
+            pending). Must be >= 1.
+        index_size: how many content keys are remembered for deduplication (unit:
+            payloads; the oldest are forgotten first, so a payload seen again after that
+            is stored again). Must be >= 1.
         stage: ``(write_file, ext)``: also write each new payload as a staged tensor file
             (see the module docstring); ``write_file(path, payload)`` is called on the
             background thread.
@@ -193,13 +203,23 @@ class PayloadWriter:
         rank: int,
         *,
         queue_size: int = 64,
-        shard_bytes: int = 256 << 20,
+        shard_bytes: int = 32 << 20,
+        pending_bytes: int = 64 << 20,
+        index_size: int = 1 << 16,
         stage: Optional[tuple[Callable[[Path, "Payload"], None], str]] = None,
     ) -> None:
         if int(queue_size) < 1:
             raise ValueError(f"queue_size: got {queue_size!r}; allowed: an int >= 1")
         if int(shard_bytes) < 1:
             raise ValueError(f"shard_bytes: got {shard_bytes!r}; allowed: an int >= 1")
+        if int(pending_bytes) < 1:
+            raise ValueError(f"pending_bytes: got {pending_bytes!r}; allowed: an int >= 1")
+        if int(index_size) < 1:
+            raise ValueError(f"index_size: got {index_size!r}; allowed: an int >= 1")
+        self._pending_limit = int(pending_bytes)
+        self._pending = 0  # bytes queued, not yet taken by the background thread
+        self._drained = threading.Condition()
+        self._index_size = int(index_size)
         self._dir = payload_dir(dump_path)
         self._stage = stage
         self._stage_dir = stage_dir(dump_path)
@@ -209,7 +229,7 @@ class PayloadWriter:
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._lock = threading.Lock()
-        self._index: dict[str, str] = {}  # key -> ref
+        self._index: OrderedDict[str, str] = OrderedDict()  # key -> ref, oldest first
         self._shard = 0
         self._shard_fill = 0
         self._error: Optional[BaseException] = None
@@ -244,8 +264,15 @@ class PayloadWriter:
             ref = self._index.get(key)
             if ref is not None:
                 return ref
+            size = len(data)
+            with self._drained:  # back-pressure by bytes (the queue bounds the count)
+                while self._pending and self._pending + size > self._pending_limit and self._error is None:
+                    self._drained.wait(0.5)
+                self._pending += size
             ref = f"{self.shard_name(self._shard)}:{key}"
             self._index[key] = ref
+            if len(self._index) > self._index_size:
+                self._index.popitem(last=False)
             self.stored_bytes += len(data)
             self._shard_fill += len(data)
             item = ("put", self._shard, key, dtype, shape, bytes(data))
@@ -319,8 +346,13 @@ class PayloadWriter:
             if op == "put":
                 _, shard, key, dtype, shape, data = item
                 shards.setdefault(shard, []).append((key, dtype, shape, data))
-                if self._stage is not None and self._error is None:
-                    self._stage_file(key, Payload(data=data, dtype=dtype, shape=shape))
+                try:
+                    if self._stage is not None and self._error is None:
+                        self._stage_file(key, Payload(data=data, dtype=dtype, shape=shape))
+                finally:
+                    with self._drained:
+                        self._pending -= len(data)
+                        self._drained.notify_all()
                 continue
             _, shard, done = item
             if done is not None:
