@@ -18,6 +18,7 @@ Example: ``tensor_bytes(torch.tensor([1.0], dtype=torch.bfloat16))`` →
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -98,7 +99,7 @@ class PayloadCapture:
         ValueError: ``window_bytes`` < 0.
     """
 
-    __slots__ = ("_put", "_window", "_recent", "_held", "hits", "hit_bytes")
+    __slots__ = ("_put", "_window", "_recent", "_held", "_lock", "hits", "hit_bytes")
 
     def __init__(self, put: Callable[[bytes, str, tuple], Optional[str]], *, window_bytes: int = 32 << 20) -> None:
         if int(window_bytes) < 0:
@@ -107,13 +108,15 @@ class PayloadCapture:
         self._window = int(window_bytes)
         self._recent: OrderedDict[tuple, tuple[str, bytes]] = OrderedDict()
         self._held = 0
+        self._lock = threading.Lock()  # autograd may record from its own threads
         self.hits = 0       #: snapshots skipped because the memory held known bytes
         self.hit_bytes = 0  #: bytes neither copied nor hashed thanks to that (unit: bytes)
 
     def clear(self) -> None:
         """Forget every recent snapshot."""
-        self._recent.clear()
-        self._held = 0
+        with self._lock:
+            self._recent.clear()
+            self._held = 0
 
     def __call__(self, t: torch.Tensor) -> Optional[str]:
         key = None
@@ -124,22 +127,24 @@ class PayloadCapture:
                 key = (t.data_ptr(), nbytes, t.dtype, tuple(t.shape))
                 known = self._recent.get(key)
                 if known is not None and _same_bytes(key[0], known[1]):
-                    self.hits += 1
-                    self.hit_bytes += nbytes
+                    with self._lock:
+                        self.hits += 1
+                        self.hit_bytes += nbytes
                     return known[0]
         snap = tensor_bytes(t)
         if snap is None:
             return None
         ref = self._put(*snap)
         if key is not None and ref is not None:
-            old = self._recent.pop(key, None)
-            if old is not None:
-                self._held -= len(old[1])
-            self._recent[key] = (ref, snap[0])
-            self._held += len(snap[0])
-            while self._held > self._window:
-                _, (_, data) = self._recent.popitem(last=False)
-                self._held -= len(data)
+            with self._lock:
+                old = self._recent.pop(key, None)
+                if old is not None:
+                    self._held -= len(old[1])
+                self._recent[key] = (ref, snap[0])
+                self._held += len(snap[0])
+                while self._held > self._window and self._recent:
+                    _, (_, data) = self._recent.popitem(last=False)
+                    self._held -= len(data)
         return ref
 
 
