@@ -22,7 +22,9 @@ A shard not yet written when the process dies is lost; references to it are repo
 the exporter as missing payloads.
 
 Staged tensor files (live export). Given ``stage=(write_file, ext)``, the background thread
-also writes every new payload as a tensor file ``{dump_path}/.msprobe/stage/{key}.{ext}``
+also writes every new payload as a tensor file
+``{dump_path}/.msprobe/stage/{writer}/{key}.{ext}`` (``{writer}``: the shard stem, so ranks
+and processes sharing a dump path never touch each other's files)
 (``write_file`` is the adapter's ``.pt``/``.npy`` writer, the same one the exporter uses)
 while the step still runs, from the bytes it already holds. The live exporter then moves
 a staged file into place (:meth:`PayloadReader.take_staged`) instead of reading the shard
@@ -222,10 +224,10 @@ class PayloadWriter:
         self._index_size = int(index_size)
         self._dir = payload_dir(dump_path)
         self._stage = stage
-        self._stage_dir = stage_dir(dump_path)
         self._staged: list[Path] = []            # staged since the last flush (background thread)
         self._staged_old: list[list[Path]] = []  # staged before it, newest last (at most _STAGE_KEEP)
         self._stem = f"rank{int(rank)}.{os.getpid()}.{time.time_ns()}"
+        self._stage_dir = stage_dir(dump_path) / self._stem
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._lock = threading.Lock()
@@ -240,6 +242,12 @@ class PayloadWriter:
         self._thread.start()
 
     # --- caller side -----------------------------------------------------------------
+    @property
+    def staging(self) -> Optional[tuple[Path, str]]:
+        """``(directory, extension)`` of this writer's staged tensor files, for
+        :class:`PayloadReader` ``stage``; None without ``stage``."""
+        return None if self._stage is None else (self._stage_dir, self._stage[1])
+
     def shard_name(self, index: int) -> str:
         """File name of shard ``index``."""
         return f"{self._stem}.{index:05d}{SHARD_SUFFIX}"
@@ -322,6 +330,11 @@ class PayloadWriter:
             for paths in self._staged_old + [self._staged]:  # staged files the exporter did not move
                 _unlink_all(paths)
             self._staged_old, self._staged = [], []
+            for directory in (self._stage_dir, self._stage_dir.parent):
+                try:
+                    os.rmdir(directory)
+                except OSError:  # never created, or another writer's files are there
+                    pass
 
     def __enter__(self) -> "PayloadWriter":
         return self
@@ -431,19 +444,20 @@ class PayloadReader:
         verify: check every payload's bytes against its content key (one hash pass over
             the bytes). The live exporter reads shards its own process wrote moments
             before and passes False; ``msprobe export`` and readers of old dumps keep True.
-        stage_ext: the live exporter's tensor-file extension: :meth:`take_staged` looks
-            for staged files (None: never).
+        stage: ``(directory, extension)`` of the live session's staged tensor files
+            (:attr:`PayloadWriter.staging`): :meth:`take_staged` looks for them there
+            (None: never).
 
     Example: ``PayloadReader(dump).read("rank0.1.2.00000.safetensors:ab…")`` →
     ``Payload(data=b"…", dtype="torch.float32", shape=(2, 3))``.
     """
 
     def __init__(self, dump_path: Union[str, os.PathLike], *, verify: bool = True,
-                 stage_ext: Optional[str] = None) -> None:
+                 stage: Optional[tuple[Union[str, os.PathLike], str]] = None) -> None:
         self._dir = payload_dir(dump_path)
         self._verify = bool(verify)
-        self._stage_dir = stage_dir(dump_path)
-        self._stage_ext = stage_ext
+        self._stage_dir = Path(stage[0]) if stage is not None else None
+        self._stage_ext = stage[1] if stage is not None else None
         self._moved: OrderedDict[str, Path] = OrderedDict()  # key -> where take_staged put its file
         self._headers: dict[str, tuple[int, dict]] = {}
 
@@ -469,7 +483,7 @@ class PayloadReader:
 
     def take_staged(self, ref: str, target: Union[str, os.PathLike]) -> bool:
         """Move the staged tensor file of ``ref`` to ``target`` (atomic rename); False when
-        there is none (no ``stage_ext``, never staged, already moved, or the rename failed:
+        there is none (no ``stage``, never staged, already moved, or the rename failed:
         the caller writes the file itself)."""
         if self._stage_ext is None:
             return False
@@ -489,7 +503,7 @@ class PayloadReader:
     def earlier_file(self, ref: str) -> Optional[Path]:
         """The file a recent :meth:`take_staged` of ``ref`` moved into place, if it still
         exists (the live exporter hard-links a later file of the same payload to it, in
-        this step or a later one); None without ``stage_ext``."""
+        this step or a later one); None without ``stage``."""
         if self._stage_ext is None:
             return None
         path = self._moved.get(ref.partition(":")[2])

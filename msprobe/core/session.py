@@ -189,7 +189,7 @@ class Session:
                 self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0,
                                                stage=(self._write_tensor, self._tensor_ext))
                 self._payload_reader = PayloadReader(self.config.dump_path, verify=False,
-                                                     stage_ext=self._tensor_ext)
+                                                     stage=self._payloads.staging)
             first_start = self._opened_step != self.step
             self._opened_step = self.step
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))

@@ -22,7 +22,7 @@ def write_raw(path, payload):
 
 def staged_files(root):
     d = stage_dir(root)
-    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+    return sorted(p.name for p in d.rglob("*") if p.is_file()) if d.exists() else []
 
 
 def test_staged_file_holds_the_payload_and_is_moved_once(tmp_path):
@@ -39,7 +39,7 @@ def test_staged_file_holds_the_payload_and_is_moved_once(tmp_path):
         key = ref.split(":")[1]
         assert staged_files(tmp_path) == [f"{key}.raw"]
         assert threads == ["msprobe-payload-writer"]
-        reader = PayloadReader(tmp_path, verify=False, stage_ext="raw")
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
         target = tmp_path / "t.raw"
         assert reader.take_staged(ref, target) is True
         assert target.read_bytes() == b"torch.float32|[1]|\x01\x02\x03\x04"
@@ -47,6 +47,20 @@ def test_staged_file_holds_the_payload_and_is_moved_once(tmp_path):
         assert reader.take_staged(ref, tmp_path / "u.raw") is False  # already moved
         assert PayloadReader(tmp_path).take_staged(ref, tmp_path / "v.raw") is False  # offline reader: never
     assert staged_files(tmp_path) == []
+    assert not stage_dir(tmp_path).exists()  # the writer's staging directories are gone too
+
+
+def test_two_writers_on_one_dump_path_stage_apart(tmp_path):
+    """Two ranks storing the same bytes: each writer's staged file is its own."""
+    with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w0, \
+            PayloadWriter(tmp_path, rank=1, stage=(write_raw, "raw")) as w1:
+        r0, r1 = w0.put(b"same", "torch.uint8", (4,)), w1.put(b"same", "torch.uint8", (4,))
+        w0.flush()
+        w1.flush()
+        assert w0.staging[0] != w1.staging[0]
+        assert PayloadReader(tmp_path, verify=False, stage=w0.staging).take_staged(r0, tmp_path / "a.raw")
+        assert PayloadReader(tmp_path, verify=False, stage=w1.staging).take_staged(r1, tmp_path / "b.raw")
+    assert (tmp_path / "a.raw").read_bytes() == (tmp_path / "b.raw").read_bytes() == b"torch.uint8|[4]|same"
 
 
 def test_unmoved_staged_files_are_removed_three_flushes_later_and_at_close(tmp_path):
@@ -80,7 +94,7 @@ def test_failing_stager_leaves_nothing_and_the_export_writes_the_file(tmp_path):
         assert staged_files(tmp_path) == []
         rows = pa.Table.from_pylist(
             [{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: "x.raw", S.PAYLOAD: ref}], schema=S.LOG_SCHEMA)
-        reader = PayloadReader(tmp_path, verify=False, stage_ext="raw")
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
         assert export_tensors(rows, reader, write_raw, tmp_path / "out") == ["x.raw"]
     assert (tmp_path / "out" / "x.raw").read_bytes() == b"torch.float32|[1]|\x00\x00\x80\x3f"
 
@@ -92,7 +106,7 @@ def test_export_moves_the_staged_file_and_links_duplicates(tmp_path):
         rows = pa.Table.from_pylist(
             [{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref} for name in ("a.raw", "b.raw")],
             schema=S.LOG_SCHEMA)
-        reader = PayloadReader(tmp_path, verify=False, stage_ext="raw")
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
         assert export_tensors(rows, reader, write_raw, tmp_path / "out") == ["a.raw", "b.raw"]
         assert staged_files(tmp_path) == []
     a, b = tmp_path / "out" / "a.raw", tmp_path / "out" / "b.raw"
@@ -106,7 +120,7 @@ def test_later_export_links_to_the_file_moved_earlier_without_reading_the_shard(
     with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
         ref = w.put(b"\x05" * 8, "torch.int64", (1,))
         w.flush()
-        reader = PayloadReader(tmp_path, verify=False, stage_ext="raw")
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
 
         def rows(name):
             return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref}],
