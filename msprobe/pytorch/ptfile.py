@@ -111,31 +111,46 @@ def _records_before(t: torch.Tensor) -> list[tuple[str, bytes]]:
     ]
 
 
+def _holding(t: torch.Tensor, data: Optional[Union[bytes, bytearray, memoryview]]) -> torch.Tensor:
+    """``t``, or with ``data`` a new CPU tensor of ``t``'s dtype and shape holding ``data``
+    (for ``torch.save``: ``t`` may be a placeholder whose memory is not the values)."""
+    if data is None:
+        return t
+    raw = bytearray(memoryview(data).cast("B"))
+    if len(raw) != t.numel() * t.element_size():
+        raise ValueError(f"data: got {len(raw)} bytes; allowed: the tensor's {t.numel() * t.element_size()} bytes")
+    if not raw:
+        return torch.empty(tuple(t.shape), dtype=t.dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).reshape(tuple(t.shape))
+
+
 def save_tensor(path: Union[str, os.PathLike], t: torch.Tensor, data: Optional[Union[bytes, bytearray, memoryview]] = None,
                 *, force_zip64: bool = False) -> None:
     """Write ``t`` to ``path`` in ``torch.save``'s format (see the module docstring).
 
     Args:
         path: the file to create or truncate (mode 0o640 for a new file).
-        t: a contiguous CPU tensor with storage offset 0 whose storage is exactly its
-            values (as :func:`msprobe.pytorch.payload.from_payload` builds); any other
-            tensor is written with ``torch.save``.
-        data: ``t``'s bytes if the caller holds them (saves reading them from ``t``).
+        t: the tensor; the fast writer takes a contiguous CPU tensor with storage offset 0
+            whose storage is exactly its values (any other is written with ``torch.save``).
+        data: the values' C-order bytes if the caller holds them: then only ``t``'s dtype
+            and shape are used (``t`` may be an uninitialised placeholder), also on the
+            ``torch.save`` fallback.
         force_zip64: write ZIP64 records even for a small file (tests).
 
     Raises:
         OSError: the file could not be written.
+        ValueError: ``data`` is not ``t``'s size in bytes.
     """
     nbytes = t.numel() * t.element_size()
     if (t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.storage_offset() != 0
             or t.untyped_storage().nbytes() != nbytes or t.is_conj() or t.is_neg() or t.is_quantized
             or sys.byteorder != "little"):
-        torch.save(t, path)
+        torch.save(_holding(t, data), path)
         return
     try:
         records = _records_before(t)
     except (pickle.PicklingError, AttributeError, KeyError, TypeError):  # a storage type this writer does not know
-        torch.save(t, path)
+        torch.save(_holding(t, data), path)
         return
     if data is None:
         payload = memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B") if nbytes else memoryview(b"")

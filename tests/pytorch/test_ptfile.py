@@ -6,6 +6,7 @@ torch.save."""
 from __future__ import annotations
 
 import ctypes
+import pickle
 import struct
 import zipfile
 
@@ -97,3 +98,21 @@ def test_write_pt_from_a_payload(tmp_path):
     assert got.dtype == torch.float16 and raw(got) == raw(values)
     empty = torch.load(tmp_path / "e.pt", weights_only=True)
     assert empty.dtype == torch.int32 and empty.shape == (0, 3)
+
+
+def test_fallbacks_with_data_write_the_data_not_the_placeholder(tmp_path, monkeypatch):
+    """When the fast writer cannot pickle (a torch it does not know), torch.save writes the
+    given bytes, not the uninitialised placeholder tensor's memory."""
+    import msprobe.pytorch.ptfile as ptfile
+
+    def unknown(_t):
+        raise pickle.PicklingError("unknown storage")
+
+    monkeypatch.setattr(ptfile, "_records_before", unknown)
+    values = torch.tensor([[1.5, -2.0, 3.25]], dtype=torch.bfloat16)
+    save_tensor(tmp_path / "a.pt", torch.empty(1, 3, dtype=torch.bfloat16), raw(values))
+    got = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 3) and raw(got) == raw(values)
+    base = torch.zeros(2, 4)
+    save_tensor(tmp_path / "b.pt", base.t(), raw(torch.arange(8.0).reshape(4, 2)))  # non-contiguous placeholder
+    assert torch.equal(torch.load(tmp_path / "b.pt", weights_only=True), torch.arange(8.0).reshape(4, 2))
