@@ -20,7 +20,7 @@ __all__ = ["compare", "CompareError", "CompareInputError"]
 def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], *,
             out: Optional[Union[str, os.PathLike]] = None, mode: str = "auto", tol="strict",
             loss_scale: float = 1.0, rank=None, step=None, first_only: bool = False,
-            formats: Optional[Sequence[str]] = None, mapping=None):
+            formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None):
     """Compare two dumps; returns a :class:`msprobe.compare.engine.CompareResult`.
 
     Args:
@@ -34,7 +34,10 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
         rank, step: selections (``"0,2-3"``, an int or a list).
         first_only: outputs keep only calls up to each rank's first origin.
         formats: subset of summary, csv, parquet, html, xlsx.
-        mapping: a mapping YAML path or dict (:mod:`msprobe.compare.mapping`).
+        mapping: a mapping YAML path (ours or one of upstream's four formats), a dict, or
+            a list of these merged in order (:mod:`msprobe.compare.mapping`).
+        rank_map: ``"0:1,1:0"`` or ``{0: 1, 1: 0}``: TARGET rank → BASELINE rank (others
+            pair by id; :func:`msprobe.compare.options.parse_rank_map`).
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
     ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
     Raises:
@@ -45,7 +48,7 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
     from msprobe.compare.outputs import write_outputs
 
     opts = CompareOptions.build(mode=mode, tol=tol, loss_scale=loss_scale, rank=rank, step=step,
-                                first_only=first_only, formats=formats, mapping=mapping)
+                                first_only=first_only, formats=formats, mapping=mapping, rank_map=rank_map)
     result = run_compare(target, baseline, opts)
     if out is not None:
         write_outputs(result, out, opts)
