@@ -5,7 +5,8 @@ computes the CRC-32 of the data with a slow byte-wise loop and copies the data t
 its own buffers. :func:`save_tensor` writes the same archive layout itself: the pickle
 ``data.pkl`` comes from Python's pickler with the persistent ids ``torch.save`` uses (so
 the rebuild function, storage type and metadata are whatever this torch version pickles
-for the tensor), CRC-32 from :func:`zlib.crc32`, and the data goes to the file in one
+for the tensor), CRC-32 of the data from :func:`msprobe.core.checksum.crc32` (ISA-L where
+installed, about 4x zlib), and the data goes to the file in one
 ``write`` from the caller's buffer (no copy).
 
 Archive (ZIP, stored, no compression; ZIP64 records when the data or an offset passes
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
+
+from msprobe.core.checksum import crc32
 
 __all__ = ["save_tensor"]
 
@@ -167,7 +170,7 @@ def save_tensor(path: Union[str, os.PathLike], t: torch.Tensor, data: Optional[U
         head += _local_header(name, crc, len(blob), len(head), False, False)
         head += blob
     name = (_PREFIX + "data/0").encode()
-    crc = zlib.crc32(payload)
+    crc = crc32(payload)  # ISA-L where installed: the one pass over the data here
     big = force_zip64 or nbytes >= _U32
     central += _central_header(name, crc, nbytes, len(head), big)
     head += _local_header(name, crc, nbytes, len(head), True, big)
