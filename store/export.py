@@ -737,6 +737,10 @@ def _write_one(directory: Path, name: str, file_name: str, ref: str, first: dict
     target = directory / file_name
     source = first.get(ref)
     if source is None:
+        source = payloads.earlier_file(ref)  # live export: a file of this payload moved in earlier
+    if source is None and payloads.take_staged(ref, target):  # written during the step (live export)
+        first[ref] = target
+    elif source is None:
         try:
             payload = payloads.read(ref)
         except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
