@@ -20,14 +20,13 @@ Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from msprobe.core.arrays import array_stats
-from msprobe.core.values import MAX_DEPTH, slice_part, walk
+from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value

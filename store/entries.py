@@ -1,0 +1,310 @@
+"""dump.json entries from log rows (spec section 3.2): the model the exporters encode.
+
+:func:`build_entries` turns the rows of one rank into ordered entries; :class:`EntryBuilder`
+does the same fed in parts (the live exporter's incremental path). Rules: call rows in
+``seq`` order give one entry per name (keys in order of first appearance; ``parent``,
+``stack_id``, ``is_recompute`` from the first row that sets them); leaf rows fill each
+key by ``path``; ``{P}.parameters_grad`` follows the step's first ``{P}.forward.{n}``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store import schema as S
+
+__all__ = ["EntryBuilder", "build_entries", "entry_values"]
+
+_PG_SUFFIX = "." + S.PARAMETERS_GRAD
+_FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
+_LEAF_COLUMNS = (
+    S.SEQ, S.IO, S.PATH, S.LEAF_KIND, S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN,
+    S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
+)
+_CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+
+
+@dataclass
+class _Entry:
+    name: str
+    kind: str
+    keys: list[str]
+    parent: Optional[str] = None
+    stack_id: Optional[int] = None
+    is_recompute: Optional[bool] = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+# --- leaf records ------------------------------------------------------------------------
+def _tensor_record(
+    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite, min_finite, crc32,
+    data_name,
+) -> dict:
+    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order."""
+    record: dict[str, Any] = {"type": type_, "dtype": dtype, "shape": shape}
+    if dtype in S.BOOL_DTYPES:
+        record["Max"] = None if max_ is None else bool(max_)
+        record["Min"] = None if min_ is None else bool(min_)
+        record["Mean"] = None
+        record["Norm"] = None
+    else:
+        record["Max"] = max_
+        record["Min"] = min_
+        record["Mean"] = mean
+        record["Norm"] = norm
+    if requires_grad is not None:
+        record["requires_grad"] = requires_grad
+    if max_finite is not None:
+        record["Max_except_inf_nan"] = max_finite
+    if min_finite is not None:
+        record["Min_except_inf_nan"] = min_finite
+    if crc32 is not None:
+        record["md5"] = crc32
+    if data_name is not None:
+        record["data_name"] = data_name
+    return record
+
+
+def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
+    """Store ``value`` at ``path`` below ``root`` (int = list index, str = dict key),
+    creating containers on the way; returns the (possibly new) root. Lists are padded
+    with None. A component that does not fit the container met (a key into a list) drops
+    the leaf.
+
+    >>> _put(None, [1, "a"], 5)
+    [None, {'a': 5}]
+    """
+    if not path:
+        return value
+    if not isinstance(root, (list, dict)):
+        root = [] if isinstance(path[0], int) else {}
+    node = root
+    last = len(path) - 1
+    for depth, part in enumerate(path):
+        if isinstance(node, list):
+            if not isinstance(part, int) or part < 0:
+                return root
+            if len(node) <= part:
+                node.extend([None] * (part + 1 - len(node)))
+            slot = part
+        else:
+            slot = part if isinstance(part, str) else str(part)
+        if depth == last:
+            node[slot] = value
+            break
+        child = node[slot] if isinstance(node, list) else node.get(slot)
+        if not isinstance(child, (list, dict)):
+            child = [] if isinstance(path[depth + 1], int) else {}
+            node[slot] = child
+        node = child
+    return root
+
+
+# --- entries -----------------------------------------------------------------------------
+def _order_entries(entries: dict[str, _Entry]) -> list[str]:
+    """Entry names in output order: first appearance, except that ``P.parameters_grad``
+    follows the first ``P.forward.<n>`` entry when the step has one."""
+    anchor_of: dict[str, str] = {}
+    first_forward: dict[str, str] = {}
+    for name in entries:
+        match = _FORWARD_COUNTER.search(name)
+        if match is not None:
+            first_forward.setdefault(name[: match.start()], name)
+    for name, entry in entries.items():
+        if entry.kind == S.PARAMETERS_GRAD and name.endswith(_PG_SUFFIX):
+            anchor = first_forward.get(name[: -len(_PG_SUFFIX)])
+            if anchor is not None:
+                anchor_of[name] = anchor
+    followers: dict[str, list[str]] = {}
+    for name, anchor in anchor_of.items():
+        followers.setdefault(anchor, []).append(name)
+    order: list[str] = []
+    for name in entries:
+        if name in anchor_of:
+            continue
+        order.append(name)
+        order.extend(followers.get(name, ()))
+    return order
+
+
+def _entry_value(entry: _Entry) -> Any:
+    if entry.kind == S.DEBUG_SAVE:
+        return entry.values.get("")
+    value: dict[str, Any] = {}
+    for key in entry.keys:
+        if key == S.IS_RECOMPUTE:
+            value[key] = entry.is_recompute
+        elif key in entry.values:
+            value[key] = entry.values[key]
+        elif key in S.DICT_ROOTS:
+            value[key] = {}
+        elif entry.kind == S.PARAMETERS_GRAD:
+            value[key] = [None]
+        else:
+            value[key] = []
+    return value
+
+
+def _pylist(column: Union[pa.Array, pa.ChunkedArray]) -> list:
+    """``column.to_pylist()``, several times faster for the column types of the log.
+
+    Numbers and booleans go through numpy (nulls restored as None afterwards), strings
+    through an object array, ``list<int64>`` through its flat values and offsets.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return column.to_numpy(zero_copy_only=False).tolist()
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        if column.null_count == 0:
+            return column.to_numpy(zero_copy_only=False).tolist()
+        fill = False if pa.types.is_boolean(kind) else 0
+        values = pc.fill_null(column, fill).to_numpy(zero_copy_only=False).tolist()
+        nulls = column.is_null().to_numpy(zero_copy_only=False).tolist()
+        return [None if null else value for value, null in zip(values, nulls)]
+    if pa.types.is_list(kind) and pa.types.is_integer(kind.value_type):
+        offsets = column.offsets.to_numpy().tolist()
+        flat = column.values.to_numpy(zero_copy_only=False).tolist()
+        nulls = column.is_null().to_numpy(zero_copy_only=False).tolist()
+        return [
+            None if nulls[i] else flat[offsets[i]:offsets[i + 1]] for i in range(len(column))
+        ]
+    return column.to_pylist()
+
+
+def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
+    """Build dump.json entries from the rows of one rank (any steps, any order).
+
+    Returns ``(order, entries)``: entry names in dump.json order and the internal entry
+    objects (use :func:`entry_values` for the JSON values). Rules (brief and spec 3.2):
+
+    1. call rows in ``seq`` order; one entry per ``name``, keys in order of first
+       appearance across rows; ``parent``, ``stack_id``, ``is_recompute`` from the first
+       row where they are set.
+    2. leaf rows (``seq`` of their call) in (``seq``, row order) fill ``values[io]`` by
+       ``path``; a later leaf at the same path replaces an earlier one.
+    3. ``P.parameters_grad`` follows the first ``P.forward.<n>`` entry.
+    """
+    builder = EntryBuilder()
+    builder.add(rows)
+    return builder.order(), builder.entries
+
+
+class EntryBuilder:
+    """:func:`build_entries`, fed in parts: ``add(rows)`` for each new batch of rows.
+
+    Feeding the rows of one step in parts whose ``seq`` ranges follow each other (what
+    :meth:`store.log_writer.LogWriter.take_step` hands out) builds the same entries as one
+    :func:`build_entries` over all of them; :meth:`add` returns the names of the entries
+    the part created or changed, so an exporter re-encodes only those.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self._entry_of_seq: dict[int, _Entry] = {}
+        self._keys_cache: dict[Optional[str], list[str]] = {}
+        self._path_cache: dict[Optional[str], list] = {}
+        self.max_seq = -1
+
+    def order(self) -> list[str]:
+        """Entry names in dump.json order (:func:`_order_entries`)."""
+        return _order_entries(self.entries)
+
+    def add(self, rows: pa.Table) -> set[str]:
+        """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
+        of the entries created or changed."""
+        touched: set[str] = set()
+        if rows.num_rows == 0:
+            return touched
+        rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
+        is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
+        call_rows = rows.filter(is_call)
+        calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}
+        entries = self.entries
+        entry_of_seq = self._entry_of_seq
+        keys_cache = self._keys_cache
+        for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(
+            *(calls[c] for c in _CALL_COLUMNS)
+        ):
+            if name is None:
+                continue
+            keys = keys_cache.get(keys_text)
+            if keys is None:
+                keys = json.loads(keys_text) if keys_text else []
+                keys_cache[keys_text] = keys
+            entry = entries.get(name)
+            if entry is None:
+                entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
+            else:
+                for key in keys:
+                    if key not in entry.keys:
+                        entry.keys.append(key)
+            if entry.parent is None:
+                entry.parent = parent
+            if entry.stack_id is None:
+                entry.stack_id = stack_id
+            if entry.is_recompute is None:
+                entry.is_recompute = is_recompute
+            entry_of_seq[seq] = entry
+            touched.add(name)
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq
+
+        leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
+        leaves = {name: _pylist(leaf_rows[name]) for name in _LEAF_COLUMNS}
+        path_cache = self._path_cache
+        for (
+            seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
+            requires_grad, max_finite, min_finite, crc32, data_name, value_json,
+        ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq  # a later part holding this seq's call row is out of order
+            entry = entry_of_seq.get(seq)
+            if entry is None:
+                continue
+            if leaf_kind == S.LEAF_TENSOR:
+                value = _tensor_record(
+                    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
+                    min_finite, crc32, data_name,
+                )
+            elif leaf_kind == S.LEAF_VALUE:
+                value = json.loads(value_json) if value_json is not None else None
+            elif leaf_kind == S.LEAF_EMPTY_LIST:
+                value = []
+            elif leaf_kind == S.LEAF_EMPTY_DICT:
+                value = {}
+            else:
+                value = None
+            path = path_cache.get(path_text)
+            if path is None:
+                path = json.loads(path_text) if path_text else []
+                path_cache[path_text] = path
+            key = io if io is not None else ""
+            root = entry.values.get(key)
+            if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
+                index = path[0]  # the common case of _put, inline: element `index` of a list
+                if root is None:
+                    root = []
+                if index >= 0:
+                    if len(root) <= index:
+                        root.extend([None] * (index + 1 - len(root)))
+                    root[index] = value
+                entry.values[key] = root
+            else:
+                entry.values[key] = _put(root, path, value)
+            touched.add(entry.name)
+        return touched
+
+
+def entry_values(order: Sequence[str], entries: Mapping[str, _Entry]) -> dict[str, Any]:
+    """``{name: entry value}`` in ``order`` (the ``data`` object of dump.json)."""
+    return {name: _entry_value(entries[name]) for name in order}
+
+
+# --- files -------------------------------------------------------------------------------
