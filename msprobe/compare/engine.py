@@ -20,7 +20,7 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
 from msprobe.compare.metrics import leaf_pairs_sql
 from msprobe.compare.options import CompareOptions
-from msprobe.compare.verdicts import CALL_AGG_SQL, LEAF_VERDICTS_SQL, call_verdicts
+from msprobe.compare.verdicts import LEAF_VERDICTS_SQL, build_calls
 
 __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
@@ -238,23 +238,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
     con.execute(LEAF_VERDICTS_SQL)
     lap("leaf_metrics")
-    agg = _arrow(con.sql(CALL_AGG_SQL))
-    lap("call_aggregates")
-    rows = call_verdicts(agg.to_pylist())
-    stats["attributed"] = attribute_collectives(con, rows)
-    names = [n for n in agg.column_names] + ["e", "verdict", "reason", "attributed_to"]
-    types = {"e": pa.float64(), "attributed_to": pa.int32()}
-    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r.get(n) for r in rows],
-                      types.get(n, pa.string())) for n in names})
-    con.register("calls_src", calls)
-    con.execute("CREATE TABLE calls AS SELECT * FROM calls_src")
-    con.unregister("calls_src")
+    stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
-    original = renames.original if renames is not None else {}
-    for r in rows:
-        if r.get("t_name") in original:
-            r["t_original"] = original[r["t_name"]]
-    summary = _summary(con, rows, common, mode, opts, notes)
+    summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes)
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
@@ -277,32 +263,43 @@ def _describe(con, r: dict) -> dict:
             **({"attributed_to": r["attributed_to"]} if r.get("attributed_to") is not None else {})}
 
 
-def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, notes: list) -> dict:
+_FIRST_SQL = """
+WITH c AS (SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step, ord) AS pos FROM calls WHERE rank = ?),
+o AS (SELECT min(pos) AS p FROM c WHERE verdict = 'origin'),
+d AS (SELECT min(pos) AS p FROM c WHERE verdict IN ('origin', 'propagated'))
+SELECT c.*, c.pos = (SELECT p FROM o) AS is_origin FROM c
+WHERE c.pos = (SELECT p FROM o) OR (c.pos = (SELECT p FROM d) AND c.pos < coalesce((SELECT p FROM o), c.pos + 1))
+"""
+
+
+def _summary(con, original: dict, common, mode: str, notes: list) -> dict:
+    """summary.json from table ``calls``: per rank the first origin, the first diverged
+    call when it comes earlier, and the counts per verdict (SQL; two rows per rank reach Python)."""
     ranks = sorted({r for r, _ in common})
+    counts_of: dict[int, dict] = {r: {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0} for r in ranks}
+    for rank, verdict, n in con.execute("SELECT rank, verdict, count(*) FROM calls GROUP BY ALL").fetchall():
+        if rank in counts_of:
+            counts_of[rank][verdict] = n
     out_ranks = []
     any_div = False
     for rank in ranks:
-        mine = [r for r in rows if r["rank"] == rank]
-        mine.sort(key=lambda r: (r["step"], r["ord"]))
-        counts = {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0}
+        cur = con.execute(_FIRST_SQL, [rank])
+        names = [d[0] for d in cur.description]
         first_origin = first_div = None
-        for r in mine:
-            counts[r["verdict"]] += 1
-            if r["verdict"] == "origin" and first_origin is None:
+        for row in cur.fetchall():
+            r = dict(zip(names, row))
+            if r.get("t_name") in original:
+                r["t_original"] = original[r["t_name"]]
+            if r["is_origin"]:
                 first_origin = r
-            if r["verdict"] in ("origin", "propagated") and first_div is None:
+            else:
                 first_div = r
-        if first_div is not None and first_origin is not None and first_div is first_origin:
-            first_div = None
-        if first_div is not None and first_origin is not None and \
-                (first_div["step"], first_div["ord"]) > (first_origin["step"], first_origin["ord"]):
-            first_div = None
         if first_origin is not None or first_div is not None:
             any_div = True
         out_ranks.append({"rank": rank,
                           "first_origin": _describe(con, first_origin) if first_origin else None,
                           "first_diverged": _describe(con, first_div) if first_div else None,
-                          "counts": counts})
+                          "counts": counts_of[rank]})
     if any_div:
         verdict = "diverged"
     else:
