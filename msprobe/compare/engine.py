@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 import duckdb
 import pyarrow as pa
 
-from msprobe.compare.align import ALIGN_SCHEMA, Call, align_step
+from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
@@ -24,17 +24,8 @@ from msprobe.compare.verdicts import LEAF_VERDICTS_SQL, build_calls
 
 __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
-_SIG_SQL = """
-SELECT c.rank, c.step, c.seq, c.name, c.kind,
-  coalesce(bit_xor(hash(l.io, l.arg, l.dc, l.shape)), 0) AS sig
-FROM {side}_calls c LEFT JOIN (
-  SELECT *, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%' OR lower(dtype) LIKE '%double%'
-                 THEN 'f' ELSE dtype END AS dc FROM {side}_leaves WHERE leaf_kind = 'tensor') l
-  ON l.rank = c.rank AND l.step = c.step AND l.name = c.name{outputs_only}
-GROUP BY ALL ORDER BY c.rank, c.step, c.seq
-"""
 # APIs with a ``leaf`` mapping: their inputs differ by construction, so only outputs sign them
-_OUTPUTS_ONLY = (" AND NOT (l.io LIKE 'input%' AND regexp_replace(c.name, '\\.\\d+\\.(forward|backward)$', '') "
+_OUTPUTS_ONLY = (" AND NOT (l.io LIKE 'input%' AND regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') "
                  "IN ({names}))")
 
 
@@ -51,7 +42,7 @@ class CompareResult:
         first: ``{rank: first_origin dict or None}``.
         con: the DuckDB connection holding the tables.
         notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
-        timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
+        timings: seconds per stage (load, tables, align, leaf_metrics...).
         stats: counts: ``tensor_pairs`` (pairs read in tensor mode), ``attributed``
             (collective calls attributed to another rank).
     """
@@ -209,28 +200,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     if not common:
         raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
     lap("tables")
-    # alignment
-    sides = {}
-    for prefix in ("t", "b"):
-        leaf_apis = sorted({k.rsplit(".", 1)[0] if k.endswith((".forward", ".backward")) else k
-                            for k in (mapping.leaf if mapping is not None else {})})
-        only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
-            if leaf_apis else ""
-        table = _arrow(con.sql(_SIG_SQL.format(side=prefix, outputs_only=only)))
-        grouped: dict[tuple, list[Call]] = {}
-        for rank, step, seq, name, kind, sig in zip(*(table[c].to_pylist() for c in
-                                                     ("rank", "step", "seq", "name", "kind", "sig"))):
-            grouped.setdefault((rank, step), []).append(Call(seq, name, kind, sig))
-        sides[prefix] = grouped
-    lap("signatures")
-    cols: dict[str, list] = {n: [] for n in ALIGN_SCHEMA.names}
-    for rank, step in common:
-        for row in align_step(sides["t"][(rank, step)], sides["b"][(rank, step)], max_d=opts.max_d):
-            for key, value in zip(tuple(ALIGN_SCHEMA.names), (rank, step) + tuple(row)):
-                cols[key].append(value)
-    con.register("alignment_src", pa.table(cols, schema=ALIGN_SCHEMA))
-    con.execute("CREATE TABLE alignment AS SELECT * FROM alignment_src")
-    con.unregister("alignment_src")
+    leaf_apis = sorted({k.rsplit(".", 1)[0] if k.endswith((".forward", ".backward")) else k
+                        for k in (mapping.leaf if mapping is not None else {})})
+    only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
+        if leaf_apis else ""
+    align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
     if mode == "tensor":
