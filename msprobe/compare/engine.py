@@ -20,7 +20,7 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
 from msprobe.compare.metrics import leaf_pairs_sql
 from msprobe.compare.options import CompareOptions
-from msprobe.compare.verdicts import LEAF_VERDICTS_SQL, build_calls
+from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 
 __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
@@ -207,10 +207,12 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
     con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
+    tensor_columns: tuple = ()
     if mode == "tensor":
-        from msprobe.compare.tensordata import apply_tensor_metrics
-        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
-    con.execute(LEAF_VERDICTS_SQL)
+        from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
+        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
+        tensor_columns = TENSOR_COLUMNS
+    con.execute(leaf_verdicts_sql(tensor_columns))
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")

@@ -90,7 +90,7 @@ def _dclass_sql(col: str) -> str:
 
 
 def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
-    """SQL building table ``leaf_pairs`` from ``alignment``, ``t_leaves``, ``b_leaves``:
+    """SQL building view ``leaf_pairs`` (and the small table ``lp_remap`` it reads) from ``alignment``, ``t_leaves``, ``b_leaves``:
     one row per leaf of a paired call (full outer join on ``io``, ``arg``; a tensor leaf
     without a same-path partner pairs with the other side's leftover leaf of the same
     ``io``, dtype class and shape when that is unique on both sides: upstream orders API
@@ -137,31 +137,34 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
     cols = ["leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
             "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "payload", "lord"]
     renamed = ", ".join(f"t.{c} AS t_{c}, b.{c} AS b_{c}" for c in cols)
+    def keys(table: str, seq: str) -> str:
+        return f"""SELECT a.rank, a.step, a.t_seq AS aid, l.io, l.arg, l.shape,
+         CASE WHEN {_dclass_sql('l.dtype')} IN {floats} THEN 'f' ELSE {_dclass_sql('l.dtype')} END AS dc
+  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = a.{seq}
+  WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL AND l.leaf_kind = 'tensor'"""
     return f"""
-CREATE OR REPLACE TABLE leaf_pairs AS
+-- tensor leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides;
+-- lp_remap is small (usually empty), so the big join below stays a plain equi-join
+CREATE OR REPLACE TABLE lp_remap AS
+WITH tk AS ({keys('t_leaves', 't_seq')}),
+bk AS ({keys('b_leaves', 'b_seq')}),
+t_left AS (SELECT * FROM tk WHERE NOT EXISTS (SELECT 1 FROM bk WHERE bk.rank = tk.rank AND bk.step = tk.step
+           AND bk.aid = tk.aid AND bk.io = tk.io AND bk.arg = tk.arg AND bk.shape = tk.shape)),
+b_left AS (SELECT * FROM bk WHERE NOT EXISTS (SELECT 1 FROM tk WHERE tk.rank = bk.rank AND tk.step = bk.step
+           AND tk.aid = bk.aid AND tk.io = bk.io AND tk.arg = bk.arg AND tk.shape = bk.shape)),
+t_u AS (SELECT *, count(*) OVER (PARTITION BY rank, step, aid, io, dc, shape) AS n FROM t_left),
+b_u AS (SELECT *, count(*) OVER (PARTITION BY rank, step, aid, io, dc, shape) AS n FROM b_left)
+SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
+  ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
+  AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1;
+CREATE OR REPLACE VIEW leaf_pairs AS
 WITH t0 AS ({side('t', 't_leaves')}),
 b AS ({side('b', 'b_leaves')}),
--- leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
-t_left AS (SELECT * FROM t0 WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM b WHERE b.rank = t0.rank
-           AND b.step = t0.step AND b.aid = t0.aid AND b.io = t0.io AND b.arg = t0.arg
-           AND b.leaf_kind = 'tensor' AND b.shape = t0.shape)),
-b_left AS (SELECT * FROM b WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM t0 WHERE t0.rank = b.rank
-           AND t0.step = b.step AND t0.aid = b.aid AND t0.io = b.io AND t0.arg = b.arg
-           AND t0.leaf_kind = 'tensor' AND t0.shape = b.shape)),
-t_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
-        FROM t_left),
-b_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
-        FROM b_left),
-remap AS (SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
-          ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
-          AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1),
 t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
-                         WHEN EXISTS (SELECT 1 FROM remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
+                         WHEN EXISTS (SELECT 1 FROM lp_remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
                               AND r2.aid = t0.aid AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
                          ELSE t0.arg END AS join_arg
-      FROM t0 LEFT JOIN remap
+      FROM t0 LEFT JOIN lp_remap remap
       ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
       AND remap.arg = t0.arg),
 j AS (

@@ -144,66 +144,98 @@ def _identical_metrics(a: np.ndarray) -> dict:
 
 
 _PAIRS_SQL = """
-SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype
+SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype,
+  call_kind IN ('api_backward', 'module_backward', 'parameters_grad') AS backward
 FROM leaf_pairs WHERE state IN ('measured', 'identical') AND t_leaf_kind = 'tensor' AND b_leaf_kind = 'tensor'
 ORDER BY rank, step, ord, aid, io, arg
 """
 
+_KEYS = ("rank", "step", "aid", "io", "arg")
+
+
+def _measure(ts: TensorSource, bs: TensorSource, item: tuple, loss_scale: float) -> dict:
+    """Metrics of one leaf pair (both arrays live only inside this call)."""
+    rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item
+    a = ts.load(rank, step, tp, tdn)
+    b = bs.load(rank, step, bp, bdn)
+    row = dict(zip(_KEYS, (rank, step, aid, io, arg)))
+    if a is None or b is None or a.shape != b.shape:
+        row.update(state="missing_data" if a is None or b is None else "structural",
+                   e=None if a is None or b is None else float("inf"))
+        return row
+    if backward and loss_scale != 1.0:
+        a = a.astype(np.float64) / loss_scale
+    if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
+        row.update(_identical_metrics(a), state="identical", e=0.0)
+    else:
+        m = tensor_metrics(a, b)
+        row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
+    return row
+
 
 def apply_tensor_metrics(con: duckdb.DuckDBPyConnection, target: Side, baseline: Side,
-                         loss_scale: float = 1.0) -> int:
-    """Replace the statistics ``e``/``state`` of ``leaf_pairs`` by tensor metrics.
+                         loss_scale: float = 1.0, workers: int = 1) -> int:
+    """Tensor metrics of every tensor leaf pair of view ``leaf_pairs`` whose state is
+    measured/identical, into table ``tensor_metrics`` (keys rank, step, aid, io, arg; then
+    ``state``, ``e`` and :data:`TENSOR_COLUMNS`), which
+    :func:`msprobe.compare.verdicts.leaf_verdicts_sql` lays over the statistics.
 
-    For every tensor leaf pair of state measured/identical: both sides' values are read
-    (:class:`TensorSource`); equal dtype and equal bytes → ``identical``; otherwise
-    :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine, EucDist, e, MaxAbsErr,
-    MaxRelativeErr, One/Five Thousandth Err Ratio (columns added to ``leaf_pairs``),
-    non-finite mismatch → ``nonfinite``; unreadable on either side → ``missing_data``.
-    Target backward values are divided by ``loss_scale``.
+    Both sides' values are read (:class:`TensorSource`); equal dtype and equal bytes →
+    ``identical``; otherwise :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine,
+    EucDist, e, MaxAbsErr, MaxRelativeErr, One/Five Thousandth Err Ratio; non-finite
+    mismatch → ``nonfinite``; unreadable on either side → ``missing_data``. Target
+    backward values are divided by ``loss_scale``.
 
+    Pairs stream in execution order (rank, step, ord). With ``workers`` > 1 they are
+    measured by that many threads (reading files, hashing and numpy reductions release
+    the GIL); at most ``workers`` pairs are submitted and not yet collected, so at most
+    ``workers`` pairs' arrays are in memory, and results are collected in submission
+    (execution) order, so the table is the same for any ``workers``.
+
+    Args:
+        workers: number of threads (int ≥ 1).
     Returns:
         the number of pairs read.
     """
     ts, bs = TensorSource(target), TensorSource(baseline)
-    for col in TENSOR_COLUMNS:
-        con.execute(f"ALTER TABLE leaf_pairs ADD COLUMN IF NOT EXISTS {col} DOUBLE")
-    keys = ("rank", "step", "aid", "io", "arg")
-    out: dict[str, list] = {k: [] for k in keys + ("state", "e") + TENSOR_COLUMNS}
+    out: dict[str, list] = {k: [] for k in _KEYS + ("state", "e") + TENSOR_COLUMNS}
+
+    def collect(row: dict) -> None:
+        for k in out:
+            out[k].append(row.get(k))
+
     cur = con.execute(_PAIRS_SQL)
-    backward_aids = {a for (a,) in con.execute(
-        "SELECT DISTINCT aid FROM leaf_pairs WHERE call_kind IN ('api_backward','module_backward','parameters_grad')"
-    ).fetchall()} if loss_scale != 1.0 else set()
     n = 0
-    while True:
-        batch = cur.fetchmany(256)
-        if not batch:
-            break
-        for rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt in batch:
-            a = ts.load(rank, step, tp, tdn)
-            b = bs.load(rank, step, bp, bdn)
-            n += 1
-            row = dict(zip(keys, (rank, step, aid, io, arg)))
-            if a is None or b is None or a.shape != b.shape:
-                row.update(state="missing_data" if a is None or b is None else "structural",
-                           e=None if a is None or b is None else float("inf"))
-            else:
-                if aid in backward_aids:
-                    a = a.astype(np.float64) / loss_scale
-                if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
-                    row.update(_identical_metrics(a), state="identical", e=0.0)
-                else:
-                    m = tensor_metrics(a, b)
-                    row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
-            for k in out:
-                out[k].append(row.get(k))
-            del a, b
-    if n:
-        table = pa.table({k: (pa.array(v, pa.float64()) if k in ("e",) + TENSOR_COLUMNS else pa.array(v))
-                          for k, v in out.items()})
-        con.register("tm_src", table)
-        sets = ", ".join(f"{c} = tm.{c}" for c in ("state", "e") + TENSOR_COLUMNS)
-        con.execute(f"UPDATE leaf_pairs SET {sets} FROM tm_src tm WHERE leaf_pairs.rank = tm.rank AND "
-                    "leaf_pairs.step = tm.step AND leaf_pairs.aid = tm.aid AND leaf_pairs.io = tm.io AND "
-                    "leaf_pairs.arg = tm.arg")
-        con.unregister("tm_src")
+    if workers <= 1:
+        while True:
+            batch = cur.fetchmany(256)
+            if not batch:
+                break
+            for item in batch:
+                collect(_measure(ts, bs, item, loss_scale))
+                n += 1
+    else:
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        pending: deque = deque()
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
+            while True:
+                batch = cur.fetchmany(256)
+                if not batch:
+                    break
+                for item in batch:
+                    if len(pending) >= workers:
+                        collect(pending.popleft().result())
+                    pending.append(pool.submit(_measure, ts, bs, item, loss_scale))
+                    n += 1
+            while pending:
+                collect(pending.popleft().result())
+    table = pa.table({k: (pa.array(v, pa.float64()) if k in ("e",) + TENSOR_COLUMNS else
+                          pa.array(v, pa.int32()) if k in ("rank", "step") else
+                          pa.array(v, pa.int64()) if k == "aid" else pa.array(v, pa.string()))
+                      for k, v in out.items()})
+    con.register("tensor_metrics_src", table)
+    con.execute("CREATE OR REPLACE TABLE tensor_metrics AS SELECT * FROM tensor_metrics_src")
+    con.unregister("tensor_metrics_src")
     return n
