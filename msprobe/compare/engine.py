@@ -18,7 +18,7 @@ from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import leaf_pairs_sql
+from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 
@@ -189,6 +189,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     lap("load")
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
+        side.leaves = prepare_leaves(con, side.leaves)
         for name in ("calls", "leaves", "stacks"):
             con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
@@ -206,13 +207,18 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         if leaf_apis else ""
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
-    con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
-    tensor_columns: tuple = ()
+    build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
+    pairs = leaf_pairs_sql(mode, opts.tol, opts.loss_scale)
     if mode == "tensor":
         from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
+        con.execute(f"CREATE OR REPLACE VIEW leaf_pairs AS {pairs}")
         stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-        tensor_columns = TENSOR_COLUMNS
-    con.execute(leaf_verdicts_sql(tensor_columns))
+        con.execute(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS))
+        con.execute("DROP VIEW leaf_pairs")
+        con.execute("DROP TABLE tensor_metrics")
+    else:
+        con.execute(leaf_verdicts_sql(pairs))
+    con.unregister("lp_wide")
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")

@@ -23,33 +23,28 @@ __all__ = ["LEAF_VERDICTS_SQL", "leaf_verdicts_sql", "CALL_AGG_SQL", "call_verdi
 BAD = ("diverged", "nonfinite", "structural")
 
 LEAF_VERDICTS_SQL = """
-CREATE OR REPLACE TABLE lp_watermark AS
-WITH c AS (SELECT rank, step, aid, min(ord) AS ord, max(tol_pair) AS call_tol FROM leaf_pairs GROUP BY ALL)
-SELECT rank, step, aid, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
-       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS watermark FROM c;
 CREATE OR REPLACE TABLE tensors AS
 WITH p AS ({pairs})
-SELECT p.*, CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END AS tol,
+SELECT p.* EXCLUDE (watermark), CASE WHEN p.is_float THEN greatest(p.tol_pair, p.watermark) ELSE p.tol_pair END AS tol,
   CASE WHEN p.state <> 'measured' THEN p.state
-       WHEN p.e <= (CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END) THEN 'close'
+       WHEN p.e <= (CASE WHEN p.is_float THEN greatest(p.tol_pair, p.watermark) ELSE p.tol_pair END) THEN 'close'
        ELSE 'diverged' END AS verdict
-FROM p JOIN lp_watermark w ON w.rank = p.rank AND w.step = p.step AND w.aid = p.aid;
-DROP TABLE lp_watermark
+FROM p
 """
 
 
-def leaf_verdicts_sql(tensor_columns: tuple = ()) -> str:
-    """SQL creating table ``tensors`` from view ``leaf_pairs``: each leaf pair with ``tol``
-    (its pair rtol raised to the step's precision watermark, for floats) and ``verdict``.
-    With ``tensor_columns`` (tensor mode), table ``tensor_metrics`` (keys rank, step, aid,
-    io, arg; state, e and those columns) overrides ``state``/``e`` of the pairs it holds
-    and adds its columns. The watermark comes from a narrow first pass over the view
-    (one row per call), so the wide pairs are never held twice."""
+def leaf_verdicts_sql(pairs: str, tensor_columns: tuple = ()) -> str:
+    """SQL creating table ``tensors``: each leaf pair of the query ``pairs`` (columns of
+    :func:`msprobe.compare.metrics.leaf_pairs_sql`, with its ``watermark``: the largest
+    pair rtol over the step's calls up to this one) with ``tol`` (its pair rtol raised to
+    the watermark, for floats) and ``verdict``. With ``tensor_columns`` (tensor mode),
+    table ``tensor_metrics`` (keys rank, step, aid, io, arg; state, e and those columns)
+    overrides ``state``/``e`` of the pairs it holds and adds its columns."""
     if not tensor_columns:
-        return LEAF_VERDICTS_SQL.format(pairs="SELECT * FROM leaf_pairs")
+        return LEAF_VERDICTS_SQL.format(pairs=pairs)
     cols = ", ".join(f"tm.{c}" for c in tensor_columns)
     pairs = (f"SELECT lp.* REPLACE (CASE WHEN tm.rank IS NULL THEN lp.state ELSE tm.state END AS state, "
-             f"CASE WHEN tm.rank IS NULL THEN lp.e ELSE tm.e END AS e), {cols} FROM leaf_pairs lp "
+             f"CASE WHEN tm.rank IS NULL THEN lp.e ELSE tm.e END AS e), {cols} FROM ({pairs}) lp "
              f"LEFT JOIN tensor_metrics tm ON lp.rank = tm.rank AND lp.step = tm.step AND lp.aid = tm.aid "
              f"AND lp.io = tm.io AND lp.arg = tm.arg")
     return LEAF_VERDICTS_SQL.format(pairs=pairs)
