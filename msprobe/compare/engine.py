@@ -208,6 +208,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
     build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
+    for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
+        con.unregister(f"{prefix}_leaves")
+        side.leaves = None
     pairs = leaf_pairs_sql(mode, opts.tol, opts.loss_scale)
     if mode == "tensor":
         from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics

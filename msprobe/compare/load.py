@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from msprobe.compare.dumpjson import entry_kind, entry_leaves, iter_entries
@@ -102,7 +103,7 @@ def _load_log(p: Path) -> Side:
     con = duckdb.connect(":memory:")
     try:
         table = contents.table
-        con.register("log", table.append_column("ridx", pa.array(range(table.num_rows), pa.int64())))
+        con.register("log", table.append_column("ridx", pa.array(np.arange(table.num_rows, dtype=np.int64))))
         calls = con.sql(
             "SELECT rank, step, min(seq) AS seq, name, arg_min(kind, seq) AS kind, "
             "arg_min(parent, seq) AS parent, arg_min(stack_id, seq) AS stack_id "
