@@ -45,6 +45,8 @@ class CompareResult:
         timings: seconds per stage (load, tables, align, leaf_metrics...).
         stats: counts: ``tensor_pairs`` (pairs read in tensor mode), ``attributed``
             (collective calls attributed to another rank).
+        arrow: ``{"tensors": pyarrow.Table}``: the Arrow table behind the ``tensors``
+            view of ``con`` (outputs write it without a copy).
     """
 
     summary: dict
@@ -52,6 +54,7 @@ class CompareResult:
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
+    arrow: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -154,6 +157,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     notes: list[str] = []
     timings: dict[str, float] = {}
     stats: dict[str, int] = {}
+    arrow: dict[str, pa.Table] = {}
     clock = [time.perf_counter()]
 
     def lap(stage: str) -> None:
@@ -161,8 +165,12 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         timings[stage] = round(now - clock[0], 3)
         clock[0] = now
 
-    t = _filter(load_side(target, "TARGET"), opts)
-    b = _filter(load_side(baseline, "BASELINE"), opts)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
+        # the two sides load in parallel (Arrow and DuckDB release the GIL)
+        futures = pool.submit(load_side, target, "TARGET"), pool.submit(load_side, baseline, "BASELINE")
+        t, b = (_filter(f.result(), opts) for f in futures)
     for label, side in (("TARGET", t), ("BASELINE", b)):
         for skip in side.skipped:
             notes.append(f"{label}: skipped unreadable log part {skip.path} at byte {skip.offset}: {skip.reason}")
@@ -216,12 +224,14 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
         con.execute(f"CREATE OR REPLACE VIEW leaf_pairs AS {pairs}")
         stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-        con.execute(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS))
+        tensors = _arrow(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
         con.execute("DROP VIEW leaf_pairs")
         con.execute("DROP TABLE tensor_metrics")
     else:
-        con.execute(leaf_verdicts_sql(pairs))
+        tensors = _arrow(con.sql(leaf_verdicts_sql(pairs)))
     con.unregister("lp_wide")
+    con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
+    arrow["tensors"] = tensors
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
@@ -230,7 +240,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats)
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:

@@ -42,7 +42,11 @@ def _table_sql(result, name: str, opts) -> str:
 
 
 def _table(result, name: str, opts) -> pa.Table:
-    rel = result.con.sql(_table_sql(result, name, opts))
+    sql = _table_sql(result, name, opts)
+    held = getattr(result, "arrow", {}).get(name)
+    if held is not None and sql == f"SELECT * FROM {name}":
+        return held
+    rel = result.con.sql(sql)
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 

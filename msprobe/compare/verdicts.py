@@ -23,7 +23,6 @@ __all__ = ["LEAF_VERDICTS_SQL", "leaf_verdicts_sql", "CALL_AGG_SQL", "call_verdi
 BAD = ("diverged", "nonfinite", "structural")
 
 LEAF_VERDICTS_SQL = """
-CREATE OR REPLACE TABLE tensors AS
 WITH p AS ({pairs})
 SELECT p.* EXCLUDE (watermark), CASE WHEN p.is_float THEN greatest(p.tol_pair, p.watermark) ELSE p.tol_pair END AS tol,
   CASE WHEN p.state <> 'measured' THEN p.state
@@ -34,7 +33,7 @@ FROM p
 
 
 def leaf_verdicts_sql(pairs: str, tensor_columns: tuple = ()) -> str:
-    """SQL creating table ``tensors``: each leaf pair of the query ``pairs`` (columns of
+    """Query giving table ``tensors``: each leaf pair of the query ``pairs`` (columns of
     :func:`msprobe.compare.metrics.leaf_pairs_sql`, with its ``watermark``: the largest
     pair rtol over the step's calls up to this one) with ``tol`` (its pair rtol raised to
     the watermark, for floats) and ``verdict``. With ``tensor_columns`` (tensor mode),
