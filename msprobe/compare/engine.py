@@ -223,10 +223,14 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     if mode == "tensor":
         from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
         con.execute(f"CREATE OR REPLACE VIEW leaf_pairs AS {pairs}")
-        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-        tensors = _arrow(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+        if opts.first_only:      # read pairs only until each rank's first origin
+            from msprobe.compare.firstonly import tensor_first_only
+            tensors, stats["tensor_pairs"] = tensor_first_only(con, t, b, opts, attribute_collectives)
+        else:
+            stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
+            tensors = _arrow(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+            con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
-        con.execute("DROP TABLE tensor_metrics")
     else:
         tensors = _arrow(con.sql(leaf_verdicts_sql(pairs)))
     con.unregister("lp_wide")

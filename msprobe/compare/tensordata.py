@@ -25,7 +25,8 @@ import pyarrow as pa
 from msprobe.compare.load import Side
 from msprobe.compare.metrics import tensor_metrics
 
-__all__ = ["TensorSource", "apply_tensor_metrics", "has_tensor_data", "numpy_dtype", "TENSOR_COLUMNS"]
+__all__ = ["TensorSource", "apply_tensor_metrics", "has_tensor_data", "numpy_dtype", "TENSOR_COLUMNS",
+           "METRIC_COLUMNS", "pending_pairs", "measure_pairs", "metrics_table"]
 
 TENSOR_COLUMNS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_ratio",
                   "five_thousandths_ratio")
@@ -145,17 +146,18 @@ def _identical_metrics(a: np.ndarray) -> dict:
 
 _PAIRS_SQL = """
 SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype,
-  call_kind IN ('api_backward', 'module_backward', 'parameters_grad') AS backward
+  call_kind IN ('api_backward', 'module_backward', 'parameters_grad') AS backward, ord
 FROM leaf_pairs WHERE state IN ('measured', 'identical') AND t_leaf_kind = 'tensor' AND b_leaf_kind = 'tensor'
 ORDER BY rank, step, ord, aid, io, arg
 """
 
 _KEYS = ("rank", "step", "aid", "io", "arg")
+METRIC_COLUMNS = _KEYS + ("state", "e") + TENSOR_COLUMNS
 
 
-def _measure(ts: TensorSource, bs: TensorSource, item: tuple, loss_scale: float) -> dict:
+def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float) -> dict:
     """Metrics of one leaf pair (both arrays live only inside this call)."""
-    rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item
+    rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item[:12]
     a = ts.load(rank, step, tp, tdn)
     b = bs.load(rank, step, bp, bdn)
     row = dict(zip(_KEYS, (rank, step, aid, io, arg)))
@@ -173,6 +175,67 @@ def _measure(ts: TensorSource, bs: TensorSource, item: tuple, loss_scale: float)
     return row
 
 
+def pending_pairs(con: duckdb.DuckDBPyConnection):
+    """The tensor leaf pairs of view ``leaf_pairs`` to read (state measured/identical), in
+    execution order (rank, step, ord): an iterator of tuples ``(rank, step, aid, io, arg,
+    t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype, backward, ord)``,
+    fetched in batches."""
+    cur = con.execute(_PAIRS_SQL)
+    while True:
+        batch = cur.fetchmany(256)
+        if not batch:
+            return
+        yield from batch
+
+
+def measure_pairs(target: Side, baseline: Side, items, loss_scale: float = 1.0, workers: int = 1,
+                  sources: Optional[tuple] = None) -> list[dict]:
+    """Metrics rows (keys of :data:`METRIC_COLUMNS`) of the pairs ``items`` (from
+    :func:`pending_pairs`), in the order given.
+
+    With ``workers`` > 1 the pairs are measured by that many threads (reading files,
+    hashing and numpy reductions release the GIL); at most ``workers`` pairs are submitted
+    and not yet collected, so at most ``workers`` pairs' arrays are in memory at once, and
+    results are collected in submission order: the rows are the same for any ``workers``.
+
+    Args:
+        target, baseline: the sides (for :class:`TensorSource`).
+        items: iterable of pair tuples.
+        loss_scale: target backward values are divided by it.
+        workers: number of threads (int ≥ 1).
+        sources: reuse ``(TensorSource, TensorSource)`` across calls (payload headers cached).
+    """
+    ts, bs = sources or (TensorSource(target), TensorSource(baseline))
+    rows: list[dict] = []
+    if workers <= 1:
+        for item in items:
+            rows.append(_measure(ts, bs, item, loss_scale))
+        return rows
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
+        for item in items:
+            if len(pending) >= workers:
+                rows.append(pending.popleft().result())
+            pending.append(pool.submit(_measure, ts, bs, item, loss_scale))
+        while pending:
+            rows.append(pending.popleft().result())
+    return rows
+
+
+def metrics_table(rows: list[dict]) -> pa.Table:
+    """Rows of :func:`measure_pairs` as an Arrow table (columns :data:`METRIC_COLUMNS`)."""
+    def typed(k: str, v: list):
+        if k in ("e",) + TENSOR_COLUMNS:
+            return pa.array(v, pa.float64())
+        if k in ("rank", "step"):
+            return pa.array(v, pa.int32())
+        return pa.array(v, pa.int64()) if k == "aid" else pa.array(v, pa.string())
+    return pa.table({k: typed(k, [r.get(k) for r in rows]) for k in METRIC_COLUMNS})
+
+
 def apply_tensor_metrics(con: duckdb.DuckDBPyConnection, target: Side, baseline: Side,
                          loss_scale: float = 1.0, workers: int = 1) -> int:
     """Tensor metrics of every tensor leaf pair of view ``leaf_pairs`` whose state is
@@ -184,58 +247,14 @@ def apply_tensor_metrics(con: duckdb.DuckDBPyConnection, target: Side, baseline:
     ``identical``; otherwise :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine,
     EucDist, e, MaxAbsErr, MaxRelativeErr, One/Five Thousandth Err Ratio; non-finite
     mismatch → ``nonfinite``; unreadable on either side → ``missing_data``. Target
-    backward values are divided by ``loss_scale``.
+    backward values are divided by ``loss_scale``. Pairs stream in execution order
+    (rank, step, ord) through :func:`measure_pairs` (``workers`` threads, bounded).
 
-    Pairs stream in execution order (rank, step, ord). With ``workers`` > 1 they are
-    measured by that many threads (reading files, hashing and numpy reductions release
-    the GIL); at most ``workers`` pairs are submitted and not yet collected, so at most
-    ``workers`` pairs' arrays are in memory, and results are collected in submission
-    (execution) order, so the table is the same for any ``workers``.
-
-    Args:
-        workers: number of threads (int ≥ 1).
     Returns:
         the number of pairs read.
     """
-    ts, bs = TensorSource(target), TensorSource(baseline)
-    out: dict[str, list] = {k: [] for k in _KEYS + ("state", "e") + TENSOR_COLUMNS}
-
-    def collect(row: dict) -> None:
-        for k in out:
-            out[k].append(row.get(k))
-
-    cur = con.execute(_PAIRS_SQL)
-    n = 0
-    if workers <= 1:
-        while True:
-            batch = cur.fetchmany(256)
-            if not batch:
-                break
-            for item in batch:
-                collect(_measure(ts, bs, item, loss_scale))
-                n += 1
-    else:
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        pending: deque = deque()
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
-            while True:
-                batch = cur.fetchmany(256)
-                if not batch:
-                    break
-                for item in batch:
-                    if len(pending) >= workers:
-                        collect(pending.popleft().result())
-                    pending.append(pool.submit(_measure, ts, bs, item, loss_scale))
-                    n += 1
-            while pending:
-                collect(pending.popleft().result())
-    table = pa.table({k: (pa.array(v, pa.float64()) if k in ("e",) + TENSOR_COLUMNS else
-                          pa.array(v, pa.int32()) if k in ("rank", "step") else
-                          pa.array(v, pa.int64()) if k == "aid" else pa.array(v, pa.string()))
-                      for k, v in out.items()})
-    con.register("tensor_metrics_src", table)
+    rows = measure_pairs(target, baseline, pending_pairs(con), loss_scale, workers)
+    con.register("tensor_metrics_src", metrics_table(rows))
     con.execute("CREATE OR REPLACE TABLE tensor_metrics AS SELECT * FROM tensor_metrics_src")
     con.unregister("tensor_metrics_src")
-    return n
+    return len(rows)
