@@ -305,13 +305,27 @@ def _segment_pairs(ta, tb, max_d: int) -> tuple:
         idx = np.arange(n)
         return idx, idx, "myers"
     lists = ta.tolist(), tb.tolist()
-    # lower bound of the edit distance: n + m - 2 * (multiset intersection size)
-    ua, ca = np.unique(ta, return_counts=True)
-    ub, cb = np.unique(tb, return_counts=True)
-    _, ia, ib = np.intersect1d(ua, ub, assume_unique=True, return_indices=True)
-    shared = int(np.minimum(ca[ia], cb[ib]).sum())
-    if n + m - 2 * shared > max_d:       # at least this many edits: Myers would give up
+    # Myers trims the common prefix and suffix, then gives up when the middle needs more
+    # than max_d edits; n + m - 2 * (shared tokens, as multisets) bounds those from below
+    k = min(n, m)
+    diff = np.flatnonzero(ta[:k] != tb[:k])
+    lo = int(diff[0]) if diff.size else k
+    k2 = k - lo
+    diff = np.flatnonzero(ta[::-1][:k2] != tb[::-1][:k2])
+    hi = int(diff[0]) if diff.size else k2
+    mid_a, mid_b = ta[lo: n - hi], tb[lo: m - hi]
+    hopeless, shared = False, -1
+    if len(mid_a) and len(mid_b):
+        ua, ca = np.unique(mid_a, return_counts=True)
+        ub, cb = np.unique(mid_b, return_counts=True)
+        _, ia, ib = np.intersect1d(ua, ub, assume_unique=True, return_indices=True)
+        shared = int(np.minimum(ca[ia], cb[ib]).sum())
+        hopeless = len(mid_a) + len(mid_b) - 2 * shared > max_d
+    if hopeless:                          # Myers would give up: straight to the greedy pairing
         pairs = None
+    elif shared == 0:                     # nothing in the middle matches: Myers pairs prefix and suffix
+        pairs = [(i, i) for i in range(lo)] + [(n - hi + t, m - hi + t) for t in range(hi)]
+        how = "myers"
     else:
         try:
             pairs = myers_align(lists[0], lists[1], max_d=max_d)
