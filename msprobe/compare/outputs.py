@@ -76,17 +76,23 @@ def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
     tmp.write_text(json.dumps(_jsonable(result.summary), indent=1, allow_nan=False))
     os.replace(tmp, path)
     written.append(path)
-    for name in TABLES:
-        if "csv" not in opts.formats and "parquet" not in opts.formats:
-            break
-        table = _table(result, name, opts)
-        if "parquet" in opts.formats:
-            pq.write_table(table, out / f"{name}.parquet")
-            written.append(out / f"{name}.parquet")
-        if "csv" in opts.formats:
-            pacsv.write_csv(_csv_safe(table), out / f"{name}.csv")
-            written.append(out / f"{name}.csv")
-        del table
+    if "csv" in opts.formats or "parquet" in opts.formats:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # the writers release the GIL: the three tables' files are written in parallel
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-out") as pool:
+            jobs = []
+            for name in TABLES:
+                table = _table(result, name, opts)
+                if "parquet" in opts.formats:
+                    jobs.append(pool.submit(pq.write_table, table, out / f"{name}.parquet"))
+                    written.append(out / f"{name}.parquet")
+                if "csv" in opts.formats:
+                    jobs.append(pool.submit(pacsv.write_csv, _csv_safe(table), out / f"{name}.csv"))
+                    written.append(out / f"{name}.csv")
+                del table
+            for job in jobs:
+                job.result()
     if "html" in opts.formats:
         from msprobe.compare.report import write_html
 

@@ -58,7 +58,9 @@ SELECT a.rank, a.step, a.ord, a.t_name, a.b_name, a.t_seq, a.b_seq, a.kind, a.ho
   coalesce(bool_or(t.verdict IN ('diverged', 'nonfinite', 'structural')), FALSE) AS any_bad,
   count(t.verdict) FILTER (WHERE t.verdict = 'identical') AS n_identical,
   count(t.verdict) AS n_leaves,
-  arg_max(t.t_call || '|' || t.io || '|' || t.arg, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
+  arg_max(CASE WHEN t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')
+               THEN t.t_call || '|' || t.io || '|' || t.arg END, t.e)
+    FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
   arg_max(t.verdict, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_verdict,
   tc.parent AS module, tc.stack_id AS stack_id
 FROM alignment a
