@@ -24,12 +24,28 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["tensor_metrics", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "ATOL"]
+__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "ATOL"]
 
 ATOL = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "float": 1e-5}
 
 
-def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Optional[float]]:
+class MetricsWorkspace:
+    """Reusable float64 buffers for :func:`tensor_metrics` (one per thread): a pair of
+    large tensors then costs no fresh allocation (no page faults), only arithmetic.
+    Holds three float64 arrays as long as the largest pair measured with it."""
+
+    def __init__(self) -> None:
+        self._bufs: tuple = ()
+
+    def take(self, size: int) -> tuple:
+        """Three float64 arrays of ``size`` elements (views of the kept buffers)."""
+        if not self._bufs or self._bufs[0].size < size:
+            self._bufs = tuple(np.empty(size, np.float64) for _ in range(3))
+        return tuple(buf[:size] for buf in self._bufs)
+
+
+def tensor_metrics(target: np.ndarray, baseline: np.ndarray,
+                   work: Optional[MetricsWorkspace] = None) -> dict[str, Optional[float]]:
     """Element-wise metrics of two same-shape arrays, in float64.
 
     NaN/Inf positions compare first: if they differ, ``nonfinite`` is True and ``e`` is
@@ -37,6 +53,7 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Option
 
     Args:
         target, baseline: arrays of equal shape (any real dtype; converted to float64).
+        work: buffers to compute in (:class:`MetricsWorkspace`); None allocates.
     Returns:
         ``{"cosine", "euc_dist", "e", "max_abs_err", "max_rel_err",
         "one_thousandth_ratio", "five_thousandths_ratio", "nonfinite"}``; Cosine is None
@@ -46,32 +63,48 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Option
     Raises:
         ValueError: the shapes differ.
     """
-    n = np.asarray(target, dtype=np.float64)
-    b = np.asarray(baseline, dtype=np.float64)
-    if n.shape != b.shape:
-        raise ValueError(f"tensor_metrics: shapes differ: target {n.shape}, baseline {b.shape}")
-    n, b = n.ravel(), b.ravel()
-    fin_n, fin_b = np.isfinite(n), np.isfinite(b)
-    same_nonfinite = bool(np.array_equal(fin_n, fin_b)) and bool(
-        np.array_equal(n[~fin_n], b[~fin_b], equal_nan=True))
-    if not same_nonfinite:
-        return {"cosine": None, "euc_dist": math.inf, "e": math.inf, "max_abs_err": math.inf,
-                "max_rel_err": math.inf, "one_thousandth_ratio": 0.0, "five_thousandths_ratio": 0.0,
-                "nonfinite": True}
-    n, b = n[fin_n], b[fin_b]
+    target, baseline = np.asarray(target), np.asarray(baseline)
+    if target.shape != baseline.shape:
+        raise ValueError(f"tensor_metrics: shapes differ: target {target.shape}, baseline {baseline.shape}")
+    size = target.size
+    if work is not None and size:
+        n, b, tmp = work.take(size)
+        np.copyto(n, target.reshape(-1), casting="unsafe")
+        np.copyto(b, baseline.reshape(-1), casting="unsafe")
+    else:
+        n = np.asarray(target, dtype=np.float64).ravel()
+        b = np.asarray(baseline, dtype=np.float64).ravel()
+        tmp = None
+    nn, bb = float(np.dot(n, n)), float(np.dot(b, b))
+    if not (math.isfinite(nn) and math.isfinite(bb)):
+        # a finite sum of squares proves every element finite; else compare the positions
+        fin_n, fin_b = np.isfinite(n), np.isfinite(b)
+        same_nonfinite = bool(np.array_equal(fin_n, fin_b)) and bool(
+            np.array_equal(n[~fin_n], b[~fin_b], equal_nan=True))
+        if not same_nonfinite:
+            return {"cosine": None, "euc_dist": math.inf, "e": math.inf, "max_abs_err": math.inf,
+                    "max_rel_err": math.inf, "one_thousandth_ratio": 0.0, "five_thousandths_ratio": 0.0,
+                    "nonfinite": True}
+        n, b, tmp = n[fin_n], b[fin_b], None
+        nn, bb = float(np.dot(n, n)), float(np.dot(b, b))
     if n.size == 0:
         return {"cosine": None, "euc_dist": 0.0, "e": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
                 "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0, "nonfinite": False}
-    diff = n - b
+    diff = np.subtract(n, b, out=tmp)
     euc = float(np.sqrt(np.dot(diff, diff)))
-    norm_n, norm_b = float(np.sqrt(np.dot(n, n))), float(np.sqrt(np.dot(b, b)))
+    norm_n, norm_b = float(np.sqrt(nn)), float(np.sqrt(bb))
     cosine = float(np.dot(n, b) / (norm_n * norm_b)) if norm_n > 0 and norm_b > 0 else None
-    abs_err = np.abs(diff)
-    rel = abs_err / np.where(b == 0, np.finfo(np.float64).eps, np.abs(b))
+    abs_err = np.abs(diff, out=diff)
+    max_abs = float(abs_err.max())
+    denom = np.abs(b, out=b if tmp is not None else None)   # b is not needed any more
+    denom[denom == 0] = np.finfo(np.float64).eps
+    rel = np.divide(abs_err, denom, out=denom)
     e = euc / norm_b if norm_b > 0 else (0.0 if euc == 0 else math.inf)
-    return {"cosine": cosine, "euc_dist": euc, "e": e, "max_abs_err": float(abs_err.max()),
-            "max_rel_err": float(rel.max()), "one_thousandth_ratio": float((rel < 0.001).mean()),
-            "five_thousandths_ratio": float((rel < 0.005).mean()), "nonfinite": False}
+    count = rel.size
+    return {"cosine": cosine, "euc_dist": euc, "e": e, "max_abs_err": max_abs,
+            "max_rel_err": float(rel.max()),
+            "one_thousandth_ratio": float(np.count_nonzero(rel < 0.001) / count),
+            "five_thousandths_ratio": float(np.count_nonzero(rel < 0.005) / count), "nonfinite": False}
 
 
 def _fin(x: str) -> str:

@@ -155,8 +155,9 @@ _KEYS = ("rank", "step", "aid", "io", "arg")
 METRIC_COLUMNS = _KEYS + ("state", "e") + TENSOR_COLUMNS
 
 
-def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float) -> dict:
-    """Metrics of one leaf pair (both arrays live only inside this call)."""
+def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, spare=None) -> dict:
+    """Metrics of one leaf pair (both arrays live only inside this call). ``spare``: a
+    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from."""
     rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item[:12]
     a = ts.load(rank, step, tp, tdn)
     b = bs.load(rank, step, bp, bdn)
@@ -170,7 +171,12 @@ def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: fl
     if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
         row.update(_identical_metrics(a), state="identical", e=0.0)
     else:
-        m = tensor_metrics(a, b)
+        work = spare.get() if spare is not None else None
+        try:
+            m = tensor_metrics(a, b, work)
+        finally:
+            if work is not None:
+                spare.put(work)
         row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
     return row
 
@@ -205,11 +211,18 @@ def measure_pairs(target: Side, baseline: Side, items, loss_scale: float = 1.0, 
         workers: number of threads (int ≥ 1).
         sources: reuse ``(TensorSource, TensorSource)`` across calls (payload headers cached).
     """
+    import queue
+
+    from msprobe.compare.metrics import MetricsWorkspace
+
     ts, bs = sources or (TensorSource(target), TensorSource(baseline))
+    spare: queue.Queue = queue.Queue()
+    for _ in range(workers):          # one set of float64 buffers per worker, reused pair after pair
+        spare.put(MetricsWorkspace())
     rows: list[dict] = []
     if workers <= 1:
         for item in items:
-            rows.append(_measure(ts, bs, item, loss_scale))
+            rows.append(_measure(ts, bs, item, loss_scale, spare))
         return rows
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
@@ -219,7 +232,7 @@ def measure_pairs(target: Side, baseline: Side, items, loss_scale: float = 1.0, 
         for item in items:
             if len(pending) >= workers:
                 rows.append(pending.popleft().result())
-            pending.append(pool.submit(_measure, ts, bs, item, loss_scale))
+            pending.append(pool.submit(_measure, ts, bs, item, loss_scale, spare))
         while pending:
             rows.append(pending.popleft().result())
     return rows
