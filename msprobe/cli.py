@@ -12,7 +12,8 @@
         engines without msprobe (DuckDB, Spark); the log stays the source of truth
     msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics|tensor] [--rank 0,2-3]
         [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
-        [--format summary,csv,parquet,html] [--workers N]
+        [--format summary,csv,parquet,html] [--mapping MAP.yaml] [--rank-map 0:1,1:0] [--workers N]
+        [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm LAYER.yaml]
     msprobe compare TARGET --nan-origin
         find the first divergence between two dumps (see msprobe.compare); exit status
         0 no divergence, 1 divergence, 2 bad input
@@ -83,7 +84,7 @@ def _add_compare(commands) -> None:
                      help="stop at each rank's first origin (outputs end there; tensor mode reads no further)")
     cmp.add_argument("--format", default=None, help="comma list of summary,csv,parquet,html,xlsx")
     cmp.add_argument("--mapping", default=None, metavar="MAP.yaml",
-                     help="name mapping: sections api, module, layer, leaf, ignore")
+                     help="name mapping: our sections api, module, layer, leaf, ignore, or an upstream mapping file")
     cmp.add_argument("--workers", default="1",
                      help="tensor mode: threads reading and measuring leaf pairs, one pair in memory each (1-256)")
     cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
@@ -97,20 +98,32 @@ def _add_compare(commands) -> None:
     up.add_argument("-f", "-fm", "--fuzzy_match", action="store_true", help="accepted: matching is always structural")
     up.add_argument("-da", "--diff_analyze", action="store_true", help="accepted: the first divergence is always found")
     up.add_argument("--xlsx", action="store_true", help="= --format xlsx")
-    for flag, long in (("-dm", "--data_mapping"), ("-cm", "--cell_mapping"), ("-am", "--api_mapping"),
-                       ("-lm", "--layer_mapping")):
-        up.add_argument(flag, long, default=None, help="mapping file (not supported by this build)")
+    up.add_argument("-dm", "--data_mapping", default=None, metavar="YAML",
+                    help="upstream data_mapping file: {MS data name: PT data name}")
+    up.add_argument("-lm", "--layer_mapping", default=None, metavar="YAML",
+                    help="upstream layer_mapping file: {LayerClass: {ms_attr: pt_attr}}, TopLayer for the root")
+    for flag, long, what in (("-cm", "--cell_mapping", "{ms path.Class: pt path.Class}"),
+                             ("-am", "--api_mapping", "a list of {ms_api, pt_api, ms_args, pt_args, ...}")):
+        up.add_argument(flag, long, default=None, nargs="?", const="", metavar="YAML",
+                        help=f"upstream {long[2:]} file: {what} (without a file: the built-in table)")
+    cmp.add_argument("--rank-map", default=None, metavar="T:B,...",
+                     help="pair TARGET rank T with BASELINE rank B, e.g. 0:1,1:0 (others pair by id)")
 
 
 def _upstream_args(args: argparse.Namespace) -> None:
     """Fold upstream spellings into TARGET/BASELINE/OUT/format; raises CompareInputError."""
     from msprobe.compare import CompareInputError
 
-    for name in ("data_mapping", "cell_mapping", "api_mapping", "layer_mapping"):
-        if getattr(args, name):
-            raise CompareInputError(f"--{name}: upstream mapping files are not supported by this build yet "
-                                    f"(got {getattr(args, name)!r}); write one --mapping YAML with sections "
-                                    f"api, module, layer, leaf, ignore")
+    from msprobe.compare.upstream_mapping import load_upstream
+
+    maps = []
+    for name in ("layer_mapping", "cell_mapping", "api_mapping", "data_mapping"):
+        if getattr(args, name):      # "" (flag without a file): the built-in table applies anyway
+            maps.append(load_upstream(getattr(args, name), name))
+    if maps:
+        from msprobe.compare.mapping import load_mapping
+
+        args.mapping = load_mapping(maps + ([args.mapping] if args.mapping else []))
     if args.input_path:
         try:
             spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
@@ -156,7 +169,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
                          loss_scale=args.loss_scale, rank=args.rank, step=args.step,
                          first_only=args.first_only, formats=args.format, mapping=args.mapping,
-                         workers=args.workers)
+                         rank_map=args.rank_map, workers=args.workers)
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2

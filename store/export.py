@@ -53,7 +53,9 @@ __all__ = [
     "CONSTRUCT_FILE",
     "STACK_FILE",
     "META_KEYS",
+    "EntryBuilder",
     "ExportReport",
+    "StepExporter",
     "TENSOR_DIR",
     "TensorFileWriter",
     "export_tensors",
@@ -245,67 +247,113 @@ def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
        ``path``; a later leaf at the same path replaces an earlier one.
     3. ``P.parameters_grad`` follows the first ``P.forward.<n>`` entry.
     """
-    rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
-    is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
-    call_rows = rows.filter(is_call)
-    calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}
-    entries: dict[str, _Entry] = {}
-    entry_of_seq: dict[int, _Entry] = {}
-    keys_cache: dict[Optional[str], list[str]] = {}
-    for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(
-        *(calls[c] for c in _CALL_COLUMNS)
-    ):
-        if name is None:
-            continue
-        keys = keys_cache.get(keys_text)
-        if keys is None:
-            keys = json.loads(keys_text) if keys_text else []
-            keys_cache[keys_text] = keys
-        entry = entries.get(name)
-        if entry is None:
-            entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
-        else:
-            for key in keys:
-                if key not in entry.keys:
-                    entry.keys.append(key)
-        if entry.parent is None:
-            entry.parent = parent
-        if entry.stack_id is None:
-            entry.stack_id = stack_id
-        if entry.is_recompute is None:
-            entry.is_recompute = is_recompute
-        entry_of_seq[seq] = entry
+    builder = EntryBuilder()
+    builder.add(rows)
+    return builder.order(), builder.entries
 
-    leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
-    leaves = {name: _pylist(leaf_rows[name]) for name in _LEAF_COLUMNS}
-    path_cache: dict[Optional[str], list] = {}
-    for (
-        seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
-        requires_grad, max_finite, min_finite, crc32, data_name, value_json,
-    ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
-        entry = entry_of_seq.get(seq)
-        if entry is None:
-            continue
-        if leaf_kind == S.LEAF_TENSOR:
-            value = _tensor_record(
-                type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
-                min_finite, crc32, data_name,
-            )
-        elif leaf_kind == S.LEAF_VALUE:
-            value = json.loads(value_json) if value_json is not None else None
-        elif leaf_kind == S.LEAF_EMPTY_LIST:
-            value = []
-        elif leaf_kind == S.LEAF_EMPTY_DICT:
-            value = {}
-        else:
-            value = None
-        path = path_cache.get(path_text)
-        if path is None:
-            path = json.loads(path_text) if path_text else []
-            path_cache[path_text] = path
-        key = io if io is not None else ""
-        entry.values[key] = _put(entry.values.get(key), path, value)
-    return _order_entries(entries), entries
+
+class EntryBuilder:
+    """:func:`build_entries`, fed in parts: ``add(rows)`` for each new batch of rows.
+
+    Feeding the rows of one step in parts whose ``seq`` ranges follow each other (what
+    :meth:`store.log_writer.LogWriter.take_step` hands out) builds the same entries as one
+    :func:`build_entries` over all of them; :meth:`add` returns the names of the entries
+    the part created or changed, so an exporter re-encodes only those.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self._entry_of_seq: dict[int, _Entry] = {}
+        self._keys_cache: dict[Optional[str], list[str]] = {}
+        self._path_cache: dict[Optional[str], list] = {}
+        self.max_seq = -1
+
+    def order(self) -> list[str]:
+        """Entry names in dump.json order (:func:`_order_entries`)."""
+        return _order_entries(self.entries)
+
+    def add(self, rows: pa.Table) -> set[str]:
+        """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
+        of the entries created or changed."""
+        touched: set[str] = set()
+        if rows.num_rows == 0:
+            return touched
+        rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
+        is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
+        call_rows = rows.filter(is_call)
+        calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}
+        entries = self.entries
+        entry_of_seq = self._entry_of_seq
+        keys_cache = self._keys_cache
+        for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(
+            *(calls[c] for c in _CALL_COLUMNS)
+        ):
+            if name is None:
+                continue
+            keys = keys_cache.get(keys_text)
+            if keys is None:
+                keys = json.loads(keys_text) if keys_text else []
+                keys_cache[keys_text] = keys
+            entry = entries.get(name)
+            if entry is None:
+                entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
+            else:
+                for key in keys:
+                    if key not in entry.keys:
+                        entry.keys.append(key)
+            if entry.parent is None:
+                entry.parent = parent
+            if entry.stack_id is None:
+                entry.stack_id = stack_id
+            if entry.is_recompute is None:
+                entry.is_recompute = is_recompute
+            entry_of_seq[seq] = entry
+            touched.add(name)
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq
+
+        leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
+        leaves = {name: _pylist(leaf_rows[name]) for name in _LEAF_COLUMNS}
+        path_cache = self._path_cache
+        for (
+            seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
+            requires_grad, max_finite, min_finite, crc32, data_name, value_json,
+        ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+            entry = entry_of_seq.get(seq)
+            if entry is None:
+                continue
+            if leaf_kind == S.LEAF_TENSOR:
+                value = _tensor_record(
+                    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
+                    min_finite, crc32, data_name,
+                )
+            elif leaf_kind == S.LEAF_VALUE:
+                value = json.loads(value_json) if value_json is not None else None
+            elif leaf_kind == S.LEAF_EMPTY_LIST:
+                value = []
+            elif leaf_kind == S.LEAF_EMPTY_DICT:
+                value = {}
+            else:
+                value = None
+            path = path_cache.get(path_text)
+            if path is None:
+                path = json.loads(path_text) if path_text else []
+                path_cache[path_text] = path
+            key = io if io is not None else ""
+            root = entry.values.get(key)
+            if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
+                index = path[0]  # the common case of _put, inline: element `index` of a list
+                if root is None:
+                    root = []
+                if index >= 0:
+                    if len(root) <= index:
+                        root.extend([None] * (index + 1 - len(root)))
+                    root[index] = value
+                entry.values[key] = root
+            else:
+                entry.values[key] = _put(root, path, value)
+            touched.add(entry.name)
+        return touched
 
 
 def entry_values(order: Sequence[str], entries: Mapping[str, _Entry]) -> dict[str, Any]:
@@ -485,28 +533,148 @@ def export_step(
     """
     _check_meta(meta)
     order, entries = build_entries(rows)
+    return _write_step(order, entries, None, stacks, meta, out_dir, lambda: rows,
+                       payloads=payloads, write_tensor=write_tensor, done=done)
+
+
+def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optional[dict[str, str]],
+                stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
+                out_dir: Union[str, os.PathLike], rows: Callable[[], pa.Table], *,
+                payloads: Optional[PayloadReader], write_tensor: Optional[TensorFileWriter],
+                done: Optional[set]) -> list[Path]:
+    """The files of :func:`export_step` from built entries (``chunks``: cache of encoded
+    entries, see :func:`_dump_text`; ``rows()``: the step's rows, for tensor files)."""
     level = meta["level"]
-    data = entry_values(order, entries)
-    stack_json = {
-        name: list(stacks[entries[name].stack_id])
+    stack_items = [
+        (name, entries[name].stack_id)
         for name in order
         if entries[name].stack_id is not None and entries[name].stack_id in stacks
-    }
+    ]
     kinds = _CONSTRUCT_KINDS.get(level, frozenset())
-    construct = {name: entries[name].parent for name in order if entries[name].kind in kinds}
+    construct = [(name, entries[name].parent) for name in order if entries[name].kind in kinds]
     directory = make_dirs(out_dir, own_levels=2)
     written = []
-    for file_name, obj in (
-        (DUMP_FILE, _top(meta, level, data)),
-        (STACK_FILE, stack_json),
-        (CONSTRUCT_FILE, construct),
+    for file_name, text in (
+        (DUMP_FILE, _dump_text(meta, level, order, entries, chunks)),
+        (STACK_FILE, _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
+        (CONSTRUCT_FILE, _items_text(construct, None, chunks)),
     ):
         target = directory / file_name
-        atomic_write_text(target, _dumps(obj))
+        atomic_write_text(target, text)
         written.append(target)
     if payloads is not None and write_tensor is not None and meta["task"] != _TASK_STRUCTURE:
-        export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
+        export_tensors(rows(), payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return written
+
+
+_EMPTY_DATA_TAIL = "{}\n}"
+
+
+def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry],
+               chunks: Optional[dict[str, str]]) -> str:
+    """dump.json's text, exactly ``dumps_indent1(_top(meta, level, entry_values(...)))``.
+
+    Each entry is encoded on its own (``"name": value`` at the depth of ``data``'s items)
+    and the pieces joined; with ``chunks`` (name -> encoded entry) pieces are reused and
+    new ones stored, so a live step re-encodes only the entries that changed.
+    """
+    head = _dumps(_top(meta, level, {}))
+    if meta["task"] == _TASK_STRUCTURE or not order or not head.endswith(_EMPTY_DATA_TAIL):
+        return _dumps(_top(meta, level, entry_values(order, entries)))
+    parts = []
+    try:
+        for name in order:
+            piece = chunks.get(name) if chunks is not None else None
+            if piece is None:
+                out = [_ENCODE_STR(name), ": "]
+                _encode(_entry_value(entries[name]), "  ", out)
+                piece = "".join(out)
+                if chunks is not None:
+                    chunks[name] = piece
+            parts.append(piece)
+    except (_NotPlainJson, RecursionError):
+        return _dumps(_top(meta, level, entry_values(order, entries)))
+    return head[: -len(_EMPTY_DATA_TAIL)] + "{\n  " + ",\n  ".join(parts) + "\n }\n}"
+
+
+def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
+                chunks: Optional[dict]) -> str:
+    """``dumps_indent1(dict(...))`` of a top-level object given as ``(key, token)`` pairs,
+    the value being ``expand(token)`` (or the token itself). With ``chunks``, the text of
+    each ``(key, token)`` member is cached (tokens are immutable: stack ids, parent names)."""
+    if not items:
+        return "{}"
+    parts = []
+    try:
+        for key, token in items:
+            cache_key = (_ITEMS, key, token)
+            piece = chunks.get(cache_key) if chunks is not None else None
+            if piece is None:
+                out = [_ENCODE_STR(key), ": "]
+                value = expand(token) if expand is not None else token
+                _encode(value, " ", out)
+                piece = "".join(out)
+                if chunks is not None:
+                    chunks[cache_key] = piece
+            parts.append(piece)
+    except (_NotPlainJson, RecursionError):
+        return _dumps({key: (expand(token) if expand is not None else token) for key, token in items})
+    return "{\n " + ",\n ".join(parts) + "\n}"
+
+
+_ITEMS = object()  # cache-key tag of _items_text members (never equal to an entry name)
+
+
+class StepExporter:
+    """Live, incremental :func:`export_step` for the step a process is recording.
+
+    :meth:`add` takes each new batch of the step's rows (in the order the log writer
+    hands them out); :meth:`write` writes the same bytes :func:`export_step` would write
+    for all rows added so far, re-building and re-encoding only the entries the new rows
+    touched (``stop()`` then ``step()`` no longer encode the forward entries twice).
+    Rows that arrive out of ``seq`` order make the next :meth:`write` rebuild everything.
+    """
+
+    def __init__(self) -> None:
+        self._tables: list[pa.Table] = []
+        self._builder = EntryBuilder()
+        self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
+        self._stale = False
+
+    def add(self, table: pa.Table) -> None:
+        """Add rows of the step (:data:`store.schema.LOG_SCHEMA`); the cached text of the
+        entries they touch is dropped (stack.json/construct.json members are keyed by
+        their immutable values and stay valid)."""
+        if table.num_rows == 0:
+            return
+        self._tables.append(table)
+        if self._stale:
+            return
+        seqs = table[S.SEQ]
+        low = pc.min(seqs).as_py()
+        if low is not None and low <= self._builder.max_seq:
+            self._stale = True  # out of order: rebuild at the next write
+            return
+        for name in self._builder.add(table):
+            self._chunks.pop(name, None)
+
+    def rows(self) -> pa.Table:
+        """All rows added so far, as one table."""
+        return pa.concat_tables(self._tables) if self._tables else S.LOG_SCHEMA.empty_table()
+
+    def write(self, stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
+              out_dir: Union[str, os.PathLike], *, payloads: Optional[PayloadReader] = None,
+              write_tensor: Optional[TensorFileWriter] = None, done: Optional[set] = None) -> list[Path]:
+        """Write the step's files (arguments and errors as :func:`export_step`)."""
+        _check_meta(meta)
+        if self._stale:
+            self._builder = EntryBuilder()
+            self._chunks = {}
+            self._builder.add(self.rows())
+            self._stale = False
+        builder = self._builder
+        return _write_step(builder.order(), builder.entries, self._chunks, stacks, meta, out_dir, self.rows,
+                           payloads=payloads, write_tensor=write_tensor, done=done)
 
 
 def export_tensors(

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import threading
 import time
@@ -55,6 +56,8 @@ from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
 from store.records import Call, Leaf, Marker, Stack
+
+logger = logging.getLogger("msprobe")
 
 __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name"]
 
@@ -180,6 +183,7 @@ class LogWriter:
         self._path: Optional[Path] = None
         self._file: Optional[BinaryIO] = None
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
+        self._sync_thread: Optional[threading.Thread] = None  # background step-end fsync
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
@@ -267,18 +271,33 @@ class LogWriter:
             return seq
 
     # --- flushing --------------------------------------------------------------------
-    def flush(self, fsync: bool = False) -> None:
+    def flush(self, fsync: bool = False, *, background: bool = False) -> None:
         """Write pending rows as one record batch and flush the file object.
 
         Args:
             fsync: also ``os.fsync`` the log file (step end).
+            background: with ``fsync``, run the fsync on a helper thread (through a
+                duplicate of the file descriptor) and return at once; the next
+                background fsync and :meth:`close` wait for it. A failure is logged.
         Raises:
             StoreWriteError: the write failed (once per writer; no-op afterwards).
         """
         with self._lock:
             if self._failed or self._closed:
                 return
-            self._flush_locked(fsync)
+            self._flush_locked(fsync and not background)
+            if fsync and background and self._file is not None and os.getpid() == self._pid:
+                self._join_sync()
+                fd = os.dup(self._file.fileno())
+                self._sync_thread = threading.Thread(target=_fsync_close, args=(fd, self._path),
+                                                     name="msprobe-log-fsync", daemon=True)
+                self._sync_thread.start()
+
+    def _join_sync(self) -> None:
+        thread = self._sync_thread
+        if thread is not None:
+            thread.join()
+            self._sync_thread = None
 
     def take_step(self, step: Optional[int] = None, *, fsync: bool = False) -> pa.Table:
         """Flush, then return and forget the rows of ``step`` written by this writer.
@@ -331,6 +350,7 @@ class LogWriter:
             self._closed = True
             if self._failed or os.getpid() != self._pid:
                 return
+            self._join_sync()
             self._flush_locked(True)
             try:
                 if self._stream is not None:
@@ -477,3 +497,13 @@ class LogWriter:
             else:
                 arrays.append(pa.array(values, type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
+
+
+def _fsync_close(fd: int, path: Optional[Path]) -> None:
+    """Background step-end fsync (:meth:`LogWriter.flush` with ``background``)."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        logger.error("msprobe: fsync of the event log %s failed: %s", path, exc)
+    finally:
+        os.close(fd)

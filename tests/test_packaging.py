@@ -66,7 +66,7 @@ def test_project_metadata():
     project = _pyproject()["project"]
     assert project["name"] == "msprobe-recorder"
     assert project["dependencies"] == [
-        "numpy>=1.24", "pyarrow>=14", "duckdb>=1.0", "pyyaml>=6", "safetensors>=0.4",
+        "numpy>=1.24", "pyarrow>=14", "duckdb>=1.0", "pyyaml>=6", "safetensors>=0.4", "isal>=1.0",
     ]
     extras = project["optional-dependencies"]
     assert extras["torch"] == ["torch>=2.1"]
@@ -76,10 +76,12 @@ def test_project_metadata():
 
 def test_package_data_is_declared_and_present():
     data = _pyproject()["tool"]["setuptools"]["package-data"]
-    assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"], "msprobe.mindspore": ["*.yaml"]}
+    assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"], "msprobe.mindspore": ["*.yaml"],
+                    "msprobe.compare": ["*.yaml"]}
     assert (REPO / "msprobe" / "config.json").is_file()
     assert (REPO / "msprobe" / "pytorch" / "support_wrap_ops.yaml").is_file()
     assert (REPO / "msprobe" / "mindspore" / "support_wrap_ops.yaml").is_file()
+    assert (REPO / "msprobe" / "compare" / "ms_pt_table.yaml").is_file()
 
 
 def test_console_script_resolves():

@@ -7,6 +7,7 @@ Everything after loading runs in one DuckDB connection holding ``t_calls``, ``t_
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -170,7 +171,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
         # the two sides load in parallel (Arrow and DuckDB release the GIL)
         futures = pool.submit(load_side, target, "TARGET"), pool.submit(load_side, baseline, "BASELINE")
-        t, b = (_filter(f.result(), opts) for f in futures)
+        t, b = (f.result() for f in futures)
+    if opts.rank_map:
+        from msprobe.compare.distributed import apply_rank_map
+        apply_rank_map(t, b, opts.rank_map, notes)
+    t, b = _filter(t, opts), _filter(b, opts)
     for label, side in (("TARGET", t), ("BASELINE", b)):
         for skip in side.skipped:
             notes.append(f"{label}: skipped unreadable log part {skip.path} at byte {skip.offset}: {skip.reason}")
@@ -178,15 +183,17 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
         _common_kinds(t, b, notes)
-    from msprobe.compare.mapping import BUILTIN, apply_mapping
+    from msprobe.compare.mapping import apply_mapping, framework_mapping
     differ = bool(t.framework and b.framework and t.framework != b.framework)
-    mapping = opts.mapping
+    mapping, renames, b_renames = opts.mapping, None, None
     if differ:
-        mapping = mapping.merged_over(BUILTIN) if mapping is not None else BUILTIN
-        notes.append(f"frameworks differ: TARGET {t.framework}, BASELINE {b.framework}; "
-                     + (f"mapping {opts.mapping.source}" if opts.mapping is not None else
-                        "no mapping given: built-in table (Cell -> Module) only; unmatched names are listed"))
-    renames = apply_mapping(t, b, mapping) if mapping is not None else None
+        mapping, b_renames = framework_mapping(t, b, opts.mapping, notes)
+    if mapping is not None:
+        renames = apply_mapping(t, b, mapping)
+    if b_renames is not None:       # the BASELINE was renamed (PyTorch TARGET, MindSpore BASELINE)
+        from msprobe.compare.mapping import Renames
+        renames = renames or Renames()
+        renames.baseline_original = b_renames.original
     if renames is not None:
         for label, n in renames.ignored.items():
             notes.append(f"{label}: {n} calls ignored by the mapping")
@@ -209,7 +216,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     if not common:
         raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
     lap("tables")
-    leaf_apis = sorted({k.rsplit(".", 1)[0] if k.endswith((".forward", ".backward")) else k
+    leaf_apis = sorted({re.sub(r"(\.\d+)?\.(forward|backward)$", "", k)
                         for k in (mapping.leaf if mapping is not None else {})})
     only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
         if leaf_apis else ""
@@ -239,7 +246,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
-    summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes)
+    summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes, opts)
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
@@ -271,7 +278,7 @@ WHERE c.pos = (SELECT p FROM o) OR (c.pos = (SELECT p FROM d) AND c.pos < coales
 """
 
 
-def _summary(con, original: dict, common, mode: str, notes: list) -> dict:
+def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareOptions) -> dict:
     """summary.json from table ``calls``: per rank the first origin, the first diverged
     call when it comes earlier, and the counts per verdict (SQL; two rows per rank reach Python)."""
     ranks = sorted({r for r, _ in common})
@@ -298,7 +305,8 @@ def _summary(con, original: dict, common, mode: str, notes: list) -> dict:
         out_ranks.append({"rank": rank,
                           "first_origin": _describe(con, first_origin) if first_origin else None,
                           "first_diverged": _describe(con, first_div) if first_div else None,
-                          "counts": counts_of[rank]})
+                          "counts": counts_of[rank],
+                          **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
     if any_div:
         verdict = "diverged"
     else:

@@ -7,30 +7,45 @@
             first (``Cell: Module``, ``Cell.net.body: Module.model``).
 ``layer``   ``{TARGET layer class: BASELINE layer class}`` for the class token of module
             calls (``Dense: Linear``, ``SequentialCell: Sequential``).
-``leaf``    ``{BASELINE API[.forward|.backward]: {TARGET io.arg: BASELINE io.arg}}``
-            argument/output index maps (``Functional.linear: {input_args.1: input_args.2}``);
+``leaf``    ``{BASELINE API[.forward|.backward] or BASELINE call: {TARGET io.arg: BASELINE
+            io.arg}}`` argument/output index maps (``Functional.linear: {input_args.1:
+            input_args.2}``); nested elements follow their argument (``input_args.0.1``);
             a target leaf mapped to a path the baseline lacks stays unpaired.
 ``ignore``  a list of name prefixes dropped from both sides before matching.
 
+Module names are renamed in this order: an exact ``module`` entry for the whole
+``Cell.path.Class`` stem, else the class token by ``layer``, then path prefixes by
+``module``.
+
 Only the TARGET side is renamed (into the BASELINE's vocabulary); reports show the
 original TARGET names (:attr:`Renames.original`). When frameworks differ (PyTorch vs
-MindSpore) :data:`BUILTIN` (``Cell`` → ``Module``) is applied under the user's mapping;
+MindSpore) the built-in table applies under the user's mapping (:func:`framework_mapping`);
 calls left unpaired are listed by name (:func:`unmatched_prefixes`).
+
+Upstream's four mapping files (``data_mapping``, ``api_mapping``, ``cell_mapping``,
+``layer_mapping``; :mod:`msprobe.compare.upstream_mapping`) load into the same model, which
+adds :attr:`Mapping.calls` (one call renamed, counter included) and
+:attr:`Mapping.children` (attribute names per layer class); :func:`load_mapping` tells the
+formats apart, and a list of sources merges (later entries win).
+
+The built-in PyTorch/MindSpore table (:mod:`msprobe.compare.builtin_table`) adds
+:attr:`Mapping.candidates`, :attr:`Mapping.families` and :attr:`Mapping.primitive`:
+candidate BASELINE names per TARGET API, resolved against the names the BASELINE actually
+recorded (:func:`resolve_api`).
 
 Errors name the file, line and key (:class:`~msprobe.compare.errors.CompareInputError`).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from msprobe.compare.errors import CompareInputError
 
-__all__ = ["Mapping", "load_mapping", "apply_mapping", "BUILTIN", "SECTIONS", "unmatched_prefixes"]
+__all__ = ["Mapping", "load_mapping", "apply_mapping", "resolve_api", "framework_mapping", "BUILTIN", "SECTIONS",
+           "unmatched_prefixes", "Renames"]
 
 SECTIONS = ("api", "module", "layer", "leaf", "ignore")
 _MODULE_KINDS = ("module_forward", "module_backward", "parameters_grad")
@@ -47,16 +62,35 @@ class Mapping:
     leaf: dict = field(default_factory=dict)
     ignore: tuple = ()
     source: str = "<dict>"
+    calls: dict = field(default_factory=dict)       # full TARGET call name -> BASELINE call name
+    children: dict = field(default_factory=dict)    # layer class ("TopLayer": root) -> {attr: attr}
+    candidates: dict = field(default_factory=dict)  # TARGET API -> tuple of BASELINE APIs, first recorded wins
+    families: dict = field(default_factory=dict)    # TARGET family -> tuple of BASELINE families
+    primitive: dict = field(default_factory=dict)   # Primitive class -> tuple of BASELINE APIs
 
     def merged_over(self, base: "Mapping") -> "Mapping":
-        """This mapping with ``base``'s entries where this one has none."""
+        """This mapping with ``base``'s entries where this one has none (``leaf`` and
+        ``children`` merge per API / class)."""
+        leaf = {k: dict(v) for k, v in base.leaf.items()}
+        for k, v in self.leaf.items():
+            leaf[k] = {**leaf.get(k, {}), **v}
+        children = {k: dict(v) for k, v in base.children.items()}
+        for k, v in self.children.items():
+            children[k] = {**children.get(k, {}), **v}
+        source = self.source if base.source in ("<dict>", "") else \
+            (f"{base.source} + {self.source}" if self.source not in ("<dict>", "") else base.source)
         return Mapping(api={**base.api, **self.api}, module={**base.module, **self.module},
-                       layer={**base.layer, **self.layer}, leaf={**base.leaf, **self.leaf},
-                       ignore=tuple(base.ignore) + tuple(self.ignore), source=self.source)
+                       layer={**base.layer, **self.layer}, leaf=leaf,
+                       ignore=tuple(base.ignore) + tuple(x for x in self.ignore if x not in base.ignore),
+                       source=source, calls={**base.calls, **self.calls}, children=children,
+                       candidates={**base.candidates, **self.candidates},
+                       families={**base.families, **self.families},
+                       primitive={**base.primitive, **self.primitive})
 
 
-#: PyTorch ↔ MindSpore defaults: the framework prefix only (layer classes and APIs differ
-#: per model; they come from the user's mapping, and what stays unmatched is listed).
+#: PyTorch ↔ MindSpore minimum: the framework prefix only. The full built-in table
+#: (layer classes, API renames from MindSpore's published mapping) is
+#: :func:`msprobe.compare.builtin_table.builtin_mapping`.
 BUILTIN = Mapping(
     module={"Cell": "Module"},
     source="built-in PyTorch/MindSpore table")
@@ -71,18 +105,32 @@ def _check_str_map(section: str, value, line: int, where: str) -> dict:
     return dict(value)
 
 
-def load_mapping(source: Union[str, os.PathLike, dict]) -> Mapping:
-    """Parse a mapping YAML file (or an already-loaded dict).
+def load_mapping(source) -> Mapping:
+    """Parse a mapping: our YAML format or any of upstream's four (detected from the
+    file's shape, :func:`msprobe.compare.upstream_mapping.detect`), an already-loaded dict,
+    a :class:`Mapping`, or a list/tuple of these merged in order (later entries win).
 
     Raises:
         CompareInputError: unreadable file or YAML syntax error (with line), a section that
-            is not one of :data:`SECTIONS` (with its line), or a section of the wrong shape.
+            is not one of :data:`SECTIONS` (with its line), or a section of the wrong shape;
+            for upstream formats see :func:`msprobe.compare.upstream_mapping.load_upstream`.
     """
     import yaml
 
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, (list, tuple)):
+        merged = Mapping(source="")
+        for item in source:
+            merged = load_mapping(item).merged_over(merged)
+        return merged
     lines: dict[str, int] = {}
     if isinstance(source, dict):
         doc, where = source, "<dict>"
+        from msprobe.compare.upstream_mapping import _Doc, detect, load_upstream
+        kind = detect(doc, SECTIONS)
+        if kind is not None:
+            return load_upstream("<dict>", kind, _doc=_Doc("<dict>", doc, {}))
     else:
         where = str(source)
         try:
@@ -99,6 +147,13 @@ def load_mapping(source: Union[str, os.PathLike, dict]) -> Mapping:
         if isinstance(node, yaml.MappingNode):
             for k, _ in node.value:
                 lines[str(k.value)] = k.start_mark.line + 1
+        from msprobe.compare.upstream_mapping import _Doc, _walk, detect, load_upstream
+        kind = detect(doc, SECTIONS)
+        if kind is not None:
+            all_lines: dict = {}
+            if node is not None:
+                _walk(node, (), all_lines)
+            return load_upstream(source, kind, _doc=_Doc(f"--mapping {where!r}", doc, all_lines))
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -134,16 +189,61 @@ def _prefix_map(name: str, table: dict) -> str:
     return name
 
 
-def _module_name(name: str, kind: str, m: Mapping) -> str:
+def _split_module(name: str, kind: str) -> tuple[str, str]:
+    """``Cell.fc.Dense.forward.0`` → (``Cell.fc.Dense``, ``.forward.0``)."""
     if kind == "parameters_grad":
-        stem, tail = name[: -len(".parameters_grad")], ".parameters_grad"
-    else:
-        stem, d, c = name.rsplit(".", 2)
-        tail = f".{d}.{c}"
+        return name[: -len(".parameters_grad")], ".parameters_grad"
+    stem, d, c = name.rsplit(".", 2)
+    return stem, f".{d}.{c}"
+
+
+def _stem_map(stem: str, m: Mapping, module: dict) -> str:
+    """Rename a module stem (``Cell.path.Class``): an exact ``module`` entry (cell_mapping)
+    first, then the class by ``layer``, then path prefixes by ``module``."""
+    if stem in module:
+        return module[stem]
     head, _, cls = stem.rpartition(".")
     if cls in m.layer:
         stem = f"{head}.{m.layer[cls]}"
-    return _prefix_map(stem, m.module) + tail
+    return _prefix_map(stem, module)
+
+
+def _module_name(name: str, kind: str, m: Mapping, paths: Optional[dict] = None) -> str:
+    """Rename a module call: a ``calls`` entry, else its path by ``paths`` (the expanded
+    ``children``), then :func:`_stem_map`."""
+    if name in m.calls:
+        return m.calls[name]
+    stem, tail = _split_module(name, kind)
+    if paths:
+        stem = paths.get(stem, stem)
+    return _stem_map(stem, m, m.module) + tail
+
+
+def _children_entries(module_stems, children: dict) -> dict:
+    """Expand ``children`` ({layer class or ``TopLayer``: {attr: attr}}) into exact stem
+    renames for the given module stems (``Cell.a.b.Class``): each path component is renamed
+    by the entry of its parent's class (``TopLayer`` for the root's children); parent
+    classes come from the stems themselves."""
+    if not children:
+        return {}
+    class_of: dict[tuple, str] = {}
+    split = []
+    for stem in module_stems:
+        parts = stem.split(".")
+        if len(parts) < 3:
+            continue
+        path, cls = tuple(parts[1:-1]), parts[-1]
+        class_of[path] = cls
+        split.append((stem, parts[0], path, cls))
+    out = {}
+    for stem, prefix, path, cls in split:
+        new = []
+        for i, comp in enumerate(path):
+            parent_cls = "TopLayer" if i == 0 else class_of.get(path[:i])
+            new.append(children.get(parent_cls, {}).get(comp, comp) if parent_cls else comp)
+        if tuple(new) != path:
+            out[stem] = ".".join([prefix, *new, cls])
+    return out
 
 
 def _ignored(name: str, prefixes) -> bool:
@@ -152,10 +252,14 @@ def _ignored(name: str, prefixes) -> bool:
 
 @dataclass
 class Renames:
-    """``original``: mapped TARGET name → original name; ``ignored``: {side: count}."""
+    """``original``: mapped TARGET name → original name; ``ignored``: {side: count};
+    ``api``: the API renames in effect ({TARGET API: BASELINE API}, the built-in
+    table's candidates resolved against the BASELINE's recorded names)."""
 
     original: dict = field(default_factory=dict)
     ignored: dict = field(default_factory=dict)
+    api: dict = field(default_factory=dict)
+    baseline_original: dict = field(default_factory=dict)   # when the BASELINE side was renamed
 
 
 def _drop_ignored(side, prefixes, label: str, renames: Renames) -> None:
@@ -167,6 +271,65 @@ def _drop_ignored(side, prefixes, label: str, renames: Renames) -> None:
     side.calls = side.calls.filter(pa.array(keep))
     lkeep = [not _ignored(n, prefixes) for n in side.leaves["name"].to_pylist()]
     side.leaves = side.leaves.filter(pa.array(lkeep, pa.bool_()))
+
+
+def _api_base(name: str) -> str:
+    return name.rsplit(".", 2)[0]
+
+
+def resolve_api(m: Mapping, target_apis, baseline_apis) -> dict:
+    """The API renames in effect: ``m.api`` as given; for other TARGET APIs (names without
+    counter and direction) the first of these that the BASELINE recorded: the table's
+    ``candidates`` for the name, the name itself (same-name APIs map by default), the
+    name in each of ``families[family]`` (``Mint.matmul`` → ``Torch.matmul``), and for
+    ``Primitive.{attr}.{Class}`` the ``primitive[Class]`` candidates.
+
+    Args:
+        m: the mapping.
+        target_apis, baseline_apis: iterables of API names without counter/direction.
+    Returns:
+        ``{TARGET API: BASELINE API}`` for the names that change.
+    """
+    out = {k: v for k, v in m.api.items()}
+    if not (m.candidates or m.families or m.primitive):
+        return out
+    have = set(baseline_apis)
+    for name in sorted(set(target_apis)):
+        if name in out:
+            continue
+        family, _, rest = name.partition(".")
+        tries = list(m.candidates.get(name, ()))
+        tries.append(name)
+        tries.extend(f"{f}.{rest}" for f in m.families.get(family, ()))
+        if family == "Primitive":
+            tries.extend(m.primitive.get(name.rsplit(".", 1)[-1], ()))
+        for cand in tries:
+            if cand in have:
+                if cand != name:
+                    out[name] = cand
+                break
+    return out
+
+
+def _move_leaf(table: dict, io: str, arg: str) -> Optional[tuple[str, str]]:
+    """New (io, arg) of a leaf under a ``leaf`` table: exact ``io.arg`` entry, else the
+    longest entry that is a prefix on a dot boundary (nested elements follow their
+    argument), else a ``*io`` wildcard (positions the table leaves out are not compared)."""
+    key = f"{io}.{arg}" if arg else io
+    moved = table.get(key)
+    if moved is None:
+        parts = key.split(".")
+        for n in range(len(parts) - 1, 1, -1):
+            hit = table.get(".".join(parts[:n]))
+            if hit is not None:
+                moved = hit + "." + ".".join(parts[n:])
+                break
+    if moved is None and f"*{io}" in table:
+        moved = f"{table['*' + io]}.{arg}" if arg else table["*" + io]
+    if moved is None:
+        return None
+    new_io, _, new_arg = moved.partition(".")
+    return new_io, new_arg
 
 
 def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
@@ -185,34 +348,51 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
     calls = target.calls
     names, kinds = calls["name"].to_pylist(), calls["kind"].to_pylist()
     ranks, steps = calls["rank"].to_pylist(), calls["step"].to_pylist()
+    api_map = resolve_api(mapping, (_api_base(n) for n, k in zip(names, kinds) if k in _API_KINDS),
+                          (_api_base(n) for n, k in zip(baseline.calls["name"].to_pylist(),
+                                                        baseline.calls["kind"].to_pylist()) if k in _API_KINDS))
+    renames.api = api_map
+    paths: dict = {}
+    if mapping.children:
+        stems = {_split_module(n, k)[0] for n, k in zip(names, kinds) if k in _MODULE_KINDS}
+        paths = _children_entries(sorted(stems), mapping.children)
     new: dict[tuple, str] = {}
     counters: dict[tuple, int] = {}
     fwd_new: dict[tuple, str] = {}
-    order = sorted(range(len(names)), key=lambda i: (ranks[i], steps[i], calls["seq"][i].as_py()))
+    seqs = calls["seq"].to_pylist()
+    order = sorted(range(len(names)), key=lambda i: (ranks[i], steps[i], seqs[i]))
     for i in order:
         name, kind, key = names[i], kinds[i], (ranks[i], steps[i])
         if kind in _MODULE_KINDS:
-            out = _module_name(name, kind, mapping)
-        elif kind in _API_KINDS and mapping.api:
+            out = _module_name(name, kind, mapping, paths)
+        elif kind in _API_KINDS and (api_map or mapping.calls):
             base, counter, direction = name.rsplit(".", 2)
-            nb = mapping.api.get(base, base)
+            nb = api_map.get(base, base)
             if kind == "api_forward":
-                n = counters.get(key + (nb,), 0)
-                counters[key + (nb,)] = n + 1
-                out = f"{nb}.{n}.forward"
-                fwd_new[key + (f"{base}.{counter}",)] = f"{nb}.{n}"
+                if name in mapping.calls:
+                    out = mapping.calls[name]
+                    fwd_new[key + (f"{base}.{counter}",)] = out.rsplit(".", 1)[0]
+                elif nb != base:
+                    n = counters.get(key + (nb,), 0)
+                    counters[key + (nb,)] = n + 1
+                    out = f"{nb}.{n}.forward"
+                    fwd_new[key + (f"{base}.{counter}",)] = f"{nb}.{n}"
+                else:
+                    out = name
+            elif name in mapping.calls:
+                out = mapping.calls[name]
             else:
                 stem = fwd_new.get(key + (f"{base}.{counter}",), f"{nb}.{counter}")
                 out = f"{stem}.{direction}"
         else:
-            out = name
+            out = mapping.calls.get(name, name)
         new[(ranks[i], steps[i], name)] = out
         if out != name:
             renames.original[out] = name
     if not renames.original and not mapping.leaf:
         return renames
     new_names = [new[(r, s, n)] for r, s, n in zip(ranks, steps, names)]
-    parents = [None if p is None else _module_name(p, "module_forward", mapping) if p.count(".") >= 3 else p
+    parents = [None if p is None else _module_name(p, "module_forward", mapping, paths) if p.count(".") >= 3 else p
                for p in calls["parent"].to_pylist()]
     target.calls = calls.set_column(calls.schema.get_field_index("name"), "name", pa.array(new_names, pa.string())) \
         .set_column(calls.schema.get_field_index("parent"), "parent", pa.array(parents, pa.string()))
@@ -223,15 +403,54 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
     if mapping.leaf:
         for i, n in enumerate(lnames):
             base, _, direction = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
-            table = mapping.leaf.get(f"{base}.{direction}") or mapping.leaf.get(base)
+            table = mapping.leaf.get(n) or mapping.leaf.get(f"{base}.{direction}") or mapping.leaf.get(base)
+            if table is None and direction not in ("forward", "backward"):   # module call: P.forward.0
+                stem, d, _c = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
+                table = mapping.leaf.get(f"{stem}.{d}") or mapping.leaf.get(stem)
             if table:
-                moved = table.get(f"{ios[i]}.{args[i]}")
+                moved = _move_leaf(table, ios[i], args[i] or "")
                 if moved:
-                    ios[i], _, args[i] = moved.partition(".")
+                    ios[i], args[i] = moved
     for col, values in (("name", lnames), ("io", ios), ("arg", args)):
         leaves = leaves.set_column(leaves.schema.get_field_index(col), col, pa.array(values, pa.string()))
     target.leaves = leaves
     return renames
+
+
+def framework_mapping(target, baseline, user: Optional[Mapping], notes: list):
+    """Frameworks differ: the mapping to apply to the TARGET, and the BASELINE's renames.
+
+    MindSpore TARGET, PyTorch BASELINE: the built-in table
+    (:func:`msprobe.compare.builtin_table.builtin_mapping`) under the user's mapping.
+    PyTorch TARGET, MindSpore BASELINE: the table renames the BASELINE into PyTorch names
+    here (:func:`apply_mapping` with the sides swapped; reports show the BASELINE's mapped
+    names, :attr:`Renames.baseline_original` the recorded ones) and the user's mapping, if
+    any, applies to the TARGET. Other pairs: the user's mapping only.
+
+    Args:
+        target, baseline: :class:`~msprobe.compare.load.Side` objects (``framework`` set).
+        user: the user's mapping or None.
+        notes: the comparison's notes; one line is added.
+    Returns:
+        ``(mapping for the TARGET or None, BASELINE Renames or None)``.
+    """
+    from msprobe.compare.builtin_table import builtin_mapping
+
+    tf, bf = target.framework, baseline.framework
+    head = f"frameworks differ: TARGET {tf}, BASELINE {bf}; "
+    if tf == "mindspore" and bf == "pytorch":
+        table = builtin_mapping()
+        notes.append(head + (f"mapping {user.source} over the {table.source}" if user is not None else
+                             f"no mapping given: the {table.source}; unmatched names are listed"))
+        return (user.merged_over(table) if user is not None else table), None
+    if tf == "pytorch" and bf == "mindspore":
+        table = builtin_mapping()
+        notes.append(head + f"the {table.source} renames the BASELINE into PyTorch names"
+                     + (f"; mapping {user.source} on the TARGET" if user is not None else
+                        "; unmatched names are listed"))
+        return user, apply_mapping(baseline, target, table)
+    notes.append(head + (f"mapping {user.source}" if user is not None else "no built-in table for this pair"))
+    return user, None
 
 
 def unmatched_prefixes(con, renames: Renames, limit: int = 50) -> dict:
@@ -245,5 +464,5 @@ def unmatched_prefixes(con, renames: Renames, limit: int = 50) -> dict:
         if t is not None:
             out["target"].add(base_name(renames.original.get(t, t), kind))
         else:
-            out["baseline"].add(base_name(b, kind))
+            out["baseline"].add(base_name(renames.baseline_original.get(b, b), kind))
     return {k: sorted(v)[:limit] for k, v in out.items()}

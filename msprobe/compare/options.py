@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from msprobe.compare.errors import CompareInputError
 
-__all__ = ["CompareOptions", "parse_tol", "parse_ranges", "dtype_class", "MODES", "FORMATS"]
+__all__ = ["CompareOptions", "parse_tol", "parse_ranges", "parse_rank_map", "dtype_class", "MODES", "FORMATS"]
 
 MODES = ("auto", "md5", "statistics", "tensor")
 FORMATS = ("summary", "csv", "parquet", "html", "xlsx")
@@ -101,6 +101,42 @@ def parse_ranges(spec: Optional[str], what: str) -> Optional[frozenset[int]]:
     return frozenset(out)
 
 
+def parse_rank_map(spec) -> Optional[dict[int, int]]:
+    """``--rank-map``: ``"0:1,1:0"`` (TARGET rank 0 pairs with BASELINE rank 1, and 1 with
+    0) → ``{0: 1, 1: 0}``; a dict is checked the same way; None/empty → None (ranks pair by
+    id). Ranks not named pair by id unless the map gives their BASELINE id to another rank.
+
+    Raises:
+        CompareInputError: an item is not ``T:B`` with integers >= 0, or a TARGET or
+            BASELINE rank appears twice.
+    """
+    if spec is None or spec == "" or spec == {}:
+        return None
+    allowed = "allowed: comma-separated TARGET:BASELINE rank pairs like 0:1,1:0"
+    if isinstance(spec, dict):
+        items = [(str(k), str(v), f"{k}:{v}") for k, v in spec.items()]
+    else:
+        items = []
+        for item in str(spec).split(","):
+            t, sep, b = item.strip().partition(":")
+            if not sep:
+                raise CompareInputError(f"--rank-map: got {item.strip()!r}; {allowed}")
+            items.append((t.strip(), b.strip(), item.strip()))
+    out: dict[int, int] = {}
+    for t, b, text in items:
+        if not (t.isdigit() and b.isdigit()):
+            raise CompareInputError(f"--rank-map: got {text!r}; {allowed} (ranks are integers >= 0)")
+        ti, bi = int(t), int(b)
+        if ti in out:
+            raise CompareInputError(f"--rank-map: TARGET rank {ti} is mapped twice ({ti}:{out[ti]} and {text}); "
+                                    f"each rank pairs with one rank")
+        if bi in out.values():
+            raise CompareInputError(f"--rank-map: BASELINE rank {bi} is mapped twice ({text} and an earlier pair); "
+                                    f"each rank pairs with one rank")
+        out[ti] = bi
+    return out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareOptions:
     """Validated options of one comparison (see :func:`msprobe.compare.compare`)."""
@@ -114,12 +150,13 @@ class CompareOptions:
     formats: tuple = ("summary", "csv", "parquet", "html")
     max_d: int = 20000
     mapping: object = None          # parsed msprobe.compare.mapping.Mapping, or None
+    rank_map: Optional[dict] = None  # {TARGET rank: BASELINE rank} (--rank-map), or None
     workers: int = 1                # tensor mode: threads measuring leaf pairs
 
     @staticmethod
     def build(*, mode: str = "auto", tol="strict", loss_scale: float = 1.0, rank=None, step=None,
               first_only: bool = False, formats: Optional[Sequence[str]] = None, max_d: int = 20000,
-              mapping=None, workers=1) -> "CompareOptions":
+              mapping=None, rank_map=None, workers=1) -> "CompareOptions":
         """Validate raw option values (strings as on the command line, or Python values).
 
         Raises:
@@ -164,6 +201,6 @@ class CompareOptions:
         if mapping is not None:
             from msprobe.compare.mapping import Mapping, load_mapping
             mapping = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
-        return CompareOptions(mapping=mapping, mode=mode, tol=tol_table, loss_scale=scale, ranks=sel(rank, "rank"),
-                              steps=sel(step, "step"), first_only=bool(first_only), formats=fmts, max_d=max_d,
-                              workers=workers)
+        return CompareOptions(mapping=mapping, rank_map=parse_rank_map(rank_map), mode=mode, tol=tol_table,
+                              loss_scale=scale, ranks=sel(rank, "rank"), steps=sel(step, "step"),
+                              first_only=bool(first_only), formats=fmts, max_d=max_d, workers=workers)

@@ -29,7 +29,6 @@ import weakref
 from pathlib import Path
 from typing import Callable, Optional
 
-import pyarrow as pa
 
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
@@ -37,7 +36,7 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, tensor_file_name
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.export import TensorFileWriter, export_debug, export_step
+from store.export import StepExporter, TensorFileWriter, export_debug
 from store.log_writer import LogWriter
 from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
@@ -84,7 +83,7 @@ class Session:
         self.stacks = StackInterner(exclude_dirs)
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
         self._writer: LogWriter | None = None
-        self._step_tables: list[pa.Table] = []
+        self._step_export = StepExporter()  # the current step's rows, built incrementally
         self._stacks: dict[int, tuple[str, ...]] = {}
         self._opened_step: int | None = None
         self._lock = threading.RLock()
@@ -218,8 +217,8 @@ class Session:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
-                self._guard(self._writer.flush, True)
-            self._step_tables = []
+                self._guard(functools.partial(self._writer.flush, True, background=True))
+            self._step_export = StepExporter()
             self._tensors_done = set()
             self._opened_step = None
             self._dirty = True
@@ -299,20 +298,18 @@ class Session:
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return
-        if table.num_rows:
-            self._step_tables.append(table)
-        rows = pa.concat_tables(self._step_tables) if self._step_tables else schema.LOG_SCHEMA.empty_table()
+        self._step_export.add(table)
         if self._payloads is not None:
             self._guard(self._payloads.flush)
-        self._guard(self._export_step, rows)
+        self._guard(self._export_step, self._step_export)
 
-    def _export_step(self, rows: pa.Table) -> None:
+    def _export_step(self, step_export: StepExporter) -> None:
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
-            export_debug(rows, self.meta(), Path(self.config.dump_path) / self.rank_dir,
+            export_debug(step_export.rows(), self.meta(), Path(self.config.dump_path) / self.rank_dir,
                          payloads=self._payload_reader, write_tensor=self._write_tensor, done=self._tensors_done)
             return
-        export_step(rows, self._stacks, self.meta(), self.step_dir(), payloads=self._payload_reader,
-                    write_tensor=self._write_tensor, done=self._tensors_done)
+        step_export.write(self._stacks, self.meta(), self.step_dir(), payloads=self._payload_reader,
+                          write_tensor=self._write_tensor, done=self._tensors_done)
 
     def _guard(self, fn, *args):
         """Run a store call; on failure log one clear error and stop recording for good."""

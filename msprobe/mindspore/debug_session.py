@@ -9,11 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-import pyarrow as pa
-
 from msprobe.core.config import Config
 from msprobe.core.session import Session
-from store import schema
 from store.export import export_debug
 
 
@@ -40,7 +37,5 @@ class DebugSession(Session):
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return
-        if table.num_rows:
-            self._step_tables.append(table)
-        rows = pa.concat_tables(self._step_tables) if self._step_tables else schema.LOG_SCHEMA.empty_table()
-        self._guard(export_debug, rows, self.meta(), self.step_dir())
+        self._step_export.add(table)
+        self._guard(export_debug, self._step_export.rows(), self.meta(), self.step_dir())

@@ -19,7 +19,7 @@ tensor's own values. NaN propagates (``has_nan``); when Max or Min is not finite
 ``max_finite``/``min_finite`` hold max/min over the finite elements (over the non-NaN ones
 when none is finite; NaN when all are NaN), as for PyTorch.
 
-CRC-32 (``md5``, spec 3.5): ``zlib.crc32`` of the C-order bytes of ``asnumpy()``, bf16
+CRC-32 (``md5``, spec 3.5): the zlib CRC-32 (:mod:`msprobe.core.checksum`) of the C-order bytes of ``asnumpy()``, bf16
 converted to float32 first, 8 lowercase hex digits.
 
 Example: ``Tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.7417.
@@ -27,11 +27,11 @@ Example: ``Tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.74
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any, Optional
 
 import numpy as np
 
+from msprobe.core.checksum import crc32
 from msprobe.core.statistics import TensorStats
 
 
@@ -52,7 +52,7 @@ def crc32_hex(a: np.ndarray) -> str:
     """
     if a.dtype.kind not in "fiubc" and a.dtype != np.bool_:
         a = a.astype(np.float32)
-    return format(zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
+    return format(crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
 
 
 def savable(a: np.ndarray) -> np.ndarray:

@@ -151,6 +151,7 @@ class PrecisionDebugger:
                                   detail=f"level {level} records modules: pass model to PrecisionDebugger(...) or start(model)")
             models, indexed = _as_models(model, level)
         rank, rank_dir = _current_rank()
+        self.recorder.leaves.memo.clear()
         if not self.session.start(rank, rank_dir):
             return
         if level in _API_LEVELS and self._api_handles is None:
@@ -172,6 +173,7 @@ class PrecisionDebugger:
         if self.config.level == "debug":
             return
         self.recorder.drain()
+        self.recorder.leaves.memo.clear()
         self.session.stop()
 
     @staticmethod

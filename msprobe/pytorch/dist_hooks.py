@@ -146,12 +146,15 @@ class DistributedCalls:
         s = self.session
         tls = s._tls
         tls.busy = True
+        memo = self.recorder.leaves.memo
+        memo.clear()
         try:
             plan = None
             try:
                 plan = self._before(key, args, kwargs)
             except Exception as exc:
                 self.recorder.internal_error(exc)
+            memo.clear()  # the inputs' statistics are stale once the collective wrote them
             out = original(*args, **kwargs)
             if plan is None:
                 return out
@@ -161,6 +164,9 @@ class DistributedCalls:
                 self.recorder.internal_error(exc)
                 return out
         finally:
+            # collectives write tensors without bumping version counters, maybe later
+            # (async work): nothing recorded around one is reused (msprobe.pytorch.stats_memo)
+            memo.clear()
             tls.busy = False
 
     def _before(self, key: str, args: tuple, kwargs: dict) -> Optional[Call]:
@@ -209,6 +215,7 @@ class DistributedCalls:
 
     def _output_leaves(self, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
         leaves: list[Leaf] = []
+        self.recorder.leaves.memo.clear()  # maybe completed later, on another thread
         self.recorder.leaves.sequence("output", [_plain(v) for v in (*args, *kwargs.values())], leaves)
         return tuple(leaves)
 

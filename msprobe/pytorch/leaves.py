@@ -32,6 +32,7 @@ from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
+from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf
 
@@ -84,7 +85,7 @@ class LeafBuilder:
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer")
+    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
@@ -95,6 +96,9 @@ class LeafBuilder:
         self.defer_all = defer_all
         self.capture = capture
         self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
+        # statistics of tensors recorded twice in a row; the recorder clears it before
+        # every intercepted call (msprobe.pytorch.stats_memo)
+        self.memo = StatsMemo()
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
@@ -109,13 +113,20 @@ class LeafBuilder:
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                                     requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
-        st = tensor_stats(t) if self.with_data else None
-        crc = None
-        if self.md5 and self.with_data:
-            try:
-                crc = crc32_hex(t)
-            except Exception:
-                crc = None
+        st = crc = None
+        if self.with_data:
+            memo = self.memo
+            hit = memo.get(t)
+            if hit is not None:
+                st, crc = hit
+            else:
+                st = tensor_stats(t)
+                if self.md5:
+                    try:
+                        crc = crc32_hex(t)
+                    except Exception:
+                        crc = None
+                memo.put(t, (st, crc))
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),

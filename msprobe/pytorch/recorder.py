@@ -160,7 +160,9 @@ class Recorder:
         """Run ``original(*args, **kwargs)`` recording it as ``{key}.{n}.forward`` (and its
         backward). Exceptions of ``original`` propagate unchanged."""
         tls = self.session._tls
+        memo = self.leaves.memo
         if self.exclusive is not None:  # module_dump window: no API is recorded
+            memo.clear()
             return original(*args, **kwargs)
         tls.busy = True
         self._closing = None
@@ -170,6 +172,9 @@ class Recorder:
             except Exception as exc:
                 self.internal_error(exc)
                 plan = None
+            # the call may write any tensor (even without bumping its version): statistics
+            # recorded before it are not reused after it (msprobe.pytorch.stats_memo)
+            memo.clear()
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)
@@ -447,6 +452,7 @@ class Recorder:
                 if not pending.done and self.session.open_step(pending.step):
                     self._emit_pending(pending)
             self.pending.clear()
+            self.leaves.memo.clear()
             self.drain()
             self.modules_seen.clear()
             self.modules_bwd.clear()

@@ -140,7 +140,7 @@ def test_upstream_spellings(runs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", "-tp", str(runs["same"]), "-gp", str(runs["base"]), "-am", "map.yaml"]) == 2
     err = capsys.readouterr().err
-    assert "--api_mapping: upstream mapping files are not supported" in err and "--mapping YAML" in err
+    assert "-am/--api_mapping 'map.yaml': unreadable" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"npu_path": "x"}')
     assert main(["compare", "-i", str(bad)]) == 2

@@ -106,3 +106,35 @@ def test_directed_broadcast_counts_only_its_source():
     con = _con([(1, 0, a, "input_kwargs", "group", "identical", grp), (2, 0, a, "input_args", "0", "diverged", None)])
     rows = [_call(1, a), _call(2, a, verdict="propagated")]
     assert attribute_collectives(con, rows) == 0
+
+
+def test_reduce_attributes_only_its_destination():
+    from msprobe.compare.distributed import attribute_collectives
+    red = "Distributed.reduce.0.forward"
+    dst0 = '{"type": "int", "value": 0}'
+    # rank 1 fed diverged data into reduce(dst=0): rank 0 (the destination) received it; rank 2's
+    # diverged output is its own (a reduce delivers nothing to it)
+    con = _con([(0, 0, red, "input_args", "0", "identical", None), (0, 0, red, "input_args", "1", "identical", dst0),
+                (1, 0, red, "input_args", "0", "diverged", None), (1, 0, red, "input_args", "1", "identical", dst0),
+                (2, 0, red, "input_args", "0", "identical", None), (2, 0, red, "input_args", "1", "identical", dst0)])
+    rows = [_call(0, red), _call(1, red, verdict="propagated"), _call(2, red)]
+    assert attribute_collectives(con, rows) == 1
+    assert rows[0]["verdict"] == "propagated" and rows[0]["attributed_to"] == 1
+    assert rows[2]["verdict"] == "origin" and "attributed_to" not in rows[2]
+
+
+def test_isend_irecv_keywords_pair_by_order():
+    from msprobe.compare.distributed import attribute_collectives
+    s0, s1 = "Distributed.isend.0.forward", "Distributed.isend.1.forward"
+    r0, r1 = "Distributed.irecv.0.forward", "Distributed.irecv.1.forward"
+    to1, from0 = '{"type": "int", "value": 1}', '{"type": "int", "value": 0}'
+    # rank 0: isend(clean, dst=1), isend(bad, dst=1); rank 1: irecv(src=0) twice, both judged origin
+    con = _con([(0, 0, s0, "input_kwargs", "tensor", "identical", None), (0, 0, s0, "input_kwargs", "dst", "identical", to1),
+                (0, 0, s1, "input_kwargs", "tensor", "diverged", None), (0, 0, s1, "input_kwargs", "dst", "identical", to1),
+                (1, 0, r0, "input_kwargs", "src", "identical", from0), (1, 0, r1, "input_kwargs", "src", "identical", from0)])
+    rows = [dict(_call(0, s0, verdict="pass"), ord=1), dict(_call(0, s1, verdict="propagated"), ord=2),
+            dict(_call(1, r0), ord=1), dict(_call(1, r1), ord=2)]
+    assert attribute_collectives(con, rows) == 1
+    assert rows[2]["verdict"] == "origin"                       # the first send was clean
+    assert rows[3]["verdict"] == "propagated" and rows[3]["attributed_to"] == 0
+    assert rows[3]["reason"] == f"received through {r1} from rank 0 (sent by {s1})"

@@ -118,16 +118,32 @@ def test_different_activation_is_first_origin(pair):
     assert v == "pass"
 
 
-def test_unmapped_lists_unmatched_names(pair, capsys):
+def test_unmapped_uses_builtin_table_and_lists_unmatched_names(pair, capsys):
+    # no mapping: the built-in table maps Cell -> Module and Dense -> Linear, so every call pairs
     r = C.compare(pair["ms"], pair["pt"], tol="loose")
-    assert r.summary["unmatched"] == {"target": ["Cell.d1.Dense", "Cell.d2.Dense"],
-                                      "baseline": ["Module.d1.Linear", "Module.d2.Linear"]}
-    assert any("frameworks differ" in n for n in r.summary["notes"])
-    # Cell.relu.ReLU still pairs through the built-in Cell -> Module
-    assert r.con.sql("SELECT b_name FROM alignment WHERE b_name = 'Module.relu.ReLU.forward.0' "
+    counts = r.summary["ranks"][0]["counts"]
+    assert counts == {"pass": 8, "propagated": 0, "origin": 0, "unpaired": 0}
+    assert r.summary["unmatched"] == {"target": [], "baseline": []}
+    assert any("frameworks differ" in n and "built-in MindSpore/PyTorch table" in n for n in r.summary["notes"])
+    # a layer class with no PyTorch counterpart here (Tanh vs ReLU) stays unmatched and is listed
+    r = C.compare(pair["ms_tanh"], pair["pt"], tol="loose")
+    assert r.summary["unmatched"] == {"target": ["Cell.relu.Tanh"], "baseline": ["Module.relu.ReLU"]}
+    assert r.con.sql("SELECT b_name FROM alignment WHERE b_name = 'Module.d1.Linear.forward.0' "
                      "AND t_name IS NOT NULL").fetchall()
-    main(["compare", str(pair["ms"]), str(pair["pt"])])
-    assert "unmatched target names: Cell.d1.Dense, Cell.d2.Dense" in capsys.readouterr().out
+    main(["compare", str(pair["ms_tanh"]), str(pair["pt"])])
+    assert "unmatched target names: Cell.relu.Tanh" in capsys.readouterr().out
+
+
+def test_builtin_table_renames_the_mindspore_baseline(pair):
+    # PyTorch TARGET, MindSpore BASELINE: the table renames the BASELINE; the unmatched
+    # listing shows the names MindSpore recorded
+    r = C.compare(pair["pt"], pair["ms"], tol="loose")
+    assert r.summary["ranks"][0]["counts"] == {"pass": 8, "propagated": 0, "origin": 0, "unpaired": 0}
+    r = C.compare(pair["pt"], pair["ms_tanh"], tol="loose")
+    assert r.summary["unmatched"] == {"target": ["Module.relu.ReLU"], "baseline": ["Cell.relu.Tanh"]}
+    # the first divergence keeps the TARGET's (PyTorch) name: d2 sees ReLU vs Tanh outputs
+    first = r.summary["ranks"][0]["first_origin"] or r.summary["ranks"][0]["first_diverged"]
+    assert first["name"].startswith("Module.")
 
 
 def test_mapping_api_leaf_ignore_sections(tmp_path):
@@ -168,7 +184,11 @@ ignore:
 """
 
 
-def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path):
+def _n_paired(r) -> int:
+    return r.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL").fetchall()[0][0]
+
+
+def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path, monkeypatch):
     pt = record_torch(tmp_path / "pt", level="mix")
     msd = record_ms(tmp_path / "ms", level="mix")
     f = tmp_path / "mix.yaml"
@@ -189,3 +209,96 @@ def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path):
     (t_mean,), = r.con.sql("SELECT t_mean FROM tensors WHERE t_call = 'Functional.linear.0.forward' "
                            "AND io = 'output'").fetchall()
     assert t_mean == pytest.approx(h.mean(), rel=1e-5)
+    # no mapping: the built-in table pairs the Dense/Linear modules and ReLU with F.relu (12 of the
+    # 16 PyTorch calls); Dense's MatMul + BiasAdd against F.linear need the file above
+    r = C.compare(msd, pt, tol="loose")
+    assert _n_paired(r) == 12 and r.exit_code == 0
+    assert r.summary["unmatched"] == {"target": ["Primitive.bias_add.BiasAdd", "Primitive.matmul.MatMul",
+                                                 "Primitive.shape_op.Shape"], "baseline": ["Functional.linear"]}
+    import msprobe.compare.builtin_table as bt
+    from msprobe.compare.mapping import BUILTIN
+    monkeypatch.setattr(bt, "builtin_mapping", lambda path=None: BUILTIN)   # Cell -> Module only
+    assert _n_paired(C.compare(msd, pt, tol="loose")) == 4
+
+
+# --- the built-in table at API level: the same computation through functional APIs -------------
+W3 = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+W4 = np.random.default_rng(3).standard_normal((6, 2)).astype(np.float32)
+
+
+def record_torch_functional(path):
+    import torch.nn.functional as F
+    from msprobe.pytorch import PrecisionDebugger
+
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1", task="statistics")
+    dbg.start()
+    x = torch.from_numpy(X)
+    h = torch.matmul(x, torch.from_numpy(W3))       # ops.matmul
+    h = torch.cat((h, h), 1)                        # ops.concat
+    h = F.gelu(h)                                   # ops.gelu (same name)
+    h = F.silu(h)                                   # mint.nn.functional.silu
+    h = F.softmax(h, -1)                            # ops.softmax (same name)
+    h = h.add(h)                                    # Tensor.add (same name)
+    h = torch.matmul(h, torch.from_numpy(W4))       # mint.matmul
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return path, h.numpy()
+
+
+def record_ms_functional(path):
+    from mindspore import Tensor, mint, ops
+    from msprobe.mindspore import PrecisionDebugger
+    ms.set_device("CPU")
+
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1", task="statistics")
+    dbg.start()
+    x = Tensor(X)
+    h = ops.matmul(x, Tensor(W3))
+    h = ops.concat((h, h), 1)
+    h = ops.gelu(h)
+    h = mint.nn.functional.silu(h)
+    h = ops.softmax(h, -1)
+    h = h.add(h)
+    h = mint.matmul(h, Tensor(W4))
+    dbg.stop()
+    dbg.step()
+    if hasattr(dbg, "close"):
+        dbg.close()
+    return path, h.asnumpy()
+
+
+def test_builtin_table_pairs_functional_calls_the_prefix_table_cannot(tmp_path, monkeypatch):
+    pt, pt_out = record_torch_functional(tmp_path / "pt")
+    msd, ms_out = record_ms_functional(tmp_path / "ms")
+    np.testing.assert_allclose(ms_out, pt_out, rtol=1e-5, atol=1e-6)   # the runs agree
+    r = C.compare(msd, pt, tol="loose")
+    paired = r.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL").fetchall()[0][0]
+    pairs = dict(r.con.sql("SELECT b_name, t_name FROM alignment WHERE t_name IS NOT NULL").fetchall())
+    # each MindSpore call pairs with its PyTorch counterpart
+    assert r.summary["unmatched"] == {"target": [], "baseline": []}
+    assert paired == 7 and r.summary["ranks"][0]["counts"] == {"pass": 7, "propagated": 0, "origin": 0, "unpaired": 0}
+    assert set(pairs) == {"Torch.matmul.0.forward", "Torch.cat.0.forward", "Functional.gelu.0.forward",
+                          "Functional.silu.0.forward", "Functional.softmax.0.forward", "Tensor.add.0.forward",
+                          "Torch.matmul.1.forward"}
+    assert r.summary["ranks"][0]["first_origin"] is None
+    from msprobe.compare.mapping import resolve_api
+    assert resolve_api(bt_mapping(), ["Mint.matmul", "MintFunctional.silu", "Functional.concat"],
+                       ["Torch.matmul", "Functional.silu", "Torch.cat"]) == {
+        "Mint.matmul": "Torch.matmul", "MintFunctional.silu": "Functional.silu", "Functional.concat": "Torch.cat"}
+    # without the table (only Cell -> Module, as before): only the same-name calls pair
+    import msprobe.compare.builtin_table as bt
+    from msprobe.compare.mapping import BUILTIN
+    monkeypatch.setattr(bt, "builtin_mapping", lambda path=None: BUILTIN)
+    r0 = C.compare(msd, pt, tol="loose")
+    paired0 = r0.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL"
+                         ).fetchall()[0][0]
+    assert paired0 == 3 < paired
+    assert r0.summary["unmatched"] == {
+        "target": ["Functional.concat", "Functional.matmul", "Mint.matmul", "MintFunctional.silu"],
+        "baseline": ["Functional.silu", "Torch.cat", "Torch.matmul"]}
+
+
+def bt_mapping():
+    from msprobe.compare.builtin_table import builtin_mapping
+    return builtin_mapping()
