@@ -34,6 +34,14 @@ def _arrow(rel) -> pa.Table:
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
+def _arrow_streamed(rel) -> pa.Table:
+    """The relation's rows as Arrow, streamed batch by batch (DuckDB does not first hold
+    the whole result itself: for the 1M-row ``tensors`` that is its size saved at the peak)."""
+    if hasattr(rel, "to_arrow_reader"):
+        return rel.to_arrow_reader(131072).read_all()
+    return _arrow(rel)
+
+
 @dataclass
 class CompareResult:
     """What :func:`msprobe.compare.compare` returns.
@@ -235,11 +243,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             tensors, stats["tensor_pairs"] = tensor_first_only(con, t, b, opts, attribute_collectives)
         else:
             stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-            tensors = _arrow(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+            tensors = _arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
-        tensors = _arrow(con.sql(leaf_verdicts_sql(pairs)))
+        tensors = _arrow_streamed(con.sql(leaf_verdicts_sql(pairs)))
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
     arrow["tensors"] = tensors

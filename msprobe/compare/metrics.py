@@ -332,14 +332,20 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]) -> None:
 
     # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
     # partner (which the path join shows) does the remap step run
-    con.execute(_plain_index_sql(tol))
-    if con.execute("SELECT count(*) FROM lp_idx WHERE lonely").fetchall()[0][0]:
-        con.execute(_index_sql(tol))
+    import pyarrow.compute as pc
+
+    def stream(sql: str) -> pa.Table:     # straight to Arrow, batch by batch (no DuckDB copy of the result)
+        rel = con.sql(sql.replace("CREATE OR REPLACE TABLE lp_idx AS", "", 1))
+        if hasattr(rel, "to_arrow_reader"):
+            return rel.to_arrow_reader(131072).read_all()
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+    idx = stream(_plain_index_sql(tol))
+    if idx.num_rows and pc.any(idx["lonely"]).as_py():
+        del idx
+        idx = stream(_index_sql(tol))
     else:
-        con.execute("ALTER TABLE lp_idx DROP COLUMN lonely")
-    rel = con.sql("SELECT * FROM lp_idx")
-    idx = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-    con.execute("DROP TABLE lp_idx")
+        idx = idx.drop_columns(["lonely"])
     names = list(idx.column_names)
     columns = [idx[c] for c in names]
     t_rows = idx["t_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
