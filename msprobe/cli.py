@@ -229,9 +229,10 @@ def _write_pt(path: Path, payload: Any) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    from msprobe.core.npy_payload import write_npy
     from store.export import export_log
 
-    report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt})
+    report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy})
     directories: list[Path] = []
     for path in report.written:
         if path.parent not in directories:

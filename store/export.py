@@ -319,6 +319,8 @@ class EntryBuilder:
             seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
             requires_grad, max_finite, min_finite, crc32, data_name, value_json,
         ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq  # a later part holding this seq's call row is out of order
             entry = entry_of_seq.get(seq)
             if entry is None:
                 continue
@@ -735,6 +737,10 @@ def _write_one(directory: Path, name: str, file_name: str, ref: str, first: dict
     target = directory / file_name
     source = first.get(ref)
     if source is None:
+        source = payloads.earlier_file(ref)  # live export: a file of this payload moved in earlier
+    if source is None and payloads.take_staged(ref, target):  # written during the step (live export)
+        first[ref] = target
+    elif source is None:
         try:
             payload = payloads.read(ref)
         except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard

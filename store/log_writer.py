@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import threading
 import time
@@ -57,7 +56,6 @@ from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
 from store.records import Call, Leaf, Marker, Stack
 
-logger = logging.getLogger("msprobe")
 
 __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name"]
 
@@ -184,6 +182,7 @@ class LogWriter:
         self._file: Optional[BinaryIO] = None
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
         self._sync_thread: Optional[threading.Thread] = None  # background step-end fsync
+        self._sync_error: Optional[OSError] = None
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
@@ -278,7 +277,7 @@ class LogWriter:
             fsync: also ``os.fsync`` the log file (step end).
             background: with ``fsync``, run the fsync on a helper thread (through a
                 duplicate of the file descriptor) and return at once; the next
-                background fsync and :meth:`close` wait for it. A failure is logged.
+                background fsync and :meth:`close` wait for it and raise its failure.
         Raises:
             StoreWriteError: the write failed (once per writer; no-op afterwards).
         """
@@ -289,15 +288,28 @@ class LogWriter:
             if fsync and background and self._file is not None and os.getpid() == self._pid:
                 self._join_sync()
                 fd = os.dup(self._file.fileno())
-                self._sync_thread = threading.Thread(target=_fsync_close, args=(fd, self._path),
+                self._sync_thread = threading.Thread(target=self._fsync_close, args=(fd,),
                                                      name="msprobe-log-fsync", daemon=True)
                 self._sync_thread.start()
 
+    def _fsync_close(self, fd: int) -> None:
+        """Background step-end fsync; a failure is kept for :meth:`_join_sync` to raise."""
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            self._sync_error = exc
+        finally:
+            os.close(fd)
+
     def _join_sync(self) -> None:
+        """Wait for the background fsync; raise its failure (StoreWriteError, once)."""
         thread = self._sync_thread
         if thread is not None:
             thread.join()
             self._sync_thread = None
+        error, self._sync_error = self._sync_error, None
+        if error is not None:
+            raise self._fail(error, "syncing")
 
     def take_step(self, step: Optional[int] = None, *, fsync: bool = False) -> pa.Table:
         """Flush, then return and forget the rows of ``step`` written by this writer.
@@ -498,12 +510,3 @@ class LogWriter:
                 arrays.append(pa.array(values, type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
 
-
-def _fsync_close(fd: int, path: Optional[Path]) -> None:
-    """Background step-end fsync (:meth:`LogWriter.flush` with ``background``)."""
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        logger.error("msprobe: fsync of the event log %s failed: %s", path, exc)
-    finally:
-        os.close(fd)

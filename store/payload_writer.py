@@ -13,12 +13,28 @@ Identical bytes (one op's output is the next op's input; a parameter seen every 
 stored once and referenced again: :meth:`PayloadWriter.put` returns the earlier reference.
 
 Threads. :meth:`PayloadWriter.put` hashes the bytes in the caller's thread (``hashlib``
-releases the GIL on large buffers) and hands them to one background thread through a
+releases the GIL on large buffers; SHA-256 rather than BLAKE2b because CPUs with SHA
+instructions hash about twice as fast with it) and hands them to one background thread through a
 bounded queue (back-pressure: a full queue blocks the caller instead of growing memory).
 The background thread collects a shard in memory and writes it atomically (temporary
 name, then rename) when it exceeds ``shard_bytes`` or at :meth:`PayloadWriter.flush`.
 A shard not yet written when the process dies is lost; references to it are reported by
 the exporter as missing payloads.
+
+Staged tensor files (live export). Given ``stage=(write_file, ext)``, the background thread
+also writes every new payload as a tensor file
+``{dump_path}/.msprobe/stage/{writer}/{key}.{ext}`` (``{writer}``: the shard stem, so ranks
+and processes sharing a dump path never touch each other's files)
+(``write_file`` is the adapter's ``.pt``/``.npy`` writer, the same one the exporter uses)
+while the step still runs, from the bytes it already holds. The live exporter then moves
+a staged file into place (:meth:`PayloadReader.take_staged`) instead of reading the shard
+and writing the file at ``stop()``/``step()``; the file bytes are the same either way, so
+``msprobe export`` (which never uses staged files) writes identical files. Staged files
+never moved are removed (see below); a failed staging write only
+means the exporter writes that file itself. Staged files are offered to the exports that
+follow the next two :meth:`PayloadWriter.flush` es (a live step exports at ``stop()`` and
+again at ``step()``); the third flush removes those never moved (so they never pile up),
+as does :meth:`PayloadWriter.close`.
 
 Nothing here imports a deep-learning framework: callers pass raw C-order bytes, a dtype
 string and a shape.
@@ -32,17 +48,22 @@ import queue
 import struct
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from store import schema as S
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
 
-__all__ = ["PAYLOAD_DIR", "Payload", "PayloadReader", "PayloadWriter", "SAFETENSORS_DTYPES"]
+__all__ = ["PAYLOAD_DIR", "Payload", "PayloadReader", "PayloadWriter", "SAFETENSORS_DTYPES", "content_key",
+           "key_matches"]
 
 PAYLOAD_DIR = "payload"
+STAGE_DIR = "stage"
+_STAGE_KEEP = 2  # flushes after which an unmoved staged file is removed
+_MOVED_KEEP = 8192  # files moved into place that a reader remembers for later links
 SHARD_SUFFIX = ".safetensors"
 
 #: dtype strings (PyTorch and MindSpore spellings) → (safetensors dtype, item size in bytes).
@@ -72,23 +93,46 @@ def payload_dir(dump_path: Union[str, os.PathLike]) -> Path:
     return Path(dump_path) / S.STORE_DIR / PAYLOAD_DIR
 
 
+def stage_dir(dump_path: Union[str, os.PathLike]) -> Path:
+    """``{dump_path}/.msprobe/stage`` (staged tensor files of the live export)."""
+    return Path(dump_path) / S.STORE_DIR / STAGE_DIR
+
+
 def content_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
-    """The content address of a payload: 32 hex digits of BLAKE2b over dtype, shape, bytes.
+    """The content address of a payload: 64 hex digits of SHA-256 over dtype, shape, bytes.
 
     >>> content_key(b"", "torch.float32", (0,)) == content_key(b"", "torch.float32", (0,))
     True
     """
+    h = hashlib.sha256(f"{dtype}|{list(shape)}|".encode())
+    h.update(data)
+    return h.hexdigest()
+
+
+def _legacy_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
+    """Content key of shards written before SHA-256 keys: 32 hex digits of BLAKE2b-128."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{dtype}|{list(shape)}|".encode())
     h.update(data)
     return h.hexdigest()
 
 
+def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> bool:
+    """True if ``key`` is the content key of ``data`` (SHA-256 key, or a BLAKE2b-128 key of
+    an older shard, told apart by length: 64 or 32 hex digits)."""
+    if len(key) == 32:
+        return _legacy_key(data, dtype, shape) == key
+    return content_key(data, dtype, shape) == key
+
+
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """One stored tensor: C-order ``data`` bytes, ``dtype`` string, ``shape`` tuple."""
+    """One stored tensor: C-order ``data`` bytes, ``dtype`` string, ``shape`` tuple.
 
-    data: bytes
+    :meth:`PayloadReader.read` returns ``data`` as a fresh ``bytearray`` owned by the caller
+    (writable: a tensor can wrap it without another copy)."""
+
+    data: Union[bytes, bytearray]
     dtype: str
     shape: tuple[int, ...]
 
@@ -100,6 +144,8 @@ def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple
     offset = 0
     pieces = []
     for key, dtype, shape, data in items:
+        if key in header:  # put again after the index forgot it: one copy per shard
+            continue
         code, size = SAFETENSORS_DTYPES.get(dtype, ("U8", 1))
         numel = 1
         for d in shape:
@@ -128,7 +174,18 @@ class PayloadWriter:
         queue_size: bound of the queue to the background thread (unit: payloads); a full
             queue blocks :meth:`put`. Must be >= 1.
         shard_bytes: a shard is written once its data exceeds this size (unit: bytes).
-            Must be >= 1.
+            Must be >= 1. With ``pending_bytes`` it bounds the writer's memory: at most
+            about ``pending_bytes + shard_bytes`` of payload bytes are held at a time.
+        pending_bytes: bound of the bytes queued and not yet taken by the background
+            thread (unit: bytes); :meth:`put` blocks while it would be exceeded (one
+            payload larger than the bound is still accepted when nothing else is
+            pending). Must be >= 1.
+        index_size: how many content keys are remembered for deduplication (unit:
+            payloads; the oldest are forgotten first, so a payload seen again after that
+            is stored again). Must be >= 1.
+        stage: ``(write_file, ext)``: also write each new payload as a staged tensor file
+            (see the module docstring); ``write_file(path, payload)`` is called on the
+            background thread.
 
     Raises:
         ValueError: a bound < 1.
@@ -148,18 +205,33 @@ class PayloadWriter:
         rank: int,
         *,
         queue_size: int = 64,
-        shard_bytes: int = 256 << 20,
+        shard_bytes: int = 32 << 20,
+        pending_bytes: int = 64 << 20,
+        index_size: int = 1 << 16,
+        stage: Optional[tuple[Callable[[Path, "Payload"], None], str]] = None,
     ) -> None:
         if int(queue_size) < 1:
             raise ValueError(f"queue_size: got {queue_size!r}; allowed: an int >= 1")
         if int(shard_bytes) < 1:
             raise ValueError(f"shard_bytes: got {shard_bytes!r}; allowed: an int >= 1")
+        if int(pending_bytes) < 1:
+            raise ValueError(f"pending_bytes: got {pending_bytes!r}; allowed: an int >= 1")
+        if int(index_size) < 1:
+            raise ValueError(f"index_size: got {index_size!r}; allowed: an int >= 1")
+        self._pending_limit = int(pending_bytes)
+        self._pending = 0  # bytes queued, not yet taken by the background thread
+        self._drained = threading.Condition()
+        self._index_size = int(index_size)
         self._dir = payload_dir(dump_path)
+        self._stage = stage
+        self._staged: list[Path] = []            # staged since the last flush (background thread)
+        self._staged_old: list[list[Path]] = []  # staged before it, newest last (at most _STAGE_KEEP)
         self._stem = f"rank{int(rank)}.{os.getpid()}.{time.time_ns()}"
+        self._stage_dir = stage_dir(dump_path) / self._stem
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._lock = threading.Lock()
-        self._index: dict[str, str] = {}  # key -> ref
+        self._index: OrderedDict[str, str] = OrderedDict()  # key -> ref, oldest first
         self._shard = 0
         self._shard_fill = 0
         self._error: Optional[BaseException] = None
@@ -170,6 +242,12 @@ class PayloadWriter:
         self._thread.start()
 
     # --- caller side -----------------------------------------------------------------
+    @property
+    def staging(self) -> Optional[tuple[Path, str]]:
+        """``(directory, extension)`` of this writer's staged tensor files, for
+        :class:`PayloadReader` ``stage``; None without ``stage``."""
+        return None if self._stage is None else (self._stage_dir, self._stage[1])
+
     def shard_name(self, index: int) -> str:
         """File name of shard ``index``."""
         return f"{self._stem}.{index:05d}{SHARD_SUFFIX}"
@@ -194,8 +272,15 @@ class PayloadWriter:
             ref = self._index.get(key)
             if ref is not None:
                 return ref
+            size = len(data)
+            with self._drained:  # back-pressure by bytes (the queue bounds the count)
+                while self._pending and self._pending + size > self._pending_limit and self._error is None:
+                    self._drained.wait(0.5)
+                self._pending += size
             ref = f"{self.shard_name(self._shard)}:{key}"
             self._index[key] = ref
+            if len(self._index) > self._index_size:
+                self._index.popitem(last=False)
             self.stored_bytes += len(data)
             self._shard_fill += len(data)
             item = ("put", self._shard, key, dtype, shape, bytes(data))
@@ -242,6 +327,14 @@ class PayloadWriter:
             self._closed = True
             self._queue.put(("stop", -1, None))
             self._thread.join()
+            for paths in self._staged_old + [self._staged]:  # staged files the exporter did not move
+                _unlink_all(paths)
+            self._staged_old, self._staged = [], []
+            for directory in (self._stage_dir, self._stage_dir.parent):
+                try:
+                    os.rmdir(directory)
+                except OSError:  # never created, or another writer's files are there
+                    pass
 
     def __enter__(self) -> "PayloadWriter":
         return self
@@ -266,8 +359,25 @@ class PayloadWriter:
             if op == "put":
                 _, shard, key, dtype, shape, data = item
                 shards.setdefault(shard, []).append((key, dtype, shape, data))
+                try:
+                    if self._stage is not None and self._error is None:
+                        self._stage_file(key, Payload(data=data, dtype=dtype, shape=shape))
+                finally:
+                    with self._drained:
+                        self._pending -= len(data)
+                        self._drained.notify_all()
                 continue
             _, shard, done = item
+            if done is not None:
+                # a flush: the caller waits, then exports. Files staged before the last
+                # _STAGE_KEEP flushes were offered to the exports that followed them (a
+                # step's stop() and step(): backward entries are emitted at step());
+                # what is left of them is not needed (a later reference is exported
+                # from the shard).
+                self._staged_old.append(self._staged)
+                self._staged = []
+                if len(self._staged_old) > _STAGE_KEEP:
+                    _unlink_all(self._staged_old.pop(0))
             try:
                 for index in sorted(k for k in shards if k <= shard):
                     items = shards.pop(index)
@@ -278,6 +388,24 @@ class PayloadWriter:
             finally:
                 if done is not None:
                     done.set()
+
+    def _stage_file(self, key: str, payload: "Payload") -> None:
+        """Write the staged tensor file of ``key`` (temporary name, then rename); on any
+        failure leave nothing behind (the exporter then writes the file itself)."""
+        write_file, ext = self._stage
+        target = self._stage_dir / f"{key}.{ext}"
+        tmp = self._stage_dir / f".{key}.{ext}.tmp"
+        try:
+            make_dirs(self._stage_dir)
+            write_file(tmp, payload)
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, target)
+            self._staged.append(target)
+        except Exception:  # noqa: BLE001 - staging is an optimisation only
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _write_shard(self, index: int, items: list) -> None:
         make_dirs(self._dir)
@@ -300,18 +428,37 @@ class PayloadWriter:
             raise
 
 
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:  # moved into place by the exporter
+            pass
+
+
 class PayloadReader:
     """Reads payloads by reference from the shards under ``{dump_path}/.msprobe/payload``.
 
     Args:
         dump_path: the dump directory.
+        verify: check every payload's bytes against its content key (one hash pass over
+            the bytes). The live exporter reads shards its own process wrote moments
+            before and passes False; ``msprobe export`` and readers of old dumps keep True.
+        stage: ``(directory, extension)`` of the live session's staged tensor files
+            (:attr:`PayloadWriter.staging`): :meth:`take_staged` looks for them there
+            (None: never).
 
     Example: ``PayloadReader(dump).read("rank0.1.2.00000.safetensors:ab…")`` →
     ``Payload(data=b"…", dtype="torch.float32", shape=(2, 3))``.
     """
 
-    def __init__(self, dump_path: Union[str, os.PathLike]) -> None:
+    def __init__(self, dump_path: Union[str, os.PathLike], *, verify: bool = True,
+                 stage: Optional[tuple[Union[str, os.PathLike], str]] = None) -> None:
         self._dir = payload_dir(dump_path)
+        self._verify = bool(verify)
+        self._stage_dir = Path(stage[0]) if stage is not None else None
+        self._stage_ext = stage[1] if stage is not None else None
+        self._moved: OrderedDict[str, Path] = OrderedDict()  # key -> where take_staged put its file
         self._headers: dict[str, tuple[int, dict]] = {}
 
     def _header(self, shard: str) -> tuple[int, dict]:
@@ -334,14 +481,44 @@ class PayloadReader:
             cached = self._headers[shard] = (8 + length, header)
         return cached
 
+    def take_staged(self, ref: str, target: Union[str, os.PathLike]) -> bool:
+        """Move the staged tensor file of ``ref`` to ``target`` (atomic rename); False when
+        there is none (no ``stage``, never staged, already moved, or the rename failed:
+        the caller writes the file itself)."""
+        if self._stage_ext is None:
+            return False
+        _, sep, key = ref.partition(":")
+        if not sep or not key or "/" in key or "\\" in key or key.startswith("."):
+            return False
+        try:
+            os.replace(self._stage_dir / f"{key}.{self._stage_ext}", target)
+        except OSError:
+            return False
+        self._moved[key] = Path(target)
+        self._moved.move_to_end(key)
+        if len(self._moved) > _MOVED_KEEP:
+            self._moved.popitem(last=False)
+        return True
+
+    def earlier_file(self, ref: str) -> Optional[Path]:
+        """The file a recent :meth:`take_staged` of ``ref`` moved into place, if it still
+        exists (the live exporter hard-links a later file of the same payload to it, in
+        this step or a later one); None without ``stage``."""
+        if self._stage_ext is None:
+            return None
+        path = self._moved.get(ref.partition(":")[2])
+        if path is None or not path.exists():
+            return None
+        return path
+
     def read(self, ref: str) -> Payload:
         """The payload of ``ref`` (``"{shard}:{key}"``).
 
         Raises:
             FileNotFoundError: the shard is missing (never written: the process died first).
             StoreError: a malformed reference.
-            PayloadDamagedError: the shard is truncated or corrupted (the bytes are checked
-                against their content key), or the key is not in it.
+            PayloadDamagedError: the shard is truncated or corrupted (with ``verify``, the
+                bytes are checked against their content key), or the key is not in it.
         """
         shard, sep, key = ref.partition(":")
         if not sep or not key:
@@ -357,11 +534,19 @@ class PayloadReader:
             shape = tuple(int(v) for v in json.loads(shape_text))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise PayloadDamagedError(f"payload {key!r} in shard {shard!r}: damaged header entry ({exc})") from None
-        with open(self._dir / shard, "rb") as fh:
+        data = bytearray(max(end - begin, 0))
+        with open(self._dir / shard, "rb", buffering=0) as fh:
             fh.seek(start + begin)
-            data = fh.read(max(end - begin, 0))
-        if len(data) != end - begin:
+            got = 0
+            view = memoryview(data)
+            while got < len(data):
+                n = fh.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            view.release()
+        if got != end - begin:
             raise PayloadDamagedError(f"payload {key!r} truncated in shard {shard!r}")
-        if content_key(data, dtype, shape) != key:  # the key is the hash of the content
+        if self._verify and not key_matches(key, data, dtype, shape):  # the key is the hash of the content
             raise PayloadDamagedError(f"payload {key!r} in shard {shard!r} is corrupted: its bytes do not match their key")
         return Payload(data=data, dtype=dtype, shape=shape)

@@ -183,8 +183,12 @@ class Session:
             if self._writer is None:
                 self._writer = LogWriter(self.config.dump_path, self.rank or 0)
             if self._payloads is None and self._write_tensor is not None:
-                self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0)
-                self._payload_reader = PayloadReader(self.config.dump_path)
+                # tensor files are staged by the writer thread while the step runs; the
+                # export moves them into place (shards this process wrote: no hash pass)
+                self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0,
+                                               stage=(self._write_tensor, self._tensor_ext))
+                self._payload_reader = PayloadReader(self.config.dump_path, verify=False,
+                                                     stage=self._payloads.staging)
             first_start = self._opened_step != self.step
             self._opened_step = self.step
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))

@@ -6,12 +6,13 @@ directory) instead of the step layout. ``start`` is called once, at construction
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, Optional
 
 from msprobe.core.config import Config
 from msprobe.core.session import Session
-from store.export import export_debug
+from store.export import TensorFileWriter, export_debug
 
 
 class DebugSession(Session):
@@ -21,11 +22,15 @@ class DebugSession(Session):
         config: the validated configuration (level ``debug``).
         exclude_dirs: framework directories dropped from stacks.
         dump_data_dir: as for :class:`Session` (tensor directory for task tensor).
+        write_tensor: as for :class:`Session`: the ``.npy`` writer for task tensor
+            (tensor files in ``{dump_path}/{rank_dir}/dump_tensor_data``).
     """
 
     def __init__(self, config: Config, *, exclude_dirs: tuple[str, ...] = (),
-                 dump_data_dir: Optional[Callable[[Path], Optional[str]]] = None) -> None:
-        super().__init__(config, framework="mindspore", exclude_dirs=exclude_dirs, dump_data_dir=dump_data_dir)
+                 dump_data_dir: Optional[Callable[[Path], Optional[str]]] = None,
+                 write_tensor: Optional[TensorFileWriter] = None) -> None:
+        super().__init__(config, framework="mindspore", exclude_dirs=exclude_dirs, dump_data_dir=dump_data_dir,
+                         write_tensor=write_tensor, tensor_ext="npy")
 
     def step_dir(self, step: Optional[int] = None) -> Path:
         """The rank directory ``{dump_path}/{rank_dir}`` (debug level has no step directories)."""
@@ -38,4 +43,8 @@ class DebugSession(Session):
         if table is None:
             return
         self._step_export.add(table)
-        self._guard(export_debug, self._step_export.rows(), self.meta(), self.step_dir())
+        if self._payloads is not None:
+            self._guard(self._payloads.flush)
+        self._guard(functools.partial(export_debug, payloads=self._payload_reader, write_tensor=self._write_tensor,
+                                      done=self._tensors_done),
+                    self._step_export.rows(), self.meta(), self.step_dir())

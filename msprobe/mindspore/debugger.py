@@ -19,7 +19,6 @@ MindSpore's own kernel dump instead (:mod:`msprobe.mindspore.graph_dump`).
 from __future__ import annotations
 
 import atexit
-import io
 import logging
 import os
 import warnings
@@ -35,6 +34,7 @@ from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError
 from msprobe.core.handles import HandleGroup
 from msprobe.core.naming import safe_component
+from msprobe.core.npy_payload import write_npy
 from msprobe.core.session import Session
 from msprobe.mindspore.api_hooks import ApiHooks, load_api_list
 from msprobe.mindspore.cell_hooks import CellHooks, install_cell_hooks
@@ -43,8 +43,6 @@ from msprobe.mindspore.grad_end import install_grad_end
 from msprobe.mindspore.jit_hooks import install_jit_hook
 from msprobe.mindspore.primitive_hooks import PrimitiveHooks, install_primitive_hooks
 from msprobe.mindspore.recorder import Recorder
-from msprobe.mindspore.stats import savable
-from store.fileutil import atomic_write_bytes, make_dirs
 
 logger = logging.getLogger("msprobe")
 
@@ -116,14 +114,17 @@ class PrecisionDebugger:
             self.session = None
             self.recorder = None
             return
-        sink = self._write_tensor if self.config.task == "tensor" else None
-        data_dir = (lambda d: os.path.abspath(os.path.join(d, TENSOR_DIR))) if sink else None
+        # task tensor: tensors go to the payload store at record time; the exporter writes
+        # the .npy files (mapping.csv for long names), live and in `msprobe export`
+        writer = write_npy if self.config.task == "tensor" else None
+        data_dir = (lambda d: os.path.abspath(os.path.join(d, TENSOR_DIR))) if writer else None
         if self.config.level == "debug":
-            self.session = DebugSession(self.config, exclude_dirs=(_MS_DIR,), dump_data_dir=data_dir)
+            self.session = DebugSession(self.config, exclude_dirs=(_MS_DIR,), dump_data_dir=data_dir,
+                                        write_tensor=writer)
         else:
             self.session = Session(self.config, framework="mindspore", exclude_dirs=(_MS_DIR,),
-                                   dump_data_dir=data_dir)
-        self.recorder = Recorder(self.session, sink=sink)
+                                   dump_data_dir=data_dir, write_tensor=writer, tensor_ext="npy")
+        self.recorder = Recorder(self.session)
         if self.config.level == "debug":
             rank, rank_dir = current_rank()
             self.session.start(rank, rank_dir)
@@ -247,16 +248,6 @@ class PrecisionDebugger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- task tensor ----------------------------------------------------------------------
-    def _write_tensor(self, stem: str, array: np.ndarray) -> str:
-        """Write one ``.npy`` file into the step's ``dump_tensor_data`` (spec 1.1, 2.2)."""
-        file_name = safe_component(stem, limit=250) + ".npy"
-        directory = make_dirs(self.session.step_dir() / TENSOR_DIR)
-        buf = io.BytesIO()
-        np.save(buf, savable(array), allow_pickle=False)
-        atomic_write_bytes(directory / file_name, buf.getvalue())
-        return file_name
 
 
 class _JitGuard:

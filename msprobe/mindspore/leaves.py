@@ -5,7 +5,8 @@ Every leaf of a nested input/output becomes one :class:`store.records.Leaf`:
 * ``mindspore.Tensor`` (Parameters included): ``{"type": "mindspore.Tensor", "dtype":
   "Float32", "shape", "Max", "Min", "Mean", "Norm"}``, ``requires_grad`` for Parameters
   only (plain MindSpore tensors have no such flag), ``md5`` in summary_mode md5,
-  ``data_name`` for task tensor;
+  ``data_name`` for task tensor (the tensor's bytes go to the payload store through
+  ``capture``; the session names the file and the exporter writes it);
 * ``numpy.ndarray``: the same record with ``type`` ``numpy.ndarray`` and the numpy dtype;
 * ``None``: JSON ``null``; lists/tuples: lists; dicts, namedtuples, dataclasses: objects;
 * MindSpore dtypes: ``{"type": "mindspore.dtype", "value": "Float16"}``; other values as
@@ -28,11 +29,8 @@ from store import schema
 from store.records import Leaf
 
 
-#: dump.json top-level key → tensor file name category (spec 2.2).
-CATEGORY = {"input_args": "input", "input_kwargs": "kwargs"}
-
-#: ``sink(stem, array) -> data_name``: writes one tensor file for task ``tensor``.
-TensorSink = Callable[[str, np.ndarray], str]
+#: ``capture(array) -> payload reference or None``: stores one tensor's values (task ``tensor``).
+TensorCapture = Callable[[np.ndarray], Optional[str]]
 
 
 def value_record(obj: Any) -> dict:
@@ -43,32 +41,28 @@ def value_record(obj: Any) -> dict:
     return core_value_record(obj)
 
 
-def file_stem(entry: str, io: str, path: tuple) -> str:
-    """Tensor file stem (spec 2.2): ``Functional.add.0.forward`` + ``input_args`` + ``(1, 0)``
-    → ``Functional.add.0.forward.input.1.0``."""
-    parts = [entry, CATEGORY.get(io, io)] if io else [entry]
-    parts.extend(str(p) for p in path)
-    return ".".join(parts)
-
-
 class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
     Args:
         md5: also compute CRC-32 (summary_mode md5).
         with_data: compute statistics (False for task ``structure``).
-        sink: for task ``tensor``, writes each tensor's file and returns its name.
+        capture: task ``tensor``: stores each tensor's host values (a snapshot taken when
+            the leaf is built: before the call runs for inputs) and returns the payload
+            reference for the leaf's ``payload``.
     """
 
-    __slots__ = ("md5", "with_data", "sink")
+    __slots__ = ("md5", "with_data", "capture")
 
-    def __init__(self, *, md5: bool, with_data: bool = True, sink: Optional[TensorSink] = None) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True, capture: Optional[TensorCapture] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
-        self.sink = sink
+        self.capture = capture
 
-    def tensor_leaf(self, io: str, path: tuple, t: Any, stem: Optional[str] = None) -> Leaf:
-        """The leaf of one MindSpore tensor or numpy array (``stem``: file stem for task tensor)."""
+    def tensor_leaf(self, io: str, path: tuple, t: Any) -> Leaf:
+        """The leaf of one MindSpore tensor or numpy array. With ``capture``, the leaf's
+        ``payload`` is set; the session derives its ``data_name`` from the entry name,
+        ``io`` and ``path`` (:func:`msprobe.core.naming.tensor_file_name`, spec 2.2)."""
         is_np = isinstance(t, np.ndarray)
         if is_np:
             type_, dtype = "numpy.ndarray", str(t.dtype)
@@ -83,17 +77,17 @@ class LeafBuilder:
         a = host_array(t)
         st = array_stats(a)
         crc = crc32_hex(a) if self.md5 else None
-        data_name = self.sink(stem, a) if self.sink is not None and stem is not None else None
+        payload = self.capture(a) if self.capture is not None else None
         return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype, shape=shape,
                     numel=numel, max=st.max, min=st.min, mean=st.mean, norm=st.norm,
                     max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc, requires_grad=rg,
-                    has_nan=st.has_nan, has_inf=st.has_inf, data_name=data_name)
+                    has_nan=st.has_nan, has_inf=st.has_inf, payload=payload)
 
     def leaves(self, entry: str, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
         """Append the leaves of ``value`` (under top-level key ``io`` of ``entry``) to ``out``."""
         for p, v, kind in _walk(value, path, 0):
             if kind == schema.LEAF_TENSOR:
-                out.append(self.tensor_leaf(io, p, v, file_stem(entry, io, p)))
+                out.append(self.tensor_leaf(io, p, v))
             elif kind == schema.LEAF_VALUE:
                 out.append(Leaf(io=io, path=p, leaf_kind=kind, type=v.get("type"), value_json=json.dumps(v)))
             else:

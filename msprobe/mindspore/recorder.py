@@ -27,7 +27,8 @@ from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
-from msprobe.mindspore.leaves import LeafBuilder, TensorSink
+from msprobe.core.npy_payload import array_bytes
+from msprobe.mindspore.leaves import LeafBuilder
 from store import schema
 from store.records import Call, Leaf
 
@@ -54,19 +55,27 @@ class Recorder:
 
     Args:
         session: the recording session (state, counters, filters, writer).
-        sink: for task ``tensor``, writes one ``.npy`` file and returns its name.
+
+    Task ``tensor`` (``session.stores_tensors``): each tensor's host copy goes to the
+    session's payload store when its leaf is built (inputs before the call runs, so an
+    in-place call does not change them); the exporter writes the ``.npy`` files.
     """
 
-    def __init__(self, session: Session, sink: Optional[TensorSink] = None) -> None:
+    def __init__(self, session: Session) -> None:
         cfg = session.config
         self.session = session
         self.dm = session.data_mode
-        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure", sink=sink)
+        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
+                                  capture=self._capture if session.stores_tensors else None)
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.cells_seen: set[str] = set()
         self.scope = ScopeRange.from_config(cfg.scope)
         self._fired = 0
+
+    def _capture(self, a: Any) -> Optional[str]:
+        """Task tensor: store the values of host array ``a`` now; the payload reference."""
+        return self.session.put_payload(*array_bytes(a))
 
     # --- per-thread state -------------------------------------------------------------------
     def parent(self) -> Optional[str]:
@@ -279,7 +288,7 @@ class Recorder:
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
-            leaf = (self.leaves.tensor_leaf(pname, (0,), grad, f"{name}.{pname}") if isinstance(grad, Tensor)
+            leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if isinstance(grad, Tensor)
                     else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
             s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type="Cell",
                         keys=names, leaves=(leaf,)))
@@ -306,8 +315,7 @@ class Recorder:
                 pending.order = self._fired
             grads = pending.grads_in if side == "input" else pending.grads_out
             if isinstance(grad, Tensor):
-                stem = f"{pending.name}.{side}"
-                first = self.leaves.tensor_leaf(side, paths[0], grad, f"{stem}.{'.'.join(map(str, paths[0]))}")
+                first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
                     grads[p] = first if p == paths[0] else dataclasses.replace(first, path=p)
         except Exception as exc:
@@ -355,7 +363,7 @@ class Recorder:
             leaves: list[Leaf] = []
             for p, v, kind in _walk_for_save(variable):
                 if kind == schema.LEAF_TENSOR:
-                    leaves.append(self.leaves.tensor_leaf("", p, v, ".".join([entry, "tensor", *map(str, p)])))
+                    leaves.append(self.leaves.tensor_leaf("", p, v))
                 else:
                     tmp: list[Leaf] = []
                     self.leaves.leaves(entry, "", v, tmp, p)
@@ -389,7 +397,7 @@ class Recorder:
             prev = getattr(tls, "busy", False)
             tls.busy = True
             try:
-                leaf = self.leaves.tensor_leaf("", path, g, ".".join([gname, "tensor", *map(str, path)]))
+                leaf = self.leaves.tensor_leaf("", path, g)
                 s.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=(leaf,)))
             except Exception as exc:
                 self.internal_error(exc)

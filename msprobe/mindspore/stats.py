@@ -53,11 +53,3 @@ def crc32_hex(a: np.ndarray) -> str:
     if a.dtype.kind not in "fiubc" and a.dtype != np.bool_:
         a = a.astype(np.float32)
     return format(crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
-
-
-def savable(a: np.ndarray) -> np.ndarray:
-    """The array written to a ``.npy`` file: types numpy's format cannot describe
-    (BFloat16 and other extension dtypes) become float32 (spec 1.1, exact)."""
-    if a.dtype.kind not in "fiubc" and a.dtype != np.bool_:
-        return a.astype(np.float32)
-    return a

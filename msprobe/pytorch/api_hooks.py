@@ -112,8 +112,12 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
     key = f"{family}.{api}"
     tls = session._tls
 
+    memo = record.__self__.leaves.memo  # record: Recorder.record_api
+
     def wrapper(*args, **kwargs):
         if not session.recording or getattr(tls, "busy", False) or wrapper.__msprobe_disabled__:
+            if not getattr(tls, "busy", False):
+                memo.clear()  # backward entries are still recorded after stop(): a write here counts
             return original(*args, **kwargs)
         return record(original, family, key, args, kwargs)
 

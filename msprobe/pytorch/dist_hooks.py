@@ -265,6 +265,8 @@ class DistributedWrapper:
         if self._key == _BATCH_P2P:
             original = functools.partial(_call_unwrapped_p2p, original)
         if not session.recording or getattr(session._tls, "busy", False) or self.__msprobe_disabled__:
+            if not getattr(session._tls, "busy", False):
+                self._record.__self__.recorder.leaves.memo.clear()
             return original(*args, **kwargs)
         return self._record(original, FAMILY, self._key, args, kwargs)
 

@@ -3,8 +3,13 @@
 * :func:`tensor_bytes` takes a snapshot of a tensor's values as C-order bytes (the tensor
   is copied to the host; conjugate and negative bits resolved), with its dtype string and
   shape, ready for :meth:`store.payload_writer.PayloadWriter.put`.
+* :class:`PayloadCapture` is the recorder's capture callback: it snapshots a tensor into
+  the payload store, and skips the copy and the content hash when the tensor's memory
+  still holds the bytes of a snapshot taken moments before (one op's output is the next
+  op's input: about 60% of the bytes of a transformer step), proven by comparing the
+  memory with those bytes.
 * :func:`write_pt` is the exporter's callback: it rebuilds the tensor from those bytes
-  and ``torch.save`` s it, so ``torch.load(path, weights_only=True)`` returns a tensor
+  and writes it in ``torch.save``'s format, so ``torch.load(path, weights_only=True)`` returns a tensor
   equal bit for bit to the recorded one, in its own dtype (bf16 stays bf16; spec 1.1).
 
 Example: ``tensor_bytes(torch.tensor([1.0], dtype=torch.bfloat16))`` →
@@ -13,12 +18,14 @@ Example: ``tensor_bytes(torch.tensor([1.0], dtype=torch.bfloat16))`` →
 from __future__ import annotations
 
 import ctypes
-
+import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe.pytorch.ptfile import save_tensor
 from store.payload_writer import Payload
 
 
@@ -49,6 +56,98 @@ def tensor_bytes(t: torch.Tensor) -> Optional[tuple[bytes, str, tuple[int, ...]]
     return data, str(t.dtype), tuple(t.shape)
 
 
+def _libc_memcmp() -> Optional[Callable[..., int]]:
+    """The C library's ``memcmp`` (pointer, bytes, length), or None where it cannot be found."""
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except Exception:  # no process-wide C library handle (Windows)
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+    return memcmp
+
+
+_MEMCMP = _libc_memcmp()
+
+
+def _same_bytes(address: int, data: bytes) -> bool:
+    """True if the ``len(data)`` bytes of memory at ``address`` equal ``data``."""
+    if _MEMCMP is not None:
+        return _MEMCMP(address, data, len(data)) == 0
+    return ctypes.string_at(address, len(data)) == data
+
+
+class PayloadCapture:
+    """Task ``tensor``: store a tensor's values as a payload; returns its reference.
+
+    Args:
+        put: ``put(bytes, dtype string, shape) -> reference or None`` (the session's
+            :meth:`msprobe.core.session.Session.put_payload`).
+        window_bytes: bytes of recent snapshots kept to recognise a tensor whose memory
+            still holds them (unit: bytes; 0 turns the shortcut off). Must be >= 0.
+
+    Calling it with a tensor ``t`` returns ``put(*tensor_bytes(t))``, or None when ``t``'s
+    values cannot be read. Shortcut: for a contiguous CPU tensor whose address, byte size,
+    dtype and shape match a snapshot still in the window, the memory is compared with that
+    snapshot's bytes (``memcmp``); when equal, the earlier reference is returned without a
+    copy and without hashing: the payload store is content-addressed, so the store itself
+    would have returned that reference for these bytes. Any difference (an in-place change,
+    freed memory reused) takes the normal path. :meth:`clear` empties the window (the
+    recorder calls it at every flush point, so references never outlive a step's store).
+
+    Raises:
+        ValueError: ``window_bytes`` < 0.
+    """
+
+    __slots__ = ("_put", "_window", "_recent", "_held", "_lock", "hits", "hit_bytes")
+
+    def __init__(self, put: Callable[[bytes, str, tuple], Optional[str]], *, window_bytes: int = 32 << 20) -> None:
+        if int(window_bytes) < 0:
+            raise ValueError(f"window_bytes: got {window_bytes!r}; allowed: an int >= 0")
+        self._put = put
+        self._window = int(window_bytes)
+        self._recent: OrderedDict[tuple, tuple[str, bytes]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()  # autograd may record from its own threads
+        self.hits = 0       #: snapshots skipped because the memory held known bytes
+        self.hit_bytes = 0  #: bytes neither copied nor hashed thanks to that (unit: bytes)
+
+    def clear(self) -> None:
+        """Forget every recent snapshot."""
+        with self._lock:
+            self._recent.clear()
+            self._held = 0
+
+    def __call__(self, t: torch.Tensor) -> Optional[str]:
+        key = None
+        if (self._window and t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
+                and not t.is_conj() and not t.is_neg() and t.is_contiguous()):
+            nbytes = t.numel() * t.element_size()
+            if 0 < nbytes <= self._window:
+                key = (t.data_ptr(), nbytes, t.dtype, tuple(t.shape))
+                known = self._recent.get(key)
+                if known is not None and _same_bytes(key[0], known[1]):
+                    with self._lock:
+                        self.hits += 1
+                        self.hit_bytes += nbytes
+                    return known[0]
+        snap = tensor_bytes(t)
+        if snap is None:
+            return None
+        ref = self._put(*snap)
+        if key is not None and ref is not None:
+            with self._lock:
+                old = self._recent.pop(key, None)
+                if old is not None:
+                    self._held -= len(old[1])
+                self._recent[key] = (ref, snap[0])
+                self._held += len(snap[0])
+                while self._held > self._window and self._recent:
+                    _, (_, data) = self._recent.popitem(last=False)
+                    self._held -= len(data)
+        return ref
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """``"torch.bfloat16"`` → ``torch.bfloat16``.
 
@@ -63,16 +162,26 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def from_payload(payload: Payload) -> torch.Tensor:
-    """The tensor stored in ``payload`` (a fresh CPU tensor)."""
+    """The tensor stored in ``payload`` (a CPU tensor owning its storage).
+
+    A ``bytearray`` payload (what :meth:`store.payload_writer.PayloadReader.read` returns)
+    is wrapped without a copy and belongs to the tensor afterwards; ``bytes`` are copied
+    once."""
     dtype = torch_dtype(payload.dtype)
     shape = tuple(payload.shape)
     if not payload.data:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape).clone()
+    buffer = payload.data if isinstance(payload.data, bytearray) else bytearray(payload.data)
+    flat = torch.frombuffer(buffer, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
 
 
 def write_pt(path: Path | str, payload: Payload) -> None:
-    """Exporter callback: ``torch.save`` the tensor of ``payload`` to ``path``."""
-    torch.save(from_payload(payload), path)
+    """Exporter callback: write the tensor of ``payload`` to ``path`` in ``torch.save``'s
+    format (:func:`msprobe.pytorch.ptfile.save_tensor`; loads with
+    ``torch.load(path, weights_only=True)``)."""
+    # the tensor only gives the pickle its dtype, shape and storage size: an uninitialised
+    # one (no copy of the bytes; large allocations are not even touched) serves
+    dtype = torch_dtype(payload.dtype)
+    save_tensor(path, torch.empty(tuple(payload.shape), dtype=dtype), payload.data)
 

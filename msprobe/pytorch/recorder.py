@@ -24,7 +24,7 @@ from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import LeafBuilder, is_structseq
-from msprobe.pytorch.payload import tensor_bytes
+from msprobe.pytorch.payload import PayloadCapture
 from store import schema
 from store.records import Call, Leaf
 
@@ -75,8 +75,13 @@ class Recorder:
         cfg = session.config
         self.session = session
         self.dm = session.data_mode
+        self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
-                                  capture=self._capture if session.stores_tensors else None)
+                                  capture=self.capture)
+        # the memo is sound only where intercepted calls (which clear it) separate the records:
+        # at L0 and debug nothing clears it between module hooks / save() calls
+        if cfg.level not in ("L1", "mix"):
+            self.leaves.memo.enabled = False
         self.taps = BackwardTaps(self._on_grad)
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
@@ -92,6 +97,8 @@ class Recorder:
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
         session.add_flush_hook(self.flush_deferred)
+        if self.capture is not None:
+            session.add_flush_hook(self.capture.clear)
 
     def emit(self, call: Call) -> None:
         """Hand ``call`` to the session; held back until :meth:`drain` with async_dump, or
@@ -117,13 +124,6 @@ class Recorder:
             self.internal_error(exc)
         finally:
             tls.busy = prev
-
-    def _capture(self, t: torch.Tensor) -> Optional[str]:
-        """Task tensor: store ``t``'s values now (before the call runs: in-place safe)."""
-        snap = tensor_bytes(t)
-        if snap is None:
-            return None
-        return self.session.put_payload(*snap)
 
     # --- per-thread state -------------------------------------------------------------------
     def parent(self) -> Optional[str]:

@@ -44,6 +44,7 @@ _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 #: CPU float tensors up to this many elements get float64-accumulated Mean/Norm (numpy);
 #: larger float32 ones take PyTorch's fused float32 reductions (see ``_host_stats``)
 SMALL_NUMEL = 1 << 12
+_TINY = 2.0 ** -56  # below this |max|, _norm32's float32 squares lose precision
 _ROW = 256  # elements per partial norm in _norm32
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
@@ -70,8 +71,14 @@ def host_array(x: torch.Tensor) -> np.ndarray:
 
 
 def has_data(t: torch.Tensor) -> bool:
-    """False for tensors whose values cannot be read (meta, sparse, other layouts, empty)."""
-    return t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0
+    """False for tensors whose values cannot be read (meta, sparse, other layouts, empty,
+    storage freed by resizing it to 0 bytes as FSDP does)."""
+    if not (t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0):
+        return False
+    try:
+        return t.untyped_storage().nbytes() > 0
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
+        return True
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
@@ -124,7 +131,7 @@ def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:
     """The common case in a few microseconds: a small, contiguous, finite CPU float32
     tensor (numpy on its memory; Mean and Norm in float64). None: take the general path."""
     n = t.numel()
-    if n == 0 or n > SMALL_NUMEL or not t.is_contiguous() or t.is_neg():
+    if n == 0 or n > SMALL_NUMEL or not t.is_contiguous() or t.is_neg() or t.untyped_storage().nbytes() == 0:
         return None
     a = np.frombuffer((ctypes.c_char * (4 * n)).from_address(t.data_ptr()), dtype=np.float32, count=n)
     mx = float(np.maximum.reduce(a))
@@ -168,7 +175,9 @@ def _host_stats(x: torch.Tensor) -> list[float]:
         mx, mn = mx_t.item(), mn_t.item()
         total = x.sum().item()
         norm = _norm32(x.view(-1))
-        if math.isfinite(mx) and math.isfinite(mn) and not (math.isfinite(total) and math.isfinite(norm)):
+        finite = math.isfinite(mx) and math.isfinite(mn)
+        tiny = 0.0 < max(abs(mx), abs(mn)) < _TINY  # float32 squares underflow: Norm 0 or inexact
+        if finite and (tiny or not (math.isfinite(total) and math.isfinite(norm))):
             a = host_array(x)
             total = float(np.add.reduce(a, dtype=np.float64))
             norm = _norm64(a)

@@ -8,14 +8,21 @@ costs a dictionary lookup instead of a pass over the data.
 
 An entry is reused only while all of these hold:
 
-* it is the same Python tensor object (held by a weak reference: the memo never keeps a
-  tensor alive nor changes autograd's in-place accumulation decisions);
-* its version counter is unchanged (every in-place PyTorch operation bumps it, with or
-  without grad mode) and its data pointer is unchanged;
-* no intercepted API call has started since the entry was made: the recorder calls
-  :meth:`StatsMemo.clear` before every intercepted call runs, and at start()/step(). This
-  covers writes that do not bump the version counter: through ``.data`` (a separate
-  counter), collectives, ``torch.no_grad()`` copies — all of them are API calls.
+* the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
+  neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
+  as the view autograd passes to the next node. The memo holds that tensor (a strong
+  reference, so its memory cannot be reused by another tensor while the entry lives; at
+  most ``LIMIT`` CPU tensors, oldest dropped first; weak references lost a third of the
+  hits, because autograd hands each node a fresh Python object);
+* both tensors' version counters equal the one recorded (every in-place PyTorch operation
+  bumps it, with or without grad mode);
+* no intercepted API call has started since the entry was made: the wrappers call
+  :meth:`StatsMemo.clear` before every intercepted call runs (recording or not: backward
+  entries are still recorded after stop()), collectives again after they ran, and the
+  debugger at start()/stop()/step(). This covers writes that do not bump the version
+  counter: through ``.data`` (a separate counter), collectives, ``torch.no_grad()``
+  copies — at levels L1 and mix all of them are API calls. At L0 and debug no API is
+  intercepted, so the memo is off there.
 
 What remains uncovered is memory written by code msprobe does not intercept (a custom C++
 or Triton kernel writing through a raw pointer) between two consecutive records of the same
@@ -30,8 +37,9 @@ from typing import Any, Optional
 import torch
 
 
-#: entries kept (the oldest is dropped first); see the module docstring for why it is small
-LIMIT = int(os.environ.get("MSPROBE_STATS_MEMO_SIZE", "4"))
+#: entries kept (the oldest is dropped first): a gradient is reused by the next backward
+#: node or two, an output by the next call, so a handful is enough
+LIMIT = 4
 
 
 class StatsMemo:
@@ -39,7 +47,12 @@ class StatsMemo:
 
     Args:
         enabled: False makes :meth:`get` always miss (``MSPROBE_NO_STATS_MEMO=1``).
-        limit: at most this many entries (the memo is cleared when full).
+        limit: at most this many entries (int >= 1; the oldest is dropped when full).
+
+    Attributes:
+        hits: number of :meth:`get` calls answered from the memo (for benchmarks).
+    Raises:
+        ValueError: ``limit`` below 1.
     """
 
     __slots__ = ("_entries", "enabled", "limit", "hits")
@@ -47,6 +60,8 @@ class StatsMemo:
     def __init__(self, enabled: Optional[bool] = None, limit: int = LIMIT) -> None:
         if enabled is None:
             enabled = os.environ.get("MSPROBE_NO_STATS_MEMO", "") in ("", "0")
+        if limit < 1:
+            raise ValueError(f"StatsMemo limit: got {limit}; allowed: an integer >= 1")
         self.enabled = enabled
         self.limit = limit
         self._entries: dict[tuple, tuple] = {}
@@ -54,11 +69,11 @@ class StatsMemo:
 
     @staticmethod
     def _key(t: torch.Tensor) -> tuple:
-        return (t.data_ptr(), t.dtype, t.shape, t.stride())
+        return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_neg(), t.is_conj())
 
     def get(self, t: torch.Tensor) -> Optional[Any]:
-        """The value stored for ``t`` (or for a tensor viewing exactly the same elements)
-        if it is still valid, else None."""
+        """The value stored for ``t`` (a strided CPU tensor), or for a tensor viewing
+        exactly the same elements, if it is still valid (see the module docstring); else None."""
         if not self._entries:
             return None
         try:
@@ -66,7 +81,7 @@ class StatsMemo:
             if e is None:
                 return None
             held, version, value = e
-            valid = t._version == version and held._version == version
+            valid = t._version == version and held._version == version and held.data_ptr() == t.data_ptr()
         except RuntimeError:  # inference tensors have no version counter
             return None
         if not valid:
@@ -75,7 +90,7 @@ class StatsMemo:
         return value
 
     def put(self, t: torch.Tensor, value: Any) -> None:
-        """Remember ``value`` (the statistics of ``t`` as it is now)."""
+        """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now)."""
         if not self.enabled:
             return
         try:
@@ -86,7 +101,10 @@ class StatsMemo:
         entries = self._entries
         entries.pop(key, None)
         if len(entries) >= self.limit:
-            del entries[next(iter(entries))]  # the oldest
+            try:  # another thread may clear or evict at the same time
+                del entries[next(iter(entries))]  # the oldest
+            except (StopIteration, KeyError, RuntimeError):
+                pass
         entries[key] = entry
 
     def clear(self) -> None:

@@ -131,3 +131,50 @@ def test_exporter_skips_damaged_payloads_and_writes_the_rest(tmp_path, caplog):
     assert len(skipped) == 3 and all(isinstance(m, str) for m in skipped)
     assert any("is corrupted" in m for m in skipped)
     assert issubclass(PayloadDamagedError, StoreError)
+
+
+def test_content_key_is_sha256_of_dtype_shape_and_bytes():
+    import hashlib
+
+    expected = hashlib.sha256(b"torch.float32|[2, 3]|" + B[0]).hexdigest()
+    assert content_key(*B) == expected and len(expected) == 64
+
+
+def test_shard_with_blake2b_keys_of_older_dumps_reads_and_verifies(tmp_path):
+    """Shards written before SHA-256 keys (32 hex digits of BLAKE2b-128) stay readable,
+    and a flipped byte in them is still detected."""
+    import hashlib
+
+    from store.payload_writer import _encode_shard
+
+    key = hashlib.blake2b(b"torch.float32|[4]|" + A[0], digest_size=16).hexdigest()
+    head, pieces = _encode_shard([(key, A[1], A[2], A[0])])
+    directory = payload_dir(tmp_path)
+    directory.mkdir(parents=True)
+    shard = directory / "rank0.1.2.00000.safetensors"
+    shard.write_bytes(head + b"".join(pieces))
+    ref = f"{shard.name}:{key}"
+    assert PayloadReader(tmp_path).read(ref).data == A[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x80
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(PayloadDamagedError, match="corrupted"):
+        PayloadReader(tmp_path).read(ref)
+
+
+def test_live_reader_without_verification_returns_the_stored_bytes(tmp_path):
+    """verify=False (the live exporter, reading shards it just wrote) skips the hash pass:
+    a flipped byte comes back as stored; truncation is still an error."""
+    shard, refs = shard_with_two(tmp_path)
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    fast = PayloadReader(tmp_path, verify=False)
+    got = [fast.read(ref).data for ref in refs]
+    assert sorted(got) == sorted([A[0], B[0][:-1] + bytes([B[0][-1] ^ 0x01])]) or \
+        sorted(got) == sorted([A[0][:-1] + bytes([A[0][-1] ^ 0x01]), B[0]])
+    assert all(isinstance(data, bytearray) for data in got)
+    shard.write_bytes(bytes(raw[:-1]))
+    with pytest.raises(PayloadDamagedError, match="truncated"):
+        for ref in refs:
+            PayloadReader(tmp_path, verify=False).read(ref)

@@ -84,3 +84,46 @@ def test_bad_bounds(tmp_path):
         PayloadWriter(tmp_path, rank=0, queue_size=0)
     with pytest.raises(ValueError, match="shard_bytes"):
         PayloadWriter(tmp_path, rank=0, shard_bytes=0)
+
+
+def test_pending_bytes_bound_blocks_put_until_the_writer_catches_up(tmp_path):
+    import threading
+
+    gate = threading.Event()
+    staged = []
+
+    def slow_stager(path, payload):
+        gate.wait(5)
+        staged.append(bytes(payload.data))
+        path.write_bytes(bytes(payload.data))
+
+    w = PayloadWriter(tmp_path, rank=0, pending_bytes=64, stage=(slow_stager, "raw"))
+    w.put(b"a" * 40, "torch.uint8", (40,))  # taken by the writer, which waits at the gate
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (w.put(b"b" * 40, "torch.uint8", (40,)), done.set()))
+    t.start()
+    assert not done.wait(0.3)  # 40 + 40 > 64 bytes pending: blocked
+    gate.set()
+    assert done.wait(5)
+    t.join()
+    w.close()
+    assert staged == [b"a" * 40, b"b" * 40]
+
+
+def test_forgotten_key_is_stored_again_and_the_shard_stays_valid(tmp_path):
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
+    with PayloadWriter(tmp_path, rank=0, index_size=1) as w:
+        ra = w.put(a.tobytes(), "torch.float32", (4,))
+        w.put(b.tobytes(), "torch.float32", (4,))  # a forgotten
+        ra2 = w.put(a.tobytes(), "torch.float32", (4,))
+    assert ra2 == ra  # same shard, same key: one copy in it
+    (shard,) = payload_dir(tmp_path).iterdir()
+    loaded = load_file(str(shard))  # the safetensors library accepts the file
+    assert len(loaded) == 2 and np.array_equal(loaded[ra.split(":")[1]], a)
+    assert PayloadReader(tmp_path).read(ra).data == a.tobytes()
+
+
+@pytest.mark.parametrize("kw", [{"pending_bytes": 0}, {"index_size": 0}])
+def test_bad_memory_bounds(tmp_path, kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        PayloadWriter(tmp_path, rank=0, **kw)

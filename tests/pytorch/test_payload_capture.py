@@ -1,0 +1,145 @@
+"""PayloadCapture (task tensor): a tensor whose memory still holds a recent snapshot's bytes
+reuses that snapshot's reference without copying or hashing; anything else (in-place
+change, other dtype over the same memory, a cleared window) is snapshotted again, and the
+stored bytes always equal the tensor's values at capture time."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from msprobe.pytorch.payload import PayloadCapture, from_payload
+from store.payload_writer import Payload, PayloadReader, PayloadWriter
+
+
+class FakeStore:
+    """Records every put; the reference is the SHA-256 of the bytes (computed here)."""
+
+    def __init__(self):
+        self.puts: list[tuple[bytes, str, tuple]] = []
+
+    def put(self, data, dtype, shape):
+        self.puts.append((bytes(data), dtype, tuple(shape)))
+        return "ref-" + hashlib.sha256(bytes(data)).hexdigest()[:12]
+
+
+def test_same_tensor_twice_is_one_put_and_a_hit():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    first = cap(t)
+    second = cap(t)
+    assert first == second == "ref-" + hashlib.sha256(np.arange(12, dtype=np.float32).tobytes()).hexdigest()[:12]
+    assert len(store.puts) == 1
+    assert store.puts[0] == (np.arange(12, dtype=np.float32).tobytes(), "torch.float32", (3, 4))
+    assert (cap.hits, cap.hit_bytes) == (1, 48)
+
+
+def test_inplace_change_is_snapshotted_again_with_the_new_values():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    t = torch.tensor([1.0, -2.0, 3.0])
+    before = cap(t)
+    t.mul_(10)
+    after = cap(t)
+    assert before != after and cap.hits == 0
+    assert [p[0] for p in store.puts] == [np.array([1, -2, 3], np.float32).tobytes(),
+                                          np.array([10, -20, 30], np.float32).tobytes()]
+
+
+def test_one_changed_byte_at_the_end_is_noticed():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    t = torch.zeros(1000, dtype=torch.uint8)
+    cap(t)
+    t[999] = 1
+    cap(t)
+    assert cap.hits == 0 and store.puts[1][0] == bytes(999) + b"\x01"
+
+
+def test_other_dtype_or_shape_over_the_same_memory_is_a_new_payload():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    t = torch.arange(4, dtype=torch.int32)
+    cap(t)
+    cap(t.view(torch.float32))
+    cap(t.view(2, 2))
+    assert cap.hits == 0
+    assert [(p[1], p[2]) for p in store.puts] == [("torch.int32", (4,)), ("torch.float32", (4,)),
+                                                 ("torch.int32", (2, 2))]
+    assert all(p[0] == np.arange(4, dtype=np.int32).tobytes() for p in store.puts)
+
+
+def test_clear_zero_window_and_noncontiguous_take_the_normal_path():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    t = torch.ones(8)
+    cap(t)
+    cap.clear()
+    cap(t)
+    off = PayloadCapture(store.put, window_bytes=0)
+    off(t)
+    off(t)
+    view = torch.arange(6.0).reshape(2, 3).t()
+    cap(view)
+    cap(view)
+    assert cap.hits == 0 and off.hits == 0
+    assert len(store.puts) == 6
+    assert store.puts[-1][0] == np.array([0, 3, 1, 4, 2, 5], np.float32).tobytes()
+
+
+def test_window_bound_evicts_oldest_snapshots():
+    store = FakeStore()
+    cap = PayloadCapture(store.put, window_bytes=64)
+    a, b = torch.zeros(8), torch.ones(8)  # 32 bytes each: both fit
+    cap(a), cap(b)
+    cap(a)
+    assert cap.hits == 1
+    c = torch.full((8,), 2.0)
+    cap(c)  # 96 bytes held > 64: the oldest (a) is forgotten
+    cap(b), cap(c)
+    assert cap.hits == 3 and len(store.puts) == 3
+    cap(a)
+    assert cap.hits == 3 and len(store.puts) == 4 and store.puts[3][0] == bytes(32)
+
+
+def test_no_reference_from_the_store_is_not_remembered():
+    calls = []
+    cap = PayloadCapture(lambda *snap: calls.append(snap))  # a store that stores nothing: None
+    t = torch.ones(3)
+    assert cap(t) is None and cap(t) is None
+    assert len(calls) == 2 and cap.hits == 0
+
+
+def test_negative_window_is_refused():
+    with pytest.raises(ValueError, match="window_bytes"):
+        PayloadCapture(lambda *a: None, window_bytes=-1)
+
+
+def test_with_the_real_store_the_payload_reads_back_bit_exact(tmp_path):
+    with PayloadWriter(tmp_path, rank=0) as writer:
+        cap = PayloadCapture(writer.put)
+        t = torch.randn(5, 7).to(torch.bfloat16)
+        refs = [cap(t), cap(t)]
+        orig = t.clone()
+        t.add_(1)
+        refs.append(cap(t))
+    assert refs[0] == refs[1] != refs[2]
+    reader = PayloadReader(tmp_path)
+    got = from_payload(reader.read(refs[2]))
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), t.view(torch.int16))
+    old = from_payload(reader.read(refs[0]))
+    assert torch.equal(old.view(torch.int16), orig.view(torch.int16))
+
+
+def test_from_payload_wraps_a_bytearray_without_copy_and_copies_bytes():
+    data = bytearray(np.array([1.5, -2.0], np.float32).tobytes())
+    t = from_payload(Payload(data=data, dtype="torch.float32", shape=(2,)))
+    data[0:4] = np.array([7.0], np.float32).tobytes()  # the tensor owns this buffer now
+    assert t.tolist() == [7.0, -2.0]
+    frozen = b"\x00\x00\xc0\x3f"  # 1.5
+    u = from_payload(Payload(data=frozen, dtype="torch.float32", shape=()))
+    u.add_(1)
+    assert u.item() == 2.5 and frozen == b"\x00\x00\xc0\x3f"

@@ -1,0 +1,118 @@
+"""save_tensor writes torch.save's zip layout itself: torch.load(weights_only=True) (and
+mmap=True) returns the tensor bit for bit in its dtype; Python's zipfile checks every
+CRC-32 (zlib, computed independently of the writer); the data record starts at a multiple
+of 64; ZIP64 records are read too; tensors the fast writer does not handle fall back to
+torch.save."""
+from __future__ import annotations
+
+import ctypes
+import pickle
+import struct
+import zipfile
+
+import pytest
+import torch
+
+from msprobe.pytorch.payload import write_pt
+from msprobe.pytorch.ptfile import save_tensor
+from store.payload_writer import Payload
+
+
+def raw(t: torch.Tensor) -> bytes:
+    t = t.contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
+
+
+CASES = {
+    "f32": lambda: torch.randn(3, 5),
+    "bf16": lambda: torch.randn(4, 3).to(torch.bfloat16),
+    "f16": lambda: (torch.randn(7) * 1000).to(torch.float16),
+    "f64_nan_inf_negzero": lambda: torch.tensor([float("nan"), float("inf"), -0.0, 1e-310], dtype=torch.float64),
+    "i64": lambda: torch.arange(-6, 6).reshape(2, 2, 3),
+    "u16": lambda: torch.tensor([0, 1, 65535], dtype=torch.uint16),
+    "u32": lambda: torch.tensor([0, 4294967295], dtype=torch.uint32),
+    "i8": lambda: torch.tensor([-128, 127], dtype=torch.int8),
+    "bool": lambda: torch.tensor([[True, False, True]]),
+    "c64": lambda: torch.complex(torch.randn(3), torch.randn(3)),
+    "f8": lambda: torch.tensor([0.5, -2.0, 448.0]).to(torch.float8_e4m3fn),
+    "zero_dim": lambda: torch.tensor(-3.25),
+    "empty": lambda: torch.empty(0, 4),
+}
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_loads_bit_exact_with_weights_only(tmp_path, case, zip64):
+    torch.manual_seed(3)
+    t = CASES[case]()
+    path = tmp_path / "t.pt"
+    save_tensor(path, t, force_zip64=zip64)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None  # every CRC-32 matches the bytes stored
+        names = zf.namelist()
+        assert names == ["archive/data.pkl", "archive/.format_version", "archive/.storage_alignment",
+                         "archive/byteorder", "archive/data/0", "archive/version"]
+        assert zf.read("archive/data/0") == raw(t)
+        info = zf.getinfo("archive/data/0")
+    with open(path, "rb") as fh:  # data offset: local header, name and extra field
+        fh.seek(info.header_offset)
+        head = fh.read(30)
+        name_len, extra_len = struct.unpack("<HH", head[26:30])
+    assert (info.header_offset + 30 + name_len + extra_len) % 64 == 0
+    for mmap in (False, True):
+        got = torch.load(path, weights_only=True, mmap=mmap)
+        assert got.dtype == t.dtype and got.shape == t.shape and not got.requires_grad
+        assert raw(got) == raw(t)
+
+
+def test_same_layout_as_torch_save_for_the_pickle(tmp_path):
+    """data.pkl is what torch.save pickles for the same tensor (read back with zipfile)."""
+    t = torch.randn(2, 3).to(torch.bfloat16)
+    save_tensor(tmp_path / "a.pt", t)
+    torch.save(t, tmp_path / "b.pt")
+    with zipfile.ZipFile(tmp_path / "a.pt") as a, zipfile.ZipFile(tmp_path / "b.pt") as b:
+        assert a.read("archive/data.pkl") == b.read("b/data.pkl")
+        assert a.read("archive/data/0") == b.read("b/data/0")
+        assert a.read("archive/version") == b.read("b/version")
+
+
+def test_non_contiguous_and_offset_tensors_fall_back_to_torch_save(tmp_path):
+    base = torch.arange(12.0).reshape(3, 4)
+    for i, t in enumerate([base.t(), base[1], base[:, ::2]]):
+        path = tmp_path / f"{i}.pt"
+        save_tensor(path, t)
+        got = torch.load(path, weights_only=True)
+        assert torch.equal(got, t) and got.stride() == t.stride()
+
+
+def test_wrong_data_length_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="bytes"):
+        save_tensor(tmp_path / "x.pt", torch.zeros(4), data=b"\x00" * 3)
+
+
+def test_write_pt_from_a_payload(tmp_path):
+    values = torch.tensor([[1.0, -2.5], [3.0, float("nan")]], dtype=torch.float16)
+    write_pt(tmp_path / "p.pt", Payload(data=bytearray(raw(values)), dtype="torch.float16", shape=(2, 2)))
+    write_pt(tmp_path / "e.pt", Payload(data=b"", dtype="torch.int32", shape=(0, 3)))
+    got = torch.load(tmp_path / "p.pt", weights_only=True)
+    assert got.dtype == torch.float16 and raw(got) == raw(values)
+    empty = torch.load(tmp_path / "e.pt", weights_only=True)
+    assert empty.dtype == torch.int32 and empty.shape == (0, 3)
+
+
+def test_fallbacks_with_data_write_the_data_not_the_placeholder(tmp_path, monkeypatch):
+    """When the fast writer cannot pickle (a torch it does not know), torch.save writes the
+    given bytes, not the uninitialised placeholder tensor's memory."""
+    import msprobe.pytorch.ptfile as ptfile
+
+    def unknown(_t):
+        raise pickle.PicklingError("unknown storage")
+
+    monkeypatch.setattr(ptfile, "_records_before", unknown)
+    values = torch.tensor([[1.5, -2.0, 3.25]], dtype=torch.bfloat16)
+    save_tensor(tmp_path / "a.pt", torch.empty(1, 3, dtype=torch.bfloat16), raw(values))
+    got = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 3) and raw(got) == raw(values)
+    base = torch.zeros(2, 4)
+    save_tensor(tmp_path / "b.pt", base.t(), raw(torch.arange(8.0).reshape(4, 2)))  # non-contiguous placeholder
+    assert torch.equal(torch.load(tmp_path / "b.pt", weights_only=True), torch.arange(8.0).reshape(4, 2))
