@@ -10,9 +10,9 @@
     msprobe compact DUMP_PATH [-o OUT]
         write the log as rank{R}.parquet files (default DUMP_PATH/.msprobe/parquet) for
         engines without msprobe (DuckDB, Spark); the log stays the source of truth
-    msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics] [--rank 0,2-3]
+    msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics|tensor] [--rank 0,2-3]
         [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
-        [--format summary,csv,parquet,html] [--mapping MAP.yaml] [--rank-map 0:1,1:0]
+        [--format summary,csv,parquet,html] [--mapping MAP.yaml] [--rank-map 0:1,1:0] [--workers N]
         [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm LAYER.yaml]
     msprobe compare TARGET --nan-origin
         find the first divergence between two dumps (see msprobe.compare); exit status
@@ -80,11 +80,13 @@ def _add_compare(commands) -> None:
     cmp.add_argument("--step", default=None, help="steps to compare, e.g. 0-4")
     cmp.add_argument("--tol", default="strict", help="strict, loose, bitwise or DTYPE=RTOL[,...]")
     cmp.add_argument("--loss-scale", default="1", help="divide target backward values by S")
-    cmp.add_argument("--first-only", action="store_true", help="outputs stop at each rank's first origin")
+    cmp.add_argument("--first-only", action="store_true",
+                     help="stop at each rank's first origin (outputs end there; tensor mode reads no further)")
     cmp.add_argument("--format", default=None, help="comma list of summary,csv,parquet,html,xlsx")
     cmp.add_argument("--mapping", default=None, metavar="MAP.yaml",
                      help="name mapping: our sections api, module, layer, leaf, ignore, or an upstream mapping file")
-    cmp.add_argument("--workers", type=int, default=1, help="accepted for compatibility (statistics run in SQL)")
+    cmp.add_argument("--workers", default="1",
+                     help="tensor mode: threads reading and measuring leaf pairs, one pair in memory each (1-256)")
     cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
                      "and non-finite outputs")
     up = cmp.add_argument_group("upstream spellings (run the same engine)")
@@ -167,7 +169,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
                          loss_scale=args.loss_scale, rank=args.rank, step=args.step,
                          first_only=args.first_only, formats=args.format, mapping=args.mapping,
-                         rank_map=args.rank_map)
+                         rank_map=args.rank_map, workers=args.workers)
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ __all__ = ["compare", "CompareError", "CompareInputError"]
 def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], *,
             out: Optional[Union[str, os.PathLike]] = None, mode: str = "auto", tol="strict",
             loss_scale: float = 1.0, rank=None, step=None, first_only: bool = False,
-            formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None):
+            formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None, workers: int = 1):
     """Compare two dumps; returns a :class:`msprobe.compare.engine.CompareResult`.
 
     Args:
@@ -32,12 +32,16 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
         tol: ``strict``, ``loose``, ``bitwise`` or ``"DTYPE=RTOL,..."``; or a dict.
         loss_scale: target backward values are divided by it.
         rank, step: selections (``"0,2-3"``, an int or a list).
-        first_only: outputs keep only calls up to each rank's first origin.
+        first_only: stop at each rank's first origin: outputs keep only calls up to it,
+            and tensor mode reads tensor pairs only until it is known
+            (:mod:`msprobe.compare.firstonly`; counts then cover the calls read).
         formats: subset of summary, csv, parquet, html, xlsx.
         mapping: a mapping YAML path (ours or one of upstream's four formats), a dict, or
             a list of these merged in order (:mod:`msprobe.compare.mapping`).
         rank_map: ``"0:1,1:0"`` or ``{0: 1, 1: 0}``: TARGET rank → BASELINE rank (others
             pair by id; :func:`msprobe.compare.options.parse_rank_map`).
+        workers: tensor mode: threads reading and measuring leaf pairs (1-256); at most
+            that many pairs are in memory, and the results are the same for any value.
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
     ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
     Raises:
@@ -48,7 +52,8 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
     from msprobe.compare.outputs import write_outputs
 
     opts = CompareOptions.build(mode=mode, tol=tol, loss_scale=loss_scale, rank=rank, step=step,
-                                first_only=first_only, formats=formats, mapping=mapping, rank_map=rank_map)
+                                first_only=first_only, formats=formats, mapping=mapping, rank_map=rank_map,
+                                workers=workers)
     result = run_compare(target, baseline, opts)
     if out is not None:
         write_outputs(result, out, opts)

@@ -207,3 +207,220 @@ def align_step(target: list[Call], baseline: list[Call], *, max_d: int = 20000) 
             rows.append((last_t + 0.5 - 0.5 / (k + 1), None, c.name, None, c.seq, c.kind, "deleted"))
     rows.sort(key=lambda r: r[0])
     return rows
+
+
+# --- the whole alignment over DuckDB tables (what the engine runs) -------------------------
+# Same pairing as align_step, but tokens are 64-bit hashes computed in SQL, only the forward
+# tokens reach Python (as numpy arrays, for the anchors' LIS and Myers per segment), and
+# backward inheritance, name pairing, inserted/deleted rows and ``ord`` are SQL.
+
+_TOKEN_SQL = r"""
+SELECT c.rank, c.step, c.seq, c.name, c.kind,
+  hash(CASE WHEN c.kind = 'api_forward' THEN 'api' ELSE 'name' END,
+       CASE WHEN c.kind IN ('api_forward', 'module_forward')
+            THEN regexp_replace(c.name, '\.[^.]*(\.[^.]*)?$', '') ELSE c.name END, coalesce(s.sig, 0)) AS tok
+FROM {side}_calls c JOIN common_keys USING (rank, step) LEFT JOIN (
+  SELECT rank, step, cseq, bit_xor(hash(io, arg, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%'
+         OR lower(dtype) LIKE '%double%' THEN 'f' ELSE dtype END, shape)) AS sig
+  FROM {side}_leaves l WHERE leaf_kind = 'tensor'{outputs_only} GROUP BY ALL) s
+  ON s.rank = c.rank AND s.step = c.step AND s.cseq = c.seq
+WHERE c.kind IN ('api_forward', 'module_forward', 'debug_save')
+ORDER BY c.rank, c.step, c.seq
+"""
+
+_PAIRS_SQL = r"""
+CREATE OR REPLACE TABLE alignment AS
+WITH T AS (SELECT c.rank, c.step, c.seq, c.name, c.kind FROM t_calls c JOIN common_keys USING (rank, step)),
+B AS (SELECT c.rank, c.step, c.seq, c.name, c.kind FROM b_calls c JOIN common_keys USING (rank, step)),
+fp AS (SELECT f.rank, f.step, f.t_seq, f.b_seq, f.how, t.name AS t_name, t.kind AS t_kind, b.name AS b_name,
+              b.kind AS b_kind
+       FROM fwd_pairs f JOIN T t ON t.rank = f.rank AND t.step = f.step AND t.seq = f.t_seq
+       JOIN B b ON b.rank = f.rank AND b.step = f.step AND b.seq = f.b_seq),
+path_map AS (SELECT rank, step, regexp_replace(t_name, '\.[^.]*(\.[^.]*)?$', '') AS tpath,
+                    arg_min(regexp_replace(b_name, '\.[^.]*(\.[^.]*)?$', ''), t_seq) AS bpath
+             FROM fp WHERE t_kind = 'module_forward' AND b_kind = 'module_forward' GROUP BY ALL),
+cand AS (
+  SELECT t.rank, t.step, t.seq AS t_seq, t.name, t.kind,
+    CASE t.kind WHEN 'api_backward' THEN regexp_replace(f.b_name, 'forward$', 'backward')
+                WHEN 'module_backward' THEN regexp_replace(f.b_name, '\.[^.]*\.([^.]*)$', '.backward.\1')
+                WHEN 'parameters_grad' THEN pm.bpath || '.parameters_grad' END AS partner
+  FROM T t
+  LEFT JOIN fp f ON t.kind IN ('api_backward', 'module_backward') AND f.rank = t.rank AND f.step = t.step
+    AND f.t_name = CASE t.kind WHEN 'api_backward' THEN regexp_replace(t.name, 'backward$', 'forward')
+                               ELSE regexp_replace(t.name, '\.[^.]*\.([^.]*)$', '.forward.\1') END
+  LEFT JOIN path_map pm ON t.kind = 'parameters_grad' AND pm.rank = t.rank AND pm.step = t.step
+    AND pm.tpath = left(t.name, length(t.name) - 16)
+  WHERE t.kind NOT IN ('api_forward', 'module_forward', 'debug_save')),
+inh AS (
+  SELECT rank, step, t_seq, b_seq, 'inherited' AS how, partner FROM (
+    SELECT c.rank, c.step, c.t_seq, b.seq AS b_seq, c.partner,
+           row_number() OVER (PARTITION BY c.rank, c.step, c.partner ORDER BY c.t_seq) AS k
+    FROM cand c JOIN B b ON b.rank = c.rank AND b.step = c.step AND b.name = c.partner AND b.kind = c.kind)
+  WHERE k = 1),
+nm AS (
+  SELECT c.rank, c.step, c.t_seq, b.seq AS b_seq, 'name' AS how
+  FROM cand c JOIN B b ON b.rank = c.rank AND b.step = c.step AND b.name = c.name AND b.kind = c.kind
+  WHERE NOT EXISTS (SELECT 1 FROM inh i WHERE i.rank = c.rank AND i.step = c.step AND i.t_seq = c.t_seq)
+    AND NOT EXISTS (SELECT 1 FROM inh i WHERE i.rank = c.rank AND i.step = c.step AND i.partner = c.name)),
+P AS (SELECT rank, step, t_seq, b_seq, how FROM fp UNION ALL SELECT rank, step, t_seq, b_seq, how FROM inh
+      UNION ALL SELECT rank, step, t_seq, b_seq, how FROM nm),
+tr AS (SELECT t.rank, t.step, t.seq::DOUBLE AS ord, t.name AS t_name, b.name AS b_name, t.seq AS t_seq,
+              p.b_seq, t.kind, coalesce(p.how, 'inserted') AS how
+       FROM T t LEFT JOIN P p ON p.rank = t.rank AND p.step = t.step AND p.t_seq = t.seq
+       LEFT JOIN B b ON b.rank = p.rank AND b.step = p.step AND b.seq = p.b_seq),
+bw AS (SELECT b.*, p.t_seq AS pt,
+              count(p.t_seq) OVER (PARTITION BY b.rank, b.step ORDER BY b.seq ROWS UNBOUNDED PRECEDING) AS g
+       FROM B b LEFT JOIN P p ON p.rank = b.rank AND p.step = b.step AND p.b_seq = b.seq),
+bg AS (SELECT *, row_number() OVER (PARTITION BY rank, step, g ORDER BY seq) AS rn,
+              max(pt) OVER (PARTITION BY rank, step, g) AS last_t FROM bw),
+dr AS (SELECT rank, step, (CASE WHEN g = 0 THEN -1.0::DOUBLE ELSE last_t::DOUBLE END) + 0.5::DOUBLE
+                          - 0.5::DOUBLE / ((CASE WHEN g = 0 THEN rn ELSE rn - 1 END) + 1)::DOUBLE AS ord,
+              NULL::VARCHAR AS t_name, name AS b_name, NULL::BIGINT AS t_seq, seq AS b_seq, kind, 'deleted' AS how
+       FROM bg WHERE pt IS NULL)
+SELECT rank::INTEGER AS rank, step::INTEGER AS step, ord, t_name, b_name, t_seq::BIGINT AS t_seq,
+       b_seq::BIGINT AS b_seq, kind, how
+FROM (SELECT * FROM tr UNION ALL SELECT * FROM dr) ORDER BY rank, step, ord
+"""
+
+_ANCHOR_SQL = """
+WITH t AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS i
+           FROM t_fwd),
+b AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS j FROM b_fwd)
+SELECT t.rank, t.step, t.i, b.j FROM t JOIN b ON t.rank = b.rank AND t.step = b.step AND t.name = b.name
+WHERE t.kind = 'module_forward' AND b.kind = 'module_forward' ORDER BY t.rank, t.step, t.i
+"""
+
+
+def _segment_pairs(ta, tb, max_d: int) -> tuple:
+    """Pairs of one segment between anchors: ``(i array, j array, how)``; numpy int arrays
+    ``ta``/``tb`` of tokens. Equal segments pair position by position (what Myers gives);
+    a segment whose edit distance surely exceeds ``max_d`` (by the token multiset bound)
+    goes straight to the greedy fallback, as Myers would after exhausting its budget."""
+    import numpy as np
+
+    n, m = len(ta), len(tb)
+    if n == 0 or m == 0:
+        return None
+    if n == m and np.array_equal(ta, tb):
+        idx = np.arange(n)
+        return idx, idx, "myers"
+    lists = ta.tolist(), tb.tolist()
+    # Myers trims the common prefix and suffix, then gives up when the middle needs more
+    # than max_d edits; n + m - 2 * (shared tokens, as multisets) bounds those from below
+    k = min(n, m)
+    diff = np.flatnonzero(ta[:k] != tb[:k])
+    lo = int(diff[0]) if diff.size else k
+    k2 = k - lo
+    diff = np.flatnonzero(ta[::-1][:k2] != tb[::-1][:k2])
+    hi = int(diff[0]) if diff.size else k2
+    mid_a, mid_b = ta[lo: n - hi], tb[lo: m - hi]
+    hopeless, shared = False, -1
+    if len(mid_a) and len(mid_b):
+        ua, ca = np.unique(mid_a, return_counts=True)
+        ub, cb = np.unique(mid_b, return_counts=True)
+        _, ia, ib = np.intersect1d(ua, ub, assume_unique=True, return_indices=True)
+        shared = int(np.minimum(ca[ia], cb[ib]).sum())
+        hopeless = len(mid_a) + len(mid_b) - 2 * shared > max_d
+    if hopeless:                          # Myers would give up: straight to the greedy pairing
+        pairs = None
+    elif shared == 0:                     # nothing in the middle matches: Myers pairs prefix and suffix
+        pairs = [(i, i) for i in range(lo)] + [(n - hi + t, m - hi + t) for t in range(hi)]
+        how = "myers"
+    else:
+        try:
+            pairs = myers_align(lists[0], lists[1], max_d=max_d)
+            how = "myers"
+        except EditLimitExceeded:
+            pairs = None
+    if pairs is None:
+        positions: dict = {}
+        for j, tok in enumerate(lists[1]):
+            positions.setdefault(tok, []).append(j)
+        pairs, last = [], -1
+        for i, tok in enumerate(lists[0]):
+            js = positions.get(tok)
+            if not js:
+                continue
+            k = bisect.bisect_right(js, last)
+            if k < len(js):
+                last = js[k]
+                pairs.append((i, last))
+        how = "greedy"
+    if not pairs:
+        return None
+    arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1], how
+
+
+def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") -> None:
+    """Create table ``alignment`` (:data:`ALIGN_SCHEMA` columns, the rows :func:`align_step`
+    gives for every common (rank, step)) from ``t_calls``/``b_calls`` and
+    ``t_leaves``/``b_leaves`` on ``con``.
+
+    Args:
+        con: DuckDB connection holding the side tables.
+        common: the (rank, step) pairs present on both sides.
+        max_d: Myers edit budget per segment (then greedy pairing of equal tokens).
+        outputs_only: extra SQL condition on ``l`` (leaves) restricting which leaves sign a call.
+    """
+    import numpy as np
+
+    keys = pa.table({"rank": pa.array([r for r, _ in common], pa.int32()),
+                     "step": pa.array([s for _, s in common], pa.int32())})
+    con.register("common_keys", keys)
+    fwd = {}
+    for prefix in ("t", "b"):
+        rel = con.sql(_TOKEN_SQL.format(side=prefix, outputs_only=outputs_only))
+        table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        fwd[prefix] = table
+        con.register(f"{prefix}_fwd", table)
+    rel = con.sql(_ANCHOR_SQL)
+    anchors = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+    def groups(table):
+        rank = table["rank"].to_numpy().astype(np.int64)
+        step = table["step"].to_numpy().astype(np.int64)
+        key = (rank << 32) | (step & 0xFFFFFFFF)
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.array([], np.int64)
+        ends = np.r_[starts[1:], len(key)] if len(key) else starts
+        return {(int(rank[s]), int(step[s])): (s, e) for s, e in zip(starts, ends)}
+
+    tg, bg = groups(fwd["t"]), groups(fwd["b"])
+    ttok = fwd["t"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["t"]) else np.zeros(0, np.int64)
+    btok = fwd["b"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["b"]) else np.zeros(0, np.int64)
+    tseq, bseq = fwd["t"]["seq"].to_numpy(), fwd["b"]["seq"].to_numpy()
+    ag = groups(anchors)
+    a_i, a_j = anchors["i"].to_numpy(), anchors["j"].to_numpy()
+    out_i, out_j, out_how = [], [], []
+    HOW = {"myers": 0, "greedy": 1, "anchor": 2}
+    for rank, step in common:
+        t0, t1 = tg.get((rank, step), (0, 0))
+        b0, b1 = bg.get((rank, step), (0, 0))
+        ta, tb = ttok[t0:t1], btok[b0:b1]
+        a0, a1 = ag.get((rank, step), (0, 0))
+        cand = list(zip(a_i[a0:a1].tolist(), a_j[a0:a1].tolist()))
+        anchor_list = _lis(cand)
+        prev_i, prev_j = -1, -1
+        for i, j in anchor_list + [(len(ta), len(tb))]:
+            seg = _segment_pairs(ta[prev_i + 1: i], tb[prev_j + 1: j], max_d)
+            if seg is not None:
+                si, sj, how = seg
+                out_i.append(t0 + prev_i + 1 + si)
+                out_j.append(b0 + prev_j + 1 + sj)
+                out_how.append(np.full(len(si), HOW[how], np.int8))
+            if i < len(ta):
+                out_i.append(np.array([t0 + i]))
+                out_j.append(np.array([b0 + j]))
+                out_how.append(np.array([HOW["anchor"]], np.int8))
+            prev_i, prev_j = i, j
+    ii = np.concatenate(out_i).astype(np.int64) if out_i else np.zeros(0, np.int64)
+    jj = np.concatenate(out_j).astype(np.int64) if out_j else np.zeros(0, np.int64)
+    hh = np.concatenate(out_how) if out_how else np.zeros(0, np.int8)
+    names = np.array(["myers", "greedy", "anchor"], dtype=object)
+    pairs = pa.table({"rank": fwd["t"]["rank"].take(pa.array(ii)), "step": fwd["t"]["step"].take(pa.array(ii)),
+                      "t_seq": pa.array(tseq[ii], pa.int64()), "b_seq": pa.array(bseq[jj], pa.int64()),
+                      "how": pa.array(names[hh].tolist() if len(hh) else [], pa.string())})
+    con.register("fwd_pairs", pairs)
+    con.execute(_PAIRS_SQL)
+    for name in ("fwd_pairs", "t_fwd", "b_fwd", "common_keys"):
+        con.unregister(name)

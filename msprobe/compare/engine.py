@@ -15,32 +15,31 @@ from typing import Any, Optional, Union
 import duckdb
 import pyarrow as pa
 
-from msprobe.compare.align import ALIGN_SCHEMA, Call, align_step
+from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import leaf_pairs_sql
+from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves
 from msprobe.compare.options import CompareOptions
-from msprobe.compare.verdicts import CALL_AGG_SQL, LEAF_VERDICTS_SQL, call_verdicts
+from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 
 __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
-_SIG_SQL = """
-SELECT c.rank, c.step, c.seq, c.name, c.kind,
-  coalesce(bit_xor(hash(l.io, l.arg, l.dc, l.shape)), 0) AS sig
-FROM {side}_calls c LEFT JOIN (
-  SELECT *, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%' OR lower(dtype) LIKE '%double%'
-                 THEN 'f' ELSE dtype END AS dc FROM {side}_leaves WHERE leaf_kind = 'tensor') l
-  ON l.rank = c.rank AND l.step = c.step AND l.name = c.name{outputs_only}
-GROUP BY ALL ORDER BY c.rank, c.step, c.seq
-"""
 # APIs with a ``leaf`` mapping: their inputs differ by construction, so only outputs sign them
-_OUTPUTS_ONLY = (" AND NOT (l.io LIKE 'input%' AND regexp_replace(c.name, '\\.\\d+\\.(forward|backward)$', '') "
+_OUTPUTS_ONLY = (" AND NOT (l.io LIKE 'input%' AND regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') "
                  "IN ({names}))")
 
 
 def _arrow(rel) -> pa.Table:
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+def _arrow_streamed(rel) -> pa.Table:
+    """The relation's rows as Arrow, streamed batch by batch (DuckDB does not first hold
+    the whole result itself: for the 1M-row ``tensors`` that is its size saved at the peak)."""
+    if hasattr(rel, "to_arrow_reader"):
+        return rel.to_arrow_reader(131072).read_all()
+    return _arrow(rel)
 
 
 @dataclass
@@ -52,9 +51,11 @@ class CompareResult:
         first: ``{rank: first_origin dict or None}``.
         con: the DuckDB connection holding the tables.
         notes: warnings about the inputs (unmatched ranks/steps, mode fallback...).
-        timings: seconds per stage (load, tables, signatures, align, leaf_metrics...).
+        timings: seconds per stage (load, tables, align, leaf_metrics...).
         stats: counts: ``tensor_pairs`` (pairs read in tensor mode), ``attributed``
             (collective calls attributed to another rank).
+        arrow: ``{"tensors": pyarrow.Table}``: the Arrow table behind the ``tensors``
+            view of ``con`` (outputs write it without a copy).
     """
 
     summary: dict
@@ -62,6 +63,7 @@ class CompareResult:
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
+    arrow: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -164,6 +166,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     notes: list[str] = []
     timings: dict[str, float] = {}
     stats: dict[str, int] = {}
+    arrow: dict[str, pa.Table] = {}
     clock = [time.perf_counter()]
 
     def lap(stage: str) -> None:
@@ -171,7 +174,12 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         timings[stage] = round(now - clock[0], 3)
         clock[0] = now
 
-    t, b = load_side(target, "TARGET"), load_side(baseline, "BASELINE")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
+        # the two sides load in parallel (Arrow and DuckDB release the GIL)
+        futures = pool.submit(load_side, target, "TARGET"), pool.submit(load_side, baseline, "BASELINE")
+        t, b = (f.result() for f in futures)
     if opts.rank_map:
         from msprobe.compare.distributed import apply_rank_map
         apply_rank_map(t, b, opts.rank_map, notes)
@@ -204,6 +212,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     lap("load")
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
+        side.leaves = prepare_leaves(con, side.leaves)
         for name in ("calls", "leaves", "stacks"):
             con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
@@ -215,57 +224,42 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     if not common:
         raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
     lap("tables")
-    # alignment
-    sides = {}
-    for prefix in ("t", "b"):
-        leaf_apis = sorted({re.sub(r"(\.\d+)?\.(forward|backward)$", "", k)
-                            for k in (mapping.leaf if mapping is not None else {})})
-        only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
-            if leaf_apis else ""
-        table = _arrow(con.sql(_SIG_SQL.format(side=prefix, outputs_only=only)))
-        grouped: dict[tuple, list[Call]] = {}
-        for rank, step, seq, name, kind, sig in zip(*(table[c].to_pylist() for c in
-                                                     ("rank", "step", "seq", "name", "kind", "sig"))):
-            grouped.setdefault((rank, step), []).append(Call(seq, name, kind, sig))
-        sides[prefix] = grouped
-    lap("signatures")
-    cols: dict[str, list] = {n: [] for n in ALIGN_SCHEMA.names}
-    for rank, step in common:
-        for row in align_step(sides["t"][(rank, step)], sides["b"][(rank, step)], max_d=opts.max_d):
-            for key, value in zip(tuple(ALIGN_SCHEMA.names), (rank, step) + tuple(row)):
-                cols[key].append(value)
-    con.register("alignment_src", pa.table(cols, schema=ALIGN_SCHEMA))
-    con.execute("CREATE TABLE alignment AS SELECT * FROM alignment_src")
-    con.unregister("alignment_src")
+    leaf_apis = sorted({re.sub(r"(\.\d+)?\.(forward|backward)$", "", k)
+                        for k in (mapping.leaf if mapping is not None else {})})
+    only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
+        if leaf_apis else ""
+    align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
-    con.execute(leaf_pairs_sql(mode, opts.tol, opts.loss_scale))
+    build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
+    for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
+        con.unregister(f"{prefix}_leaves")
+        side.leaves = None
+    pairs = leaf_pairs_sql(mode, opts.tol, opts.loss_scale)
     if mode == "tensor":
-        from msprobe.compare.tensordata import apply_tensor_metrics
-        stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale)
-    con.execute(LEAF_VERDICTS_SQL)
+        from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
+        con.execute(f"CREATE OR REPLACE VIEW leaf_pairs AS {pairs}")
+        if opts.first_only:      # read pairs only until each rank's first origin
+            from msprobe.compare.firstonly import tensor_first_only
+            tensors, stats["tensor_pairs"] = tensor_first_only(con, t, b, opts, attribute_collectives)
+        else:
+            stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
+            tensors = _arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+            con.execute("DROP TABLE tensor_metrics")
+        con.execute("DROP VIEW leaf_pairs")
+    else:
+        tensors = _arrow_streamed(con.sql(leaf_verdicts_sql(pairs)))
+    con.unregister("lp_wide")
+    con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
+    arrow["tensors"] = tensors
     lap("leaf_metrics")
-    agg = _arrow(con.sql(CALL_AGG_SQL))
-    lap("call_aggregates")
-    rows = call_verdicts(agg.to_pylist())
-    stats["attributed"] = attribute_collectives(con, rows)
-    names = [n for n in agg.column_names] + ["e", "verdict", "reason", "attributed_to"]
-    types = {"e": pa.float64(), "attributed_to": pa.int32()}
-    calls = pa.table({n: agg[n] if n in agg.column_names else pa.array([r.get(n) for r in rows],
-                      types.get(n, pa.string())) for n in names})
-    con.register("calls_src", calls)
-    con.execute("CREATE TABLE calls AS SELECT * FROM calls_src")
-    con.unregister("calls_src")
+    stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
-    original = renames.original if renames is not None else {}
-    for r in rows:
-        if r.get("t_name") in original:
-            r["t_original"] = original[r["t_name"]]
-    summary = _summary(con, rows, common, mode, opts, notes)
+    summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes, opts)
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats)
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
@@ -283,32 +277,43 @@ def _describe(con, r: dict) -> dict:
             **({"attributed_to": r["attributed_to"]} if r.get("attributed_to") is not None else {})}
 
 
-def _summary(con, rows: list[dict], common, mode: str, opts: CompareOptions, notes: list) -> dict:
+_FIRST_SQL = """
+WITH c AS (SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step, ord) AS pos FROM calls WHERE rank = ?),
+o AS (SELECT min(pos) AS p FROM c WHERE verdict = 'origin'),
+d AS (SELECT min(pos) AS p FROM c WHERE verdict IN ('origin', 'propagated'))
+SELECT c.*, c.pos = (SELECT p FROM o) AS is_origin FROM c
+WHERE c.pos = (SELECT p FROM o) OR (c.pos = (SELECT p FROM d) AND c.pos < coalesce((SELECT p FROM o), c.pos + 1))
+"""
+
+
+def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareOptions) -> dict:
+    """summary.json from table ``calls``: per rank the first origin, the first diverged
+    call when it comes earlier, and the counts per verdict (SQL; two rows per rank reach Python)."""
     ranks = sorted({r for r, _ in common})
+    counts_of: dict[int, dict] = {r: {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0} for r in ranks}
+    for rank, verdict, n in con.execute("SELECT rank, verdict, count(*) FROM calls GROUP BY ALL").fetchall():
+        if rank in counts_of:
+            counts_of[rank][verdict] = n
     out_ranks = []
     any_div = False
     for rank in ranks:
-        mine = [r for r in rows if r["rank"] == rank]
-        mine.sort(key=lambda r: (r["step"], r["ord"]))
-        counts = {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0}
+        cur = con.execute(_FIRST_SQL, [rank])
+        names = [d[0] for d in cur.description]
         first_origin = first_div = None
-        for r in mine:
-            counts[r["verdict"]] += 1
-            if r["verdict"] == "origin" and first_origin is None:
+        for row in cur.fetchall():
+            r = dict(zip(names, row))
+            if r.get("t_name") in original:
+                r["t_original"] = original[r["t_name"]]
+            if r["is_origin"]:
                 first_origin = r
-            if r["verdict"] in ("origin", "propagated") and first_div is None:
+            else:
                 first_div = r
-        if first_div is not None and first_origin is not None and first_div is first_origin:
-            first_div = None
-        if first_div is not None and first_origin is not None and \
-                (first_div["step"], first_div["ord"]) > (first_origin["step"], first_origin["ord"]):
-            first_div = None
         if first_origin is not None or first_div is not None:
             any_div = True
         out_ranks.append({"rank": rank,
                           "first_origin": _describe(con, first_origin) if first_origin else None,
                           "first_diverged": _describe(con, first_div) if first_div else None,
-                          "counts": counts,
+                          "counts": counts_of[rank],
                           **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
     if any_div:
         verdict = "diverged"

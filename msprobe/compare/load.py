@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from msprobe.compare.dumpjson import entry_kind, entry_leaves, iter_entries
@@ -95,14 +96,51 @@ def load_side(path: Union[str, os.PathLike], label: str) -> Side:
 
 
 # --- our log -----------------------------------------------------------------------------
-def _load_log(p: Path) -> Side:
-    from store.log_reader import read_log
+def _read_log_chunks(p: Path):
+    """What :func:`store.log_reader.read_log` gives (``table``, ``stacks``, ``skipped``),
+    with the same per-rank ``seq`` shift across files, but the table stays in its record
+    batches (no ``combine_chunks``: DuckDB scans chunked Arrow as it is, and copying a
+    1M-leaf log costs about a second and its size in memory)."""
+    import pyarrow.compute as pc
+    from types import SimpleNamespace
 
-    contents = read_log(p)
+    from store.log_reader import LogReader, find_log_files
+
+    tables, skipped, stacks, next_seq = [], [], {}, {}
+    for path in find_log_files(p):
+        reader = LogReader(path)
+        batches = reader.read_new()
+        skipped.extend(reader.skipped)
+        if not batches:
+            continue
+        table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
+        seq = table[S.SEQ]
+        for rank in pc.unique(table[S.RANK]).to_pylist():   # shift past earlier files of the rank
+            in_rank = pc.and_(pc.equal(table[S.RANK], rank), pc.greater_equal(seq, 0))
+            offset = next_seq.get(rank, 0)
+            if offset:
+                seq = pc.if_else(in_rank, pc.add(seq, offset), seq)
+            largest = pc.max(pc.filter(seq, in_rank)).as_py()
+            if largest is not None:
+                next_seq[rank] = largest + 1
+        if seq is not table[S.SEQ]:
+            table = table.set_column(table.schema.get_field_index(S.SEQ), S.LOG_SCHEMA.field(S.SEQ),
+                                     seq.cast(pa.int64()))
+        tables.append(table)
+        stack_rows = table.filter(pc.equal(table[S.ROW], S.ROW_STACK))
+        for stack_id, frames in zip(stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()):
+            if stack_id is not None and stack_id not in stacks:
+                stacks[stack_id] = tuple(frames or ())
+    table = pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
+    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped))
+
+
+def _load_log(p: Path) -> Side:
+    contents = _read_log_chunks(p)
     con = duckdb.connect(":memory:")
     try:
         table = contents.table
-        con.register("log", table.append_column("ridx", pa.array(range(table.num_rows), pa.int64())))
+        con.register("log", table.append_column("ridx", pa.array(np.arange(table.num_rows, dtype=np.int64))))
         calls = con.sql(
             "SELECT rank, step, min(seq) AS seq, name, arg_min(kind, seq) AS kind, "
             "arg_min(parent, seq) AS parent, arg_min(stack_id, seq) AS stack_id "
@@ -112,8 +150,11 @@ def _load_log(p: Path) -> Side:
             "SELECT l.rank, l.step, l.name, c.cseq, l.ridx AS lord, "
             "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
             "requires_grad, has_nan, has_inf, data_name, value_json, payload "
-            f"FROM log l JOIN (SELECT rank, step, name, min(seq) AS cseq FROM log WHERE row = '{S.ROW_CALL}' "
-            f"GROUP BY ALL) c ON c.rank = l.rank AND c.step = l.step AND c.name = l.name WHERE l.row = '{S.ROW_LEAF}'"
+            # a leaf row belongs to the call row of its seq (store.schema); the call is known by
+            # its name's first seq (integer join keys: much cheaper than joining on names)
+            f"FROM log l JOIN (SELECT rank, step, seq, min(seq) OVER (PARTITION BY rank, step, name) AS cseq "
+            f"FROM log WHERE row = '{S.ROW_CALL}') c ON c.rank = l.rank AND c.step = l.step AND c.seq = l.seq "
+            f"WHERE l.row = '{S.ROW_LEAF}'"
         ).to_arrow_table()
         metas = con.sql(f"SELECT meta FROM log WHERE row = '{S.ROW_MARKER}' AND meta IS NOT NULL LIMIT 1").fetchall()
     finally:

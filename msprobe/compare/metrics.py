@@ -24,12 +24,28 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["tensor_metrics", "leaf_pairs_sql", "ATOL"]
+__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "ATOL"]
 
 ATOL = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "float": 1e-5}
 
 
-def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Optional[float]]:
+class MetricsWorkspace:
+    """Reusable float64 buffers for :func:`tensor_metrics` (one per thread): a pair of
+    large tensors then costs no fresh allocation (no page faults), only arithmetic.
+    Holds three float64 arrays as long as the largest pair measured with it."""
+
+    def __init__(self) -> None:
+        self._bufs: tuple = ()
+
+    def take(self, size: int) -> tuple:
+        """Three float64 arrays of ``size`` elements (views of the kept buffers)."""
+        if not self._bufs or self._bufs[0].size < size:
+            self._bufs = tuple(np.empty(size, np.float64) for _ in range(3))
+        return tuple(buf[:size] for buf in self._bufs)
+
+
+def tensor_metrics(target: np.ndarray, baseline: np.ndarray,
+                   work: Optional[MetricsWorkspace] = None) -> dict[str, Optional[float]]:
     """Element-wise metrics of two same-shape arrays, in float64.
 
     NaN/Inf positions compare first: if they differ, ``nonfinite`` is True and ``e`` is
@@ -37,6 +53,7 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Option
 
     Args:
         target, baseline: arrays of equal shape (any real dtype; converted to float64).
+        work: buffers to compute in (:class:`MetricsWorkspace`); None allocates.
     Returns:
         ``{"cosine", "euc_dist", "e", "max_abs_err", "max_rel_err",
         "one_thousandth_ratio", "five_thousandths_ratio", "nonfinite"}``; Cosine is None
@@ -46,32 +63,48 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray) -> dict[str, Option
     Raises:
         ValueError: the shapes differ.
     """
-    n = np.asarray(target, dtype=np.float64)
-    b = np.asarray(baseline, dtype=np.float64)
-    if n.shape != b.shape:
-        raise ValueError(f"tensor_metrics: shapes differ: target {n.shape}, baseline {b.shape}")
-    n, b = n.ravel(), b.ravel()
-    fin_n, fin_b = np.isfinite(n), np.isfinite(b)
-    same_nonfinite = bool(np.array_equal(fin_n, fin_b)) and bool(
-        np.array_equal(n[~fin_n], b[~fin_b], equal_nan=True))
-    if not same_nonfinite:
-        return {"cosine": None, "euc_dist": math.inf, "e": math.inf, "max_abs_err": math.inf,
-                "max_rel_err": math.inf, "one_thousandth_ratio": 0.0, "five_thousandths_ratio": 0.0,
-                "nonfinite": True}
-    n, b = n[fin_n], b[fin_b]
+    target, baseline = np.asarray(target), np.asarray(baseline)
+    if target.shape != baseline.shape:
+        raise ValueError(f"tensor_metrics: shapes differ: target {target.shape}, baseline {baseline.shape}")
+    size = target.size
+    if work is not None and size:
+        n, b, tmp = work.take(size)
+        np.copyto(n, target.reshape(-1), casting="unsafe")
+        np.copyto(b, baseline.reshape(-1), casting="unsafe")
+    else:
+        n = np.asarray(target, dtype=np.float64).ravel()
+        b = np.asarray(baseline, dtype=np.float64).ravel()
+        tmp = None
+    nn, bb = float(np.dot(n, n)), float(np.dot(b, b))
+    if not (math.isfinite(nn) and math.isfinite(bb)):
+        # a finite sum of squares proves every element finite; else compare the positions
+        fin_n, fin_b = np.isfinite(n), np.isfinite(b)
+        same_nonfinite = bool(np.array_equal(fin_n, fin_b)) and bool(
+            np.array_equal(n[~fin_n], b[~fin_b], equal_nan=True))
+        if not same_nonfinite:
+            return {"cosine": None, "euc_dist": math.inf, "e": math.inf, "max_abs_err": math.inf,
+                    "max_rel_err": math.inf, "one_thousandth_ratio": 0.0, "five_thousandths_ratio": 0.0,
+                    "nonfinite": True}
+        n, b, tmp = n[fin_n], b[fin_b], None
+        nn, bb = float(np.dot(n, n)), float(np.dot(b, b))
     if n.size == 0:
         return {"cosine": None, "euc_dist": 0.0, "e": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
                 "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0, "nonfinite": False}
-    diff = n - b
+    diff = np.subtract(n, b, out=tmp)
     euc = float(np.sqrt(np.dot(diff, diff)))
-    norm_n, norm_b = float(np.sqrt(np.dot(n, n))), float(np.sqrt(np.dot(b, b)))
+    norm_n, norm_b = float(np.sqrt(nn)), float(np.sqrt(bb))
     cosine = float(np.dot(n, b) / (norm_n * norm_b)) if norm_n > 0 and norm_b > 0 else None
-    abs_err = np.abs(diff)
-    rel = abs_err / np.where(b == 0, np.finfo(np.float64).eps, np.abs(b))
+    abs_err = np.abs(diff, out=diff)
+    max_abs = float(abs_err.max())
+    denom = np.abs(b, out=b if tmp is not None else None)   # b is not needed any more
+    denom[denom == 0] = np.finfo(np.float64).eps
+    rel = np.divide(abs_err, denom, out=denom)
     e = euc / norm_b if norm_b > 0 else (0.0 if euc == 0 else math.inf)
-    return {"cosine": cosine, "euc_dist": euc, "e": e, "max_abs_err": float(abs_err.max()),
-            "max_rel_err": float(rel.max()), "one_thousandth_ratio": float((rel < 0.001).mean()),
-            "five_thousandths_ratio": float((rel < 0.005).mean()), "nonfinite": False}
+    count = rel.size
+    return {"cosine": cosine, "euc_dist": euc, "e": e, "max_abs_err": max_abs,
+            "max_rel_err": float(rel.max()),
+            "one_thousandth_ratio": float(np.count_nonzero(rel < 0.001) / count),
+            "five_thousandths_ratio": float(np.count_nonzero(rel < 0.005) / count), "nonfinite": False}
 
 
 def _fin(x: str) -> str:
@@ -90,7 +123,8 @@ def _dclass_sql(col: str) -> str:
 
 
 def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
-    """SQL building table ``leaf_pairs`` from ``alignment``, ``t_leaves``, ``b_leaves``:
+    """SELECT over ``lp_wide`` (see :func:`build_leaf_pairs`) giving the leaf pairs (plus a
+    trailing ``watermark`` column) from ``alignment``, ``t_leaves``, ``b_leaves``:
     one row per leaf of a paired call (full outer join on ``io``, ``arg``; a tensor leaf
     without a same-path partner pairs with the other side's leftover leaf of the same
     ``io``, dtype class and shape when that is unique on both sides: upstream orders API
@@ -120,58 +154,22 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
     no_md5 = "FALSE" if mode == "md5" else f"t_dtype = b_dtype AND {same_stats}"
     identical = (f"CASE WHEN t_md5 IS NOT NULL AND b_md5 IS NOT NULL THEN t_md5 = b_md5 AND t_dtype = b_dtype "
                  f"ELSE {no_md5} END")
-    def side(alias: str, table: str) -> str:
-        bwd = "a.kind IN ('api_backward','module_backward','parameters_grad')"
-        div = f" / {scale!r}" if alias == "t" and scale != 1.0 else ""
-        stat = {c: (f"CASE WHEN {bwd} THEN l.{c}{div} ELSE l.{c} END" if div else f"l.{c}")
-                for c in ("max", "min", "mean", "norm", "max_finite", "min_finite")}
-        seq = "a.t_seq" if alias == "t" else "a.b_seq"
-        return f"""SELECT a.rank, a.step, a.ord, a.t_seq AS aid, a.t_name AS t_call, a.b_name AS b_call, a.kind AS call_kind,
-         l.io, l.arg, l.lord, l.leaf_kind, l.dtype, {_dclass_sql('l.dtype')} AS dclass, l.shape, l.numel,
-         {stat['max']} AS max, {stat['min']} AS min, {stat['mean']} AS mean, {stat['norm']} AS norm,
-         {stat['max_finite']} AS max_finite, {stat['min_finite']} AS min_finite,
-         l.crc32, l.requires_grad, coalesce(l.has_nan, FALSE) AS has_nan, coalesce(l.has_inf, FALSE) AS has_inf,
-         l.data_name, l.value_json, l.payload
-  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = {seq}
-  WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
     cols = ["leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
             "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "payload", "lord"]
-    renamed = ", ".join(f"t.{c} AS t_{c}, b.{c} AS b_{c}" for c in cols)
+    bwd = "call_kind IN ('api_backward','module_backward','parameters_grad')"
+
+    def col(side: str, c: str) -> str:
+        name = f"{side}_{c}"
+        if c in ("has_nan", "has_inf"):
+            return f"CASE WHEN in_{side} THEN coalesce({name}, FALSE) END AS {name}"
+        if side == "t" and scale != 1.0 and c in ("max", "min", "mean", "norm", "max_finite", "min_finite"):
+            return f"CASE WHEN {bwd} THEN {name} / {scale!r} ELSE {name} END AS {name}"
+        return name
+    j_cols = ", ".join(col(sd, c) for c in cols for sd in ("t", "b"))
     return f"""
-CREATE OR REPLACE TABLE leaf_pairs AS
-WITH t0 AS ({side('t', 't_leaves')}),
-b AS ({side('b', 'b_leaves')}),
--- leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
-t_left AS (SELECT * FROM t0 WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM b WHERE b.rank = t0.rank
-           AND b.step = t0.step AND b.aid = t0.aid AND b.io = t0.io AND b.arg = t0.arg
-           AND b.leaf_kind = 'tensor' AND b.shape = t0.shape)),
-b_left AS (SELECT * FROM b WHERE leaf_kind = 'tensor' AND NOT EXISTS (SELECT 1 FROM t0 WHERE t0.rank = b.rank
-           AND t0.step = b.step AND t0.aid = b.aid AND t0.io = b.io AND t0.arg = b.arg
-           AND t0.leaf_kind = 'tensor' AND t0.shape = b.shape)),
-t_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
-        FROM t_left),
-b_u AS (SELECT rank, step, aid, io, arg, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END AS dc, shape,
-        count(*) OVER (PARTITION BY rank, step, aid, io, CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END, shape) AS n
-        FROM b_left),
-remap AS (SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
-          ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
-          AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1),
-t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
-                         WHEN EXISTS (SELECT 1 FROM remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
-                              AND r2.aid = t0.aid AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
-                         ELSE t0.arg END AS join_arg
-      FROM t0 LEFT JOIN remap
-      ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
-      AND remap.arg = t0.arg),
-j AS (
-  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
-         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
-         coalesce(t.call_kind, b.call_kind) AS call_kind,
-         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, {renamed},
-         t.crc32 AS t_md5, b.crc32 AS b_md5, t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b
-  FROM t FULL OUTER JOIN b
-    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),
+WITH j AS (
+  SELECT rank, step, ord, aid, t_call, b_call, call_kind, io, arg, b_arg, {j_cols},
+         t_crc32 AS t_md5, b_crc32 AS b_md5, in_t, in_b, watermark FROM lp_wide),
 k AS (
   SELECT j.*,
     (CASE b_dclass {atol_case} ELSE 1.0 END) AS atol,
@@ -187,7 +185,7 @@ k AS (
          WHEN {identical} THEN 'identical'
          ELSE 'measured' END AS state
   FROM j)
-SELECT k.* EXCLUDE (s_den, atol),
+SELECT k.* EXCLUDE (s_den, atol, watermark),
   t_max - b_max AS max_diff, t_min - b_min AS min_diff, t_mean - b_mean AS mean_diff, t_norm - b_norm AS norm_diff,
   abs(t_max - b_max) / abs(b_max) * 100 AS max_rel_pct, abs(t_min - b_min) / abs(b_min) * 100 AS min_rel_pct,
   abs(t_mean - b_mean) / abs(b_mean) * 100 AS mean_rel_pct, abs(t_norm - b_norm) / abs(b_norm) * 100 AS norm_rel_pct,
@@ -202,6 +200,159 @@ SELECT k.* EXCLUDE (s_den, atol),
        ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair,
   coalesce(t_dclass IN {floats}, FALSE) AS is_float,
   CASE WHEN io IN ('input_args', 'input_kwargs', 'parameters', 'input') AND call_kind <> 'parameters_grad'
-       THEN 'in' ELSE 'out' END AS role
+       THEN 'in' ELSE 'out' END AS role,
+  watermark
 FROM k
 """
+
+
+_LEAF_COLUMNS = ("leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min", "mean", "norm", "max_finite",
+                 "min_finite", "requires_grad", "has_nan", "has_inf", "data_name", "value_json", "payload", "lord",
+                 "crc32")
+
+
+def prepare_leaves(con, leaves):
+    """``leaves`` (a side's Arrow leaf table) plus ``ridx`` (row index, int64) and
+    ``dclass`` (the canonical dtype class of :func:`_dclass_sql`, evaluated once per
+    distinct dtype spelling)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    dtype = leaves["dtype"].combine_chunks() if leaves.num_rows else pa.array([], pa.string())
+    enc = pc.dictionary_encode(dtype)
+    names = pa.table({"d": enc.dictionary})
+    con.register("lp_dtypes", names)
+    rel = con.sql(f"SELECT {_dclass_sql('d')} AS c FROM lp_dtypes")
+    classes = (rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow())["c"].combine_chunks()
+    con.unregister("lp_dtypes")
+    dclass = classes.take(enc.indices) if len(classes) else pa.nulls(leaves.num_rows, pa.string())
+    out = leaves.append_column("ridx", pa.array(np.arange(leaves.num_rows, dtype=np.int64)))
+    return out.append_column("dclass", dclass.cast(pa.string()))
+
+
+def _index_sql(tol: dict[str, float]) -> str:
+    floats = "('float64','float32','float','float16','bfloat16')"
+    prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
+    tol_case = " ".join(f"WHEN '{k}' THEN {float(v)!r}" for k, v in tol.items())
+    prec_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in prec.items())
+
+    def side(table: str, seq: str) -> str:
+        return f"""SELECT a.rank, a.step, a.ord, a.t_seq AS aid, a.t_name AS t_call, a.b_name AS b_call,
+         a.kind AS call_kind, l.io, l.arg, l.ridx, l.leaf_kind, l.dclass, l.shape
+  FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = a.{seq}
+  WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
+    dc = f"CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END"
+    return f"""
+CREATE OR REPLACE TABLE lp_idx AS
+WITH t0 AS ({side('t_leaves', 't_seq')}),
+b AS ({side('b_leaves', 'b_seq')}),
+tk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM t0 WHERE leaf_kind = 'tensor'),
+bk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM b WHERE leaf_kind = 'tensor'),
+-- tensor leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
+t_left AS (SELECT * FROM tk WHERE NOT EXISTS (SELECT 1 FROM bk WHERE bk.rank = tk.rank AND bk.step = tk.step
+           AND bk.aid = tk.aid AND bk.io = tk.io AND bk.arg = tk.arg AND bk.shape = tk.shape)),
+b_left AS (SELECT * FROM bk WHERE NOT EXISTS (SELECT 1 FROM tk WHERE tk.rank = bk.rank AND tk.step = bk.step
+           AND tk.aid = bk.aid AND tk.io = bk.io AND tk.arg = bk.arg AND tk.shape = bk.shape)),
+t_u AS (SELECT *, count(*) OVER (PARTITION BY rank, step, aid, io, dc, shape) AS n FROM t_left),
+b_u AS (SELECT *, count(*) OVER (PARTITION BY rank, step, aid, io, dc, shape) AS n FROM b_left),
+remap AS MATERIALIZED (SELECT t_u.rank, t_u.step, t_u.aid, t_u.io, t_u.arg, b_u.arg AS b_arg FROM t_u JOIN b_u
+  ON t_u.rank = b_u.rank AND t_u.step = b_u.step AND t_u.aid = b_u.aid AND t_u.io = b_u.io
+  AND t_u.dc = b_u.dc AND t_u.shape = b_u.shape WHERE t_u.n = 1 AND b_u.n = 1),
+t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
+                         WHEN EXISTS (SELECT 1 FROM remap r2 WHERE r2.rank = t0.rank AND r2.step = t0.step
+                              AND r2.aid = t0.aid AND r2.io = t0.io AND r2.b_arg = t0.arg) THEN NULL
+                         ELSE t0.arg END AS join_arg
+      FROM t0 LEFT JOIN remap
+      ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
+      AND remap.arg = t0.arg),
+j AS (
+  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
+         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
+         coalesce(t.call_kind, b.call_kind) AS call_kind,
+         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, t.ridx AS t_ridx, b.ridx AS b_ridx,
+         t.leaf_kind AS t_leaf_kind, t.dclass AS t_dclass, b.dclass AS b_dclass,
+         t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b
+  FROM t FULL OUTER JOIN b
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),
+tp AS (SELECT j.*,
+  CASE WHEN NOT in_t OR NOT in_b OR t_leaf_kind <> 'tensor' THEN 0.0
+       WHEN t_dclass NOT IN {floats} OR b_dclass NOT IN {floats} THEN 0.0
+       WHEN (CASE t_dclass {prec_case} ELSE 1 END) >= (CASE b_dclass {prec_case} ELSE 1 END)
+         THEN (CASE t_dclass {tol_case} ELSE 1.3e-6 END)
+       ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair FROM j),
+c AS (SELECT rank, step, aid, min(ord) AS ord, max(tol_pair) AS call_tol FROM tp GROUP BY ALL),
+w AS (SELECT rank, step, aid, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
+             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS watermark FROM c)
+SELECT tp.rank, tp.step, tp.ord, tp.aid, tp.t_call, tp.b_call, tp.call_kind, tp.io, tp.arg, tp.b_arg,
+       tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark
+FROM tp JOIN w ON w.rank = tp.rank AND w.step = tp.step AND w.aid = tp.aid
+"""
+
+
+def _plain_index_sql(tol: dict[str, float]) -> str:
+    """:func:`_index_sql` without the remap step (right when no tensor leaf lacks a
+    same-path, same-shape tensor partner), plus per row ``lonely``: this row would enter
+    the remap step."""
+    full = _index_sql(tol)
+    head = full[:full.index("tk AS (")]
+    tail = full[full.index("tp AS (SELECT j.*,"):]
+    join = """j AS (
+  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
+         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
+         coalesce(t.call_kind, b.call_kind) AS call_kind,
+         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, t.ridx AS t_ridx, b.ridx AS b_ridx,
+         t.leaf_kind AS t_leaf_kind, t.dclass AS t_dclass, b.dclass AS b_dclass,
+         t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b,
+         (t.leaf_kind = 'tensor' AND NOT coalesce(b.leaf_kind = 'tensor' AND b.shape = t.shape, FALSE))
+         OR (b.leaf_kind = 'tensor' AND NOT coalesce(t.leaf_kind = 'tensor' AND t.shape = b.shape, FALSE)) AS lonely
+  FROM t0 t FULL OUTER JOIN b
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.arg = b.arg),
+"""
+    tail = tail.replace("tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark",
+                        "tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark, tp.lonely")
+    return head + join + tail
+
+
+def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]) -> None:
+    """Register ``lp_wide``: one row per leaf pair with both sides' leaf columns
+    (``t_*``/``b_*``, null on a missing side), ``in_t``/``in_b`` and the step's precision
+    ``watermark`` up to the pair's call; :func:`leaf_pairs_sql` computes the metrics over it.
+
+    The pairing (which leaf meets which, see :func:`leaf_pairs_sql`) is a join over narrow
+    key columns only; the wide columns are then gathered by row index with Arrow ``take``,
+    so no wide row passes through a hash join.
+
+    Args:
+        con: connection holding ``alignment`` and the sides' leaf tables ``t_leaves``/
+            ``b_leaves`` (from :func:`prepare_leaves`, the same Arrow tables as given here).
+        t_leaves, b_leaves: those Arrow tables.
+        tol: rtol per dtype class (for the watermark).
+    """
+    import pyarrow as pa
+
+    # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
+    # partner (which the path join shows) does the remap step run
+    import pyarrow.compute as pc
+
+    def stream(sql: str) -> pa.Table:     # straight to Arrow, batch by batch (no DuckDB copy of the result)
+        rel = con.sql(sql.replace("CREATE OR REPLACE TABLE lp_idx AS", "", 1))
+        if hasattr(rel, "to_arrow_reader"):
+            return rel.to_arrow_reader(131072).read_all()
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+    idx = stream(_plain_index_sql(tol))
+    if idx.num_rows and pc.any(idx["lonely"]).as_py():
+        del idx
+        idx = stream(_index_sql(tol))
+    else:
+        idx = idx.drop_columns(["lonely"])
+    names = list(idx.column_names)
+    columns = [idx[c] for c in names]
+    t_rows = idx["t_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
+    b_rows = idx["b_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
+    t_part = t_leaves.select(list(_LEAF_COLUMNS)).take(t_rows)
+    b_part = b_leaves.select(list(_LEAF_COLUMNS)).take(b_rows)
+    for c in _LEAF_COLUMNS:
+        names += [f"t_{c}", f"b_{c}"]
+        columns += [t_part[c], b_part[c]]
+    con.register("lp_wide", pa.table(columns, names=names))

@@ -151,11 +151,12 @@ class CompareOptions:
     max_d: int = 20000
     mapping: object = None          # parsed msprobe.compare.mapping.Mapping, or None
     rank_map: Optional[dict] = None  # {TARGET rank: BASELINE rank} (--rank-map), or None
+    workers: int = 1                # tensor mode: threads measuring leaf pairs
 
     @staticmethod
     def build(*, mode: str = "auto", tol="strict", loss_scale: float = 1.0, rank=None, step=None,
               first_only: bool = False, formats: Optional[Sequence[str]] = None, max_d: int = 20000,
-              mapping=None, rank_map=None) -> "CompareOptions":
+              mapping=None, rank_map=None, workers=1) -> "CompareOptions":
         """Validate raw option values (strings as on the command line, or Python values).
 
         Raises:
@@ -193,8 +194,13 @@ class CompareOptions:
             if isinstance(value, int):
                 return frozenset({value})
             return frozenset(int(v) for v in value)
+        if isinstance(workers, str) and workers.strip().isdigit():
+            workers = int(workers)
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+            raise CompareInputError(f"--workers: got {workers!r}; allowed: an integer from 1 to 256")
         if mapping is not None:
             from msprobe.compare.mapping import Mapping, load_mapping
             mapping = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
-        return CompareOptions(mapping=mapping, rank_map=parse_rank_map(rank_map), mode=mode, tol=tol_table, loss_scale=scale, ranks=sel(rank, "rank"),
-                              steps=sel(step, "step"), first_only=bool(first_only), formats=fmts, max_d=max_d)
+        return CompareOptions(mapping=mapping, rank_map=parse_rank_map(rank_map), mode=mode, tol=tol_table,
+                              loss_scale=scale, ranks=sel(rank, "rank"), steps=sel(step, "step"),
+                              first_only=bool(first_only), formats=fmts, max_d=max_d, workers=workers)

@@ -26,8 +26,9 @@ def _jsonable(value):
     return value
 
 
-def _table(result, name: str, opts) -> pa.Table:
-    rel = result.con.table(name)
+def _table_sql(result, name: str, opts) -> str:
+    """The query giving output table ``name`` (cut at each rank's first origin with
+    ``--first-only``)."""
     if opts.first_only and name in ("calls", "tensors", "alignment"):
         limits = {r["rank"]: (r["first_origin"]["step"], r["first_origin"]["name"])
                   for r in result.summary["ranks"] if r["first_origin"]}
@@ -36,9 +37,17 @@ def _table(result, name: str, opts) -> pa.Table:
                 f"(rank = {rank} AND (step < {s} OR (step = {s} AND ord <= (SELECT ord FROM calls WHERE rank = {rank} "
                 f"AND step = {s} AND t_name = '{n.replace(chr(39), chr(39) * 2)}'))))" for rank, (s, n) in limits.items())
             others = ", ".join(str(r) for r in limits)
-            rel = result.con.sql(f"SELECT * FROM {name} WHERE {cond} OR rank NOT IN ({others})")
-    table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-    return table
+            return f"SELECT * FROM {name} WHERE {cond} OR rank NOT IN ({others})"
+    return f"SELECT * FROM {name}"
+
+
+def _table(result, name: str, opts) -> pa.Table:
+    sql = _table_sql(result, name, opts)
+    held = getattr(result, "arrow", {}).get(name)
+    if held is not None and sql == f"SELECT * FROM {name}":
+        return held
+    rel = result.con.sql(sql)
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
 def _csv_safe(table: pa.Table) -> pa.Table:
@@ -67,16 +76,23 @@ def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
     tmp.write_text(json.dumps(_jsonable(result.summary), indent=1, allow_nan=False))
     os.replace(tmp, path)
     written.append(path)
-    for name in TABLES:
-        if "csv" not in opts.formats and "parquet" not in opts.formats:
-            break
-        table = _table(result, name, opts)
-        if "parquet" in opts.formats:
-            pq.write_table(table, out / f"{name}.parquet")
-            written.append(out / f"{name}.parquet")
-        if "csv" in opts.formats:
-            pacsv.write_csv(_csv_safe(table), out / f"{name}.csv")
-            written.append(out / f"{name}.csv")
+    if "csv" in opts.formats or "parquet" in opts.formats:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # the writers release the GIL: the three tables' files are written in parallel
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-out") as pool:
+            jobs = []
+            for name in TABLES:
+                table = _table(result, name, opts)
+                if "parquet" in opts.formats:
+                    jobs.append(pool.submit(pq.write_table, table, out / f"{name}.parquet"))
+                    written.append(out / f"{name}.parquet")
+                if "csv" in opts.formats:
+                    jobs.append(pool.submit(pacsv.write_csv, _csv_safe(table), out / f"{name}.csv"))
+                    written.append(out / f"{name}.csv")
+                del table
+            for job in jobs:
+                job.result()
     if "html" in opts.formats:
         from msprobe.compare.report import write_html
 

@@ -25,7 +25,8 @@ import pyarrow as pa
 from msprobe.compare.load import Side
 from msprobe.compare.metrics import tensor_metrics
 
-__all__ = ["TensorSource", "apply_tensor_metrics", "has_tensor_data", "numpy_dtype", "TENSOR_COLUMNS"]
+__all__ = ["TensorSource", "apply_tensor_metrics", "has_tensor_data", "numpy_dtype", "TENSOR_COLUMNS",
+           "METRIC_COLUMNS", "pending_pairs", "measure_pairs", "metrics_table"]
 
 TENSOR_COLUMNS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_ratio",
                   "five_thousandths_ratio")
@@ -144,66 +145,129 @@ def _identical_metrics(a: np.ndarray) -> dict:
 
 
 _PAIRS_SQL = """
-SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype
+SELECT rank, step, aid, io, arg, t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype,
+  call_kind IN ('api_backward', 'module_backward', 'parameters_grad') AS backward, ord
 FROM leaf_pairs WHERE state IN ('measured', 'identical') AND t_leaf_kind = 'tensor' AND b_leaf_kind = 'tensor'
 ORDER BY rank, step, ord, aid, io, arg
 """
 
+_KEYS = ("rank", "step", "aid", "io", "arg")
+METRIC_COLUMNS = _KEYS + ("state", "e") + TENSOR_COLUMNS
+
+
+def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, spare=None) -> dict:
+    """Metrics of one leaf pair (both arrays live only inside this call). ``spare``: a
+    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from."""
+    rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item[:12]
+    a = ts.load(rank, step, tp, tdn)
+    b = bs.load(rank, step, bp, bdn)
+    row = dict(zip(_KEYS, (rank, step, aid, io, arg)))
+    if a is None or b is None or a.shape != b.shape:
+        row.update(state="missing_data" if a is None or b is None else "structural",
+                   e=None if a is None or b is None else float("inf"))
+        return row
+    if backward and loss_scale != 1.0:
+        a = a.astype(np.float64) / loss_scale
+    if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
+        row.update(_identical_metrics(a), state="identical", e=0.0)
+    else:
+        work = spare.get() if spare is not None else None
+        try:
+            m = tensor_metrics(a, b, work)
+        finally:
+            if work is not None:
+                spare.put(work)
+        row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
+    return row
+
+
+def pending_pairs(con: duckdb.DuckDBPyConnection):
+    """The tensor leaf pairs of view ``leaf_pairs`` to read (state measured/identical), in
+    execution order (rank, step, ord): an iterator of tuples ``(rank, step, aid, io, arg,
+    t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype, backward, ord)``,
+    fetched in batches."""
+    cur = con.execute(_PAIRS_SQL)
+    while True:
+        batch = cur.fetchmany(256)
+        if not batch:
+            return
+        yield from batch
+
+
+def measure_pairs(target: Side, baseline: Side, items, loss_scale: float = 1.0, workers: int = 1,
+                  sources: Optional[tuple] = None) -> list[dict]:
+    """Metrics rows (keys of :data:`METRIC_COLUMNS`) of the pairs ``items`` (from
+    :func:`pending_pairs`), in the order given.
+
+    With ``workers`` > 1 the pairs are measured by that many threads (reading files,
+    hashing and numpy reductions release the GIL); at most ``workers`` pairs are submitted
+    and not yet collected, so at most ``workers`` pairs' arrays are in memory at once, and
+    results are collected in submission order: the rows are the same for any ``workers``.
+
+    Args:
+        target, baseline: the sides (for :class:`TensorSource`).
+        items: iterable of pair tuples.
+        loss_scale: target backward values are divided by it.
+        workers: number of threads (int ≥ 1).
+        sources: reuse ``(TensorSource, TensorSource)`` across calls (payload headers cached).
+    """
+    import queue
+
+    from msprobe.compare.metrics import MetricsWorkspace
+
+    ts, bs = sources or (TensorSource(target), TensorSource(baseline))
+    spare: queue.Queue = queue.Queue()
+    for _ in range(workers):          # one set of float64 buffers per worker, reused pair after pair
+        spare.put(MetricsWorkspace())
+    rows: list[dict] = []
+    if workers <= 1:
+        for item in items:
+            rows.append(_measure(ts, bs, item, loss_scale, spare))
+        return rows
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
+        for item in items:
+            if len(pending) >= workers:
+                rows.append(pending.popleft().result())
+            pending.append(pool.submit(_measure, ts, bs, item, loss_scale, spare))
+        while pending:
+            rows.append(pending.popleft().result())
+    return rows
+
+
+def metrics_table(rows: list[dict]) -> pa.Table:
+    """Rows of :func:`measure_pairs` as an Arrow table (columns :data:`METRIC_COLUMNS`)."""
+    def typed(k: str, v: list):
+        if k in ("e",) + TENSOR_COLUMNS:
+            return pa.array(v, pa.float64())
+        if k in ("rank", "step"):
+            return pa.array(v, pa.int32())
+        return pa.array(v, pa.int64()) if k == "aid" else pa.array(v, pa.string())
+    return pa.table({k: typed(k, [r.get(k) for r in rows]) for k in METRIC_COLUMNS})
+
 
 def apply_tensor_metrics(con: duckdb.DuckDBPyConnection, target: Side, baseline: Side,
-                         loss_scale: float = 1.0) -> int:
-    """Replace the statistics ``e``/``state`` of ``leaf_pairs`` by tensor metrics.
+                         loss_scale: float = 1.0, workers: int = 1) -> int:
+    """Tensor metrics of every tensor leaf pair of view ``leaf_pairs`` whose state is
+    measured/identical, into table ``tensor_metrics`` (keys rank, step, aid, io, arg; then
+    ``state``, ``e`` and :data:`TENSOR_COLUMNS`), which
+    :func:`msprobe.compare.verdicts.leaf_verdicts_sql` lays over the statistics.
 
-    For every tensor leaf pair of state measured/identical: both sides' values are read
-    (:class:`TensorSource`); equal dtype and equal bytes → ``identical``; otherwise
-    :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine, EucDist, e, MaxAbsErr,
-    MaxRelativeErr, One/Five Thousandth Err Ratio (columns added to ``leaf_pairs``),
-    non-finite mismatch → ``nonfinite``; unreadable on either side → ``missing_data``.
-    Target backward values are divided by ``loss_scale``.
+    Both sides' values are read (:class:`TensorSource`); equal dtype and equal bytes →
+    ``identical``; otherwise :func:`~msprobe.compare.metrics.tensor_metrics` gives Cosine,
+    EucDist, e, MaxAbsErr, MaxRelativeErr, One/Five Thousandth Err Ratio; non-finite
+    mismatch → ``nonfinite``; unreadable on either side → ``missing_data``. Target
+    backward values are divided by ``loss_scale``. Pairs stream in execution order
+    (rank, step, ord) through :func:`measure_pairs` (``workers`` threads, bounded).
 
     Returns:
         the number of pairs read.
     """
-    ts, bs = TensorSource(target), TensorSource(baseline)
-    for col in TENSOR_COLUMNS:
-        con.execute(f"ALTER TABLE leaf_pairs ADD COLUMN IF NOT EXISTS {col} DOUBLE")
-    keys = ("rank", "step", "aid", "io", "arg")
-    out: dict[str, list] = {k: [] for k in keys + ("state", "e") + TENSOR_COLUMNS}
-    cur = con.execute(_PAIRS_SQL)
-    backward_aids = {a for (a,) in con.execute(
-        "SELECT DISTINCT aid FROM leaf_pairs WHERE call_kind IN ('api_backward','module_backward','parameters_grad')"
-    ).fetchall()} if loss_scale != 1.0 else set()
-    n = 0
-    while True:
-        batch = cur.fetchmany(256)
-        if not batch:
-            break
-        for rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt in batch:
-            a = ts.load(rank, step, tp, tdn)
-            b = bs.load(rank, step, bp, bdn)
-            n += 1
-            row = dict(zip(keys, (rank, step, aid, io, arg)))
-            if a is None or b is None or a.shape != b.shape:
-                row.update(state="missing_data" if a is None or b is None else "structural",
-                           e=None if a is None or b is None else float("inf"))
-            else:
-                if aid in backward_aids:
-                    a = a.astype(np.float64) / loss_scale
-                if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
-                    row.update(_identical_metrics(a), state="identical", e=0.0)
-                else:
-                    m = tensor_metrics(a, b)
-                    row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
-            for k in out:
-                out[k].append(row.get(k))
-            del a, b
-    if n:
-        table = pa.table({k: (pa.array(v, pa.float64()) if k in ("e",) + TENSOR_COLUMNS else pa.array(v))
-                          for k, v in out.items()})
-        con.register("tm_src", table)
-        sets = ", ".join(f"{c} = tm.{c}" for c in ("state", "e") + TENSOR_COLUMNS)
-        con.execute(f"UPDATE leaf_pairs SET {sets} FROM tm_src tm WHERE leaf_pairs.rank = tm.rank AND "
-                    "leaf_pairs.step = tm.step AND leaf_pairs.aid = tm.aid AND leaf_pairs.io = tm.io AND "
-                    "leaf_pairs.arg = tm.arg")
-        con.unregister("tm_src")
-    return n
+    rows = measure_pairs(target, baseline, pending_pairs(con), loss_scale, workers)
+    con.register("tensor_metrics_src", metrics_table(rows))
+    con.execute("CREATE OR REPLACE TABLE tensor_metrics AS SELECT * FROM tensor_metrics_src")
+    con.unregister("tensor_metrics_src")
+    return len(rows)

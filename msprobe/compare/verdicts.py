@@ -18,23 +18,36 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-__all__ = ["LEAF_VERDICTS_SQL", "CALL_AGG_SQL", "call_verdicts", "BAD"]
+__all__ = ["LEAF_VERDICTS_SQL", "leaf_verdicts_sql", "CALL_AGG_SQL", "call_verdicts", "build_calls", "BAD"]
 
 BAD = ("diverged", "nonfinite", "structural")
 
 LEAF_VERDICTS_SQL = """
-CREATE OR REPLACE TABLE tensors AS
-WITH c AS (
-  SELECT rank, step, aid, min(ord) AS ord, max(tol_pair) AS call_tol FROM leaf_pairs GROUP BY ALL),
-w AS (
-  SELECT rank, step, aid, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
-         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS watermark FROM c)
-SELECT p.*, CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END AS tol,
+WITH p AS ({pairs})
+SELECT p.* EXCLUDE (watermark), CASE WHEN p.is_float THEN greatest(p.tol_pair, p.watermark) ELSE p.tol_pair END AS tol,
   CASE WHEN p.state <> 'measured' THEN p.state
-       WHEN p.e <= (CASE WHEN p.is_float THEN greatest(p.tol_pair, w.watermark) ELSE p.tol_pair END) THEN 'close'
+       WHEN p.e <= (CASE WHEN p.is_float THEN greatest(p.tol_pair, p.watermark) ELSE p.tol_pair END) THEN 'close'
        ELSE 'diverged' END AS verdict
-FROM leaf_pairs p JOIN w USING (rank, step, aid)
+FROM p
 """
+
+
+def leaf_verdicts_sql(pairs: str, tensor_columns: tuple = ()) -> str:
+    """Query giving table ``tensors``: each leaf pair of the query ``pairs`` (columns of
+    :func:`msprobe.compare.metrics.leaf_pairs_sql`, with its ``watermark``: the largest
+    pair rtol over the step's calls up to this one) with ``tol`` (its pair rtol raised to
+    the watermark, for floats) and ``verdict``. With ``tensor_columns`` (tensor mode),
+    table ``tensor_metrics`` (keys rank, step, aid, io, arg; state, e and those columns)
+    overrides ``state``/``e`` of the pairs it holds and adds its columns."""
+    if not tensor_columns:
+        return LEAF_VERDICTS_SQL.format(pairs=pairs)
+    cols = ", ".join(f"tm.{c}" for c in tensor_columns)
+    pairs = (f"SELECT lp.* REPLACE (CASE WHEN tm.rank IS NULL THEN lp.state ELSE tm.state END AS state, "
+             f"CASE WHEN tm.rank IS NULL THEN lp.e ELSE tm.e END AS e), {cols} FROM ({pairs}) lp "
+             f"LEFT JOIN tensor_metrics tm ON lp.rank = tm.rank AND lp.step = tm.step AND lp.aid = tm.aid "
+             f"AND lp.io = tm.io AND lp.arg = tm.arg")
+    return LEAF_VERDICTS_SQL.format(pairs=pairs)
+
 
 CALL_AGG_SQL = """
 SELECT a.rank, a.step, a.ord, a.t_name, a.b_name, a.t_seq, a.b_seq, a.kind, a.how,
@@ -45,7 +58,9 @@ SELECT a.rank, a.step, a.ord, a.t_name, a.b_name, a.t_seq, a.b_seq, a.kind, a.ho
   coalesce(bool_or(t.verdict IN ('diverged', 'nonfinite', 'structural')), FALSE) AS any_bad,
   count(t.verdict) FILTER (WHERE t.verdict = 'identical') AS n_identical,
   count(t.verdict) AS n_leaves,
-  arg_max(t.t_call || '|' || t.io || '|' || t.arg, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
+  arg_max(CASE WHEN t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')
+               THEN t.t_call || '|' || t.io || '|' || t.arg END, t.e)
+    FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
   arg_max(t.verdict, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_verdict,
   tc.parent AS module, tc.stack_id AS stack_id
 FROM alignment a
@@ -130,3 +145,151 @@ def call_verdicts(rows: list[dict]) -> list[dict]:
             r["verdict"] = "propagated"
             r["reason"] = None
     return rows
+
+
+# --- the same judgement in SQL (what the engine runs; call_verdicts stays the reference) ---
+
+_PATH = r"regexp_replace({x}, '\.[^.]*(\.[^.]*)?$', '')"          # name.rsplit(".", 2)[0]
+_FWD_OF = (r"CASE a.kind WHEN 'api_backward' THEN regexp_replace(a.t_name, 'backward$', 'forward') "
+           r"WHEN 'module_backward' THEN regexp_replace(a.t_name, '\.[^.]*\.([^.]*)$', '.forward.\1') END")
+
+#: ``calls_pre``: CALL_AGG_SQL rows plus ``e``, ``in_all`` (largest input e, with the
+#: forward call's inputs for backward calls and the module's for parameters_grad) and
+#: ``verdict0`` (before the module-children rule and cross-rank attribution).
+CALLS_PRE_SQL = f"""
+CREATE OR REPLACE TABLE calls_pre AS
+WITH a AS ({CALL_AGG_SQL.replace("ORDER BY a.rank, a.step, a.ord", "")}),
+mi AS (SELECT rank, step, {_PATH.format(x="t_name")} AS path, max(in_e) AS m FROM a
+       WHERE kind IN ('module_forward', 'module_backward') AND in_e IS NOT NULL GROUP BY ALL),
+j AS (
+  SELECT a.*, greatest(coalesce(a.in_e, 0.0),
+           CASE WHEN f.t_name IS NOT NULL THEN coalesce(f.in_e, 0.0) ELSE 0.0 END,
+           CASE WHEN a.kind = 'parameters_grad' THEN coalesce(mi.m, 0.0) ELSE 0.0 END) AS in_all
+  FROM a
+  LEFT JOIN a f ON f.rank = a.rank AND f.step = a.step AND f.t_name = ({_FWD_OF})
+  LEFT JOIN mi ON a.kind = 'parameters_grad' AND mi.rank = a.rank AND mi.step = a.step
+            AND mi.path = left(a.t_name, length(a.t_name) - 16))
+SELECT * EXCLUDE (in_all), CASE WHEN t_name IS NULL OR b_name IS NULL THEN NULL ELSE in_all END AS in_all,
+  CASE WHEN in_e IS NULL THEN out_e WHEN out_e IS NULL THEN in_e ELSE greatest(in_e, out_e) END AS e,
+  CASE WHEN t_name IS NULL OR b_name IS NULL THEN 'unpaired'
+       WHEN arg_differs THEN 'origin'
+       WHEN out_bad_e IS NOT NULL AND (out_bad_e > 10 * in_all OR (isinf(out_bad_e) AND NOT isinf(in_all)))
+         THEN 'origin'
+       WHEN any_bad THEN 'propagated' ELSE 'pass' END AS verdict0
+FROM j
+"""
+
+_ORIGINS_SQL = """
+SELECT rank, step, ord, t_name, kind, arg_differs, out_bad_e, in_all, worst_verdict, worst_leaf
+FROM calls_pre WHERE verdict0 = 'origin' ORDER BY rank, step, ord
+"""
+# children (calls whose parent is the module) of origin modules, and for origin
+# parameters_grad the first backward call of the module that has children
+_KIDS_SQL = """
+WITH o AS (SELECT rank, step, t_name FROM calls_pre WHERE verdict0 = 'origin'
+           AND kind IN ('module_forward', 'module_backward'))
+SELECT o.rank, o.step, o.t_name, count(*) AS n, count(*) FILTER (WHERE k.verdict0 = 'origin') AS n_origin,
+       list(k.t_name) FILTER (WHERE k.verdict0 = 'origin') AS origin_kids
+FROM o JOIN calls_pre k ON k.rank = o.rank AND k.step = o.step AND k.module = o.t_name GROUP BY ALL
+"""
+_PGRAD_OWNER_SQL = """
+WITH o AS (SELECT rank, step, t_name, left(t_name, length(t_name) - 16) || '.backward.' AS prefix
+           FROM calls_pre WHERE verdict0 = 'origin' AND kind = 'parameters_grad'),
+owners AS (SELECT DISTINCT c.rank, c.step, c.ord, c.t_name, o.t_name AS pgrad FROM o JOIN calls_pre c
+           ON c.rank = o.rank AND c.step = o.step AND starts_with(c.t_name, o.prefix)
+           WHERE EXISTS (SELECT 1 FROM calls_pre k WHERE k.rank = c.rank AND k.step = c.step AND k.module = c.t_name))
+SELECT rank, step, pgrad, arg_min(t_name, ord) AS owner FROM owners GROUP BY ALL
+"""
+
+
+def _origin_reason(r: dict) -> str:
+    if r["arg_differs"]:
+        return "argument value differs"
+    return (f"{r['worst_verdict']} output {r['worst_leaf'].split('|', 1)[1].replace('|', '.')}: "
+            f"e={r['out_bad_e']:.3g} > 10 x largest input e {r['in_all']:.3g}")
+
+
+def build_calls(con, attribute=None) -> None:
+    """Create table ``calls`` from ``alignment``, ``tensors`` and ``t_calls`` with the
+    judgement of :func:`call_verdicts` (same verdicts and reasons), in SQL: only origin
+    rows (few) and ``Distributed.*`` rows come to Python, for the reason text, the rule
+    that a module with recorded children is an origin only through an origin child, and
+    cross-rank attribution.
+
+    Args:
+        con: the comparison's DuckDB connection.
+        attribute: ``f(con, rows) -> int`` re-judging ``Distributed.*`` call rows (dicts,
+            changed in place: ``verdict``, ``reason``, ``attributed_to``), or None.
+    Returns:
+        the number of rows ``attribute`` re-judged.
+    """
+    import pyarrow as pa
+
+    con.execute(CALLS_PRE_SQL)
+    cur = con.execute(_ORIGINS_SQL)
+    names = [d[0] for d in cur.description]
+    origins = [dict(zip(names, row)) for row in cur.fetchall()]
+    verdict = {(r["rank"], r["step"], r["t_name"]): "origin" for r in origins}
+    kids = {(rk, st, n): (cnt, origin_kids or []) for rk, st, n, cnt, _, origin_kids in con.execute(_KIDS_SQL).fetchall()}
+    owner_of = {(rk, st, p): o for rk, st, p, o in con.execute(_PGRAD_OWNER_SQL).fetchall()}
+    fixes: dict[tuple, list] = {}
+    for r in origins:
+        key = (r["rank"], r["step"], r["t_name"])
+        owner = None
+        if r["kind"] in ("module_forward", "module_backward"):
+            owner = r["t_name"]
+        elif r["kind"] == "parameters_grad":
+            owner = owner_of.get(key)
+        n, origin_kids = 0, []
+        if r["kind"] != "parameters_grad":
+            n, origin_kids = kids.get(key, (0, []))
+        elif owner is not None:   # the owning backward call's children, fetched on demand (rare)
+            n, origin_kids = con.execute(
+                "SELECT count(*), list(t_name) FILTER (WHERE verdict0 = 'origin') FROM calls_pre "
+                "WHERE rank = ? AND step = ? AND module = ?", [r["rank"], r["step"], owner]).fetchall()[0]
+            origin_kids = origin_kids or []
+        if owner is not None and n and not any(verdict.get((r["rank"], r["step"], k)) == "origin"
+                                               for k in origin_kids):
+            verdict[key] = "propagated"
+            fixes[key] = ["propagated", None, None]
+        else:
+            fixes[key] = ["origin", _origin_reason(r), None]
+    changed = 0
+    if attribute is not None:
+        cur = con.execute("SELECT * FROM calls_pre WHERE starts_with(t_name, 'Distributed.') ORDER BY rank, step, ord")
+        names = [d[0] for d in cur.description]
+        rows = [dict(zip(names, row)) for row in cur.fetchall()]
+        for row in rows:
+            fix = fixes.get((row["rank"], row["step"], row["t_name"]))
+            row["verdict"], row["reason"] = (fix[0], fix[1]) if fix else (row["verdict0"], None)
+            row["attributed_to"] = None
+        before = {id(row): (row["verdict"], row["reason"], row["attributed_to"]) for row in rows}
+        changed = attribute(con, rows) if rows else 0
+        for row in rows:
+            now = (row["verdict"], row.get("reason"), row.get("attributed_to"))
+            if now != before[id(row)]:
+                fixes[(row["rank"], row["step"], row["t_name"])] = list(now)
+    keys = list(fixes)
+    fix_table = pa.table({"rank": pa.array([k[0] for k in keys], pa.int32()),
+                          "step": pa.array([k[1] for k in keys], pa.int32()),
+                          "t_name": pa.array([k[2] for k in keys], pa.string()),
+                          "verdict": pa.array([fixes[k][0] for k in keys], pa.string()),
+                          "reason": pa.array([fixes[k][1] for k in keys], pa.string()),
+                          "attributed_to": pa.array([fixes[k][2] for k in keys], pa.int32())})
+    con.register("call_fixes", fix_table)
+    agg_cols = ", ".join(f"p.{c}" for c in _AGG_COLUMNS)
+    con.execute(f"""CREATE OR REPLACE TABLE calls AS
+        SELECT {agg_cols}, p.e, coalesce(f.verdict, p.verdict0) AS verdict,
+          CASE WHEN f.verdict IS NOT NULL THEN f.reason
+               WHEN p.verdict0 = 'unpaired' THEN CASE WHEN p.t_name IS NULL THEN 'deleted' ELSE 'inserted' END END AS reason,
+          f.attributed_to
+        FROM calls_pre p LEFT JOIN call_fixes f ON f.rank = p.rank AND f.step = p.step AND f.t_name = p.t_name
+        ORDER BY p.rank, p.step, p.ord""")
+    con.unregister("call_fixes")
+    con.execute("DROP TABLE calls_pre")
+    return changed
+
+
+_AGG_COLUMNS = ("rank", "step", "ord", "t_name", "b_name", "t_seq", "b_seq", "kind", "how", "in_e", "out_e",
+                "out_bad_e", "arg_differs", "any_bad", "n_identical", "n_leaves", "worst_leaf", "worst_verdict",
+                "module", "stack_id")

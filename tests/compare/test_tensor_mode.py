@@ -100,3 +100,59 @@ def test_bfloat16_bytes_widen_exactly():
     assert numpy_dtype("Float16") is np.float16
     with pytest.raises(ValueError, match="allowed"):
         numpy_dtype("torch.qint8")
+
+
+def _rows(rel):
+    """All rows of a relation, sorted, with floats compared exactly (NaN as a string)."""
+    out = []
+    for row in rel.fetchall():
+        out.append(tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in row))
+    return sorted(out, key=repr)
+
+
+def test_workers_give_the_same_tensors_table(truns):
+    one = C.compare(truns["gelu"], truns["base"], mode="tensor", workers=1)
+    three = C.compare(truns["gelu"], truns["base"], mode="tensor", workers=3)
+    assert one.stats["tensor_pairs"] == three.stats["tensor_pairs"] > 50
+    assert one.tensors.columns == three.tensors.columns
+    assert _rows(one.tensors) == _rows(three.tensors)
+    assert one.summary == three.summary
+    # the gelu output pair carries real metrics: e = |N - B| / |B| = 1e-3 for N = B * (1 + 1e-3)
+    (e, cos), = one.con.sql("SELECT e, cosine FROM tensors WHERE t_call = 'Functional.gelu.0.forward' "
+                            "AND io = 'output'").fetchall()
+    assert e == pytest.approx(1e-3, rel=1e-3) and cos == pytest.approx(1.0, abs=1e-9)
+
+
+def test_workers_bad_value_exit_2(truns, capsys):
+    assert main(["compare", str(truns["gelu"]), str(truns["base"]), "--workers", "0"]) == 2
+    assert "--workers: got 0; allowed: an integer from 1 to 256" in capsys.readouterr().err
+    assert main(["compare", str(truns["gelu"]), str(truns["base"]), "--workers", "two"]) == 2
+    with pytest.raises(CompareInputError, match="--workers"):
+        C.compare(truns["gelu"], truns["base"], workers=True)
+
+
+def test_first_only_tensor_mode_stops_early_same_origin(truns, tmp_path):
+    full = C.compare(truns["gelu"], truns["base"], mode="tensor")
+    first = C.compare(truns["gelu"], truns["base"], mode="tensor", first_only=True, workers=2,
+                      out=tmp_path / "o", formats="parquet")
+    # the first origin (gelu of block 0, the 3rd call) is known from the first chunk of pairs
+    assert first.first == full.first
+    assert first.first[0]["name"] == "Functional.gelu.0.forward"
+    assert first.first[0]["stack"][0].endswith(GELU_LINE)
+    assert first.stats["tensor_pairs"] < full.stats["tensor_pairs"]
+    # the leaf metrics that were read equal the full run's
+    keys = "rank, step, aid, io, arg, state, e, cosine, max_abs_err"
+    read = _rows(first.con.sql(f"SELECT {keys} FROM tensors WHERE cosine IS NOT NULL"))
+    assert read and set(read) <= set(_rows(full.con.sql(f"SELECT {keys} FROM tensors")))
+    # outputs end at the first origin
+    import pyarrow.parquet as pq
+    names = pq.read_table(tmp_path / "o" / "calls.parquet")["t_name"].to_pylist()
+    assert names[-1] == "Functional.gelu.0.forward"
+
+
+def test_first_only_tensor_mode_without_origin_reads_everything(truns):
+    full = C.compare(truns["same"], truns["base"], mode="tensor")
+    first = C.compare(truns["same"], truns["base"], mode="tensor", first_only=True)
+    assert first.verdict == full.verdict == "identical"
+    assert first.stats["tensor_pairs"] == full.stats["tensor_pairs"]
+    assert first.summary["ranks"][0]["counts"] == full.summary["ranks"][0]["counts"]
