@@ -1,0 +1,104 @@
+"""In-process A/B overhead: one model, recorded and uninstrumented steps alternating.
+
+Fresh-process runs (benchmarks/overhead.py) are the reference; on a shared or noisy
+machine their run medians spread by 30 %. This script removes process-to-process drift:
+the same process alternates a plain step and a recorded step (start/train/stop/step),
+``--pairs`` times, and prints the process-CPU-time ratio of the fastest and of the median
+steps. With ``--breakdown`` it also reports the time spent computing statistics.
+
+    python benchmarks/ab_steps.py --config l1_stats --pairs 8 [--layers 4] [--breakdown]
+
+Not collected by pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="l1_stats", help="a configuration of benchmarks/workloads.py")
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--breakdown", action="store_true", help="also time the statistics themselves")
+    args = p.parse_args(argv)
+
+    import torch._dynamo  # noqa: F401  (as overhead.py does)
+    import torch
+
+    from workloads import CONFIGS, build_encoder, config_json
+
+    if args.config not in CONFIGS or CONFIGS[args.config][0] is None:
+        raise SystemExit(f"--config: got {args.config!r}; allowed: "
+                         + ", ".join(k for k, v in CONFIGS.items() if v[0] is not None))
+    torch.set_num_threads(args.threads)
+    stats_time = [0.0, 0]
+    if args.breakdown:
+        import msprobe.pytorch.leaves as leaves
+        original = leaves.tensor_stats
+
+        def timed(t):
+            start = time.process_time()
+            try:
+                return original(t)
+            finally:
+                stats_time[0] += time.process_time() - start
+                stats_time[1] += t.numel()
+
+        leaves.tensor_stats = timed
+    from msprobe.pytorch import PrecisionDebugger
+
+    model, train_step = build_encoder(args.layers)
+    dump = tempfile.mkdtemp(prefix="ab-steps-")
+    cfg_path = Path(dump) / "config.json"
+    cfg_path.write_text(json.dumps(config_json(args.config, dump)))
+    dbg = PrecisionDebugger(config_path=str(cfg_path), dump_path=dump)
+    stopped = CONFIGS[args.config][3] == "stopped"
+    if stopped:
+        dbg.start(model)
+        dbg.stop()
+
+    def plain() -> float:
+        t = time.process_time()
+        train_step()
+        return time.process_time() - t
+
+    def recorded() -> float:
+        t = time.process_time()
+        if stopped:
+            train_step()
+        else:
+            dbg.start(model)
+            train_step()
+            dbg.stop()
+            dbg.step()
+        return time.process_time() - t
+
+    plain(), recorded()  # warm-up
+    stats_time[:] = [0.0, 0]
+    base, rec = [], []
+    for _ in range(args.pairs):
+        base.append(plain())
+        rec.append(recorded())
+    dbg.close()
+    print(f"{args.config} (encoder {args.layers} layers, {args.pairs} pairs, CPU time): "
+          f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
+          f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "
+          f"ratio of mins {min(rec) / min(base):.2f}, of medians {statistics.median(rec) / statistics.median(base):.2f}")
+    if args.breakdown:
+        print(f"statistics: {stats_time[0] / args.pairs * 1e3:.1f} ms per recorded step over "
+              f"{stats_time[1] / args.pairs / 1e6:.1f} M elements")
+
+
+if __name__ == "__main__":
+    main()
