@@ -115,7 +115,6 @@ def load_mapping(source) -> Mapping:
             is not one of :data:`SECTIONS` (with its line), or a section of the wrong shape;
             for upstream formats see :func:`msprobe.compare.upstream_mapping.load_upstream`.
     """
-    import yaml
 
     if isinstance(source, Mapping):
         return source
@@ -133,27 +132,13 @@ def load_mapping(source) -> Mapping:
             return load_upstream("<dict>", kind, _doc=_Doc("<dict>", doc, {}))
     else:
         where = str(source)
-        try:
-            text = open(source, encoding="utf-8").read()
-        except OSError as exc:
-            raise CompareInputError(f"--mapping {where!r}: unreadable: {exc}") from None
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f"line {mark.line + 1}: " if mark is not None else ""
-            raise CompareInputError(f"--mapping {where!r}: {line}YAML error: {getattr(exc, 'problem', exc)}") from None
-        if isinstance(node, yaml.MappingNode):
-            for k, _ in node.value:
-                lines[str(k.value)] = k.start_mark.line + 1
-        from msprobe.compare.upstream_mapping import _Doc, _walk, detect, load_upstream
+        from msprobe.compare.upstream_mapping import detect, load_upstream, read_yaml
+        parsed = read_yaml(source, "--mapping")
+        doc = parsed.doc
+        lines = {str(path[0]): line for path, line in parsed.lines.items() if len(path) == 1}
         kind = detect(doc, SECTIONS)
         if kind is not None:
-            all_lines: dict = {}
-            if node is not None:
-                _walk(node, (), all_lines)
-            return load_upstream(source, kind, _doc=_Doc(f"--mapping {where!r}", doc, all_lines))
+            return load_upstream(source, kind, _doc=parsed)
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -472,53 +472,50 @@ def test_dumps_indent1_falls_back_for_other_types():
     assert dumps_indent1(value) == json.dumps(value, indent=1)
 
 
+def _step0_rows(tmp_path, sample):
+    """The sample scenario's rank-0 step-0 rows in seq order, its stacks and meta; also
+    writes the reference export_step output to ``tmp_path/whole``."""
+    import pyarrow.compute as pc
+
+    from store import schema as S
+    from store.log_reader import read_log
+
+    dump = tmp_path / "dump"
+    sample.write_scenario(dump)
+    contents = read_log(dump)
+    table = contents.table
+    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
+    rows = rows.sort_by([(S.SEQ, "ascending")])
+    meta = dict(sample.META_MIX, rank_dir="rank0")
+    export_step(rows, contents.stacks, meta, tmp_path / "whole")
+    return rows, contents.stacks, meta
+
+
 @pytest.mark.parametrize("parts", [1, 2, 5, 17])
 def test_step_exporter_in_parts_equals_export_step(tmp_path, sample, parts):
     """Rows fed in seq-ordered parts, with a write after each (as stop() then step() do),
     give the bytes of one export_step over all rows; entries touched again by a later part
     (keys merged, leaves replaced) are re-encoded."""
-    import pyarrow.compute as pc
-
-    from store import schema as S
     from store.export import StepExporter
-    from store.log_reader import read_log
 
-    dump = tmp_path / "dump"
-    sample.write_scenario(dump)
-    contents = read_log(dump)
-    table = contents.table
-    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
-    rows = rows.sort_by([(S.SEQ, "ascending")])
-    meta = dict(sample.META_MIX, rank_dir="rank0")
-    export_step(rows, contents.stacks, meta, tmp_path / "whole")
+    rows, stacks, meta = _step0_rows(tmp_path, sample)
     live = StepExporter()
     bounds = [round(i * rows.num_rows / parts) for i in range(parts + 1)]
     for lo, hi in zip(bounds, bounds[1:]):
         live.add(rows.slice(lo, hi - lo))
-        live.write(contents.stacks, meta, tmp_path / "parts")
+        live.write(stacks, meta, tmp_path / "parts")
     assert files_of(tmp_path / "parts") == files_of(tmp_path / "whole")
     assert json.loads((tmp_path / "parts/dump.json").read_text(), parse_constant=str)["data"]
 
 
 def test_step_exporter_out_of_order_rebuilds(tmp_path, sample):
-    import pyarrow.compute as pc
-
-    from store import schema as S
     from store.export import StepExporter
-    from store.log_reader import read_log
 
-    dump = tmp_path / "dump"
-    sample.write_scenario(dump)
-    contents = read_log(dump)
-    table = contents.table
-    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
-    rows = rows.sort_by([(S.SEQ, "ascending")])
-    meta = dict(sample.META_MIX, rank_dir="rank0")
-    export_step(rows, contents.stacks, meta, tmp_path / "whole")
+    rows, stacks, meta = _step0_rows(tmp_path, sample)
     half = rows.num_rows // 2
     live = StepExporter()
     live.add(rows.slice(half))
-    live.write(contents.stacks, meta, tmp_path / "parts")
+    live.write(stacks, meta, tmp_path / "parts")
     live.add(rows.slice(0, half))  # older seqs after newer ones
-    live.write(contents.stacks, meta, tmp_path / "parts")
+    live.write(stacks, meta, tmp_path / "parts")
     assert files_of(tmp_path / "parts") == files_of(tmp_path / "whole")
