@@ -113,13 +113,15 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
     tls = session._tls
 
     memo = record.__self__.leaves.memo  # record: Recorder.record_api
+    entries = memo.entries  # the memo's dict: emptied in place, never replaced
 
     def wrapper(*args, **kwargs):
-        if not session.recording or getattr(tls, "busy", False) or wrapper.__msprobe_disabled__:
-            if not getattr(tls, "busy", False):
-                memo.clear()  # backward entries are still recorded after stop(): a write here counts
-            return original(*args, **kwargs)
-        return record(original, family, key, args, kwargs)
+        # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
+        if session.recording and not tls.busy and not wrapper.__msprobe_disabled__:
+            return record(original, family, key, args, kwargs)
+        if entries and not tls.busy:
+            entries.clear()  # backward entries are still recorded after stop(): a write here counts
+        return original(*args, **kwargs)
 
     try:
         functools.update_wrapper(wrapper, original)

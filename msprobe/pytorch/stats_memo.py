@@ -57,6 +57,11 @@ class StatsMemo:
 
     __slots__ = ("_entries", "enabled", "limit", "hits")
 
+    @property
+    def entries(self) -> dict:
+        """The entries dict itself (the API wrappers empty it in place on their fast path)."""
+        return self._entries
+
     def __init__(self, enabled: Optional[bool] = None, limit: int = LIMIT) -> None:
         if enabled is None:
             enabled = os.environ.get("MSPROBE_NO_STATS_MEMO", "") in ("", "0")
