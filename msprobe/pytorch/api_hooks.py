@@ -25,6 +25,7 @@ from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
+from msprobe.pytorch.stats_memo import StatsMemo
 
 logger = logging.getLogger("msprobe")
 
@@ -76,11 +77,12 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
         original = getattr(owner, name)
         if spec.family == DIST_FAMILY:
             dist_calls = dist_calls or DistributedCalls(recorder)
-            wrapper = DistributedWrapper(original, f"{spec.family}.{name}", dist_calls.record, session)
+            wrapper = DistributedWrapper(original, f"{spec.family}.{name}", dist_calls.record, session,
+                                         recorder.leaves.memo)
         elif spec.family == ATEN_FAMILY:
             wrapper = make_aten_proxy(original, name, recorder.record_api, session)
         else:
-            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session)
+            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo)
         try:
             setattr(owner, name, wrapper)
         except (AttributeError, TypeError):
@@ -108,11 +110,10 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
         setattr(owner, name, original)
 
 
-def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any) -> Callable:
+def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any,
+                  memo: StatsMemo) -> Callable:
     key = f"{family}.{api}"
     tls = session._tls
-
-    memo = record.__self__.leaves.memo  # record: Recorder.record_api
     entries = memo.entries  # the memo's dict: emptied in place, never replaced
 
     def wrapper(*args, **kwargs):

@@ -249,13 +249,16 @@ class DistributedWrapper:
         key: ``Distributed.{api}``.
         record: the recording entry point (:meth:`DistributedCalls.record`).
         session: the debugger's session.
+        memo: the recorder's :class:`~msprobe.pytorch.stats_memo.StatsMemo`, emptied when a
+            call runs unrecorded (a collective writes tensors without bumping versions).
     """
 
-    def __init__(self, original: Callable, key: str, record: Callable, session: Any) -> None:
+    def __init__(self, original: Callable, key: str, record: Callable, session: Any, memo: Any) -> None:
         functools.update_wrapper(self, original)
         self._key = key
         self._record = record
         self._session = session
+        self._memo_entries = memo.entries
         self.__msprobe_original__ = original
         self.__msprobe_disabled__ = False
 
@@ -264,11 +267,12 @@ class DistributedWrapper:
         original = self.__msprobe_original__
         if self._key == _BATCH_P2P:
             original = functools.partial(_call_unwrapped_p2p, original)
-        if not session.recording or getattr(session._tls, "busy", False) or self.__msprobe_disabled__:
-            if not getattr(session._tls, "busy", False):
-                self._record.__self__.recorder.leaves.memo.clear()
-            return original(*args, **kwargs)
-        return self._record(original, FAMILY, self._key, args, kwargs)
+        busy = session._tls.busy
+        if session.recording and not busy and not self.__msprobe_disabled__:
+            return self._record(original, FAMILY, self._key, args, kwargs)
+        if self._memo_entries and not busy:
+            self._memo_entries.clear()
+        return original(*args, **kwargs)
 
     def _root(self) -> Any:
         fn = self.__msprobe_original__

@@ -35,7 +35,6 @@ from msprobe.core.statistics import TensorStats
 
 _F64 = torch.float64
 _F32 = torch.float32
-_STRIDED = torch.strided
 _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # dtypes numpy reads directly (host path); bf16 and complex go through torch first
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
@@ -86,13 +85,13 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
 
     Raises nothing for odd tensors: those without readable data get all-null stats.
     """
-    if t.dtype is _F32 and t.is_cpu and t.layout is _STRIDED and type(t) is torch.Tensor:
+    if not has_data(t):
+        return TensorStats()
+    if t.dtype is _F32 and t.is_cpu and type(t) is torch.Tensor:
         fast = _small_f32_stats(t)
         if fast is not None:
             return fast
     s = TensorStats()
-    if not has_data(t):
-        return s
     with torch.no_grad():
         x = t.detach()
         dtype = x.dtype
@@ -129,11 +128,12 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
 
 def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:
     """The common case in a few microseconds: a small, contiguous, finite CPU float32
-    tensor (numpy on its memory; Mean and Norm in float64). None: take the general path."""
+    tensor with readable data (:func:`has_data`; numpy on its memory, Mean and Norm in
+    float64). None: take the general path."""
     n = t.numel()
-    if n == 0 or n > SMALL_NUMEL or not t.is_contiguous() or t.is_neg() or t.untyped_storage().nbytes() == 0:
+    if n > SMALL_NUMEL or not t.is_contiguous() or t.is_neg():
         return None
-    a = np.frombuffer((ctypes.c_char * (4 * n)).from_address(t.data_ptr()), dtype=np.float32, count=n)
+    a = host_array(t)
     mx = float(np.maximum.reduce(a))
     mn = float(np.minimum.reduce(a))
     if not (math.isfinite(mx) and math.isfinite(mn)):
