@@ -185,8 +185,31 @@ def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optiona
 _EMPTY_DATA_TAIL = "{}\n}"
 
 
+def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], cache_key: Callable[[str, Any], Any],
+                 chunks: Optional[dict], indent: str) -> Optional[str]:
+    """The ``indent=1`` text of a non-empty JSON object nested at ``indent[:-1]``, given as
+    ``(key, token)`` pairs whose values are ``value_of(token)``; each ``"key": value``
+    member is encoded once and kept in ``chunks`` under ``cache_key(key, token)``.
+    None when a value is not plain JSON (the caller falls back to :func:`json.dumps`)."""
+    parts = []
+    try:
+        for key, token in members:
+            ck = cache_key(key, token)
+            piece = chunks.get(ck) if chunks is not None else None
+            if piece is None:
+                out = [_ENCODE_STR(key), ": "]
+                _encode(value_of(token), indent, out)
+                piece = "".join(out)
+                if chunks is not None:
+                    chunks[ck] = piece
+            parts.append(piece)
+    except (_NotPlainJson, RecursionError):
+        return None
+    return "{\n" + indent + (",\n" + indent).join(parts) + "\n" + indent[:-1] + "}"
+
+
 def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry],
-               chunks: Optional[dict[str, str]]) -> str:
+               chunks: Optional[dict]) -> str:
     """dump.json's text, exactly ``dumps_indent1(_top(meta, level, entry_values(...)))``.
 
     Each entry is encoded on its own (``"name": value`` at the depth of ``data``'s items)
@@ -194,22 +217,12 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     new ones stored, so a live step re-encodes only the entries that changed.
     """
     head = _dumps(_top(meta, level, {}))
-    if meta["task"] == _TASK_STRUCTURE or not order or not head.endswith(_EMPTY_DATA_TAIL):
-        return _dumps(_top(meta, level, entry_values(order, entries)))
-    parts = []
-    try:
-        for name in order:
-            piece = chunks.get(name) if chunks is not None else None
-            if piece is None:
-                out = [_ENCODE_STR(name), ": "]
-                _encode(_entry_value(entries[name]), "  ", out)
-                piece = "".join(out)
-                if chunks is not None:
-                    chunks[name] = piece
-            parts.append(piece)
-    except (_NotPlainJson, RecursionError):
-        return _dumps(_top(meta, level, entry_values(order, entries)))
-    return head[: -len(_EMPTY_DATA_TAIL)] + "{\n  " + ",\n  ".join(parts) + "\n }\n}"
+    if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
+        data = _object_text([(name, name) for name in order], lambda name: _entry_value(entries[name]),
+                            lambda name, _: name, chunks, "  ")
+        if data is not None:
+            return head[: -len(_EMPTY_DATA_TAIL)] + data + "\n}"
+    return _dumps(_top(meta, level, entry_values(order, entries)))
 
 
 def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
@@ -217,24 +230,13 @@ def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any
     """``dumps_indent1(dict(...))`` of a top-level object given as ``(key, token)`` pairs,
     the value being ``expand(token)`` (or the token itself). With ``chunks``, the text of
     each ``(key, token)`` member is cached (tokens are immutable: stack ids, parent names)."""
+    value_of = expand if expand is not None else (lambda token: token)
     if not items:
         return "{}"
-    parts = []
-    try:
-        for key, token in items:
-            cache_key = (_ITEMS, key, token)
-            piece = chunks.get(cache_key) if chunks is not None else None
-            if piece is None:
-                out = [_ENCODE_STR(key), ": "]
-                value = expand(token) if expand is not None else token
-                _encode(value, " ", out)
-                piece = "".join(out)
-                if chunks is not None:
-                    chunks[cache_key] = piece
-            parts.append(piece)
-    except (_NotPlainJson, RecursionError):
-        return _dumps({key: (expand(token) if expand is not None else token) for key, token in items})
-    return "{\n " + ",\n ".join(parts) + "\n}"
+    text = _object_text(items, value_of, lambda key, token: (_ITEMS, key, token), chunks, " ")
+    if text is None:
+        return _dumps({key: value_of(token) for key, token in items})
+    return text
 
 
 _ITEMS = object()  # cache-key tag of _items_text members (never equal to an entry name)
