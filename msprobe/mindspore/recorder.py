@@ -132,14 +132,19 @@ class Recorder:
         finally:
             tls.busy = False
 
+    def _wanted(self, fwd: str, bwd: str) -> tuple[bool, bool]:
+        """Whether the forward and the backward entry of a call or Cell starting now are
+        recorded: scope (entered here), data_mode and list."""
+        s, dm = self.session, self.dm
+        if not self.scope.enter(fwd):
+            return False, False
+        return dm.forward and s.accepts(fwd), dm.backward and s.accepts(bwd) and grad_active()
+
     def _before(self, family: str, key: str, n: int, args: tuple, kwargs: dict) -> Optional[_Plan]:
         s, dm = self.session, self.dm
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
-        if not self.scope.enter(fwd):
-            return None
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and grad_active()
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         plan = _Plan()
@@ -209,10 +214,7 @@ class Recorder:
         n = s.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
-        if not self.scope.enter(fwd):
-            return None
-        want_fwd = dm.forward and s.accepts(fwd)
-        want_bwd = dm.backward and s.accepts(bwd) and grad_active()
+        want_fwd, want_bwd = self._wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
         frame = CellFrame()
