@@ -98,6 +98,26 @@ class _Stream:
             return value
 
 
+def _member_keys(stream: _Stream, decoder: json.JSONDecoder, what: str) -> Iterator[str]:
+    """The keys of the JSON object at the stream's position, each after its ``:``; the
+    caller reads the member's value before asking for the next key. ``what`` names the key
+    in the error raised when one is not a string."""
+    stream.expect("{")
+    first = True
+    while True:
+        if stream.skip_ws() == "}":
+            stream.pos += 1
+            return
+        if not first:
+            stream.expect(",")
+        first = False
+        key = stream.value(decoder)
+        if not isinstance(key, str):
+            raise stream.fail(f"expected {what}, found {key!r}")
+        stream.expect(":")
+        yield key
+
+
 def iter_entries(path: Union[str, os.PathLike]) -> Iterator[tuple[str, Any]]:
     """Yield ``("header", {task, level, framework, dump_data_dir})`` once ``data`` starts,
     then ``(name, entry)`` per entry of ``data`` in file order.
@@ -115,41 +135,14 @@ def iter_entries(path: Union[str, os.PathLike]) -> Iterator[tuple[str, Any]]:
         stream.more()
         if not stream.buf.strip() and stream.eof:
             raise CompareInputError(f"{path}: empty dump.json (0 entries); expected a JSON object with 'data'")
-        stream.expect("{")
-        first = True
-        while True:
-            char = stream.skip_ws()
-            if char == "}":
-                stream.pos += 1
-                break
-            if not first:
-                stream.expect(",")
-            first = False
-            key = stream.value(decoder)
-            if not isinstance(key, str):
-                raise stream.fail(f"expected a key string, found {key!r}")
-            stream.expect(":")
+        for key in _member_keys(stream, decoder, "a key string"):
             if key != "data":
                 header[key] = stream.value(decoder)
                 continue
             saw_data = True
             yield "header", dict(header)
-            stream.expect("{")
-            inner_first = True
-            while True:
-                char = stream.skip_ws()
-                if char == "}":
-                    stream.pos += 1
-                    break
-                if not inner_first:
-                    stream.expect(",")
-                inner_first = False
-                name = stream.value(decoder)
-                if not isinstance(name, str):
-                    raise stream.fail(f"expected an entry name, found {name!r}")
-                stream.expect(":")
-                entry = stream.value(decoder)
-                yield name, entry
+            for name in _member_keys(stream, decoder, "an entry name"):
+                yield name, stream.value(decoder)
     finally:
         stream.close()
     if not saw_data:
