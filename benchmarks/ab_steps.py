@@ -2,7 +2,8 @@
 
 Fresh-process runs (benchmarks/overhead.py) are the reference; on a shared or noisy
 machine their run medians spread by 30 %. This script removes process-to-process drift:
-the same process alternates a plain step and a recorded step (start/train/stop/step),
+the same process alternates a plain step (no hook installed) and a recorded step
+(start/train/stop/step of a fresh debugger whose hooks were installed outside the timer),
 ``--pairs`` times, and prints the process-CPU-time ratio of the fastest and of the median
 steps. With ``--breakdown`` it also reports the time spent computing statistics.
 
@@ -59,14 +60,22 @@ def main(argv=None) -> None:
     from msprobe.pytorch import PrecisionDebugger
 
     model, train_step = build_encoder(args.layers)
-    dump = tempfile.mkdtemp(prefix="ab-steps-")
-    cfg_path = Path(dump) / "config.json"
-    cfg_path.write_text(json.dumps(config_json(args.config, dump)))
-    dbg = PrecisionDebugger(config_path=str(cfg_path), dump_path=dump)
+    root = tempfile.mkdtemp(prefix="ab-steps-")
     stopped = CONFIGS[args.config][3] == "stopped"
-    if stopped:
+    made = [0]
+
+    def debugger():
+        # a fresh debugger per recorded step, hooks installed (start/stop) outside the timer,
+        # so that the plain steps run with no hook installed at all
+        made[0] += 1
+        dump = Path(root) / f"d{made[0]}"
+        dump.mkdir()
+        cfg_path = dump / "config.json"
+        cfg_path.write_text(json.dumps(config_json(args.config, str(dump))))
+        dbg = PrecisionDebugger(config_path=str(cfg_path), dump_path=str(dump))
         dbg.start(model)
         dbg.stop()
+        return dbg
 
     def plain() -> float:
         t = time.process_time()
@@ -74,6 +83,7 @@ def main(argv=None) -> None:
         return time.process_time() - t
 
     def recorded() -> float:
+        dbg = debugger()
         t = time.process_time()
         if stopped:
             train_step()
@@ -82,7 +92,9 @@ def main(argv=None) -> None:
             train_step()
             dbg.stop()
             dbg.step()
-        return time.process_time() - t
+        elapsed = time.process_time() - t
+        dbg.close()
+        return elapsed
 
     plain(), recorded()  # warm-up
     stats_time[:] = [0.0, 0]
@@ -90,7 +102,6 @@ def main(argv=None) -> None:
     for _ in range(args.pairs):
         base.append(plain())
         rec.append(recorded())
-    dbg.close()
     print(f"{args.config} (encoder {args.layers} layers, {args.pairs} pairs, CPU time): "
           f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
           f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "

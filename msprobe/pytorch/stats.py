@@ -45,6 +45,9 @@ _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 SMALL_NUMEL = 1 << 12
 _TINY = 2.0 ** -56  # below this |max|, _norm32's float32 squares lose precision
 _ROW = 256  # elements per partial norm in _norm32
+#: tensor types whose memory the fast path may read directly (subclasses such as DTensor or
+#: FakeTensor may override data access, so they take the general path)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -87,7 +90,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     """
     if not has_data(t):
         return TensorStats()
-    if t.dtype is _F32 and t.is_cpu and type(t) is torch.Tensor:
+    if t.dtype is _F32 and t.is_cpu and type(t) in _PLAIN_TYPES:
         fast = _small_f32_stats(t)
         if fast is not None:
             return fast

@@ -159,3 +159,22 @@ def test_backward_with_fan_out_and_accumulation(tmp_path):
     _assert_stats(data["Functional.linear.0.backward"]["output"][1], wr.grad)
     _assert_stats(data["Torch.tanh.0.backward"]["input"][0], a.grad)
     _assert_stats(data["Torch.sigmoid.0.backward"]["input"][0], b.grad)
+
+
+def test_small_parameters_take_the_fast_path_with_float64_values(monkeypatch):
+    """Biases and norm weights are nn.Parameter: they take the few-microsecond small path
+    (no general-path call) and still get float64 Mean/Norm."""
+    import msprobe.pytorch.stats as stats_mod
+
+    def general(_x):
+        raise AssertionError("a small finite float32 Parameter took the general path")
+
+    monkeypatch.setattr(stats_mod, "_host_stats", general)
+    torch.manual_seed(6)
+    p = torch.nn.Parameter(torch.randn(257) * 1e3 + 0.1)
+    s = tensor_stats(p)
+    a = p.detach().double().numpy()
+    assert (s.max, s.min) == (a.max(), a.min())
+    assert s.mean == pytest.approx(float(a.sum()) / a.size, rel=1e-15, abs=0)
+    assert s.norm == pytest.approx(math.sqrt(float(np.dot(a, a))), rel=1e-15)
+    assert p.requires_grad and p.grad is None  # untouched
