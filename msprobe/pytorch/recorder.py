@@ -24,6 +24,7 @@ from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import LeafBuilder, is_structseq
+from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
 from msprobe.pytorch.payload import PayloadCapture
 from store import schema
 from store.records import Call, Leaf
@@ -96,6 +97,7 @@ class Recorder:
                                           md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
+        self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
         if self.capture is not None:
             session.add_flush_hook(self.capture.clear)
@@ -172,9 +174,17 @@ class Recorder:
             except Exception as exc:
                 self.internal_error(exc)
                 plan = None
-            # the call may write any tensor (even without bumping its version): statistics
-            # recorded before it are not reused after it (msprobe.pytorch.stats_memo)
-            memo.clear()
+            # a call that writes in place (maybe through an alias with its own version
+            # counter) makes the statistics of what it may write stale (msprobe.pytorch.stats_memo)
+            if memo.entries:
+                rule = self._write_rules.get(key)
+                if rule is None:
+                    rule = self._write_rules[key] = WriteRule(family, key.split(".", 1)[-1], original)
+                writes = rule.check(args, kwargs)
+                if writes == WRITES_ARGS:
+                    memo.release(args, kwargs)
+                elif writes == WRITES_ANY:
+                    memo.clear()
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)

@@ -11,23 +11,27 @@ An entry is reused only while all of these hold:
 * the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
   as the view autograd passes to the next node. The memo holds that tensor (a strong
-  reference, so its memory cannot be reused by another tensor while the entry lives; at
-  most ``LIMIT`` CPU tensors, oldest dropped first; weak references lost a third of the
+  reference, so its memory cannot be reused by another tensor while the entry lives);
+  parameters (``nn.Parameter``, alive anyway) are kept until the next clear, other tensors
+  at most ``LIMIT`` at a time, oldest dropped first (weak references lost a third of the
   hits, because autograd hands each node a fresh Python object);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
-* no intercepted API call has started since the entry was made: the wrappers call
-  :meth:`StatsMemo.clear` before every intercepted call runs (recording or not: backward
-  entries are still recorded after stop()), collectives again after they ran, and the
-  debugger at start()/stop()/step(). This covers writes that do not bump the version
-  counter: through ``.data`` (a separate counter), collectives, ``torch.no_grad()``
-  copies — at levels L1 and mix all of them are API calls. At L0 and debug no API is
-  intercepted, so the memo is off there.
+* no intercepted API call that may write memory of the tensor ran since the entry was
+  made. The counter misses writes through an alias with its own counter (``x.data``), so
+  an intercepted call that writes in place (:mod:`msprobe.pytorch.mutation`: ``add_``,
+  ``__setitem__``, ``out=``, ``inplace=True``) forgets the entries whose storage one of its
+  tensor arguments shares (:meth:`StatsMemo.release`; everything when an argument is not a
+  tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget
+  everything, before and after they run; so do unrecorded intercepted calls and the
+  debugger at start()/stop()/step(). At L0 and debug no API is intercepted, so the memo
+  is off there.
 
-What remains uncovered is memory written by code msprobe does not intercept (a custom C++
-or Triton kernel writing through a raw pointer) between two consecutive records of the same
-tensor object; ``PrecisionDebugger`` users with such kernels can turn the memo off with the
-environment variable ``MSPROBE_NO_STATS_MEMO=1``.
+What remains uncovered is memory written by code msprobe does not intercept through an
+alias with its own version counter (a custom C++ or Triton kernel writing through a raw
+pointer, an operator called on ``x.data`` through ``torch._C``) between two records of the
+same tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
+off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
 """
 from __future__ import annotations
 
@@ -37,9 +41,14 @@ from typing import Any, Optional
 import torch
 
 
-#: entries kept (the oldest is dropped first): a gradient is reused by the next backward
-#: node or two, an output by the next call, so a handful is enough
-LIMIT = 4
+#: non-parameter entries kept (the oldest is dropped first): an output is reused by the next
+#: call or two, a residual branch's input a few calls later
+LIMIT = 16
+
+_PARAMETER = torch.nn.Parameter
+#: argument values that hold no tensor memory (anything else makes release() forget all)
+_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
+            torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
 class StatsMemo:
@@ -47,7 +56,8 @@ class StatsMemo:
 
     Args:
         enabled: False makes :meth:`get` always miss (``MSPROBE_NO_STATS_MEMO=1``).
-        limit: at most this many entries (int >= 1; the oldest is dropped when full).
+        limit: at most this many entries for tensors that are not parameters (int >= 1;
+            the oldest is dropped when full); parameters are kept until :meth:`clear`.
 
     Attributes:
         hits: number of :meth:`get` calls answered from the memo (for benchmarks).
@@ -55,7 +65,7 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "enabled", "limit", "hits")
 
     @property
     def entries(self) -> dict:
@@ -69,7 +79,9 @@ class StatsMemo:
             raise ValueError(f"StatsMemo limit: got {limit}; allowed: an integer >= 1")
         self.enabled = enabled
         self.limit = limit
+        # key -> (tensor, version, value, storage address, is a parameter)
         self._entries: dict[tuple, tuple] = {}
+        self._order: dict[tuple, None] = {}  # keys of non-parameter entries, oldest first
         self.hits = 0
 
     @staticmethod
@@ -85,7 +97,7 @@ class StatsMemo:
             e = self._entries.get(self._key(t))
             if e is None:
                 return None
-            held, version, value = e
+            held, version, value = e[:3]
             valid = t._version == version and held._version == version and held.data_ptr() == t.data_ptr()
         except RuntimeError:  # inference tensors have no version counter
             return None
@@ -100,22 +112,67 @@ class StatsMemo:
             return
         try:
             key = self._key(t)
-            entry = (t, t._version, value)
-        except RuntimeError:
+            param = isinstance(t, _PARAMETER)
+            entry = (t, t._version, value, t.untyped_storage().data_ptr(), param)
+        except (RuntimeError, NotImplementedError):  # no version counter or no storage
             return
-        entries = self._entries
-        entries.pop(key, None)
-        if len(entries) >= self.limit:
-            try:  # another thread may clear or evict at the same time
-                del entries[next(iter(entries))]  # the oldest
-            except (StopIteration, KeyError, RuntimeError):
-                pass
+        entries, order = self._entries, self._order
+        order.pop(key, None)
         entries[key] = entry
+        if param:
+            return
+        order[key] = None
+        while len(order) > self.limit:
+            try:  # another thread may clear or evict at the same time
+                oldest = next(iter(order))
+                del order[oldest]
+                old = entries.get(oldest)
+                if old is not None and not old[4]:
+                    del entries[oldest]
+            except (StopIteration, KeyError, RuntimeError):
+                break
+
+    def release(self, args: tuple, kwargs: dict) -> None:
+        """Forget the entries an intercepted call that writes in place may change: those
+        whose storage a tensor in ``args``/``kwargs`` (nested in lists, tuples, dicts)
+        shares; everything when an argument is anything else but a plain value."""
+        entries = self._entries
+        if not entries:
+            return
+        storages: set = set()
+        if not (_storages(args, storages) and _storages(kwargs, storages)):
+            self.clear()
+            return
+        for key, entry in list(entries.items()):
+            if entry[3] in storages:
+                entries.pop(key, None)
+                self._order.pop(key, None)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
         if self._entries:
             self._entries.clear()
+        self._order.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _storages(value: Any, out: set) -> bool:
+    """Add the storage address of every tensor in ``value`` to ``out``; False if ``value``
+    holds something that may reference tensor memory unseen (an object, an array)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            try:
+                out.add(v.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):
+                return False
+        elif type(v) in (list, tuple):
+            todo.extend(v)
+        elif type(v) is dict:
+            todo.extend(v.values())
+        elif not isinstance(v, _SCALARS):
+            return False
+    return True
