@@ -13,7 +13,7 @@ An entry is reused only while all of these hold:
   as the view autograd passes to the next node. The memo holds that tensor (a strong
   reference, so its memory cannot be reused by another tensor while the entry lives);
   parameters (``nn.Parameter``, alive anyway) are kept until the next clear, other tensors
-  at most ``LIMIT`` at a time, oldest dropped first (weak references lost a third of the
+  at most ``LIMIT`` and ``MAX_BYTES`` at a time, oldest dropped first (weak references lost a third of the
   hits, because autograd hands each node a fresh Python object);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
@@ -44,6 +44,9 @@ import torch
 #: non-parameter entries kept (the oldest is dropped first): an output is reused by the next
 #: call or two, a residual branch's input a few calls later
 LIMIT = 16
+#: at most this many bytes of non-parameter tensors are kept alive by the memo (a tensor
+#: larger than this is not remembered): holding a tensor delays freeing its memory
+MAX_BYTES = 64 << 20
 
 _PARAMETER = torch.nn.Parameter
 #: argument values that hold no tensor memory (anything else makes release() forget all)
@@ -65,7 +68,7 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "_held", "enabled", "limit", "hits")
 
     @property
     def entries(self) -> dict:
@@ -81,7 +84,8 @@ class StatsMemo:
         self.limit = limit
         # key -> (tensor, version, value, storage address, is a parameter)
         self._entries: dict[tuple, tuple] = {}
-        self._order: dict[tuple, None] = {}  # keys of non-parameter entries, oldest first
+        self._order: dict[tuple, int] = {}  # non-parameter entries, oldest first: key -> bytes
+        self._held = 0  # bytes of the non-parameter entries
         self.hits = 0
 
     @staticmethod
@@ -113,19 +117,26 @@ class StatsMemo:
         try:
             key = self._key(t)
             param = isinstance(t, _PARAMETER)
-            entry = (t, t._version, value, t.untyped_storage().data_ptr(), param)
+            storage = t.untyped_storage()
+            entry = (t, t._version, value, storage.data_ptr(), param)
+            size = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # no version counter or no storage
             return
         entries, order = self._entries, self._order
-        order.pop(key, None)
-        entries[key] = entry
+        self._held -= order.pop(key, 0)
         if param:
+            entries[key] = entry
             return
-        order[key] = None
-        while len(order) > self.limit:
+        if size > MAX_BYTES:
+            entries.pop(key, None)
+            return
+        entries[key] = entry
+        order[key] = size
+        self._held += size
+        while len(order) > self.limit or self._held > MAX_BYTES:
             try:  # another thread may clear or evict at the same time
                 oldest = next(iter(order))
-                del order[oldest]
+                self._held -= order.pop(oldest)
                 old = entries.get(oldest)
                 if old is not None and not old[4]:
                     del entries[oldest]
@@ -146,13 +157,14 @@ class StatsMemo:
         for key, entry in list(entries.items()):
             if entry[3] in storages:
                 entries.pop(key, None)
-                self._order.pop(key, None)
+                self._held -= self._order.pop(key, 0)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
         if self._entries:
             self._entries.clear()
         self._order.clear()
+        self._held = 0
 
     def __len__(self) -> int:
         return len(self._entries)

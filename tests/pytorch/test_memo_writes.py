@@ -135,3 +135,25 @@ def test_optimizer_step_reuses_parameter_statistics(tmp_path):
     updates = [data[f"Tensor.add_.{i}.forward"] for i in range(len(before))]
     for rec, p0 in zip(updates, before):
         _assert_stats(rec["input_args"][0], p0)
+
+
+def test_memo_bounds_the_bytes_it_keeps_alive(monkeypatch):
+    """Non-parameter tensors are held up to MAX_BYTES of storage (a larger one is not
+    remembered at all); parameters do not count."""
+    import msprobe.pytorch.stats_memo as memo_mod
+
+    monkeypatch.setattr(memo_mod, "MAX_BYTES", 1000)
+    memo = StatsMemo(enabled=True, limit=16)
+    huge = torch.randn(300)                    # 1200 bytes > 1000
+    memo.put(huge, "huge")
+    assert memo.get(huge) is None and len(memo) == 0
+    a, b, c = torch.randn(100), torch.randn(100), torch.randn(100)  # 400 bytes each
+    p = torch.nn.Parameter(torch.randn(1000))
+    memo.put(p, "p")
+    memo.put(a, "a")
+    memo.put(b, "b")
+    memo.put(c, "c")                           # 1200 bytes: a (the oldest) goes
+    assert (memo.get(a), memo.get(b), memo.get(c), memo.get(p)) == (None, "b", "c", "p")
+    view = torch.randn(250)[:10]               # a view keeps its whole 1000-byte storage alive
+    memo.put(view, "v")
+    assert (memo.get(b), memo.get(c), memo.get(view)) == (None, None, "v")
