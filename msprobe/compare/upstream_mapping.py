@@ -20,7 +20,8 @@ to PyTorch names (values, ``pt_*``), which is our TARGET → BASELINE direction.
     ``kwargs.{name}``). ``{Cell/Module path}.parameters_grad.{name}`` names a parameter
     gradient. Converted into :attr:`Mapping.calls` (``call → call``, renaming that one
     call; its backward follows a renamed forward) and :attr:`Mapping.leaf` keyed by the
-    BASELINE call (``io.arg → io.arg``).
+    BASELINE call (``io.arg → io.arg``). As upstream, only the listed leaves of a mapped
+    call are compared: the others move to ``*.unmapped.*`` (unpaired).
 ``-am`` / ``--api_mapping`` (:data:`API`)
     a list of ``{ms_api, pt_api, ms_args, pt_args, ms_outputs, pt_outputs}`` (a single
     such mapping, as upstream's documentation shows it, is one entry)::
@@ -235,8 +236,14 @@ def _data(d: _Doc) -> dict:
             raise d.error((k,), f"call {tc!r} is mapped to both {calls[tc]!r} and {bc!r}")
         if tc != bc:
             calls[tc] = bc
-        if (tio, targ) != (bio, barg) and not tc.endswith("parameters_grad"):
+        if not tc.endswith("parameters_grad"):
             leaf.setdefault(bc, {})[f"{tio}.{targ}"] = f"{bio}.{barg}"
+    # upstream compares exactly the listed pairs: a mapped call's other leaves are not compared
+    for bc, tab in leaf.items():
+        ios = ("input_args", "input_kwargs", "output", "parameters") if _direction(bc) == "forward" \
+            else ("input", "output")
+        for io in ios:
+            tab.setdefault(f"*{io}", f"{io}.unmapped")
     return {"calls": calls, "leaf": leaf}
 
 

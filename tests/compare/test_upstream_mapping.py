@@ -145,15 +145,18 @@ def test_data_mapping_renames_one_call_and_its_leaves(attention, tmp_path):
     f.write_text(DATA_MAPPING)
     m = load_upstream(f, "data_mapping")
     assert m.calls == {"Functional.flash_attention_score.0.forward": "NPU.npu_fusion_attention.0.forward"}
-    assert m.leaf == {"NPU.npu_fusion_attention.0.forward": {"input_args.0": "input_args.1",
-                                                             "input_args.1": "input_args.0"}}
+    assert m.leaf == {"NPU.npu_fusion_attention.0.forward": {
+        "input_args.0": "input_args.1", "input_args.1": "input_args.0", "output.0": "output.0",
+        # leaves the file does not list are not compared (upstream compares only the listed pairs)
+        "*input_args": "input_args.unmapped", "*input_kwargs": "input_kwargs.unmapped",
+        "*output": "output.unmapped", "*parameters": "parameters.unmapped"}}
     assert main(["compare", str(ms), str(pt), "-dm", str(f), "-o", str(tmp_path / "o")]) == 0
     r = C.compare(ms, pt, mapping=f)     # detected from the file's shape
     assert paired(r) == {"NPU.npu_fusion_attention.0.forward": "NPU.npu_fusion_attention.0.forward"}
     es = r.con.sql("SELECT io, arg, e, verdict FROM tensors ORDER BY io, arg").fetchall()
     # q and k pair crosswise (equal values); the scale, not in the file, has no counterpart
     assert es == [("input_args", "0", 0.0, "identical"), ("input_args", "1", 0.0, "identical"),
-                  ("input_args", "2", None, "unpaired"), ("output", "0", 0.0, "identical")]
+                  ("input_args", "unmapped.2", None, "unpaired"), ("output", "0", 0.0, "identical")]
 
 
 def test_parse_data_name():
