@@ -100,7 +100,7 @@ def _add_compare(commands) -> None:
                          "is_print_compare_log, rank_id, step_id")
     up.add_argument("-tp", "--target_path", default=None, help="= TARGET")
     up.add_argument("-gp", "--golden_path", default=None, help="= BASELINE")
-    up.add_argument("--output_path", dest="out_alias", default=None, help="= -o")
+    up.add_argument("--output_path", dest="out_alias", default=None, metavar="OUT", help="= -o")
     up.add_argument("-s", "--stack_mode", action="store_true", help="accepted: stacks are always reported")
     up.add_argument("-c", "--compare_only", action="store_true",
                     help="accepted: no advisor file is written; the first divergence is always reported")
