@@ -13,7 +13,9 @@
     msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics|tensor] [--rank 0,2-3]
         [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
         [--format summary,csv,parquet,html] [--mapping MAP.yaml] [--rank-map 0:1,1:0] [--workers N]
-        [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm LAYER.yaml]
+        [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm [LAYER.yaml]]
+        upstream spellings: -i compare.json, -tp/-gp, -o/--output_path, -m auto, -s, -c, -hl,
+        -f/-fm, -da, -tensor_log, --xlsx (docs/compare-upstream-formats.md)
     msprobe compare TARGET --nan-origin
         find the first divergence between two dumps (see msprobe.compare); exit status
         0 no divergence, 1 divergence, 2 bad input
@@ -75,7 +77,9 @@ def _add_compare(commands) -> None:
                      help="dump path, upstream dump directory or dump.json")
     cmp.add_argument("baseline", metavar="BASELINE", nargs="?", default=None, help="the reference dump")
     cmp.add_argument("-o", "--out", metavar="OUT", default=None, help="output directory (default: no files)")
-    cmp.add_argument("--mode", default="auto", help="auto, md5, statistics or tensor (auto: tensor when both hold tensor data, else statistics)")
+    cmp.add_argument("-m", "--mode", default="auto",
+                     help="auto, md5, statistics or tensor (auto: tensor when both hold tensor data, else "
+                          "statistics; upstream's -m auto is the same)")
     cmp.add_argument("--rank", default=None, help="ranks to compare, e.g. 0,2-3")
     cmp.add_argument("--step", default=None, help="steps to compare, e.g. 0-4")
     cmp.add_argument("--tol", default="strict", help="strict, loose, bitwise or DTYPE=RTOL[,...]")
@@ -89,23 +93,31 @@ def _add_compare(commands) -> None:
                      help="tensor mode: threads reading and measuring leaf pairs, one pair in memory each (1-256)")
     cmp.add_argument("--nan-origin", action="store_true", help="one dump: first call with finite inputs "
                      "and non-finite outputs")
-    up = cmp.add_argument_group("upstream spellings (run the same engine)")
-    up.add_argument("-i", "--input_path", default=None, help="compare.json with npu_path and bench_path")
+    up = cmp.add_argument_group(
+        "upstream spellings (run the same engine; docs/compare-upstream-formats.md)")
+    up.add_argument("-i", "--input_path", default=None,
+                    help="compare.json: npu_path (= TARGET), bench_path (= BASELINE), optional stack_path, "
+                         "is_print_compare_log, rank_id, step_id")
     up.add_argument("-tp", "--target_path", default=None, help="= TARGET")
     up.add_argument("-gp", "--golden_path", default=None, help="= BASELINE")
-    up.add_argument("-output_path", "--output_path", dest="out_alias", default=None, help="= -o")
+    up.add_argument("--output_path", dest="out_alias", default=None, metavar="OUT", help="= -o")
     up.add_argument("-s", "--stack_mode", action="store_true", help="accepted: stacks are always reported")
+    up.add_argument("-c", "--compare_only", action="store_true",
+                    help="accepted: no advisor file is written; the first divergence is always reported")
+    up.add_argument("-hl", "--highlight", action="store_true",
+                    help="accepted: xlsx rows of origin and propagated calls are always highlighted")
+    up.add_argument("-tensor_log", "--is_print_compare_log", action="store_true", help="accepted (no per-call log)")
     up.add_argument("-f", "-fm", "--fuzzy_match", action="store_true", help="accepted: matching is always structural")
     up.add_argument("-da", "--diff_analyze", action="store_true", help="accepted: the first divergence is always found")
     up.add_argument("--xlsx", action="store_true", help="= --format xlsx")
     up.add_argument("-dm", "--data_mapping", default=None, metavar="YAML",
                     help="upstream data_mapping file: {MS data name: PT data name}")
-    up.add_argument("-lm", "--layer_mapping", default=None, metavar="YAML",
-                    help="upstream layer_mapping file: {LayerClass: {ms_attr: pt_attr}}, TopLayer for the root")
-    for flag, long, what in (("-cm", "--cell_mapping", "{ms path.Class: pt path.Class}"),
-                             ("-am", "--api_mapping", "a list of {ms_api, pt_api, ms_args, pt_args, ...}")):
-        up.add_argument(flag, long, default=None, nargs="?", const="", metavar="YAML",
-                        help=f"upstream {long[2:]} file: {what} (without a file: the built-in table)")
+    for flag, long, what in (("-cm", "--cell_mapping", "{ms path.Class or part of it: pt path.Class}"),
+                             ("-am", "--api_mapping", "a list of {ms_api, pt_api, ms_args, pt_args, ...}"),
+                             ("-lm", "--layer_mapping", "{LayerClass: {ms_attr: pt_attr}}, TopLayer for the root")):
+        up.add_argument(flag, long, default=None, metavar="YAML",
+                        help=f"upstream {long[2:]} file: {what}; without a file (the next argument does not "
+                             f"end in .yaml/.yml) the flag alone is accepted: the built-in table applies")
     cmp.add_argument("--rank-map", default=None, metavar="T:B,...",
                      help="pair TARGET rank T with BASELINE rank B, e.g. 0:1,1:0 (others pair by id)")
 
@@ -125,13 +137,7 @@ def _upstream_args(args: argparse.Namespace) -> None:
 
         args.mapping = load_mapping(maps + ([args.mapping] if args.mapping else []))
     if args.input_path:
-        try:
-            spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise CompareInputError(f"-i {args.input_path!r}: unreadable compare.json: {exc}") from None
-        if not isinstance(spec, dict) or "npu_path" not in spec or "bench_path" not in spec:
-            raise CompareInputError(f"-i {args.input_path!r}: fields 'npu_path' and 'bench_path' are required")
-        args.target, args.baseline = spec["npu_path"], spec["bench_path"]
+        _compare_json(args)
     if args.target_path:
         args.target = args.target_path
     if args.golden_path:
@@ -142,6 +148,75 @@ def _upstream_args(args: argparse.Namespace) -> None:
         args.format = ",".join(filter(None, [args.format or "summary,csv,parquet,html", "xlsx"]))
     if args.target is None:
         raise CompareInputError("TARGET missing: msprobe compare TARGET BASELINE (or -tp/-gp, or -i compare.json)")
+
+
+#: upstream's mapping flags whose file is optional (``nargs='?'`` upstream), by spelling
+_BARE_FLAGS = {"-am": "--api_mapping", "--api_mapping": "--api_mapping", "-cm": "--cell_mapping",
+               "--cell_mapping": "--cell_mapping", "-lm": "--layer_mapping", "--layer_mapping": "--layer_mapping"}
+
+
+def _bare_mapping_flags(argv: list) -> list:
+    """Upstream allows ``-am``, ``-cm`` and ``-lm`` without a file. Ours also has the
+    positionals TARGET BASELINE, so ``-am TARGET BASELINE`` would be ambiguous: the next
+    argument is the flag's file only if it ends in ``.yaml``/``.yml`` (upstream reads only
+    ``.yaml`` files); otherwise the flag stands alone (``--api_mapping=``, the built-in table)."""
+    out = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _BARE_FLAGS:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and not nxt.startswith("-") and nxt.lower().endswith((".yaml", ".yml")):
+                out += [a, nxt]
+                i += 2
+                continue
+            out.append(_BARE_FLAGS[a] + "=")
+            i += 1
+            continue
+        if a == "--":
+            out.extend(argv[i:])
+            break
+        out.append(a)
+        i += 1
+    return out
+
+
+def _compare_json(args: argparse.Namespace) -> None:
+    """Read upstream's compare.json (``-i``): ``npu_path`` → TARGET, ``bench_path`` →
+    BASELINE (required, non-empty strings); ``stack_path`` (optional string, must exist;
+    stacks are read from the dump directory anyway); ``is_print_compare_log`` (optional
+    bool); ``rank_id``/``step_id`` (optional lists of ints, upstream's kernel-compare
+    selection; non-empty lists become ``--rank``/``--step`` unless those are given).
+    Other keys are ignored, as upstream does. Raises CompareInputError naming the key."""
+    from msprobe.compare import CompareInputError
+
+    where = f"-i {args.input_path!r}"
+    try:
+        spec = json.loads(Path(args.input_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CompareInputError(f"{where}: unreadable compare.json: {exc}") from None
+    if not isinstance(spec, dict) or "npu_path" not in spec or "bench_path" not in spec:
+        raise CompareInputError(f"{where}: fields 'npu_path' and 'bench_path' are required")
+    for key in ("npu_path", "bench_path"):
+        if not isinstance(spec[key], str) or not spec[key]:
+            raise CompareInputError(f"{where}: field {key!r}: expected a path (string), got {spec[key]!r}")
+    stack = spec.get("stack_path")
+    if stack is not None and (not isinstance(stack, str) or not Path(stack).is_file()):
+        raise CompareInputError(f"{where}: field 'stack_path': expected an existing stack.json, got {stack!r}")
+    if not isinstance(spec.get("is_print_compare_log", True), bool):
+        raise CompareInputError(f"{where}: field 'is_print_compare_log': expected true or false, "
+                                f"got {spec['is_print_compare_log']!r}")
+    for key, attr in (("rank_id", "rank"), ("step_id", "step")):
+        ids = spec.get(key)
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                for x in ids):
+            raise CompareInputError(f"{where}: field {key!r}: expected a list of integers >= 0 like [0, 1], "
+                                    f"got {ids!r}")
+        if ids and getattr(args, attr) is None:
+            setattr(args, attr, ",".join(map(str, ids)))
+    args.target, args.baseline = spec["npu_path"], spec["bench_path"]
 
 
 def _run_compare(args: argparse.Namespace) -> int:
@@ -291,6 +366,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] in ("-f", "--framework") and argv[1] in ("pytorch", "mindspore"):
         argv = argv[2:]  # upstream's "msprobe -f pytorch compare ..."
+    if argv and argv[0] == "compare":
+        argv = ["compare"] + _bare_mapping_flags(argv[1:])
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help (0)

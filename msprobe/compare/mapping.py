@@ -24,9 +24,11 @@ calls left unpaired are listed by name (:func:`unmatched_prefixes`).
 
 Upstream's four mapping files (``data_mapping``, ``api_mapping``, ``cell_mapping``,
 ``layer_mapping``; :mod:`msprobe.compare.upstream_mapping`) load into the same model, which
-adds :attr:`Mapping.calls` (one call renamed, counter included) and
-:attr:`Mapping.children` (attribute names per layer class); :func:`load_mapping` tells the
-formats apart, and a list of sources merges (later entries win).
+adds :attr:`Mapping.calls` (one call renamed, counter included),
+:attr:`Mapping.children` (attribute names per layer class, dotted runs of path levels
+allowed) and :attr:`Mapping.cell_sub` (cell_mapping's substring rules, applied to a
+``Cell`` stem without an exact entry); :func:`load_mapping` tells the formats apart, and a
+list of sources merges (later entries win).
 
 The built-in PyTorch/MindSpore table (:mod:`msprobe.compare.builtin_table`) adds
 :attr:`Mapping.candidates`, :attr:`Mapping.families` and :attr:`Mapping.primitive`:
@@ -67,6 +69,7 @@ class Mapping:
     candidates: dict = field(default_factory=dict)  # TARGET API -> tuple of BASELINE APIs, first recorded wins
     families: dict = field(default_factory=dict)    # TARGET family -> tuple of BASELINE families
     primitive: dict = field(default_factory=dict)   # Primitive class -> tuple of BASELINE APIs
+    cell_sub: dict = field(default_factory=dict)    # cell_mapping substring -> replacement, in file order
 
     def merged_over(self, base: "Mapping") -> "Mapping":
         """This mapping with ``base``'s entries where this one has none (``leaf`` and
@@ -85,7 +88,8 @@ class Mapping:
                        source=source, calls={**base.calls, **self.calls}, children=children,
                        candidates={**base.candidates, **self.candidates},
                        families={**base.families, **self.families},
-                       primitive={**base.primitive, **self.primitive})
+                       primitive={**base.primitive, **self.primitive},
+                       cell_sub={**base.cell_sub, **self.cell_sub})
 
 
 #: PyTorch ↔ MindSpore minimum: the framework prefix only. The full built-in table
@@ -184,9 +188,19 @@ def _split_module(name: str, kind: str) -> tuple[str, str]:
 
 def _stem_map(stem: str, m: Mapping, module: dict) -> str:
     """Rename a module stem (``Cell.path.Class``): an exact ``module`` entry (cell_mapping)
-    first, then the class by ``layer``, then path prefixes by ``module``."""
+    first; else, when a ``cell_sub`` rule occurs in a ``Cell`` stem's ``path.Class``, the
+    first occurrence of each rule's key replaced in order, with ``Cell`` → ``Module``
+    (upstream 26.x's "mapping by string in the cell name"); else the class by ``layer``,
+    then path prefixes by ``module``."""
     if stem in module:
         return module[stem]
+    if m.cell_sub and stem.startswith("Cell."):
+        body = new = stem[len("Cell."):]
+        for old, repl in m.cell_sub.items():
+            if old in new:
+                new = new.replace(old, repl, 1)
+        if new != body:
+            return f"Module.{new}"
     head, _, cls = stem.rpartition(".")
     if cls in m.layer:
         stem = f"{head}.{m.layer[cls]}"
@@ -206,11 +220,21 @@ def _module_name(name: str, kind: str, m: Mapping, paths: Optional[dict] = None)
 
 def _children_entries(module_stems, children: dict) -> dict:
     """Expand ``children`` ({layer class or ``TopLayer``: {attr: attr}}) into exact stem
-    renames for the given module stems (``Cell.a.b.Class``): each path component is renamed
-    by the entry of its parent's class (``TopLayer`` for the root's children); parent
+    renames for the given module stems (``Cell.a.b.Class``): path components are renamed
+    by the entries of their parent's class (``TopLayer`` for the root's children); a dotted
+    key (``model.module``) replaces that run of components, longest key first, and the
+    next component's parent is the last one the key covered; a value may be dotted. Parent
     classes come from the stems themselves."""
     if not children:
         return {}
+    rules: dict = {}        # class -> first component -> [(key components, value)], longest first
+    for cls, table in children.items():
+        by_first = rules.setdefault(cls, {})
+        for k, v in table.items():
+            parts = tuple(k.split("."))
+            by_first.setdefault(parts[0], []).append((parts, v))
+        for lst in by_first.values():
+            lst.sort(key=lambda kv: -len(kv[0]))
     class_of: dict[tuple, str] = {}
     split = []
     for stem in module_stems:
@@ -223,9 +247,16 @@ def _children_entries(module_stems, children: dict) -> dict:
     out = {}
     for stem, prefix, path, cls in split:
         new = []
-        for i, comp in enumerate(path):
+        i = 0
+        while i < len(path):
             parent_cls = "TopLayer" if i == 0 else class_of.get(path[:i])
-            new.append(children.get(parent_cls, {}).get(comp, comp) if parent_cls else comp)
+            step, repl = 1, path[i]
+            for key, value in rules.get(parent_cls, {}).get(path[i], ()):
+                if path[i:i + len(key)] == key:
+                    step, repl = len(key), value
+                    break
+            new.append(repl)
+            i += step
         if tuple(new) != path:
             out[stem] = ".".join([prefix, *new, cls])
     return out

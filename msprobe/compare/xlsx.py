@@ -1,11 +1,17 @@
-"""``--format xlsx``: upstream 1.2.2's result workbook (issue 8, "Outputs").
+"""``--format xlsx``: upstream 1.2.2's result workbook (issue 8, "Outputs"; the facts and
+their sources are in ``docs/compare-upstream-formats.md``).
 
 One workbook per compared rank: ``compare_result_{timestamp}.xlsx`` for a single rank,
-``compare_result_rank{N}-rank{M}_{timestamp}.xlsx`` per rank pair otherwise (timestamp
-``%Y%m%d%H%M%S``). One row per leaf pair in execution order, with upstream's columns for
-the mode (:data:`COLUMNS`); rows are judged by our leaf verdicts in upstream's words
-(tensor: ``Yes``/``No``, statistics: ``pass``/``Warning``, md5: ``pass``/``Different``);
-rows of origin calls are filled red, of propagated calls yellow. Needs openpyxl.
+``compare_result_rank{N}-rank{M}_{timestamp}.xlsx`` per rank pair otherwise (TARGET rank
+N, BASELINE rank M; timestamp ``%Y%m%d%H%M%S``). One row per leaf pair in execution order,
+with upstream's columns for the mode (:data:`COLUMNS`; ``NPU_Stack_Info`` only when the
+TARGET recorded stacks, as upstream adds it only with stack information). Rows are judged
+by our leaf verdicts in upstream's words: tensor ``Accuracy Reached or Not`` ``Yes``/``No``,
+statistics ``Result`` empty/``Warning``, md5 ``Result`` ``pass``/``Different``; a TARGET
+leaf without a partner gets ``N/A`` and ``No bench data matched.`` as upstream writes it.
+Statistics relative errors are upstream's strings (``12.5%``; ``N/A`` when the baseline
+value is 0). Rows of origin calls are filled red, of propagated calls yellow. Needs
+openpyxl.
 """
 from __future__ import annotations
 
@@ -30,7 +36,9 @@ COLUMNS = {
 }
 _IO = {"input_args": "input", "input_kwargs": "input", "input": "input", "output": "output",
        "parameters": "parameters"}
-_WORDS = {"tensor": ("Yes", "No"), "statistics": ("pass", "Warning"), "md5": ("pass", "Different")}
+_WORDS = {"tensor": ("Yes", "No"), "statistics": ("", "Warning"), "md5": ("pass", "Different")}
+NO_BENCH = "No bench data matched."     # upstream's Err_message for a TARGET leaf without a partner
+STACK = "NPU_Stack_Info"
 _BAD = ("diverged", "nonfinite", "structural")
 
 _SQL = """
@@ -56,6 +64,19 @@ def _num(v):
     return v
 
 
+def _rel_pct(t, b):
+    """Upstream's statistics relative error: ``"{|t - b| / |b| * 100}%"``, ``"N/A"`` when a
+    value is missing or ``b`` is 0, ``"Nan"`` when the difference is NaN."""
+    if t is None or b is None:
+        return "N/A"
+    diff = float(t) - float(b)
+    if math.isnan(diff):
+        return "Nan"
+    if b == 0:
+        return "N/A"
+    return f"{abs(diff / float(b) * 100)}%"
+
+
 def write_xlsx(result, out: Path, mode: str) -> list[Path]:
     """Write the workbooks into ``out``; returns their paths.
 
@@ -76,7 +97,14 @@ def write_xlsx(result, out: Path, mode: str) -> list[Path]:
     con = result.con
     mode = mode if mode in COLUMNS else "statistics"
     cols = COLUMNS[mode]
+    try:
+        (n_stacks,), = con.execute("SELECT count(*) FROM t_stacks").fetchall()
+    except Exception:     # no stack table: no stacks recorded
+        n_stacks = 0
+    if not n_stacks:
+        cols = [c for c in cols if c != STACK]
     ranks = [r["rank"] for r in result.summary["ranks"]]
+    baseline_rank = {r["rank"]: r.get("baseline_rank", r["rank"]) for r in result.summary["ranks"]}
     for rank in ranks:
         (n,), = con.execute("SELECT count(*) FROM tensors WHERE rank = ?", [rank]).fetchall()
         if n > MAX_ROWS:
@@ -107,18 +135,26 @@ def write_xlsx(result, out: Path, mode: str) -> list[Path]:
                     stacks[sid] = "\n".join(f for (f,) in con.execute(
                         "SELECT frame FROM t_stacks WHERE stack_id = ? ORDER BY depth", [sid]).fetchall())
                 judged = bad if r["verdict"] in _BAD else good
-                err = r["call_reason"] or ("" if r["verdict"] not in ("unpaired", "missing_data") else r["verdict"])
-                row = {"NPU Name": _leaf_name(r["t_call"], r["io"], r["arg"]),
-                       "Bench Name": _leaf_name(r["b_call"], r["io"], r["b_arg"] if r["b_arg"] is not None else r["arg"]),
+                err = r["call_reason"] or ""
+                if r["verdict"] == "unpaired":
+                    judged = "N/A"
+                    err = NO_BENCH if r["in_t"] is not False and r["t_call"] is not None else "unpaired: BASELINE only"
+                elif r["verdict"] == "missing_data":
+                    judged = "N/A"
+                    err = f"Dump file: {r['t_data_name'] or r['b_data_name']} not found."
+                row = {"NPU Name": _leaf_name(r["t_call"] if r["in_t"] is not False else None, r["io"], r["arg"]),
+                       "Bench Name": _leaf_name(r["b_call"] if r["in_b"] is not False else None, r["io"],
+                                                r["b_arg"] if r["b_arg"] is not None else r["arg"]),
                        "NPU Dtype": r["t_dtype"] or "N/A", "Bench Dtype": r["b_dtype"] or "N/A",
                        "NPU Tensor Shape": str(r["t_shape"]) if r["t_shape"] is not None else "N/A",
                        "Bench Tensor Shape": str(r["b_shape"]) if r["b_shape"] is not None else "N/A",
                        "Max diff": _num(r["max_diff"]), "Min diff": _num(r["min_diff"]),
                        "Mean diff": _num(r["mean_diff"]), "L2norm diff": _num(r["norm_diff"]),
-                       "MaxRelativeErr": _num(r["max_rel_err"] if mode == "tensor" and has_tensor_cols
-                                              else r["max_rel_pct"]),
-                       "MinRelativeErr": _num(r["min_rel_pct"]), "MeanRelativeErr": _num(r["mean_rel_pct"]),
-                       "NormRelativeErr": _num(r["norm_rel_pct"]),
+                       "MaxRelativeErr": (_num(r["max_rel_err"]) if mode == "tensor" and has_tensor_cols
+                                          else _rel_pct(r["t_max"], r["b_max"])),
+                       "MinRelativeErr": _rel_pct(r["t_min"], r["b_min"]),
+                       "MeanRelativeErr": _rel_pct(r["t_mean"], r["b_mean"]),
+                       "NormRelativeErr": _rel_pct(r["t_norm"], r["b_norm"]),
                        "NPU max": _num(r["t_max"]), "NPU min": _num(r["t_min"]), "NPU mean": _num(r["t_mean"]),
                        "NPU l2norm": _num(r["t_norm"]), "Bench max": _num(r["b_max"]), "Bench min": _num(r["b_min"]),
                        "Bench mean": _num(r["b_mean"]), "Bench l2norm": _num(r["b_norm"]),
@@ -136,7 +172,7 @@ def write_xlsx(result, out: Path, mode: str) -> list[Path]:
                     for cell in ws[ws.max_row]:
                         cell.fill = fill
         name = (f"compare_result_{stamp}.xlsx" if len(ranks) == 1
-                else f"compare_result_rank{rank}-rank{rank}_{stamp}.xlsx")
+                else f"compare_result_rank{rank}-rank{baseline_rank[rank]}_{stamp}.xlsx")
         path = out / name
         wb.save(path)
         written.append(path)

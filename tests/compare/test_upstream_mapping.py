@@ -4,6 +4,7 @@ dump.json pairs whose pairings are known by construction; bad files name line an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -144,15 +145,18 @@ def test_data_mapping_renames_one_call_and_its_leaves(attention, tmp_path):
     f.write_text(DATA_MAPPING)
     m = load_upstream(f, "data_mapping")
     assert m.calls == {"Functional.flash_attention_score.0.forward": "NPU.npu_fusion_attention.0.forward"}
-    assert m.leaf == {"NPU.npu_fusion_attention.0.forward": {"input_args.0": "input_args.1",
-                                                             "input_args.1": "input_args.0"}}
+    assert m.leaf == {"NPU.npu_fusion_attention.0.forward": {
+        "input_args.0": "input_args.1", "input_args.1": "input_args.0", "output.0": "output.0",
+        # leaves the file does not list are not compared (upstream compares only the listed pairs)
+        "*input_args": "input_args.unmapped", "*input_kwargs": "input_kwargs.unmapped",
+        "*output": "output.unmapped", "*parameters": "parameters.unmapped"}}
     assert main(["compare", str(ms), str(pt), "-dm", str(f), "-o", str(tmp_path / "o")]) == 0
     r = C.compare(ms, pt, mapping=f)     # detected from the file's shape
     assert paired(r) == {"NPU.npu_fusion_attention.0.forward": "NPU.npu_fusion_attention.0.forward"}
     es = r.con.sql("SELECT io, arg, e, verdict FROM tensors ORDER BY io, arg").fetchall()
     # q and k pair crosswise (equal values); the scale, not in the file, has no counterpart
     assert es == [("input_args", "0", 0.0, "identical"), ("input_args", "1", 0.0, "identical"),
-                  ("input_args", "2", None, "unpaired"), ("output", "0", 0.0, "identical")]
+                  ("input_args", "unmapped.2", None, "unpaired"), ("output", "0", 0.0, "identical")]
 
 
 def test_parse_data_name():
@@ -217,16 +221,21 @@ def test_several_files_merge(attention, cells, tmp_path):
     ("-am", "- ms_api: Functional.conv2d\n- pt_api: Torch.conv2d\n", "line 1: item 0: key 'pt_api'"),
     ("-am", "- ms_api: A.b\n  pt_api: C.d\n  ms_args: [0, 1]\n  pt_args: [0]\n",
      "line 3: item 0: ms_args and pt_args must both be given, with equal lengths"),
-    ("-am", "- ms_api: A.b\n  pt_api: C.d\n  ms_args: [x]\n  pt_args: [0]\n", "line 3: key 'ms_args': expected a list of argument indexes"),
-    ("-am", "ms_api: A.b\n", "expected a list of entries"),
+    ("-am", "- ms_api: A.b\n  pt_api: C.d\n  ms_args: [0, 0]\n  pt_args: [0, 1]\n",
+     "line 3: key 'ms_args': expected a list of distinct argument indexes"),
+    ("-am", "- ms_api: A.b\n  pt_api: C.d\n  ms_args: [-1]\n  pt_args: [0]\n", "line 3: key 'ms_args'"),
+    ("-am", "ms_api: A.b\nms_args: [0]\n", "line 1: item 0: key 'pt_api'"),
+    ("-am", "ms_api: A.b\npt_api: C.d\nms_outputs: [0]\npt_outputs: [0]\nms_output: [1]\npt_output: [0]\n",
+     "line 5: ms_outputs and ms_output (the same list) differ"),
+    ("-am", "fc2.Dense: fc2.Linear\n", "expected a list of entries"),
     ("-cm", "fc2.Dense: [fc2.Linear]\n", "line 1: key 'fc2.Dense': expected a name: name pair"),
-    ("-cm", "conv1: conv3.Conv2d\n", "line 1: 'conv1': expected a cell/module name 'path.Class'"),
+    ("-cm", "conv1..Conv2d: conv3.Conv2d\n", "line 1: 'conv1..Conv2d': expected a cell/module name 'path.Class'"),
     ("-dm", "Functional.a.0.forward.input.0: Torch.a.0.forward.input.0\nFunctional.b.0.forward: Torch.b\n",
      "line 2: key 'Functional.b.0.forward' is not a data name"),
     ("-dm", "A.b.0.forward.input.0: C.d.0.backward.input.0\n", "line 1: 'A.b.0.forward.input.0' and "
      "'C.d.0.backward.input.0': directions differ"),
-    ("-lm", "TopLayer:\n  network_with_loss: module\nAttention:\n  q.proj: query\n",
-     "line 4: Attention: 'q.proj': 'query': expected attribute names without dots"),
+    ("-lm", "TopLayer:\n  network_with_loss: module\nAttention:\n  q..proj: query\n",
+     "line 4: Attention: 'q..proj': 'query': expected attribute names like 'qkv_proj' or dotted paths"),
     ("-lm", "TopLayer:\n  network_with_loss: [module]\n", "line 2: key 'network_with_loss'"),
     ("-lm", "TopLayer: [\n", "YAML error"),
 ])
@@ -235,7 +244,7 @@ def test_bad_upstream_files_name_line_and_key(attention, tmp_path, capsys, flag,
     f = tmp_path / "bad.yaml"
     f.write_text(text)
     kind = {"-am": "api_mapping", "-cm": "cell_mapping", "-dm": "data_mapping", "-lm": "layer_mapping"}[flag]
-    with pytest.raises(CompareInputError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(CompareInputError, match=re.escape(message)):
         load_upstream(f, kind)
     assert main(["compare", str(ms), str(pt), flag, str(f)]) == 2
     err = capsys.readouterr().err
