@@ -12,7 +12,8 @@ An entry is reused only while all of these hold:
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
   as the view autograd passes to the next node. The memo holds that tensor (a strong
   reference, so its memory cannot be reused by another tensor while the entry lives);
-  parameters (``nn.Parameter``, alive anyway) are kept until the next clear, other tensors
+  parameters (``nn.Parameter``) and their ``.grad`` (recorded as ``parameters_grad``),
+  alive anyway, are kept until the next clear, other tensors
   at most ``LIMIT`` and ``MAX_BYTES`` at a time, oldest dropped first (weak references lost a third of the
   hits, because autograd hands each node a fresh Python object);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
@@ -110,13 +111,15 @@ class StatsMemo:
         self.hits += 1
         return value
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
-        """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now)."""
+    def put(self, t: torch.Tensor, value: Any, keep: bool = False) -> None:
+        """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now).
+        ``keep``: hold ``t`` until the next clear like a parameter (for tensors that live
+        on anyway, such as a parameter's ``.grad``)."""
         if not self.enabled:
             return
         try:
             key = self._key(t)
-            param = isinstance(t, _PARAMETER)
+            param = keep or isinstance(t, _PARAMETER)
             storage = t.untyped_storage()
             entry = (t, t._version, value, storage.data_ptr(), param)
             size = storage.nbytes()
