@@ -47,7 +47,7 @@ import torch
 LIMIT = 16
 #: at most this many bytes of non-parameter tensors are kept alive by the memo (a tensor
 #: larger than this is not remembered): holding a tensor delays freeing its memory
-MAX_BYTES = 64 << 20
+MAX_BYTES = 16 << 20
 
 _PARAMETER = torch.nn.Parameter
 #: argument values that hold no tensor memory (anything else makes release() forget all)
