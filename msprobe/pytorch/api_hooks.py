@@ -114,14 +114,15 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
                   memo: StatsMemo) -> Callable:
     key = f"{family}.{api}"
     tls = session._tls
-    entries = memo.entries  # the memo's dict: emptied in place, never replaced
+    entries = memo.entries  # the memo's dict (never replaced): a cheap emptiness test
+    clear = memo.clear
 
     def wrapper(*args, **kwargs):
         # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
         if session.recording and not tls.busy and not wrapper.__msprobe_disabled__:
             return record(original, family, key, args, kwargs)
         if entries and not tls.busy:
-            entries.clear()  # backward entries are still recorded after stop(): a write here counts
+            clear()  # backward entries are still recorded after stop(): a write here counts
         return original(*args, **kwargs)
 
     try:

@@ -69,11 +69,12 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "enabled", "limit", "hits")
 
     @property
     def entries(self) -> dict:
-        """The entries dict itself (the API wrappers empty it in place on their fast path)."""
+        """The entries dict itself, never replaced (the API wrappers test it for emptiness
+        on their fast path; only the memo's methods change it)."""
         return self._entries
 
     def __init__(self, enabled: Optional[bool] = None, limit: int = LIMIT) -> None:
@@ -87,6 +88,7 @@ class StatsMemo:
         self._entries: dict[tuple, tuple] = {}
         self._order: dict[tuple, int] = {}  # non-parameter entries, oldest first: key -> bytes
         self._held = 0  # bytes of the non-parameter entries
+        self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
         self.hits = 0
 
     @staticmethod
@@ -127,24 +129,41 @@ class StatsMemo:
             return
         entries, order = self._entries, self._order
         self._held -= order.pop(key, 0)
-        if param:
-            entries[key] = entry
+        if not param and size > MAX_BYTES:
+            self._drop(key)
             return
-        if size > MAX_BYTES:
-            entries.pop(key, None)
-            return
+        old = entries.get(key)
+        if old is not None and old[3] != entry[3]:
+            self._unindex(key, old[3])
         entries[key] = entry
+        self._by_storage.setdefault(entry[3], set()).add(key)
+        if param:
+            return
         order[key] = size
         self._held += size
         while len(order) > self.limit or self._held > MAX_BYTES:
             try:  # another thread may clear or evict at the same time
                 oldest = next(iter(order))
                 self._held -= order.pop(oldest)
-                old = entries.get(oldest)
-                if old is not None and not old[4]:
-                    del entries[oldest]
+                gone = entries.get(oldest)
+                if gone is not None and not gone[4]:
+                    self._drop(oldest)
             except (StopIteration, KeyError, RuntimeError):
                 break
+
+    def _drop(self, key: tuple) -> None:
+        """Remove the entry ``key`` (and its index and order records)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._unindex(key, entry[3])
+        self._held -= self._order.pop(key, 0)
+
+    def _unindex(self, key: tuple, storage: int) -> None:
+        keys = self._by_storage.get(storage)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_storage[storage]
 
     def release(self, args: tuple, kwargs: dict) -> None:
         """Forget the entries an intercepted call that writes in place may change: those
@@ -157,16 +176,18 @@ class StatsMemo:
         if not (_storages(args, storages) and _storages(kwargs, storages)):
             self.clear()
             return
-        for key, entry in list(entries.items()):
-            if entry[3] in storages:
-                entries.pop(key, None)
-                self._held -= self._order.pop(key, 0)
+        for storage in storages:
+            keys = self._by_storage.get(storage)
+            if keys:
+                for key in list(keys):
+                    self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
         if self._entries:
             self._entries.clear()
         self._order.clear()
+        self._by_storage.clear()
         self._held = 0
 
     def __len__(self) -> int:
