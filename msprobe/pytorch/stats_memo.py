@@ -121,7 +121,7 @@ class StatsMemo:
             return
         try:
             key = self._key(t)
-            param = keep or isinstance(t, _PARAMETER)
+            param = keep or issubclass(type(t), _PARAMETER)  # not isinstance: a Python-level check
             storage = t.untyped_storage()
             entry = (t, t._version, value, storage.data_ptr(), param)
             size = storage.nbytes()
