@@ -10,7 +10,9 @@ An entry is reused only while all of these hold:
 
 * the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
-  as the view autograd passes to the next node. The memo holds that tensor (a strong
+  as the view autograd passes to the next node. Without CRC-32 (summary_mode statistics),
+  a dense tensor also matches any dense tensor over the same block of memory (``x.t()``,
+  ``x.reshape(...)`` of a contiguous ``x``): the same elements in another order. The memo holds that tensor (a strong
   reference, so its memory cannot be reused by another tensor while the entry lives);
   parameters (``nn.Parameter``) and their ``.grad`` (recorded as ``parameters_grad``),
   alive anyway, are kept until the next clear, other tensors
@@ -65,11 +67,13 @@ class StatsMemo:
 
     Attributes:
         hits: number of :meth:`get` calls answered from the memo (for benchmarks).
+        layout_free: match dense tensors over the same memory whatever their shape and
+            strides (set by the leaf builder when no CRC-32 is recorded).
     Raises:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "_by_storage", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "enabled", "limit", "hits", "layout_free")
 
     @property
     def entries(self) -> dict:
@@ -90,9 +94,16 @@ class StatsMemo:
         self._held = 0  # bytes of the non-parameter entries
         self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
         self.hits = 0
+        #: a dense tensor (no gaps, no overlap) matches any dense tensor over the same block of
+        #: memory (``x``, ``x.t()``, ``x.view(-1)``): same elements, so the same Max/Min/Mean/
+        #: Norm up to the order of the float additions. Off when the value holds a CRC-32 (it
+        #: depends on the C order of the elements).
+        self.layout_free = False
 
-    @staticmethod
-    def _key(t: torch.Tensor) -> tuple:
+    def _key(self, t: torch.Tensor) -> tuple:
+        if self.layout_free and _dense(t):
+            # the same block of memory, whatever the shape and the order of the dimensions
+            return (t.data_ptr(), t.dtype, t.numel(), t.is_neg(), t.is_conj())
         return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_neg(), t.is_conj())
 
     def get(self, t: torch.Tensor) -> Optional[Any]:
@@ -211,4 +222,17 @@ def _storages(value: Any, out: set) -> bool:
             todo.extend(v.values())
         elif not isinstance(v, _SCALARS):
             return False
+    return True
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True if ``t``'s elements fill a block of memory exactly once (contiguous in some
+    order of its dimensions: ``x.t()``, ``x.permute(...)``; no gap, no broadcast stride 0)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
     return True
