@@ -43,6 +43,8 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.pytorch.stats import is_dense
+
 
 #: non-parameter entries kept (the oldest is dropped first): an output is reused by the next
 #: call or two, a residual branch's input a few calls later
@@ -101,7 +103,7 @@ class StatsMemo:
         self.layout_free = False
 
     def _key(self, t: torch.Tensor) -> tuple:
-        if self.layout_free and _dense(t):
+        if self.layout_free and is_dense(t):
             # the same block of memory, whatever the shape and the order of the dimensions
             return (t.data_ptr(), t.dtype, t.numel(), t.is_neg(), t.is_conj())
         return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_neg(), t.is_conj())
@@ -224,15 +226,3 @@ def _storages(value: Any, out: set) -> bool:
             return False
     return True
 
-
-def _dense(t: torch.Tensor) -> bool:
-    """True if ``t``'s elements fill a block of memory exactly once (contiguous in some
-    order of its dimensions: ``x.t()``, ``x.permute(...)``; no gap, no broadcast stride 0)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
