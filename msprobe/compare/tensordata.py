@@ -63,6 +63,36 @@ def _from_bytes(data: bytes, dtype: str, shape) -> np.ndarray:
     return np.frombuffer(data, dtype=nd).reshape(tuple(shape))
 
 
+def _read_npy(path: Path, into=None) -> np.ndarray:
+    """The array of a ``.npy`` file. ``into(nbytes)`` (optional) gives a reusable uint8
+    buffer to read the data into (then the array is a view of it, valid until the next
+    read into the same buffer); version 1.0/2.0 files with a plain C-order dtype take that
+    path, anything else (Fortran order, other versions) ``np.load(allow_pickle=False)``.
+
+    Raises:
+        OSError, ValueError: unreadable, truncated or object-dtype file.
+    """
+    from numpy.lib import format as npf
+
+    if into is not None:
+        with open(path, "rb", buffering=0) as fh:
+            version = npf.read_magic(fh)
+            if version in ((1, 0), (2, 0)):
+                read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
+                shape, fortran, dtype = read_header(fh)
+                if not fortran and not dtype.hasobject and dtype.itemsize:
+                    count = int(np.prod(shape, dtype=np.int64))
+                    buf = into(count * dtype.itemsize)
+                    view, got = memoryview(buf), 0
+                    while got < buf.size:
+                        n = fh.readinto(view[got:])
+                        if not n:
+                            raise ValueError(f"{path}: truncated .npy ({got} of {buf.size} data bytes)")
+                        got += n
+                    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+    return np.load(path, allow_pickle=False)
+
+
 def _real(a: np.ndarray) -> np.ndarray:
     if np.iscomplexobj(a):
         return np.abs(a)
@@ -91,8 +121,12 @@ class TensorSource:
         return [root / f"step{step}" / f"rank{rank}" / "dump_tensor_data",
                 root / f"step{step}" / "rank" / "dump_tensor_data"]
 
-    def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str]) -> Optional[np.ndarray]:
-        """The values (numpy, real; complex → modulus) or None when unreadable."""
+    def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str],
+             into=None) -> Optional[np.ndarray]:
+        """The values (numpy, real; complex → modulus) or None when unreadable.
+
+        ``into(nbytes)`` (optional): a reusable uint8 buffer for ``.npy`` data (see
+        :func:`_read_npy`); the array returned may then be a view of it."""
         if payload:
             try:
                 if self._payloads is None:
@@ -110,7 +144,7 @@ class TensorSource:
                 continue
             try:
                 if f.suffix == ".npy":
-                    return _real(np.load(f, allow_pickle=False))
+                    return _real(_read_npy(f, into))
                 if f.suffix == ".pt" and self._torch:
                     import torch
                     t = torch.load(f, weights_only=True, map_location="cpu")
@@ -131,8 +165,19 @@ def has_tensor_data(side: Side) -> bool:
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.shape == b.shape and bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+    """Equal shape and bytes; compared in growing chunks, so a pair that differs early
+    (the usual case) costs a few microseconds, not a pass over both arrays."""
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    lo, chunk = 0, 4096
+    while lo < va.size:
+        hi = min(lo + chunk, va.size)
+        if not np.array_equal(va[lo:hi], vb[lo:hi]):
+            return False
+        lo, chunk = hi, min(chunk * 4, 1 << 20)
+    return True
 
 
 def _identical_metrics(a: np.ndarray) -> dict:
@@ -157,10 +202,23 @@ METRIC_COLUMNS = _KEYS + ("state", "e") + TENSOR_COLUMNS
 
 def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, spare=None) -> dict:
     """Metrics of one leaf pair (both arrays live only inside this call). ``spare``: a
-    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from."""
+    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from (its
+    read buffers and float64 blocks serve the whole call)."""
+    work = spare.get() if spare is not None else None
+    try:
+        return _measure_with(ts, bs, item, loss_scale, work)
+    finally:
+        if work is not None:
+            spare.put(work)
+
+
+def _measure_with(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, work) -> dict:
     rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item[:12]
-    a = ts.load(rank, step, tp, tdn)
-    b = bs.load(rank, step, bp, bdn)
+    t_into = b_into = None
+    if work is not None:
+        t_into, b_into = (lambda n: work.raw("t", n)), (lambda n: work.raw("b", n))
+    a = ts.load(rank, step, tp, tdn, t_into)
+    b = bs.load(rank, step, bp, bdn, b_into)
     row = dict(zip(_KEYS, (rank, step, aid, io, arg)))
     if a is None or b is None or a.shape != b.shape:
         row.update(state="missing_data" if a is None or b is None else "structural",
@@ -171,12 +229,7 @@ def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: fl
     if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
         row.update(_identical_metrics(a), state="identical", e=0.0)
     else:
-        work = spare.get() if spare is not None else None
-        try:
-            m = tensor_metrics(a, b, work)
-        finally:
-            if work is not None:
-                spare.put(work)
+        m = tensor_metrics(a, b, work)
         row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
     return row
 
