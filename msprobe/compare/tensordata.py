@@ -15,6 +15,8 @@ arrays are in memory. A leaf whose data cannot be read on either side gets state
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -63,25 +65,35 @@ def _from_bytes(data: bytes, dtype: str, shape) -> np.ndarray:
     return np.frombuffer(data, dtype=nd).reshape(tuple(shape))
 
 
+#: the header numpy writes for a plain array: ``{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }``
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': False, "
+                         r"'shape': \((\d+(?:, \d+)*,?)?\), \}[ \n]*")
+
+
 def _read_npy(path: Path, into=None) -> np.ndarray:
     """The array of a ``.npy`` file. ``into(nbytes)`` (optional) gives a reusable uint8
     buffer to read the data into (then the array is a view of it, valid until the next
-    read into the same buffer); version 1.0/2.0 files with a plain C-order dtype take that
-    path, anything else (Fortran order, other versions) ``np.load(allow_pickle=False)``.
+    read into the same buffer); a version 1.0/2.0 file whose header is the plain one numpy
+    writes for a C-order array of a simple dtype takes that path (header parsed with one
+    regular expression), anything else ``np.load(allow_pickle=False)``.
 
     Raises:
         OSError, ValueError: unreadable, truncated or object-dtype file.
     """
-    from numpy.lib import format as npf
-
     if into is not None:
         with open(path, "rb", buffering=0) as fh:
-            version = npf.read_magic(fh)
-            if version in ((1, 0), (2, 0)):
-                read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
-                shape, fortran, dtype = read_header(fh)
-                if not fortran and not dtype.hasobject and dtype.itemsize:
-                    count = int(np.prod(shape, dtype=np.int64))
+            head = fh.read(12)
+            if len(head) == 12 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2) and head[7] == 0:
+                if head[6] == 1:
+                    hlen, text = int.from_bytes(head[8:10], "little"), head[10:]
+                else:
+                    hlen, text = int.from_bytes(head[8:12], "little"), b""
+                text += fh.read(hlen - len(text)) if hlen > len(text) else b""
+                m = _NPY_HEADER.fullmatch(text[:hlen].decode("latin1")) if len(text) >= hlen else None
+                dtype = np.dtype(m.group(1)) if m else None
+                if dtype is not None and not dtype.hasobject and dtype.itemsize:
+                    shape = tuple(int(x) for x in (m.group(2) or "").split(",") if x.strip())
+                    count = math.prod(shape)
                     buf = into(count * dtype.itemsize)
                     view, got = memoryview(buf), 0
                     while got < buf.size:
@@ -147,7 +159,10 @@ class TensorSource:
                     return _real(_read_npy(f, into))
                 if f.suffix == ".pt" and self._torch:
                     import torch
-                    t = torch.load(f, weights_only=True, map_location="cpu")
+                    try:     # mapped, not read: the values are paged in as the metrics reach them
+                        t = torch.load(f, weights_only=True, map_location="cpu", mmap=True)
+                    except RuntimeError:      # legacy (non-zip) format: no mmap
+                        t = torch.load(f, weights_only=True, map_location="cpu")
                     if t.dtype == torch.bfloat16:
                         t = t.float()
                     return _real(t.detach().numpy())
@@ -182,10 +197,16 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _identical_metrics(a: np.ndarray) -> dict:
     """Metrics of a pair with equal bytes, without float64 arithmetic: Cosine 1 (None for
-    an all-zero or non-finite tensor, as :func:`tensor_metrics` gives), errors 0, ratios 1."""
-    finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
-    cosine = 1.0 if finite.size and bool(np.any(finite)) else None
-    return {"cosine": cosine, "euc_dist": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+    an all-zero or non-finite tensor, as :func:`tensor_metrics` gives), errors 0, ratios 1.
+    Scans for a finite non-zero element in growing chunks (stops at the first)."""
+    flat = a.reshape(-1)
+    float_kind = a.dtype.kind == "f"
+    lo, chunk, any_value = 0, 4096, False
+    while lo < flat.size and not any_value:
+        part = flat[lo:lo + chunk]
+        any_value = bool(np.any((part != 0) & np.isfinite(part))) if float_kind else bool(np.any(part))
+        lo, chunk = lo + chunk, min(chunk * 4, 1 << 20)
+    return {"cosine": 1.0 if any_value else None, "euc_dist": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
             "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0}
 
 
