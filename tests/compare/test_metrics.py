@@ -113,3 +113,25 @@ def test_blocked_metrics_property(pairs, block):
     if len(pairs) % 2:          # half the examples: the same non-finite positions on both sides
         n = np.where(np.isfinite(b), n, b).astype(np.float32)
     _assert_same_metrics(tensor_metrics(n, b, MetricsWorkspace(block)), _reference_metrics(n, b))
+
+
+@pytest.mark.parametrize("size", [0, 1, 8191, 8192, 8193, 3 * 8192, 3 * 8192 + 5, 100_003])
+def test_chunked_dot_equals_a_float64_sum(size):
+    from msprobe.compare.metrics import _dot
+
+    rng = np.random.default_rng(size)
+    x, y = rng.standard_normal(size), rng.standard_normal(size)
+    want = math.fsum((x * y).tolist())
+    assert _dot(x, y) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_blocked_metrics_large_pair_against_reference():
+    from msprobe.compare.metrics import MetricsWorkspace
+
+    rng = np.random.default_rng(7)
+    b = rng.standard_normal(300_001).astype(np.float32)
+    n = (b * (1 + rng.standard_normal(b.size) * 3e-3)).astype(np.float32)
+    b[::1000] = 0
+    n[5] = b[5] = np.nan
+    for work in (MetricsWorkspace(), MetricsWorkspace(20_000), None):
+        _assert_same_metrics(tensor_metrics(n, b, work), _reference_metrics(n, b))
