@@ -5,11 +5,12 @@ Values come, per side, from (in this order):
 * our log's payload store (``{dump_path}/.msprobe/payload/*.safetensors``, column
   ``payload``), decoded with numpy only (bfloat16 widened to float32 exactly);
 * a tensor file named by ``data_name`` in the step's ``dump_tensor_data`` directory:
-  ``.npy`` with numpy, ``.pt`` with ``torch.load(weights_only=True)`` when torch is
+  ``.npy`` with numpy (read with one ``readinto`` into a buffer each worker reuses pair
+  after pair), ``.pt`` with ``torch.load(weights_only=True, mmap=True)`` when torch is
   importable (a ``.pt`` without torch counts as missing).
 
 Pairs stream one at a time in execution order (rank, step, ord); at most one pair's
-arrays are in memory. A leaf whose data cannot be read on either side gets state
+arrays are in memory per worker. A leaf whose data cannot be read on either side gets state
 ``missing_data`` (its statistics e is kept for reference), never an exception.
 """
 from __future__ import annotations
