@@ -41,6 +41,11 @@ class MetricsWorkspace:
     in them, so a pair of any size costs no large float64 temporaries) and one byte
     buffer per side name for :meth:`raw` (file contents read without a fresh allocation),
     each as large as the largest tensor read with it.
+
+    Args:
+        block: elements per block (int ≥ 1; default :data:`BLOCK`).
+    Raises:
+        ValueError: ``block`` < 1.
     """
 
     def __init__(self, block: int = BLOCK) -> None:

@@ -135,3 +135,10 @@ def test_blocked_metrics_large_pair_against_reference():
     n[5] = b[5] = np.nan
     for work in (MetricsWorkspace(), MetricsWorkspace(20_000), None):
         _assert_same_metrics(tensor_metrics(n, b, work), _reference_metrics(n, b))
+
+
+def test_workspace_rejects_an_empty_block():
+    from msprobe.compare.metrics import MetricsWorkspace
+
+    with pytest.raises(ValueError, match="block must be >= 1"):
+        MetricsWorkspace(0)
