@@ -230,7 +230,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         if leaf_apis else ""
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     lap("align")
-    build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
+    lp_wide = build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
         con.unregister(f"{prefix}_leaves")
         side.leaves = None
@@ -247,7 +247,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
-        tensors = _arrow_streamed(con.sql(leaf_verdicts_sql(pairs)))
+        tensors = _statistics_tensors(con, lp_wide, mode, opts)
+    del lp_wide
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
     arrow["tensors"] = tensors
@@ -260,6 +261,41 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
     return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow)
+
+
+def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,
+                        opts: CompareOptions) -> pa.Table:
+    """Table ``tensors`` of statistics/md5 mode: the rows and columns of
+    ``leaf_verdicts_sql(leaf_pairs_sql(...))`` over ``lp_wide``, in ``lp_wide``'s row order.
+    DuckDB computes only the columns the query derives (state, diffs, e, tol, verdict, and
+    the few leaf columns it rewrites); the columns it passes through unchanged are
+    ``lp_wide``'s own Arrow columns (no second copy of the wide leaf columns)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True))
+    schema = _arrow(con.sql(full).limit(0)).schema         # binds the query only
+    out_names = [n for n in schema.names if n != "lp_row"]
+    renamed = {"t_md5": "t_crc32", "b_md5": "b_crc32"}
+    rewritten = {"t_has_nan", "b_has_nan", "t_has_inf", "b_has_inf"}
+    if float(opts.loss_scale) != 1.0:
+        rewritten |= {"t_max", "t_min", "t_mean", "t_norm", "t_max_finite", "t_min_finite"}
+    wide = set(lp_wide.column_names)
+    derived = [n for n in out_names if n in rewritten or (n not in wide and n not in renamed)]
+    sel = ", ".join('"' + n + '"' for n in ["lp_row", *derived])
+    comp = _arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
+    rows = comp["lp_row"].to_numpy() if comp.num_rows else np.zeros(0, np.int64)
+    if comp.num_rows != lp_wide.num_rows:
+        raise AssertionError(f"leaf metrics: {comp.num_rows} rows for {lp_wide.num_rows} pairs")
+    if not np.array_equal(rows, np.arange(len(rows))):     # DuckDB kept the order so far; do not rely on it
+        comp = comp.take(pa.array(np.argsort(rows, kind="stable")))
+    columns = []
+    for n in out_names:
+        col = comp[n] if n in derived else lp_wide[renamed.get(n, n)]
+        if not col.type.equals(schema.field(n).type):
+            col = pc.cast(col, schema.field(n).type)
+        columns.append(col)
+    return pa.table(columns, names=out_names)
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
