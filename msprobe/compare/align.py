@@ -220,8 +220,7 @@ SELECT c.rank, c.step, c.seq, c.name, c.kind,
        CASE WHEN c.kind IN ('api_forward', 'module_forward')
             THEN regexp_replace(c.name, '\.[^.]*(\.[^.]*)?$', '') ELSE c.name END, coalesce(s.sig, 0)) AS tok
 FROM {side}_calls c JOIN common_keys USING (rank, step) LEFT JOIN (
-  SELECT rank, step, cseq, bit_xor(hash(io, arg, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%'
-         OR lower(dtype) LIKE '%double%' THEN 'f' ELSE dtype END, shape)) AS sig
+  SELECT rank, step, cseq, bit_xor(hash(io, arg, sclass, shape)) AS sig
   FROM {side}_leaves l WHERE leaf_kind = 'tensor'{outputs_only} GROUP BY ALL) s
   ON s.rank = c.rank AND s.step = c.step AND s.cseq = c.seq
 WHERE c.kind IN ('api_forward', 'module_forward', 'debug_save')
@@ -268,15 +267,16 @@ tr AS (SELECT t.rank, t.step, t.seq::DOUBLE AS ord, t.name AS t_name, b.name AS 
               p.b_seq, t.kind, coalesce(p.how, 'inserted') AS how
        FROM T t LEFT JOIN P p ON p.rank = t.rank AND p.step = t.step AND p.t_seq = t.seq
        LEFT JOIN B b ON b.rank = p.rank AND b.step = p.step AND b.seq = p.b_seq),
-bw AS (SELECT b.*, p.t_seq AS pt,
-              count(p.t_seq) OVER (PARTITION BY b.rank, b.step ORDER BY b.seq ROWS UNBOUNDED PRECEDING) AS g
-       FROM B b LEFT JOIN P p ON p.rank = b.rank AND p.step = b.step AND p.b_seq = b.seq),
-bg AS (SELECT *, row_number() OVER (PARTITION BY rank, step, g ORDER BY seq) AS rn,
-              max(pt) OVER (PARTITION BY rank, step, g) AS last_t FROM bw),
+-- per baseline call: g = paired calls so far, last_t = the target seq of the last of them
+bw AS (SELECT b.*, p.t_seq AS pt, count(p.t_seq) OVER w AS g, last_value(p.t_seq IGNORE NULLS) OVER w AS last_t
+       FROM B b LEFT JOIN P p ON p.rank = b.rank AND p.step = b.step AND p.b_seq = b.seq
+       WINDOW w AS (PARTITION BY b.rank, b.step ORDER BY b.seq ROWS UNBOUNDED PRECEDING)),
+-- a deleted call goes after the paired call before it (k-th deleted one since: + 0.5 - 0.5 / (k + 1))
+bg AS (SELECT *, row_number() OVER (PARTITION BY rank, step, g ORDER BY seq) AS k FROM bw WHERE pt IS NULL),
 dr AS (SELECT rank, step, (CASE WHEN g = 0 THEN -1.0::DOUBLE ELSE last_t::DOUBLE END) + 0.5::DOUBLE
-                          - 0.5::DOUBLE / ((CASE WHEN g = 0 THEN rn ELSE rn - 1 END) + 1)::DOUBLE AS ord,
+                          - 0.5::DOUBLE / (k + 1)::DOUBLE AS ord,
               NULL::VARCHAR AS t_name, name AS b_name, NULL::BIGINT AS t_seq, seq AS b_seq, kind, 'deleted' AS how
-       FROM bg WHERE pt IS NULL)
+       FROM bg)
 SELECT rank::INTEGER AS rank, step::INTEGER AS step, ord, t_name, b_name, t_seq::BIGINT AS t_seq,
        b_seq::BIGINT AS b_seq, kind, how
 FROM (SELECT * FROM tr UNION ALL SELECT * FROM dr) ORDER BY rank, step, ord
@@ -361,6 +361,7 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
         con: DuckDB connection holding the side tables.
         common: the (rank, step) pairs present on both sides.
         max_d: Myers edit budget per segment (then greedy pairing of equal tokens).
+    The leaf tables carry ``sclass`` (:func:`msprobe.compare.metrics.prepare_leaves`).
         outputs_only: extra SQL condition on ``l`` (leaves) restricting which leaves sign a call.
     """
     import numpy as np

@@ -19,7 +19,7 @@ from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves
+from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 
@@ -159,8 +159,10 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
 
 
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
-                opts: CompareOptions) -> CompareResult:
-    """Run the whole comparison (see module docstring); raises CompareInputError on bad input."""
+                opts: CompareOptions, on_table=None) -> CompareResult:
+    """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
+    ``on_table``: None or ``f(name, arrow_table)``, called once table ``tensors`` is final
+    (while the call verdicts still run; :class:`msprobe.compare.outputs.EarlyTables`)."""
     import time
 
     notes: list[str] = []
@@ -213,6 +215,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
         side.leaves = prepare_leaves(con, side.leaves)
+        side.calls = rechunk(side.calls)
         for name in ("calls", "leaves", "stacks"):
             con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
@@ -252,6 +255,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
     arrow["tensors"] = tensors
+    if on_table is not None:
+        on_table("tensors", tensors)
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
@@ -295,7 +300,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
         if not col.type.equals(schema.field(n).type):
             col = pc.cast(col, schema.field(n).type)
         columns.append(col)
-    return pa.table(columns, names=out_names)
+    return rechunk(pa.table(columns, names=out_names))
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
@@ -314,11 +319,12 @@ def _describe(con, r: dict) -> dict:
 
 
 _FIRST_SQL = """
-WITH c AS (SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step, ord) AS pos FROM calls WHERE rank = ?),
-o AS (SELECT min(pos) AS p FROM c WHERE verdict = 'origin'),
-d AS (SELECT min(pos) AS p FROM c WHERE verdict IN ('origin', 'propagated'))
-SELECT c.*, c.pos = (SELECT p FROM o) AS is_origin FROM c
-WHERE c.pos = (SELECT p FROM o) OR (c.pos = (SELECT p FROM d) AND c.pos < coalesce((SELECT p FROM o), c.pos + 1))
+WITH o AS (SELECT * FROM calls WHERE rank = ? AND verdict = 'origin' ORDER BY step, ord LIMIT 1),
+d AS (SELECT * FROM calls WHERE rank = ? AND verdict IN ('origin', 'propagated') ORDER BY step, ord LIMIT 1)
+SELECT *, TRUE AS is_origin FROM o
+UNION ALL
+SELECT *, FALSE AS is_origin FROM d
+WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.step < d.step OR (o.step = d.step AND o.ord <= d.ord))
 """
 
 
@@ -333,7 +339,7 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
     out_ranks = []
     any_div = False
     for rank in ranks:
-        cur = con.execute(_FIRST_SQL, [rank])
+        cur = con.execute(_FIRST_SQL, [rank, rank])
         names = [d[0] for d in cur.description]
         first_origin = first_div = None
         for row in cur.fetchall():

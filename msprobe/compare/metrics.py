@@ -24,7 +24,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "ATOL"]
+__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "rechunk",
+           "ATOL"]
 
 ATOL = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "float": 1e-5}
 
@@ -105,6 +106,11 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray,
             "max_rel_err": float(rel.max()),
             "one_thousandth_ratio": float(np.count_nonzero(rel < 0.001) / count),
             "five_thousandths_ratio": float(np.count_nonzero(rel < 0.005) / count), "nonfinite": False}
+
+
+#: the dtype as call signatures see it (:mod:`msprobe.compare.align`): floats of any width are one class
+TOKEN_CLASS_SQL = ("CASE WHEN lower({d}) LIKE '%float%' OR lower({d}) LIKE '%half%' OR lower({d}) LIKE '%double%' "
+                   "THEN 'f' ELSE {d} END")
 
 
 def _fin(x: str) -> str:
@@ -213,9 +219,10 @@ _LEAF_COLUMNS = ("leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min",
 
 
 def prepare_leaves(con, leaves):
-    """``leaves`` (a side's Arrow leaf table) plus ``ridx`` (row index, int64) and
-    ``dclass`` (the canonical dtype class of :func:`_dclass_sql`, evaluated once per
-    distinct dtype spelling)."""
+    """``leaves`` (a side's Arrow leaf table) plus ``ridx`` (row index, int64),
+    ``dclass`` (the canonical dtype class of :func:`_dclass_sql`) and ``sclass`` (the
+    dtype in call signatures, :data:`TOKEN_CLASS_SQL`), each evaluated once per distinct
+    dtype spelling."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -223,12 +230,15 @@ def prepare_leaves(con, leaves):
     enc = pc.dictionary_encode(dtype)
     names = pa.table({"d": enc.dictionary})
     con.register("lp_dtypes", names)
-    rel = con.sql(f"SELECT {_dclass_sql('d')} AS c FROM lp_dtypes")
-    classes = (rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow())["c"].combine_chunks()
+    rel = con.sql(f"SELECT {_dclass_sql('d')} AS c, {TOKEN_CLASS_SQL.format(d='d')} AS s FROM lp_dtypes")
+    classes = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
     con.unregister("lp_dtypes")
-    dclass = classes.take(enc.indices) if len(classes) else pa.nulls(leaves.num_rows, pa.string())
     out = leaves.append_column("ridx", pa.array(np.arange(leaves.num_rows, dtype=np.int64)))
-    return out.append_column("dclass", dclass.cast(pa.string()))
+    for name, col in (("dclass", "c"), ("sclass", "s")):
+        values = classes[col].combine_chunks()
+        per_leaf = values.take(enc.indices) if len(values) else pa.nulls(leaves.num_rows, pa.string())
+        out = out.append_column(name, per_leaf.cast(pa.string()))
+    return out
 
 
 def _index_sql(tol: dict[str, float], remap: bool) -> str:
@@ -301,6 +311,17 @@ tp AS (SELECT j.*,
        ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair FROM j)
 SELECT rank, step, aid, arow, t_ridx, b_ridx, in_t, in_b, tol_pair{extra} FROM tp
 """
+
+
+def rechunk(table, rows: int = 122880):
+    """``table`` cut into record batches of at most ``rows`` rows (zero-copy slices):
+    DuckDB scans an Arrow table batch by batch, one thread per batch, so a table held in
+    one large chunk would be scanned by one thread."""
+    import pyarrow as pa
+
+    if table.num_rows <= rows:
+        return table
+    return pa.Table.from_batches(table.to_batches(max_chunksize=rows), schema=table.schema)
 
 
 def _watermarks(arow, tol_pair, a_rank, a_step):
@@ -388,13 +409,11 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
     }
     del idx, align
     names, cols = list(columns), list(columns.values())
-    t_part = t_leaves.select(list(_LEAF_COLUMNS)).take(t_rows)
-    b_part = b_leaves.select(list(_LEAF_COLUMNS)).take(b_rows)
-    for c in _LEAF_COLUMNS:
+    for c in _LEAF_COLUMNS:          # column by column: cheaper than Table.take
         names += [f"t_{c}", f"b_{c}"]
-        cols += [t_part[c], b_part[c]]
+        cols += [t_leaves[c].take(t_rows), b_leaves[c].take(b_rows)]
     names.append("lp_row")
     cols.append(pa.array(np.arange(len(t_rows), dtype=np.int64)))
-    wide = pa.table(cols, names=names)
+    wide = rechunk(pa.table(cols, names=names))
     con.register("lp_wide", wide)
     return wide
