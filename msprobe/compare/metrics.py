@@ -409,9 +409,18 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
     }
     del idx, align
     names, cols = list(columns), list(columns.values())
-    for c in _LEAF_COLUMNS:          # column by column: cheaper than Table.take
+
+    def gather(leaves, rows):        # column by column: cheaper than Table.take
+        return [leaves[c].take(rows) for c in _LEAF_COLUMNS]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-take") as pool:
+        # Arrow's take releases the GIL: the two sides are gathered in parallel
+        t_job, b_job = pool.submit(gather, t_leaves, t_rows), pool.submit(gather, b_leaves, b_rows)
+        t_cols, b_cols = t_job.result(), b_job.result()
+    for c, t_col, b_col in zip(_LEAF_COLUMNS, t_cols, b_cols):
         names += [f"t_{c}", f"b_{c}"]
-        cols += [t_leaves[c].take(t_rows), b_leaves[c].take(b_rows)]
+        cols += [t_col, b_col]
     names.append("lp_row")
     cols.append(pa.array(np.arange(len(t_rows), dtype=np.int64)))
     wide = rechunk(pa.table(cols, names=names))
