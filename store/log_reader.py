@@ -17,6 +17,7 @@ later ``read_new`` retries from that offset. The reader never raises on damaged 
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import struct
@@ -33,6 +34,7 @@ from store.errors import LogNotFoundError
 __all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "read_log"]
 
 _CONTINUATION = 0xFFFFFFFF
+_MAP_AT_LEAST = 16 << 20        # bytes: reads this large are memory-mapped
 _PREFIX = struct.Struct("<Ii")
 _FILE_NAME = re.compile(r"^rank(-?\d+)\.(\d+)\.(\d+)" + re.escape(S.LOG_SUFFIX) + r"$")
 
@@ -86,9 +88,15 @@ class LogReader:
         self.skipped = []
         try:
             with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError as exc:
+                size = os.fstat(handle.fileno()).st_size
+                if size - self.offset >= _MAP_AT_LEAST:
+                    # a large read maps the file instead of copying it (log files are only ever
+                    # appended to or replaced whole); the batches keep the mapping alive
+                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))[self.offset:]
+                else:
+                    handle.seek(self.offset)
+                    data = handle.read()
+        except (OSError, ValueError) as exc:
             self.skipped = [Skipped(str(self.path), self.offset, f"unreadable: {exc}")]
             return []
         buffer = pa.py_buffer(data)
@@ -116,7 +124,7 @@ class LogReader:
         self.skipped = [Skipped(str(self.path), self.offset + pos, reason)]
 
     def _read_message(
-        self, data: bytes, buffer: pa.Buffer, pos: int
+        self, data: Union[bytes, memoryview], buffer: pa.Buffer, pos: int
     ) -> tuple[int, Optional[pa.RecordBatch]]:
         """Read the message at ``pos``: (bytes consumed, batch or None for schema/EOS)."""
         remaining = len(data) - pos

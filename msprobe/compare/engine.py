@@ -161,8 +161,9 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
                 opts: CompareOptions, on_table=None) -> CompareResult:
     """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
-    ``on_table``: None or ``f(name, arrow_table)``, called once table ``tensors`` is final
-    (while the call verdicts still run; :class:`msprobe.compare.outputs.EarlyTables`)."""
+    ``on_table``: None or ``f(name, arrow_table)``, called once tables ``alignment`` and
+    ``tensors`` are final (while the later stages still run;
+    :class:`msprobe.compare.outputs.EarlyTables`)."""
     import time
 
     notes: list[str] = []
@@ -232,6 +233,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
         if leaf_apis else ""
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
+    if on_table is not None:
+        on_table("alignment", lambda: _arrow(con.table("alignment")))
     lap("align")
     lp_wide = build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves

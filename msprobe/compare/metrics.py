@@ -246,9 +246,9 @@ def _index_sql(tol: dict[str, float], remap: bool) -> str:
     narrow columns: ``rank``, ``step``, ``aid`` (the call's target seq), ``arow`` (the
     call's ``alignment`` rowid), ``t_ridx``/``b_ridx`` (row of the leaf in each side's
     leaf table, null on a missing side), ``in_t``/``in_b`` and ``tol_pair``. Without
-    ``remap`` leaves pair by path only and each row tells whether it is ``lonely`` (would
-    enter the remap step: a tensor leaf without a same-path, same-shape tensor partner);
-    with ``remap`` such leaves pair by an (io, dtype class, shape) unique on both sides."""
+    ``remap`` leaves pair by path only (right when no pair is :func:`_any_lonely`); with
+    ``remap`` a tensor leaf without a same-path, same-shape tensor partner pairs by an
+    (io, dtype class, shape) unique on both sides."""
     floats = "('float64','float32','float','float16','bfloat16')"
     prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
     tol_case = " ".join(f"WHEN '{k}' THEN {float(v)!r}" for k, v in tol.items())
@@ -257,7 +257,7 @@ def _index_sql(tol: dict[str, float], remap: bool) -> str:
     def side(table: str, seq: str) -> str:
         # narrow rows: the alignment's string columns are gathered later by ``arow``
         return f"""SELECT a.rank, a.step, a.t_seq AS aid, a.rowid AS arow, l.io, l.arg, l.ridx, l.leaf_kind,
-         l.dclass, l.shape
+         l.dclass{", l.shape" if remap else ""}
   FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = a.{seq}
   WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
     dc = f"CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END"
@@ -290,16 +290,12 @@ j AS (
   SELECT {keys}
   FROM t FULL OUTER JOIN b
     ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),"""
-        extra = ""
     else:
         body = f"""
 j AS (
-  SELECT {keys},
-         (t.leaf_kind = 'tensor' AND NOT coalesce(b.leaf_kind = 'tensor' AND b.shape = t.shape, FALSE))
-         OR (b.leaf_kind = 'tensor' AND NOT coalesce(t.leaf_kind = 'tensor' AND t.shape = b.shape, FALSE)) AS lonely
+  SELECT {keys}
   FROM t0 t FULL OUTER JOIN b
     ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.arg = b.arg),"""
-        extra = ", lonely"
     return f"""
 WITH t0 AS ({side('t_leaves', 't_seq')}),
 b AS ({side('b_leaves', 'b_seq')}),{body}
@@ -309,7 +305,7 @@ tp AS (SELECT j.*,
        WHEN (CASE t_dclass {prec_case} ELSE 1 END) >= (CASE b_dclass {prec_case} ELSE 1 END)
          THEN (CASE t_dclass {tol_case} ELSE 1.3e-6 END)
        ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair FROM j)
-SELECT rank, step, aid, arow, t_ridx, b_ridx, in_t, in_b, tol_pair{extra} FROM tp
+SELECT rank, step, aid, arow, t_ridx, b_ridx, in_t, in_b, tol_pair FROM tp
 """
 
 
@@ -360,7 +356,6 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
         the Arrow table registered as ``lp_wide``.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     def stream(sql: str) -> pa.Table:     # straight to Arrow, batch by batch (no DuckDB copy of the result)
         rel = con.sql(sql)
@@ -369,17 +364,53 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
     # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
-    # partner (which the path join shows) does the remap step run
-    idx = stream(_index_sql(tol, remap=False))
-    if idx.num_rows and pc.any(idx["lonely"]).as_py():
-        del idx
-        idx = stream(_index_sql(tol, remap=True))
+    # partner (which the gathered pairs show) does the remap step run
+    wide = _gather(con, stream(_index_sql(tol, remap=False)), t_leaves, b_leaves)
+    if _any_lonely(wide):
+        del wide
+        wide = _gather(con, stream(_index_sql(tol, remap=True)), t_leaves, b_leaves)
+    wide = rechunk(wide)
+    con.register("lp_wide", wide)
+    return wide
 
-    def np_col(name, dtype):
-        col = idx[name]
-        return col.to_numpy().astype(dtype, copy=False) if idx.num_rows else np.zeros(0, dtype)
 
-    arow = np_col("arow", np.int64)
+def _any_lonely(wide) -> bool:
+    """Whether some pair of ``wide`` holds a tensor leaf without a tensor partner of the
+    same shape (then the remap step of :func:`_index_sql` must run). Exact when it says
+    False; True may also mean "not sure" (null shape elements), which only costs the
+    remap query."""
+    import pyarrow.compute as pc
+
+    if wide.num_rows == 0:
+        return False
+    tt = pc.fill_null(pc.equal(wide["t_leaf_kind"], "tensor"), False)
+    bt = pc.fill_null(pc.equal(wide["b_leaf_kind"], "tensor"), False)
+    if pc.any(pc.xor(tt, bt)).as_py():
+        return True
+    both = pc.and_(tt, bt)
+    a = wide["t_shape"].filter(both).combine_chunks()
+    b = wide["b_shape"].filter(both).combine_chunks()
+    if len(a) == 0:
+        return False
+    if a.null_count or b.null_count:
+        return True
+    if not np.array_equal(pc.list_value_length(a).to_numpy(), pc.list_value_length(b).to_numpy()):
+        return True
+    va, vb = a.flatten(), b.flatten()
+    if va.null_count or vb.null_count:
+        return True
+    return not np.array_equal(va.to_numpy(), vb.to_numpy())
+
+
+def _gather(con, idx, t_leaves, b_leaves):
+    """The ``lp_wide`` table (see :func:`build_leaf_pairs`) from the pair index ``idx``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def np_col(table, name, dtype):
+        return table[name].to_numpy().astype(dtype, copy=False) if table.num_rows else np.zeros(0, dtype)
+
+    arow = np_col(idx, "arow", np.int64)
     t_rows = idx["t_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
     b_rows = idx["b_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
     # deterministic order: the call's alignment row, then the target leaf order, then baseline-only leaves
@@ -395,7 +426,7 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
     align = align.to_arrow_table() if hasattr(align, "to_arrow_table") else align.arrow()
     if not np.array_equal(align["r"].to_numpy(), np.arange(align.num_rows)):
         raise AssertionError("alignment rowids are not 0..n-1")
-    watermark = _watermarks(arow, np_col("tol_pair", np.float64)[order], align["rank"].to_numpy(),
+    watermark = _watermarks(arow, np_col(idx, "tol_pair", np.float64)[order], align["rank"].to_numpy(),
                             align["step"].to_numpy())
     a_rows = pa.array(arow)
     t_io, b_io = t_leaves["io"].take(t_rows), b_leaves["io"].take(b_rows)
@@ -423,6 +454,4 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
         cols += [t_col, b_col]
     names.append("lp_row")
     cols.append(pa.array(np.arange(len(t_rows), dtype=np.int64)))
-    wide = rechunk(pa.table(cols, names=names))
-    con.register("lp_wide", wide)
-    return wide
+    return pa.table(cols, names=names)

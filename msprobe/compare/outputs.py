@@ -60,8 +60,9 @@ def _csv_safe(table: pa.Table) -> pa.Table:
 
 
 class EarlyTables:
-    """Writes table ``tensors`` (the CSV/Parquet formats of ``opts``) on a helper thread as
-    soon as the engine has it, while the call verdicts still run; :func:`write_outputs`
+    """Writes a table (the CSV/Parquet formats of ``opts``) on a helper thread as soon as
+    the engine has it final (``alignment`` after the alignment, ``tensors`` after the leaf
+    metrics), while the later stages still run; :func:`write_outputs`
     then moves the files into place (they are written under a hidden temporary name, so
     a comparison that fails later leaves no new table beside an older summary.json).
     Nothing is written early with ``first_only`` (the cut needs the summary).
@@ -78,13 +79,16 @@ class EarlyTables:
         self.opts = opts
         self._jobs: dict = {}        # final path -> (temporary path, future)
 
-    def __call__(self, name: str, table: pa.Table) -> None:
-        """Engine callback: table ``name`` is final; start writing it (only ``tensors``)."""
+    def __call__(self, name: str, table) -> None:
+        """Engine callback: table ``name`` (one of :data:`TABLES`) is final; start writing it.
+        ``table``: a ``pyarrow.Table``, or a function returning one (called only when written)."""
         from concurrent.futures import ThreadPoolExecutor
 
         formats = [f for f in ("parquet", "csv") if f in self.opts.formats]
-        if self.opts.first_only or name != "tensors" or not formats:
+        if self.opts.first_only or name not in TABLES or not formats:
             return
+        if callable(table):
+            table = table()
         self.out.mkdir(parents=True, exist_ok=True)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msprobe-compare-early")
         for fmt in formats:
