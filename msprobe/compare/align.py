@@ -224,7 +224,6 @@ FROM {side}_calls c JOIN common_keys USING (rank, step) LEFT JOIN (
   FROM {side}_leaves l WHERE leaf_kind = 'tensor'{outputs_only} GROUP BY ALL) s
   ON s.rank = c.rank AND s.step = c.step AND s.cseq = c.seq
 WHERE c.kind IN ('api_forward', 'module_forward', 'debug_save')
-ORDER BY c.rank, c.step, c.seq
 """
 
 _PAIRS_SQL = r"""
@@ -283,14 +282,6 @@ dr AS (SELECT bg.rank, bg.step, (CASE WHEN g = 0 THEN -1.0::DOUBLE ELSE last_t::
 SELECT rank::INTEGER AS rank, step::INTEGER AS step, ord, t_name, b_name, t_seq::BIGINT AS t_seq,
        b_seq::BIGINT AS b_seq, kind, how
 FROM (SELECT * FROM tr UNION ALL SELECT * FROM dr) ORDER BY rank, step, ord
-"""
-
-_ANCHOR_SQL = """
-WITH t AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS i
-           FROM t_fwd),
-b AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS j FROM b_fwd)
-SELECT t.rank, t.step, t.i, b.j FROM t JOIN b ON t.rank = b.rank AND t.step = b.step AND t.name = b.name
-WHERE t.kind = 'module_forward' AND b.kind = 'module_forward' ORDER BY t.rank, t.step, t.i
 """
 
 
@@ -364,8 +355,8 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
         con: DuckDB connection holding the side tables.
         common: the (rank, step) pairs present on both sides.
         max_d: Myers edit budget per segment (then greedy pairing of equal tokens).
-    The leaf tables carry ``sclass`` (:func:`msprobe.compare.metrics.prepare_leaves`).
         outputs_only: extra SQL condition on ``l`` (leaves) restricting which leaves sign a call.
+    The leaf tables carry ``sclass`` (:func:`msprobe.compare.metrics.prepare_leaves`).
     """
     import numpy as np
 
@@ -376,10 +367,11 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     for prefix in ("t", "b"):
         rel = con.sql(_TOKEN_SQL.format(side=prefix, outputs_only=outputs_only))
         table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        if table.num_rows:          # execution order (rank, step, seq): sorted here, not in SQL
+            order = np.lexsort((table["seq"].to_numpy(), table["step"].to_numpy(), table["rank"].to_numpy()))
+            if np.any(order[1:] < order[:-1]):
+                table = table.take(pa.array(order))
         fwd[prefix] = table
-        con.register(f"{prefix}_fwd", table)
-    rel = con.sql(_ANCHOR_SQL)
-    anchors = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
     def groups(table):
         rank = table["rank"].to_numpy().astype(np.int64)
@@ -393,16 +385,33 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     ttok = fwd["t"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["t"]) else np.zeros(0, np.int64)
     btok = fwd["b"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["b"]) else np.zeros(0, np.int64)
     tseq, bseq = fwd["t"]["seq"].to_numpy(), fwd["b"]["seq"].to_numpy()
-    ag = groups(anchors)
-    a_i, a_j = anchors["i"].to_numpy(), anchors["j"].to_numpy()
+
+    def modules(table, grp) -> dict:
+        """(rank, step) -> [(position in the step's forward calls, name)] of its module
+        forward calls, in execution order (names are unique within a step)."""
+        import pyarrow.compute as pc
+
+        if not table.num_rows:
+            return {}
+        rows = np.flatnonzero(pc.fill_null(pc.equal(table["kind"], "module_forward"), False)
+                              .to_numpy(zero_copy_only=False))
+        out: dict = {}
+        sel = pa.array(rows, pa.int64())
+        for r, rk, st, nm in zip(rows.tolist(), table["rank"].take(sel).to_pylist(),
+                                 table["step"].take(sel).to_pylist(), table["name"].take(sel).to_pylist()):
+            if nm is not None:
+                out.setdefault((rk, st), []).append((r - grp[(rk, st)][0], nm))
+        return out
+    t_mod, b_mod = modules(fwd["t"], tg), modules(fwd["b"], bg)
     out_i, out_j, out_how = [], [], []
     HOW = {"myers": 0, "greedy": 1, "anchor": 2}
     for rank, step in common:
         t0, t1 = tg.get((rank, step), (0, 0))
         b0, b1 = bg.get((rank, step), (0, 0))
         ta, tb = ttok[t0:t1], btok[b0:b1]
-        a0, a1 = ag.get((rank, step), (0, 0))
-        cand = list(zip(a_i[a0:a1].tolist(), a_j[a0:a1].tolist()))
+        # module anchors: module forward calls with equal names, in target order
+        b_pos = {name: j for j, name in b_mod.get((rank, step), ())}
+        cand = [(i, b_pos[name]) for i, name in t_mod.get((rank, step), ()) if name in b_pos]
         anchor_list = _lis(cand)
         anc = np.asarray(anchor_list + [(len(ta), len(tb))], dtype=np.int64).reshape(-1, 2)
         end_i, end_j = anc[:, 0], anc[:, 1]                       # segment k: [start, end) on each side
@@ -443,5 +452,5 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
                       "how": pa.array(names[hh].tolist() if len(hh) else [], pa.string())})
     con.register("fwd_pairs", pairs)
     con.execute(_PAIRS_SQL)
-    for name in ("fwd_pairs", "t_fwd", "b_fwd", "common_keys"):
+    for name in ("fwd_pairs", "common_keys"):
         con.unregister(name)
