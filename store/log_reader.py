@@ -17,12 +17,13 @@ later ``read_new`` retries from that offset. The reader never raises on damaged 
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +34,7 @@ from store.errors import LogNotFoundError
 __all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "read_log"]
 
 _CONTINUATION = 0xFFFFFFFF
+_MAP_AT_LEAST = 16 << 20        # bytes: reads this large are memory-mapped
 _PREFIX = struct.Struct("<Ii")
 _FILE_NAME = re.compile(r"^rank(-?\d+)\.(\d+)\.(\d+)" + re.escape(S.LOG_SUFFIX) + r"$")
 
@@ -53,6 +55,19 @@ class Skipped(NamedTuple):
 
 class _Damage(Exception):
     """Internal: the message at the current offset cannot be read."""
+
+
+def _mapped(handle: Any, offset: int) -> Optional[memoryview]:
+    """The bytes of ``handle``'s file from ``offset`` as a read-only memory map when there are
+    at least ``_MAP_AT_LEAST`` of them (log files are only ever appended to or replaced whole;
+    the batches read from it keep the mapping alive); None: read them normally (a small read,
+    or a file system that cannot map)."""
+    try:
+        if os.fstat(handle.fileno()).st_size - offset < _MAP_AT_LEAST:
+            return None
+        return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))[offset:]
+    except (OSError, ValueError):
+        return None
 
 
 class LogReader:
@@ -86,8 +101,10 @@ class LogReader:
         self.skipped = []
         try:
             with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
+                data = _mapped(handle, self.offset)
+                if data is None:
+                    handle.seek(self.offset)
+                    data = handle.read()
         except OSError as exc:
             self.skipped = [Skipped(str(self.path), self.offset, f"unreadable: {exc}")]
             return []
@@ -116,7 +133,7 @@ class LogReader:
         self.skipped = [Skipped(str(self.path), self.offset + pos, reason)]
 
     def _read_message(
-        self, data: bytes, buffer: pa.Buffer, pos: int
+        self, data: Union[bytes, memoryview], buffer: pa.Buffer, pos: int
     ) -> tuple[int, Optional[pa.RecordBatch]]:
         """Read the message at ``pos``: (bytes consumed, batch or None for schema/EOS)."""
         remaining = len(data) - pos

@@ -49,14 +49,19 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
     """
     from msprobe.compare.engine import run_compare
     from msprobe.compare.options import CompareOptions
-    from msprobe.compare.outputs import write_outputs
+    from msprobe.compare.outputs import EarlyTables, write_outputs
 
     opts = CompareOptions.build(mode=mode, tol=tol, loss_scale=loss_scale, rank=rank, step=step,
                                 first_only=first_only, formats=formats, mapping=mapping, rank_map=rank_map,
                                 workers=workers)
-    result = run_compare(target, baseline, opts)
-    if out is not None:
-        write_outputs(result, out, opts)
+    early = EarlyTables(out, opts) if out is not None else None
+    try:
+        result = run_compare(target, baseline, opts, on_table=early)
+        if out is not None:
+            write_outputs(result, out, opts, early=early)
+    finally:
+        if early is not None:
+            early.discard()
     return result
 
 

@@ -220,12 +220,10 @@ SELECT c.rank, c.step, c.seq, c.name, c.kind,
        CASE WHEN c.kind IN ('api_forward', 'module_forward')
             THEN regexp_replace(c.name, '\.[^.]*(\.[^.]*)?$', '') ELSE c.name END, coalesce(s.sig, 0)) AS tok
 FROM {side}_calls c JOIN common_keys USING (rank, step) LEFT JOIN (
-  SELECT rank, step, cseq, bit_xor(hash(io, arg, CASE WHEN lower(dtype) LIKE '%float%' OR lower(dtype) LIKE '%half%'
-         OR lower(dtype) LIKE '%double%' THEN 'f' ELSE dtype END, shape)) AS sig
+  SELECT rank, step, cseq, bit_xor(hash(io, arg, sclass, shape)) AS sig
   FROM {side}_leaves l WHERE leaf_kind = 'tensor'{outputs_only} GROUP BY ALL) s
   ON s.rank = c.rank AND s.step = c.step AND s.cseq = c.seq
 WHERE c.kind IN ('api_forward', 'module_forward', 'debug_save')
-ORDER BY c.rank, c.step, c.seq
 """
 
 _PAIRS_SQL = r"""
@@ -268,26 +266,22 @@ tr AS (SELECT t.rank, t.step, t.seq::DOUBLE AS ord, t.name AS t_name, b.name AS 
               p.b_seq, t.kind, coalesce(p.how, 'inserted') AS how
        FROM T t LEFT JOIN P p ON p.rank = t.rank AND p.step = t.step AND p.t_seq = t.seq
        LEFT JOIN B b ON b.rank = p.rank AND b.step = p.step AND b.seq = p.b_seq),
-bw AS (SELECT b.*, p.t_seq AS pt,
-              count(p.t_seq) OVER (PARTITION BY b.rank, b.step ORDER BY b.seq ROWS UNBOUNDED PRECEDING) AS g
-       FROM B b LEFT JOIN P p ON p.rank = b.rank AND p.step = b.step AND p.b_seq = b.seq),
-bg AS (SELECT *, row_number() OVER (PARTITION BY rank, step, g ORDER BY seq) AS rn,
-              max(pt) OVER (PARTITION BY rank, step, g) AS last_t FROM bw),
-dr AS (SELECT rank, step, (CASE WHEN g = 0 THEN -1.0::DOUBLE ELSE last_t::DOUBLE END) + 0.5::DOUBLE
-                          - 0.5::DOUBLE / ((CASE WHEN g = 0 THEN rn ELSE rn - 1 END) + 1)::DOUBLE AS ord,
-              NULL::VARCHAR AS t_name, name AS b_name, NULL::BIGINT AS t_seq, seq AS b_seq, kind, 'deleted' AS how
-       FROM bg WHERE pt IS NULL)
+-- per baseline call: g = paired calls so far, last_t = the target seq of the last of them
+-- (integer columns only: the window sorts them; names join back for the deleted calls)
+bw AS (SELECT b.rank, b.step, b.seq, p.t_seq AS pt, count(p.t_seq) OVER w AS g,
+              last_value(p.t_seq IGNORE NULLS) OVER w AS last_t
+       FROM B b LEFT JOIN P p ON p.rank = b.rank AND p.step = b.step AND p.b_seq = b.seq
+       WINDOW w AS (PARTITION BY b.rank, b.step ORDER BY b.seq ROWS UNBOUNDED PRECEDING)),
+-- a deleted call goes after the paired call before it (k-th deleted one since: + 0.5 - 0.5 / (k + 1))
+bg AS (SELECT *, row_number() OVER (PARTITION BY rank, step, g ORDER BY seq) AS k FROM bw WHERE pt IS NULL),
+dr AS (SELECT bg.rank, bg.step, (CASE WHEN g = 0 THEN -1.0::DOUBLE ELSE last_t::DOUBLE END) + 0.5::DOUBLE
+                          - 0.5::DOUBLE / (k + 1)::DOUBLE AS ord,
+              NULL::VARCHAR AS t_name, bb.name AS b_name, NULL::BIGINT AS t_seq, bg.seq AS b_seq, bb.kind,
+              'deleted' AS how
+       FROM bg JOIN B bb ON bb.rank = bg.rank AND bb.step = bg.step AND bb.seq = bg.seq)
 SELECT rank::INTEGER AS rank, step::INTEGER AS step, ord, t_name, b_name, t_seq::BIGINT AS t_seq,
        b_seq::BIGINT AS b_seq, kind, how
 FROM (SELECT * FROM tr UNION ALL SELECT * FROM dr) ORDER BY rank, step, ord
-"""
-
-_ANCHOR_SQL = """
-WITH t AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS i
-           FROM t_fwd),
-b AS (SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) - 1 AS j FROM b_fwd)
-SELECT t.rank, t.step, t.i, b.j FROM t JOIN b ON t.rank = b.rank AND t.step = b.step AND t.name = b.name
-WHERE t.kind = 'module_forward' AND b.kind = 'module_forward' ORDER BY t.rank, t.step, t.i
 """
 
 
@@ -362,6 +356,7 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
         common: the (rank, step) pairs present on both sides.
         max_d: Myers edit budget per segment (then greedy pairing of equal tokens).
         outputs_only: extra SQL condition on ``l`` (leaves) restricting which leaves sign a call.
+    The leaf tables carry ``sclass`` (:func:`msprobe.compare.metrics.prepare_leaves`).
     """
     import numpy as np
 
@@ -372,10 +367,11 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     for prefix in ("t", "b"):
         rel = con.sql(_TOKEN_SQL.format(side=prefix, outputs_only=outputs_only))
         table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        if table.num_rows:          # execution order (rank, step, seq): sorted here, not in SQL
+            order = np.lexsort((table["seq"].to_numpy(), table["step"].to_numpy(), table["rank"].to_numpy()))
+            if np.any(order[1:] < order[:-1]):
+                table = table.take(pa.array(order))
         fwd[prefix] = table
-        con.register(f"{prefix}_fwd", table)
-    rel = con.sql(_ANCHOR_SQL)
-    anchors = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
     def groups(table):
         rank = table["rank"].to_numpy().astype(np.int64)
@@ -389,38 +385,72 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     ttok = fwd["t"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["t"]) else np.zeros(0, np.int64)
     btok = fwd["b"]["tok"].to_numpy(zero_copy_only=False).view(np.int64) if len(fwd["b"]) else np.zeros(0, np.int64)
     tseq, bseq = fwd["t"]["seq"].to_numpy(), fwd["b"]["seq"].to_numpy()
-    ag = groups(anchors)
-    a_i, a_j = anchors["i"].to_numpy(), anchors["j"].to_numpy()
+
+    def modules(table, grp) -> dict:
+        """(rank, step) -> [(position in the step's forward calls, name)] of its module
+        forward calls, in execution order (names are unique within a step)."""
+        import pyarrow.compute as pc
+
+        if not table.num_rows:
+            return {}
+        rows = np.flatnonzero(pc.fill_null(pc.equal(table["kind"], "module_forward"), False)
+                              .to_numpy(zero_copy_only=False))
+        out: dict = {}
+        sel = pa.array(rows, pa.int64())
+        for r, rk, st, nm in zip(rows.tolist(), table["rank"].take(sel).to_pylist(),
+                                 table["step"].take(sel).to_pylist(), table["name"].take(sel).to_pylist()):
+            if nm is not None:
+                out.setdefault((rk, st), []).append((r - grp[(rk, st)][0], nm))
+        return out
+    t_mod, b_mod = modules(fwd["t"], tg), modules(fwd["b"], bg)
     out_i, out_j, out_how = [], [], []
     HOW = {"myers": 0, "greedy": 1, "anchor": 2}
     for rank, step in common:
         t0, t1 = tg.get((rank, step), (0, 0))
         b0, b1 = bg.get((rank, step), (0, 0))
         ta, tb = ttok[t0:t1], btok[b0:b1]
-        a0, a1 = ag.get((rank, step), (0, 0))
-        cand = list(zip(a_i[a0:a1].tolist(), a_j[a0:a1].tolist()))
+        # module anchors: module forward calls with equal names, in target order
+        b_pos = {name: j for j, name in b_mod.get((rank, step), ())}
+        cand = [(i, b_pos[name]) for i, name in t_mod.get((rank, step), ()) if name in b_pos]
         anchor_list = _lis(cand)
-        prev_i, prev_j = -1, -1
-        for i, j in anchor_list + [(len(ta), len(tb))]:
-            seg = _segment_pairs(ta[prev_i + 1: i], tb[prev_j + 1: j], max_d)
-            if seg is not None:
-                si, sj, how = seg
-                out_i.append(t0 + prev_i + 1 + si)
-                out_j.append(b0 + prev_j + 1 + sj)
+        anc = np.asarray(anchor_list + [(len(ta), len(tb))], dtype=np.int64).reshape(-1, 2)
+        end_i, end_j = anc[:, 0], anc[:, 1]                       # segment k: [start, end) on each side
+        start_i, start_j = np.r_[0, end_i[:-1] + 1], np.r_[0, end_j[:-1] + 1]
+        n_i, n_j = end_i - start_i, end_j - start_j
+        # equal segments (same length, same tokens: what Myers pairs position by position),
+        # found for all segments at once; the others go through _segment_pairs one by one
+        same = (n_i == n_j) & (n_i > 0)
+        lens = n_i[same]
+        if lens.size:
+            seg = np.repeat(np.arange(lens.size), lens)
+            within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            ti, tj = start_i[same][seg] + within, start_j[same][seg] + within
+            differs = np.add.reduceat((ta[ti] != tb[tj]).astype(np.int64), np.cumsum(lens) - lens) > 0
+            ok = ~np.repeat(differs, lens)
+            out_i.append(t0 + ti[ok])
+            out_j.append(b0 + tj[ok])
+            out_how.append(np.full(int(ok.sum()), HOW["myers"], np.int8))
+            same[np.flatnonzero(same)[differs]] = False
+        for k in np.flatnonzero(~same & (n_i > 0) & (n_j > 0)).tolist():
+            pairs_k = _segment_pairs(ta[start_i[k]: end_i[k]], tb[start_j[k]: end_j[k]], max_d)
+            if pairs_k is not None:
+                si, sj, how = pairs_k
+                out_i.append(t0 + start_i[k] + si)
+                out_j.append(b0 + start_j[k] + sj)
                 out_how.append(np.full(len(si), HOW[how], np.int8))
-            if i < len(ta):
-                out_i.append(np.array([t0 + i]))
-                out_j.append(np.array([b0 + j]))
-                out_how.append(np.array([HOW["anchor"]], np.int8))
-            prev_i, prev_j = i, j
+        out_i.append(t0 + end_i[:-1])
+        out_j.append(b0 + end_j[:-1])
+        out_how.append(np.full(len(anc) - 1, HOW["anchor"], np.int8))
     ii = np.concatenate(out_i).astype(np.int64) if out_i else np.zeros(0, np.int64)
     jj = np.concatenate(out_j).astype(np.int64) if out_j else np.zeros(0, np.int64)
     hh = np.concatenate(out_how) if out_how else np.zeros(0, np.int8)
+    order = np.argsort(ii, kind="stable")          # target order
+    ii, jj, hh = ii[order], jj[order], hh[order]
     names = np.array(["myers", "greedy", "anchor"], dtype=object)
     pairs = pa.table({"rank": fwd["t"]["rank"].take(pa.array(ii)), "step": fwd["t"]["step"].take(pa.array(ii)),
                       "t_seq": pa.array(tseq[ii], pa.int64()), "b_seq": pa.array(bseq[jj], pa.int64()),
                       "how": pa.array(names[hh].tolist() if len(hh) else [], pa.string())})
     con.register("fwd_pairs", pairs)
     con.execute(_PAIRS_SQL)
-    for name in ("fwd_pairs", "t_fwd", "b_fwd", "common_keys"):
+    for name in ("fwd_pairs", "common_keys"):
         con.unregister(name)

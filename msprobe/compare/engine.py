@@ -19,7 +19,7 @@ from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves
+from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 
@@ -161,8 +161,11 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
 
 
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
-                opts: CompareOptions) -> CompareResult:
-    """Run the whole comparison (see module docstring); raises CompareInputError on bad input."""
+                opts: CompareOptions, on_table=None) -> CompareResult:
+    """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
+    ``on_table``: None or ``f(name, arrow_table)``, called once tables ``alignment`` and
+    ``tensors`` are final (while the later stages still run;
+    :class:`msprobe.compare.outputs.EarlyTables`)."""
     import time
 
     notes: list[str] = []
@@ -215,6 +218,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     con = duckdb.connect(":memory:")
     for prefix, side in (("t", t), ("b", b)):
         side.leaves = prepare_leaves(con, side.leaves)
+        side.calls = rechunk(side.calls)
         for name in ("calls", "leaves", "stacks"):
             con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
@@ -231,8 +235,10 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
         if leaf_apis else ""
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
+    if on_table is not None:
+        on_table("alignment", lambda: _arrow(con.table("alignment")))
     lap("align")
-    build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
+    lp_wide = build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
         con.unregister(f"{prefix}_leaves")
         side.leaves = None
@@ -249,10 +255,13 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
-        tensors = _arrow_streamed(con.sql(leaf_verdicts_sql(pairs)))
+        tensors = _statistics_tensors(con, lp_wide, mode, opts)
+    del lp_wide
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
     arrow["tensors"] = tensors
+    if on_table is not None:
+        on_table("tensors", tensors)
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
@@ -262,6 +271,41 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
     return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow)
+
+
+def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,
+                        opts: CompareOptions) -> pa.Table:
+    """Table ``tensors`` of statistics/md5 mode: the rows and columns of
+    ``leaf_verdicts_sql(leaf_pairs_sql(...))`` over ``lp_wide``, in ``lp_wide``'s row order.
+    DuckDB computes only the columns the query derives (state, diffs, e, tol, verdict, and
+    the few leaf columns it rewrites); the columns it passes through unchanged are
+    ``lp_wide``'s own Arrow columns (no second copy of the wide leaf columns)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True))
+    schema = _arrow(con.sql(full).limit(0)).schema         # binds the query only
+    out_names = [n for n in schema.names if n != "lp_row"]
+    renamed = {"t_md5": "t_crc32", "b_md5": "b_crc32"}
+    rewritten = {"t_has_nan", "b_has_nan", "t_has_inf", "b_has_inf"}
+    if float(opts.loss_scale) != 1.0:
+        rewritten |= {"t_max", "t_min", "t_mean", "t_norm", "t_max_finite", "t_min_finite"}
+    wide = set(lp_wide.column_names)
+    derived = [n for n in out_names if n in rewritten or (n not in wide and n not in renamed)]
+    sel = ", ".join('"' + n + '"' for n in ["lp_row", *derived])
+    comp = _arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
+    rows = comp["lp_row"].to_numpy() if comp.num_rows else np.zeros(0, np.int64)
+    if comp.num_rows != lp_wide.num_rows:
+        raise AssertionError(f"leaf metrics: {comp.num_rows} rows for {lp_wide.num_rows} pairs")
+    if not np.array_equal(rows, np.arange(len(rows))):     # DuckDB kept the order so far; do not rely on it
+        comp = comp.take(pa.array(np.argsort(rows, kind="stable")))
+    columns = []
+    for n in out_names:
+        col = comp[n] if n in derived else lp_wide[renamed.get(n, n)]
+        if not col.type.equals(schema.field(n).type):
+            col = pc.cast(col, schema.field(n).type)
+        columns.append(col)
+    return rechunk(pa.table(columns, names=out_names))
 
 
 def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]:
@@ -280,11 +324,12 @@ def _describe(con, r: dict) -> dict:
 
 
 _FIRST_SQL = """
-WITH c AS (SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step, ord) AS pos FROM calls WHERE rank = ?),
-o AS (SELECT min(pos) AS p FROM c WHERE verdict = 'origin'),
-d AS (SELECT min(pos) AS p FROM c WHERE verdict IN ('origin', 'propagated'))
-SELECT c.*, c.pos = (SELECT p FROM o) AS is_origin FROM c
-WHERE c.pos = (SELECT p FROM o) OR (c.pos = (SELECT p FROM d) AND c.pos < coalesce((SELECT p FROM o), c.pos + 1))
+WITH o AS (SELECT * FROM calls WHERE rank = ? AND verdict = 'origin' ORDER BY step, ord LIMIT 1),
+d AS (SELECT * FROM calls WHERE rank = ? AND verdict IN ('origin', 'propagated') ORDER BY step, ord LIMIT 1)
+SELECT *, TRUE AS is_origin FROM o
+UNION ALL
+SELECT *, FALSE AS is_origin FROM d
+WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.step < d.step OR (o.step = d.step AND o.ord <= d.ord))
 """
 
 
@@ -299,7 +344,7 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
     out_ranks = []
     any_div = False
     for rank in ranks:
-        cur = con.execute(_FIRST_SQL, [rank])
+        cur = con.execute(_FIRST_SQL, [rank, rank])
         names = [d[0] for d in cur.description]
         first_origin = first_div = None
         for row in cur.fetchall():

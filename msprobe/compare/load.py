@@ -136,29 +136,56 @@ def _read_log_chunks(p: Path):
 
 
 def _load_log(p: Path) -> Side:
+    import pyarrow.compute as pc
+
     contents = _read_log_chunks(p)
+    table = contents.table
+    row = table[S.ROW]
+    # calls: one row per (rank, step, name), the values of its first call row (smallest seq);
+    # grouped by an integer code of the name (grouping strings is the slow part)
+    raw = table.filter(pc.equal(row, S.ROW_CALL)).select(
+        [S.RANK, S.STEP, S.SEQ, S.NAME, S.KIND, S.PARENT, S.STACK_ID]).combine_chunks()
+    n = raw.num_rows
+    rank = raw[S.RANK].to_numpy().astype(np.int64) if n else np.zeros(0, np.int64)
+    step = raw[S.STEP].to_numpy().astype(np.int64) if n else np.zeros(0, np.int64)
+    seq = raw[S.SEQ].to_numpy() if n else np.zeros(0, np.int64)
+    nid = pc.dictionary_encode(raw[S.NAME]).combine_chunks().indices
+    nid = pc.fill_null(nid, -1).to_numpy().astype(np.int64) if n else np.zeros(0, np.int64)
+    order = np.lexsort((seq, nid, step, rank))
+    if n:
+        r, st, nm = rank[order], step[order], nid[order]
+        new_group = np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1]) | (nm[1:] != nm[:-1])]
+    else:
+        new_group = np.zeros(0, bool)
+    first = order[new_group]                     # each group's call row with the smallest seq
+    group_of = np.empty(n, np.int64)
+    group_of[order] = np.cumsum(new_group) - 1
+    cseq = seq[first][group_of]                  # per call row: its call's first seq
+    first = first[np.lexsort((seq[first], step[first], rank[first]))]   # ORDER BY rank, step, seq
+    calls = raw.take(pa.array(first))
     con = duckdb.connect(":memory:")
     try:
-        table = contents.table
-        con.register("log", table.append_column("ridx", pa.array(np.arange(table.num_rows, dtype=np.int64))))
-        calls = con.sql(
-            "SELECT rank, step, min(seq) AS seq, name, arg_min(kind, seq) AS kind, "
-            "arg_min(parent, seq) AS parent, arg_min(stack_id, seq) AS stack_id "
-            f"FROM log WHERE row = '{S.ROW_CALL}' GROUP BY rank, step, name ORDER BY rank, step, seq"
-        ).to_arrow_table()
-        leaves = con.sql(
-            "SELECT l.rank, l.step, l.name, c.cseq, l.ridx AS lord, "
-            "io, arg, leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite, min_finite, crc32, "
-            "requires_grad, has_nan, has_inf, data_name, value_json, payload "
-            # a leaf row belongs to the call row of its seq (store.schema); the call is known by
-            # its name's first seq (integer join keys: much cheaper than joining on names)
-            f"FROM log l JOIN (SELECT rank, step, seq, min(seq) OVER (PARTITION BY rank, step, name) AS cseq "
-            f"FROM log WHERE row = '{S.ROW_CALL}') c ON c.rank = l.rank AND c.step = l.step AND c.seq = l.seq "
-            f"WHERE l.row = '{S.ROW_LEAF}'"
-        ).to_arrow_table()
-        metas = con.sql(f"SELECT meta FROM log WHERE row = '{S.ROW_MARKER}' AND meta IS NOT NULL LIMIT 1").fetchall()
+        con.register("log", table.select([S.RANK, S.STEP, S.SEQ, S.ROW]).append_column(
+            "ridx", pa.array(np.arange(table.num_rows, dtype=np.int64))))
+        con.register("crow", pa.table({"rank": raw[S.RANK], "step": raw[S.STEP], "seq": raw[S.SEQ],
+                                       "cseq": pa.array(cseq, pa.int64())}))
+        # a leaf row belongs to the call row of its seq (store.schema); integer keys only
+        pairs = con.sql(f"SELECT l.ridx, c.cseq FROM log l JOIN crow c ON c.rank = l.rank AND c.step = l.step "
+                        f"AND c.seq = l.seq WHERE l.row = '{S.ROW_LEAF}'").to_arrow_table()
     finally:
         con.close()
+    ridx = pairs["ridx"].to_numpy() if pairs.num_rows else np.zeros(0, np.int64)
+    keep = np.argsort(ridx, kind="stable")      # log order
+    ridx = ridx[keep]
+    leaf_cseq = (pairs["cseq"].to_numpy() if pairs.num_rows else np.zeros(0, np.int64))[keep]
+    leaf_cols = [c for c in LEAF_SCHEMA.names if c not in ("cseq", "lord")]
+    mask = np.zeros(table.num_rows, bool)
+    mask[ridx] = True
+    leaves = table.select(leaf_cols).filter(pa.array(mask))     # a filter copies faster than a take
+    leaves = leaves.append_column("cseq", pa.array(leaf_cseq, pa.int64())).append_column(
+        "lord", pa.array(ridx, pa.int64()))
+    markers = table.filter(pc.and_(pc.equal(row, S.ROW_MARKER), pc.is_valid(table[S.META])))
+    metas = [(markers[S.META][0].as_py(),)] if markers.num_rows else []
     meta = json.loads(metas[0][0]) if metas else {}
     ids, depths, frames = [], [], []
     for sid, fr in contents.stacks.items():

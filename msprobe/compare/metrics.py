@@ -24,7 +24,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "ATOL"]
+__all__ = ["tensor_metrics", "MetricsWorkspace", "leaf_pairs_sql", "build_leaf_pairs", "prepare_leaves", "rechunk",
+           "ATOL"]
 
 ATOL = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "float": 1e-5}
 
@@ -192,6 +193,11 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray,
             "one_thousandth_ratio": c1 / count, "five_thousandths_ratio": c5 / count, "nonfinite": False}
 
 
+#: the dtype as call signatures see it (:mod:`msprobe.compare.align`): floats of any width are one class
+TOKEN_CLASS_SQL = ("CASE WHEN lower({d}) LIKE '%float%' OR lower({d}) LIKE '%half%' OR lower({d}) LIKE '%double%' "
+                   "THEN 'f' ELSE {d} END")
+
+
 def _fin(x: str) -> str:
     return f"CASE WHEN isnan({x}) OR isinf({x}) THEN NULL ELSE {x} END"
 
@@ -207,7 +213,7 @@ def _dclass_sql(col: str) -> str:
             f"WHEN contains({d}, 'bool') THEN 'bool' WHEN contains({d}, 'int') THEN 'int' ELSE {d} END")
 
 
-def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
+def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: bool = False) -> str:
     """SELECT over ``lp_wide`` (see :func:`build_leaf_pairs`) giving the leaf pairs (plus a
     trailing ``watermark`` column) from ``alignment``, ``t_leaves``, ``b_leaves``:
     one row per leaf of a paired call (full outer join on ``io``, ``arg``; a tensor leaf
@@ -217,7 +223,8 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
     upstream diff columns, ``e`` (see module docstring), ``tol_pair`` (rtol of the pair's
     lower-precision dtype, 0 for non-floats) and ``state``: identical, structural,
     nonfinite, unpaired, or measured (to be judged against the tolerance).
-    Target backward statistics are divided by ``loss_scale`` first.
+    Target backward statistics are divided by ``loss_scale`` first. ``row_id``: carry
+    ``lp_wide``'s ``lp_row`` through (after ``in_b``).
     """
     floats = "('float64','float32','float','float16','bfloat16')"
     prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
@@ -254,7 +261,7 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float) -> str:
     return f"""
 WITH j AS (
   SELECT rank, step, ord, aid, t_call, b_call, call_kind, io, arg, b_arg, {j_cols},
-         t_crc32 AS t_md5, b_crc32 AS b_md5, in_t, in_b, watermark FROM lp_wide),
+         t_crc32 AS t_md5, b_crc32 AS b_md5, in_t, in_b, {"lp_row, " if row_id else ""}watermark FROM lp_wide),
 k AS (
   SELECT j.*,
     (CASE b_dclass {atol_case} ELSE 1.0 END) AS atol,
@@ -297,9 +304,10 @@ _LEAF_COLUMNS = ("leaf_kind", "dtype", "dclass", "shape", "numel", "max", "min",
 
 
 def prepare_leaves(con, leaves):
-    """``leaves`` (a side's Arrow leaf table) plus ``ridx`` (row index, int64) and
-    ``dclass`` (the canonical dtype class of :func:`_dclass_sql`, evaluated once per
-    distinct dtype spelling)."""
+    """``leaves`` (a side's Arrow leaf table) plus ``ridx`` (row index, int64),
+    ``dclass`` (the canonical dtype class of :func:`_dclass_sql`) and ``sclass`` (the
+    dtype in call signatures, :data:`TOKEN_CLASS_SQL`), each evaluated once per distinct
+    dtype spelling."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -307,30 +315,43 @@ def prepare_leaves(con, leaves):
     enc = pc.dictionary_encode(dtype)
     names = pa.table({"d": enc.dictionary})
     con.register("lp_dtypes", names)
-    rel = con.sql(f"SELECT {_dclass_sql('d')} AS c FROM lp_dtypes")
-    classes = (rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow())["c"].combine_chunks()
+    rel = con.sql(f"SELECT {_dclass_sql('d')} AS c, {TOKEN_CLASS_SQL.format(d='d')} AS s FROM lp_dtypes")
+    classes = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
     con.unregister("lp_dtypes")
-    dclass = classes.take(enc.indices) if len(classes) else pa.nulls(leaves.num_rows, pa.string())
     out = leaves.append_column("ridx", pa.array(np.arange(leaves.num_rows, dtype=np.int64)))
-    return out.append_column("dclass", dclass.cast(pa.string()))
+    for name, col in (("dclass", "c"), ("sclass", "s")):
+        values = classes[col].combine_chunks()
+        per_leaf = values.take(enc.indices) if len(values) else pa.nulls(leaves.num_rows, pa.string())
+        out = out.append_column(name, per_leaf.cast(pa.string()))
+    return out
 
 
-def _index_sql(tol: dict[str, float]) -> str:
+def _index_sql(tol: dict[str, float], remap: bool) -> str:
+    """The leaf-pair index (see :func:`build_leaf_pairs`): one row per leaf pair with only
+    narrow columns: ``rank``, ``step``, ``aid`` (the call's target seq), ``arow`` (the
+    call's ``alignment`` rowid), ``t_ridx``/``b_ridx`` (row of the leaf in each side's
+    leaf table, null on a missing side), ``in_t``/``in_b`` and ``tol_pair``. Without
+    ``remap`` leaves pair by path only (right when no pair is :func:`_any_lonely`); with
+    ``remap`` a tensor leaf without a same-path, same-shape tensor partner pairs by an
+    (io, dtype class, shape) unique on both sides."""
     floats = "('float64','float32','float','float16','bfloat16')"
     prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
     tol_case = " ".join(f"WHEN '{k}' THEN {float(v)!r}" for k, v in tol.items())
     prec_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in prec.items())
 
     def side(table: str, seq: str) -> str:
-        return f"""SELECT a.rank, a.step, a.ord, a.t_seq AS aid, a.t_name AS t_call, a.b_name AS b_call,
-         a.kind AS call_kind, l.io, l.arg, l.ridx, l.leaf_kind, l.dclass, l.shape
+        # narrow rows: the alignment's string columns are gathered later by ``arow``
+        return f"""SELECT a.rank, a.step, a.t_seq AS aid, a.rowid AS arow, l.io, l.arg, l.ridx, l.leaf_kind,
+         l.dclass{", l.shape" if remap else ""}
   FROM alignment a JOIN {table} l ON l.rank = a.rank AND l.step = a.step AND l.cseq = a.{seq}
   WHERE a.t_name IS NOT NULL AND a.b_name IS NOT NULL"""
     dc = f"CASE WHEN dclass IN {floats} THEN 'f' ELSE dclass END"
-    return f"""
-CREATE OR REPLACE TABLE lp_idx AS
-WITH t0 AS ({side('t_leaves', 't_seq')}),
-b AS ({side('b_leaves', 'b_seq')}),
+    keys = """coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step,
+         coalesce(t.aid, b.aid) AS aid, coalesce(t.arow, b.arow) AS arow, t.ridx AS t_ridx, b.ridx AS b_ridx,
+         t.leaf_kind AS t_leaf_kind, t.dclass AS t_dclass, b.dclass AS b_dclass,
+         t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b"""
+    if remap:
+        body = f"""
 tk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM t0 WHERE leaf_kind = 'tensor'),
 bk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM b WHERE leaf_kind = 'tensor'),
 -- tensor leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
@@ -351,93 +372,171 @@ t AS (SELECT t0.*, CASE WHEN remap.b_arg IS NOT NULL THEN remap.b_arg
       ON remap.rank = t0.rank AND remap.step = t0.step AND remap.aid = t0.aid AND remap.io = t0.io
       AND remap.arg = t0.arg),
 j AS (
-  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
-         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
-         coalesce(t.call_kind, b.call_kind) AS call_kind,
-         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, t.ridx AS t_ridx, b.ridx AS b_ridx,
-         t.leaf_kind AS t_leaf_kind, t.dclass AS t_dclass, b.dclass AS b_dclass,
-         t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b
+  SELECT {keys}
   FROM t FULL OUTER JOIN b
-    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.join_arg = b.arg),"""
+    else:
+        body = f"""
+j AS (
+  SELECT {keys}
+  FROM t0 t FULL OUTER JOIN b
+    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.arg = b.arg),"""
+    return f"""
+WITH t0 AS ({side('t_leaves', 't_seq')}),
+b AS ({side('b_leaves', 'b_seq')}),{body}
 tp AS (SELECT j.*,
   CASE WHEN NOT in_t OR NOT in_b OR t_leaf_kind <> 'tensor' THEN 0.0
        WHEN t_dclass NOT IN {floats} OR b_dclass NOT IN {floats} THEN 0.0
        WHEN (CASE t_dclass {prec_case} ELSE 1 END) >= (CASE b_dclass {prec_case} ELSE 1 END)
          THEN (CASE t_dclass {tol_case} ELSE 1.3e-6 END)
-       ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair FROM j),
-c AS (SELECT rank, step, aid, min(ord) AS ord, max(tol_pair) AS call_tol FROM tp GROUP BY ALL),
-w AS (SELECT rank, step, aid, max(call_tol) OVER (PARTITION BY rank, step ORDER BY ord
-             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS watermark FROM c)
-SELECT tp.rank, tp.step, tp.ord, tp.aid, tp.t_call, tp.b_call, tp.call_kind, tp.io, tp.arg, tp.b_arg,
-       tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark
-FROM tp JOIN w ON w.rank = tp.rank AND w.step = tp.step AND w.aid = tp.aid
+       ELSE (CASE b_dclass {tol_case} ELSE 1.3e-6 END) END AS tol_pair FROM j)
+SELECT rank, step, aid, arow, t_ridx, b_ridx, in_t, in_b, tol_pair FROM tp
 """
 
 
-def _plain_index_sql(tol: dict[str, float]) -> str:
-    """:func:`_index_sql` without the remap step (right when no tensor leaf lacks a
-    same-path, same-shape tensor partner), plus per row ``lonely``: this row would enter
-    the remap step."""
-    full = _index_sql(tol)
-    head = full[:full.index("tk AS (")]
-    tail = full[full.index("tp AS (SELECT j.*,"):]
-    join = """j AS (
-  SELECT coalesce(t.rank, b.rank) AS rank, coalesce(t.step, b.step) AS step, coalesce(t.ord, b.ord) AS ord,
-         coalesce(t.aid, b.aid) AS aid, coalesce(t.t_call, b.t_call) AS t_call, coalesce(t.b_call, b.b_call) AS b_call,
-         coalesce(t.call_kind, b.call_kind) AS call_kind,
-         coalesce(t.io, b.io) AS io, coalesce(t.arg, b.arg) AS arg, b.arg AS b_arg, t.ridx AS t_ridx, b.ridx AS b_ridx,
-         t.leaf_kind AS t_leaf_kind, t.dclass AS t_dclass, b.dclass AS b_dclass,
-         t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b,
-         (t.leaf_kind = 'tensor' AND NOT coalesce(b.leaf_kind = 'tensor' AND b.shape = t.shape, FALSE))
-         OR (b.leaf_kind = 'tensor' AND NOT coalesce(t.leaf_kind = 'tensor' AND t.shape = b.shape, FALSE)) AS lonely
-  FROM t0 t FULL OUTER JOIN b
-    ON t.rank = b.rank AND t.step = b.step AND t.aid = b.aid AND t.io = b.io AND t.arg = b.arg),
-"""
-    tail = tail.replace("tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark",
-                        "tp.t_ridx, tp.b_ridx, tp.in_t, tp.in_b, w.watermark, tp.lonely")
-    return head + join + tail
+def rechunk(table, rows: int = 122880):
+    """``table`` cut into record batches of at most ``rows`` rows (zero-copy slices):
+    DuckDB scans an Arrow table batch by batch, one thread per batch, so a table held in
+    one large chunk would be scanned by one thread."""
+    import pyarrow as pa
+
+    if table.num_rows <= rows:
+        return table
+    return pa.Table.from_batches(table.to_batches(max_chunksize=rows), schema=table.schema)
 
 
-def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]) -> None:
+def _watermarks(arow, tol_pair, a_rank, a_step):
+    """Per pair row: the step's precision watermark up to its call, i.e. the largest
+    ``tol_pair`` over the pairs of the calls of its (rank, step) up to and including its
+    call in ``ord`` order. ``arow`` (int64, per pair) indexes the alignment rows, which are
+    sorted by (rank, step, ord) (``a_rank``/``a_step``: their keys, numpy arrays)."""
+    call_tol = np.full(len(a_rank), -np.inf)
+    np.maximum.at(call_tol, arow, tol_pair)
+    if len(a_rank):
+        key = (a_rank.astype(np.int64) << 32) | (a_step.astype(np.int64) & 0xFFFFFFFF)
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        for s, e in zip(starts, np.r_[starts[1:], len(key)]):
+            np.maximum.accumulate(call_tol[s:e], out=call_tol[s:e])
+    return call_tol[arow]
+
+
+def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
     """Register ``lp_wide``: one row per leaf pair with both sides' leaf columns
     (``t_*``/``b_*``, null on a missing side), ``in_t``/``in_b`` and the step's precision
     ``watermark`` up to the pair's call; :func:`leaf_pairs_sql` computes the metrics over it.
+    Rows come in alignment order (rank, step, ord), then target leaf order (``lord``),
+    then the baseline-only leaves in baseline leaf order; column ``lp_row`` numbers them.
 
     The pairing (which leaf meets which, see :func:`leaf_pairs_sql`) is a join over narrow
-    key columns only; the wide columns are then gathered by row index with Arrow ``take``,
-    so no wide row passes through a hash join.
+    integer and key columns only (:func:`_index_sql`); the call's and the leaves' wide
+    columns are then gathered by row index with Arrow ``take``, so no wide row passes
+    through a hash join.
 
     Args:
         con: connection holding ``alignment`` and the sides' leaf tables ``t_leaves``/
             ``b_leaves`` (from :func:`prepare_leaves`, the same Arrow tables as given here).
         t_leaves, b_leaves: those Arrow tables.
         tol: rtol per dtype class (for the watermark).
+    Returns:
+        the Arrow table registered as ``lp_wide``.
     """
     import pyarrow as pa
 
-    # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
-    # partner (which the path join shows) does the remap step run
-    import pyarrow.compute as pc
-
     def stream(sql: str) -> pa.Table:     # straight to Arrow, batch by batch (no DuckDB copy of the result)
-        rel = con.sql(sql.replace("CREATE OR REPLACE TABLE lp_idx AS", "", 1))
+        rel = con.sql(sql)
         if hasattr(rel, "to_arrow_reader"):
             return rel.to_arrow_reader(131072).read_all()
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
-    idx = stream(_plain_index_sql(tol))
-    if idx.num_rows and pc.any(idx["lonely"]).as_py():
-        del idx
-        idx = stream(_index_sql(tol))
-    else:
-        idx = idx.drop_columns(["lonely"])
-    names = list(idx.column_names)
-    columns = [idx[c] for c in names]
+    # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
+    # partner (which the gathered pairs show) does the remap step run
+    wide = _gather(con, stream(_index_sql(tol, remap=False)), t_leaves, b_leaves)
+    if _any_lonely(wide):
+        del wide
+        wide = _gather(con, stream(_index_sql(tol, remap=True)), t_leaves, b_leaves)
+    wide = rechunk(wide)
+    con.register("lp_wide", wide)
+    return wide
+
+
+def _any_lonely(wide) -> bool:
+    """Whether some pair of ``wide`` holds a tensor leaf without a tensor partner of the
+    same shape (then the remap step of :func:`_index_sql` must run). Exact when it says
+    False; True may also mean "not sure" (null shape elements), which only costs the
+    remap query."""
+    import pyarrow.compute as pc
+
+    if wide.num_rows == 0:
+        return False
+    tt = pc.fill_null(pc.equal(wide["t_leaf_kind"], "tensor"), False)
+    bt = pc.fill_null(pc.equal(wide["b_leaf_kind"], "tensor"), False)
+    if pc.any(pc.xor(tt, bt)).as_py():
+        return True
+    both = pc.and_(tt, bt)
+    a = wide["t_shape"].filter(both).combine_chunks()
+    b = wide["b_shape"].filter(both).combine_chunks()
+    if len(a) == 0:
+        return False
+    if a.null_count or b.null_count:
+        return True
+    if not np.array_equal(pc.list_value_length(a).to_numpy(), pc.list_value_length(b).to_numpy()):
+        return True
+    va, vb = a.flatten(), b.flatten()
+    if va.null_count or vb.null_count:
+        return True
+    return not np.array_equal(va.to_numpy(), vb.to_numpy())
+
+
+def _gather(con, idx, t_leaves, b_leaves):
+    """The ``lp_wide`` table (see :func:`build_leaf_pairs`) from the pair index ``idx``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def np_col(table, name, dtype):
+        return table[name].to_numpy().astype(dtype, copy=False) if table.num_rows else np.zeros(0, dtype)
+
+    arow = np_col(idx, "arow", np.int64)
     t_rows = idx["t_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
     b_rows = idx["b_ridx"].combine_chunks() if idx.num_rows else pa.array([], pa.int64())
-    t_part = t_leaves.select(list(_LEAF_COLUMNS)).take(t_rows)
-    b_part = b_leaves.select(list(_LEAF_COLUMNS)).take(b_rows)
-    for c in _LEAF_COLUMNS:
+    # deterministic order: the call's alignment row, then the target leaf order, then baseline-only leaves
+    t_lord = t_leaves["lord"].take(t_rows) if len(t_rows) else pa.array([], pa.int64())
+    b_lord = b_leaves["lord"].take(b_rows) if len(b_rows) else pa.array([], pa.int64())
+    only_b = pc.is_null(t_lord).to_numpy(zero_copy_only=False)
+    lord = pc.coalesce(t_lord, b_lord).to_numpy(zero_copy_only=False)
+    order = np.lexsort((lord, only_b, arow))
+    perm = pa.array(order)
+    arow = arow[order]
+    t_rows, b_rows = t_rows.take(perm), b_rows.take(perm)
+    align = con.sql("SELECT rowid AS r, rank, step, ord, t_name, b_name, kind FROM alignment ORDER BY rowid")
+    align = align.to_arrow_table() if hasattr(align, "to_arrow_table") else align.arrow()
+    if not np.array_equal(align["r"].to_numpy(), np.arange(align.num_rows)):
+        raise AssertionError("alignment rowids are not 0..n-1")
+    watermark = _watermarks(arow, np_col(idx, "tol_pair", np.float64)[order], align["rank"].to_numpy(),
+                            align["step"].to_numpy())
+    a_rows = pa.array(arow)
+    t_io, b_io = t_leaves["io"].take(t_rows), b_leaves["io"].take(b_rows)
+    t_arg, b_arg = t_leaves["arg"].take(t_rows), b_leaves["arg"].take(b_rows)
+    columns = {
+        "rank": idx["rank"].take(perm), "step": idx["step"].take(perm), "ord": align["ord"].take(a_rows),
+        "aid": idx["aid"].take(perm), "t_call": align["t_name"].take(a_rows), "b_call": align["b_name"].take(a_rows),
+        "call_kind": align["kind"].take(a_rows), "io": pc.coalesce(t_io, b_io), "arg": pc.coalesce(t_arg, b_arg),
+        "b_arg": b_arg, "t_ridx": t_rows, "b_ridx": b_rows, "in_t": idx["in_t"].take(perm),
+        "in_b": idx["in_b"].take(perm), "watermark": pa.array(watermark, pa.float64()),
+    }
+    del idx, align
+    names, cols = list(columns), list(columns.values())
+
+    def gather(leaves, rows):        # column by column: cheaper than Table.take
+        return [leaves[c].take(rows) for c in _LEAF_COLUMNS]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-take") as pool:
+        # Arrow's take releases the GIL: the two sides are gathered in parallel
+        t_job, b_job = pool.submit(gather, t_leaves, t_rows), pool.submit(gather, b_leaves, b_rows)
+        t_cols, b_cols = t_job.result(), b_job.result()
+    for c, t_col, b_col in zip(_LEAF_COLUMNS, t_cols, b_cols):
         names += [f"t_{c}", f"b_{c}"]
-        columns += [t_part[c], b_part[c]]
-    con.register("lp_wide", pa.table(columns, names=names))
+        cols += [t_col, b_col]
+    names.append("lp_row")
+    cols.append(pa.array(np.arange(len(t_rows), dtype=np.int64)))
+    return pa.table(cols, names=names)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-__all__ = ["write_outputs", "console_summary", "is_compare_output", "query_outputs"]
+__all__ = ["write_outputs", "EarlyTables", "console_summary", "is_compare_output", "query_outputs"]
 
 TABLES = ("tensors", "calls", "alignment")
 
@@ -59,8 +59,75 @@ def _csv_safe(table: pa.Table) -> pa.Table:
     return pa.table(cols, names=table.column_names)
 
 
-def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
+class EarlyTables:
+    """Writes a table (the CSV/Parquet formats of ``opts``) on a helper thread as soon as
+    the engine has it final (``alignment`` after the alignment, ``tensors`` after the leaf
+    metrics), while the later stages still run; :func:`write_outputs`
+    then moves the files into place (they are written under a hidden temporary name, so
+    a comparison that fails later leaves no new table beside an older summary.json).
+    Nothing is written early with ``first_only`` (the cut needs the summary).
+
+    Args:
+        out: the OUT directory (created on the first table).
+        opts: :class:`msprobe.compare.options.CompareOptions`.
+    Use: pass the object as ``on_table`` to :func:`msprobe.compare.engine.run_compare`,
+    then as ``early`` to :func:`write_outputs`; :meth:`discard` in a ``finally``.
+    """
+
+    def __init__(self, out: Union[str, os.PathLike], opts) -> None:
+        self.out = Path(out)
+        self.opts = opts
+        self._jobs: dict = {}        # final path -> (temporary path, future)
+
+    def __call__(self, name: str, table) -> None:
+        """Engine callback: table ``name`` (one of :data:`TABLES`) is final; start writing it.
+        ``table``: a ``pyarrow.Table``, or a function returning one (called only when written)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        formats = [f for f in ("parquet", "csv") if f in self.opts.formats]
+        if self.opts.first_only or name not in TABLES or not formats:
+            return
+        if callable(table):
+            table = table()
+        self.out.mkdir(parents=True, exist_ok=True)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msprobe-compare-early")
+        for fmt in formats:
+            tmp = self.out / f".{name}.{fmt}.tmp"
+            if fmt == "parquet":
+                job = pool.submit(pq.write_table, table, tmp)
+            else:
+                job = pool.submit(lambda t=table, p=tmp: pacsv.write_csv(_csv_safe(t), p))
+            self._jobs[self.out / f"{name}.{fmt}"] = (tmp, job)
+        pool.shutdown(wait=False)
+
+    def pending(self, path: Path) -> bool:
+        """True when ``path`` is being written early."""
+        return Path(path) in self._jobs
+
+    def finish(self, path: Path) -> bool:
+        """Wait for the early file that becomes ``path`` and move it there; False when
+        ``path`` was not written early."""
+        tmp, job = self._jobs.pop(Path(path), (None, None))
+        if job is None:
+            return False
+        job.result()
+        os.replace(tmp, path)
+        return True
+
+    def discard(self) -> None:
+        """Wait for and remove early files not moved into place (a failed comparison)."""
+        for tmp, job in self._jobs.values():
+            try:
+                job.result()
+            except Exception:  # noqa: BLE001 - the comparison's own error is what the caller sees
+                pass
+            tmp.unlink(missing_ok=True)
+        self._jobs.clear()
+
+
+def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTables | None" = None) -> list[Path]:
     """Write the selected formats into ``out`` (created); returns the files written.
+    ``early``: tables already being written by an :class:`EarlyTables` are only moved into place.
 
     Raises:
         CompareInputError: ``xlsx`` requested without openpyxl installed, or over
@@ -83,16 +150,21 @@ def write_outputs(result, out: Union[str, os.PathLike], opts) -> list[Path]:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-out") as pool:
             jobs = []
             for name in TABLES:
-                table = _table(result, name, opts)
-                if "parquet" in opts.formats:
+                todo = [fmt for fmt in ("parquet", "csv") if fmt in opts.formats
+                        and not (early is not None and early.pending(out / f"{name}.{fmt}"))]
+                table = _table(result, name, opts) if todo else None
+                if "parquet" in todo:
                     jobs.append(pool.submit(pq.write_table, table, out / f"{name}.parquet"))
-                    written.append(out / f"{name}.parquet")
-                if "csv" in opts.formats:
+                if "csv" in todo:
                     jobs.append(pool.submit(pacsv.write_csv, _csv_safe(table), out / f"{name}.csv"))
-                    written.append(out / f"{name}.csv")
+                written.extend(out / f"{name}.{fmt}" for fmt in ("parquet", "csv") if fmt in opts.formats)
                 del table
             for job in jobs:
                 job.result()
+            if early is not None:
+                for name in TABLES:
+                    for fmt in ("parquet", "csv"):
+                        early.finish(out / f"{name}.{fmt}")
     if "html" in opts.formats:
         from msprobe.compare.report import write_html
 

@@ -50,23 +50,28 @@ def leaf_verdicts_sql(pairs: str, tensor_columns: tuple = ()) -> str:
 
 
 CALL_AGG_SQL = """
+WITH g AS (
+  -- per call (its target seq ``aid``): the leaf aggregates, over integer keys only
+  SELECT rank, step, aid,
+    max(e) FILTER (WHERE role = 'in' AND verdict <> 'unpaired') AS in_e,
+    max(e) FILTER (WHERE role = 'out' AND verdict <> 'unpaired') AS out_e,
+    max(e) FILTER (WHERE role = 'out' AND verdict IN ('diverged', 'nonfinite', 'structural')) AS out_bad_e,
+    coalesce(bool_or(role = 'in' AND t_leaf_kind = 'value' AND verdict = 'structural'), FALSE) AS arg_differs,
+    coalesce(bool_or(verdict IN ('diverged', 'nonfinite', 'structural')), FALSE) AS any_bad,
+    count(verdict) FILTER (WHERE verdict = 'identical') AS n_identical,
+    count(verdict) AS n_leaves,
+    arg_max(CASE WHEN role = 'out' AND verdict IN ('diverged', 'nonfinite', 'structural')
+                 THEN t_call || '|' || io || '|' || arg END, e)
+      FILTER (WHERE role = 'out' AND verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
+    arg_max(verdict, e) FILTER (WHERE role = 'out' AND verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_verdict
+  FROM tensors GROUP BY rank, step, aid)
 SELECT a.rank, a.step, a.ord, a.t_name, a.b_name, a.t_seq, a.b_seq, a.kind, a.how,
-  max(t.e) FILTER (WHERE t.role = 'in' AND t.verdict <> 'unpaired') AS in_e,
-  max(t.e) FILTER (WHERE t.role = 'out' AND t.verdict <> 'unpaired') AS out_e,
-  max(t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS out_bad_e,
-  coalesce(bool_or(t.role = 'in' AND t.t_leaf_kind = 'value' AND t.verdict = 'structural'), FALSE) AS arg_differs,
-  coalesce(bool_or(t.verdict IN ('diverged', 'nonfinite', 'structural')), FALSE) AS any_bad,
-  count(t.verdict) FILTER (WHERE t.verdict = 'identical') AS n_identical,
-  count(t.verdict) AS n_leaves,
-  arg_max(CASE WHEN t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')
-               THEN t.t_call || '|' || t.io || '|' || t.arg END, t.e)
-    FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_leaf,
-  arg_max(t.verdict, t.e) FILTER (WHERE t.role = 'out' AND t.verdict IN ('diverged', 'nonfinite', 'structural')) AS worst_verdict,
+  g.in_e, g.out_e, g.out_bad_e, coalesce(g.arg_differs, FALSE) AS arg_differs, coalesce(g.any_bad, FALSE) AS any_bad,
+  coalesce(g.n_identical, 0) AS n_identical, coalesce(g.n_leaves, 0) AS n_leaves, g.worst_leaf, g.worst_verdict,
   tc.parent AS module, tc.stack_id AS stack_id
 FROM alignment a
-LEFT JOIN tensors t ON t.rank = a.rank AND t.step = a.step AND t.aid = a.t_seq AND a.b_name IS NOT NULL
+LEFT JOIN g ON g.rank = a.rank AND g.step = a.step AND g.aid = a.t_seq AND a.b_name IS NOT NULL
 LEFT JOIN t_calls tc ON tc.rank = a.rank AND tc.step = a.step AND tc.seq = a.t_seq
-GROUP BY ALL
 ORDER BY a.rank, a.step, a.ord
 """
 

@@ -260,3 +260,40 @@ def test_read_log_without_log(tmp_path):
     (tmp_path / ".msprobe" / "log" / "rank0.1.1.arrows").write_bytes(b"")
     contents = read_log(tmp_path)
     assert contents.table.num_rows == 0 and contents.table.schema.equals(S.LOG_SCHEMA)
+
+
+def test_mapped_reads_equal_copied_reads(tmp_path, log, monkeypatch):
+    """Large reads map the file instead of copying it (store.log_reader._MAP_AT_LEAST);
+    with the threshold at 0 every read maps: same batches, same torn-tail report, same
+    incremental reading of an appended file as the copying path."""
+    import store.log_reader as R
+
+    source, ends, full = log
+    data = source.read_bytes()
+    torn = tmp_path / "torn.arrows"
+    torn.write_bytes(data[: ends[3] + 5])
+    copied = LogReader(torn)
+    copied_batches = copied.read_new()
+    monkeypatch.setattr(R, "_MAP_AT_LEAST", 0)
+    mapped = LogReader(torn)
+    mapped_batches = mapped.read_new()
+    assert len(mapped_batches) == len(copied_batches) == 4
+    assert all(a.equals(b) for a, b in zip(mapped_batches, full))
+    assert mapped.skipped == copied.skipped and mapped.skipped[0].offset == ends[3]
+    assert mapped.offset == copied.offset == ends[3]
+    whole = LogReader(source).read_new()
+    assert len(whole) == len(full) and all(a.equals(b) for a, b in zip(whole, full))
+    # appended in pieces (never rewritten in place: mapped batches stay valid)
+    grown = tmp_path / "grown.arrows"
+    grown.write_bytes(b"")
+    reader = LogReader(grown)
+    got: list[pa.RecordBatch] = []
+    for start, stop in zip([0, *ends[:-1]], ends):
+        with open(grown, "ab") as handle:
+            handle.write(data[start:stop])
+        got.extend(reader.read_new())
+        assert reader.skipped == []
+    with open(grown, "ab") as handle:
+        handle.write(data[ends[-1]:])
+    assert reader.read_new() == [] and reader.finished
+    assert len(got) == len(full) and all(a.equals(b) for a, b in zip(got, full))
