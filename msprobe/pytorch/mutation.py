@@ -12,8 +12,15 @@ so a call is treated as a possible writer when:
   method (``Tensor.__iadd__``, ``Tensor.__setitem__``);
 * it is given an ``out=`` tensor, or its ``inplace`` parameter is true
   (``F.relu(x, inplace=True)``, ``F.dropout(x, 0.1, True, True)``);
+* it is a batch or instance normalization (``F.batch_norm``, ``Torch.batch_norm``,
+  ``Torch.native_batch_norm``, ``F.instance_norm``...): in training it updates
+  ``running_mean``/``running_var`` in place *without* bumping their versions;
 * it is an ``Aten`` operator (``torch.ops.aten``; overload names do not follow the
   spelling reliably) — every entry is then forgotten.
+
+In-place APIs outside the API list (``torch._foreach_add_``, ``torch._fused_adam_``,
+``Tensor.apply_``...) are not recorded but still forget what they may write
+(:func:`msprobe.pytorch.api_hooks.install_api_hooks`); fused optimizers bump no version.
 
 Other calls (``F.linear``, ``Tensor.view``, ``Torch.matmul``...) only read their arguments.
 """
@@ -66,10 +73,17 @@ def _true(flag: Any) -> bool:
     return not (flag is None or flag is False or (type(flag) is int and flag == 0))
 
 
+#: augmented-assignment methods (``__invert__``, ``__int__``, ``__index__`` only read)
+_AUGMENTED = frozenset(f"__i{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "div", "floordiv",
+                                              "mod", "pow", "lshift", "rshift", "and", "or", "xor"))
+#: normalizations that update running statistics in place without bumping their versions
+_RUNNING_STATS = ("batch_norm", "instance_norm")
+
+
 def _inplace_name(name: str) -> bool:
     if name.startswith("__") and name.endswith("__"):
-        return name.startswith("__i") or name in ("__setitem__", "__setstate__")
-    return name.endswith("_")
+        return name in _AUGMENTED or name in ("__setitem__", "__setstate__")
+    return name.endswith("_") or any(n in name for n in _RUNNING_STATS)
 
 
 def _inplace_position(original: Any) -> Optional[int]:

@@ -10,32 +10,39 @@ An entry is reused only while all of these hold:
 
 * the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
-  as the view autograd passes to the next node. The memo holds that tensor (a strong
-  reference, so its memory cannot be reused by another tensor while the entry lives);
-  parameters (``nn.Parameter``, alive anyway) are kept until the next clear, other tensors
-  at most ``LIMIT`` and ``MAX_BYTES`` at a time, oldest dropped first (weak references lost a third of the
-  hits, because autograd hands each node a fresh Python object);
+  as the view autograd passes to the next node. The memo holds that tensor's memory (a
+  detached alias sharing its version counter, so its memory cannot be reused by another
+  tensor while the entry lives, but its autograd graph is not kept alive), at most
+  ``LIMIT`` such tensors and ``MAX_BYTES`` of their storage, oldest dropped first (weak
+  references lost a third of the hits, because autograd hands each node a fresh Python
+  object); parameters (``nn.Parameter``, the same object on every record) by a weak
+  reference, until the next clear or until they are freed;
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
 * no intercepted API call that may write memory of the tensor ran since the entry was
   made. The counter misses writes through an alias with its own counter (``x.data``), so
   an intercepted call that writes in place (:mod:`msprobe.pytorch.mutation`: ``add_``,
-  ``__setitem__``, ``out=``, ``inplace=True``) forgets the entries whose storage one of its
-  tensor arguments shares (:meth:`StatsMemo.release`; everything when an argument is not a
-  tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget
+  ``__setitem__``, ``out=``, ``inplace=True``, batch norm's running statistics, and the
+  in-place APIs outside the API list such as ``torch._foreach_add_`` and fused optimizers)
+  forgets the entries whose storage memory overlaps one of its tensor arguments'
+  (:meth:`StatsMemo.release`; everything when an argument is not a tensor, number or plain
+  container, and for ``torch.ops.aten`` calls); collectives forget
   everything, before and after they run; so do unrecorded intercepted calls and the
   debugger at start()/stop()/step(). At L0 and debug no API is intercepted, so the memo
   is off there.
 
 What remains uncovered is memory written by code msprobe does not intercept through an
 alias with its own version counter (a custom C++ or Triton kernel writing through a raw
-pointer, an operator called on ``x.data`` through ``torch._C``) between two records of the
+pointer, an operator called on ``x.data`` through ``torch._C``, a write through a numpy
+array from ``x.numpy()`` or through ``x.untyped_storage()``) between two records of the
 same tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
 off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
 """
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -49,6 +56,8 @@ LIMIT = 16
 MAX_BYTES = 64 << 20
 
 _PARAMETER = torch.nn.Parameter
+#: the C method (torch.Tensor.detach may be an API wrapper while recording)
+_detach = torch._C.TensorBase.detach
 #: argument values that hold no tensor memory (anything else makes release() forget all)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
             torch.device, torch.layout, torch.memory_format, torch.Size)
@@ -82,7 +91,8 @@ class StatsMemo:
             raise ValueError(f"StatsMemo limit: got {limit}; allowed: an integer >= 1")
         self.enabled = enabled
         self.limit = limit
-        # key -> (tensor, version, value, storage address, is a parameter)
+        # key -> (tensor (a weak reference for a parameter), version, value,
+        #         storage start and end address, is a parameter)
         self._entries: dict[tuple, tuple] = {}
         self._order: dict[tuple, int] = {}  # non-parameter entries, oldest first: key -> bytes
         self._held = 0  # bytes of the non-parameter entries
@@ -102,6 +112,10 @@ class StatsMemo:
             if e is None:
                 return None
             held, version, value = e[:3]
+            if e[5]:  # a parameter, held by a weak reference
+                held = held()
+                if held is None:
+                    return None
             valid = t._version == version and held._version == version and held.data_ptr() == t.data_ptr()
         except RuntimeError:  # inference tensors have no version counter
             return None
@@ -114,15 +128,21 @@ class StatsMemo:
         """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now)."""
         if not self.enabled:
             return
+        entries, order = self._entries, self._order
         try:
             key = self._key(t)
             param = isinstance(t, _PARAMETER)
             storage = t.untyped_storage()
-            entry = (t, t._version, value, storage.data_ptr(), param)
+            start = storage.data_ptr()
             size = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # no version counter or no storage
+            version = t._version
+            if param:  # alive anyway while its module is: not kept alive by the memo
+                held = weakref.ref(t, functools.partial(_forget, entries, key))
+            else:  # the same memory and version counter without the autograd graph
+                held = _detach(t)
+        except (RuntimeError, NotImplementedError, TypeError):  # no version counter or no storage
             return
-        entries, order = self._entries, self._order
+        entry = (held, version, value, start, start + size, param)
         self._held -= order.pop(key, 0)
         if param:
             entries[key] = entry
@@ -138,7 +158,7 @@ class StatsMemo:
                 oldest = next(iter(order))
                 self._held -= order.pop(oldest)
                 old = entries.get(oldest)
-                if old is not None and not old[4]:
+                if old is not None and not old[5]:
                     del entries[oldest]
             except (StopIteration, KeyError, RuntimeError):
                 break
@@ -150,14 +170,17 @@ class StatsMemo:
         entries = self._entries
         if not entries:
             return
-        storages: set = set()
-        if not (_storages(args, storages) and _storages(kwargs, storages)):
+        spans: list = []
+        if not (_storages(args, spans) and _storages(kwargs, spans)):
             self.clear()
             return
         for key, entry in list(entries.items()):
-            if entry[3] in storages:
-                entries.pop(key, None)
-                self._held -= self._order.pop(key, 0)
+            start, end = entry[3], entry[4]
+            for a, b in spans:  # the memory ranges overlap (a storage wrapping part of another's memory)
+                if a < end and start < b or a == start:
+                    entries.pop(key, None)
+                    self._held -= self._order.pop(key, 0)
+                    break
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
@@ -170,15 +193,25 @@ class StatsMemo:
         return len(self._entries)
 
 
-def _storages(value: Any, out: set) -> bool:
-    """Add the storage address of every tensor in ``value`` to ``out``; False if ``value``
+def _forget(entries: dict, key: tuple, ref: Any) -> None:
+    """Weak-reference callback: drop the entry of a parameter that was freed."""
+    e = entries.get(key)
+    if e is not None and e[0] is ref:
+        entries.pop(key, None)
+
+
+def _storages(value: Any, out: list) -> bool:
+    """Append the memory range ``(start, end)`` (bytes) of the storage of every tensor in
+    ``value`` to ``out``; False if ``value``
     holds something that may reference tensor memory unseen (an object, an array)."""
     todo = [value]
     while todo:
         v = todo.pop()
         if isinstance(v, torch.Tensor):
             try:
-                out.add(v.untyped_storage().data_ptr())
+                storage = v.untyped_storage()
+                start = storage.data_ptr()
+                out.append((start, start + storage.nbytes()))
             except (RuntimeError, NotImplementedError):
                 return False
         elif type(v) in (list, tuple):
