@@ -178,6 +178,14 @@ def _pylist(column: Union[pa.Array, pa.ChunkedArray]) -> list:
     return column.to_pylist()
 
 
+def _ascending(column: Union[pa.Array, pa.ChunkedArray]) -> bool:
+    """True if ``column`` (int64, may hold nulls) never decreases and has no null."""
+    if column.null_count:
+        return False
+    values = column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
+    return bool((values[1:] >= values[:-1]).all())
+
+
 def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
     """Build dump.json entries from the rows of one rank (any steps, any order).
 
@@ -222,7 +230,8 @@ class EntryBuilder:
         touched: set[str] = set()
         if rows.num_rows == 0:
             return touched
-        rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
+        if not _ascending(rows[S.SEQ]):  # live parts arrive in seq order: no sort needed
+            rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
         is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
         call_rows = rows.filter(is_call)
         calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}

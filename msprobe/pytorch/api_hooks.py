@@ -167,7 +167,7 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
                   memo: StatsMemo) -> Callable:
     key = f"{family}.{api}"
     tls = session._tls
-    entries = memo.entries  # the memo's dict: emptied in place, never replaced
+    entries = memo.entries  # the memo's dict (never replaced): a cheap emptiness test
     clear = memo.clear
 
     def wrapper(*args, **kwargs):

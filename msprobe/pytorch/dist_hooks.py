@@ -258,8 +258,8 @@ class DistributedWrapper:
         self._key = key
         self._record = record
         self._session = session
+        self._memo = memo
         self._memo_entries = memo.entries
-        self._memo_clear = memo.clear
         self.__msprobe_original__ = original
         self.__msprobe_disabled__ = False
 
@@ -272,7 +272,7 @@ class DistributedWrapper:
         if session.recording and not busy and not self.__msprobe_disabled__:
             return self._record(original, FAMILY, self._key, args, kwargs)
         if self._memo_entries and not busy:
-            self._memo_clear()
+            self._memo.clear()
         return original(*args, **kwargs)
 
     def _root(self) -> Any:

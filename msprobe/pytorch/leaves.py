@@ -99,11 +99,13 @@ class LeafBuilder:
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
 
-    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> "Leaf | PendingLeaf":
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
         statistics stay on the device until the recorder's next flush point. A DTensor
         (FSDP2 parameters and gradients) is recorded by its local shard: statistics, shape
-        and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md)."""
+        and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md).
+        ``keep``: ``t`` lives on anyway (a parameter's ``.grad``): the memo may hold it
+        until its next clear, like a parameter."""
         t = local_shard(t)
         if self.defer is not None:
             return self.defer(io, path, t)
@@ -118,6 +120,8 @@ class LeafBuilder:
             hit = memo.get(t)
             if hit is not None:
                 st, crc = hit
+                if keep:  # recorded before as an ordinary tensor: hold it from now on
+                    memo.put(t, hit, keep=True)
             else:
                 st = tensor_stats(t)
                 if self.md5:
@@ -125,7 +129,7 @@ class LeafBuilder:
                         crc = crc32_hex(t)
                     except Exception:
                         crc = None
-                memo.put(t, (st, crc))
+                memo.put(t, (st, crc), keep=keep)
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),

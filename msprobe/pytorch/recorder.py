@@ -397,7 +397,7 @@ class Recorder:
         tls.busy = True
         try:
             grad = param.grad
-            leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if grad is not None
+            leaf = (self.leaves.tensor_leaf(pname, (0,), grad, keep=True) if grad is not None
                     else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
             self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
                         keys=names, leaves=(leaf,)))

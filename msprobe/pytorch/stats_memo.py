@@ -11,36 +11,37 @@ An entry is reused only while all of these hold:
 * the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
   as the view autograd passes to the next node. The memo holds that tensor's memory (a
-  detached alias sharing its version counter, so its memory cannot be reused by another
+  detached alias sharing its version counter: its memory cannot be reused by another
   tensor while the entry lives, but its autograd graph is not kept alive), at most
   ``LIMIT`` such tensors and ``MAX_BYTES`` of their storage, oldest dropped first (weak
   references lost a third of the hits, because autograd hands each node a fresh Python
-  object); parameters (``nn.Parameter``, the same object on every record) by a weak
-  reference, until the next clear or until they are freed;
+  object); parameters (``nn.Parameter``) and their ``.grad`` (recorded as
+  ``parameters_grad``), the same object on every record, by a weak reference until the
+  next clear (a model dropped meanwhile is freed);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
 * no intercepted API call that may write memory of the tensor ran since the entry was
   made. The counter misses writes through an alias with its own counter (``x.data``), so
   an intercepted call that writes in place (:mod:`msprobe.pytorch.mutation`: ``add_``,
   ``__setitem__``, ``out=``, ``inplace=True``, batch norm's running statistics, and the
-  in-place APIs outside the API list such as ``torch._foreach_add_`` and fused optimizers)
-  forgets the entries whose storage memory overlaps one of its tensor arguments'
-  (:meth:`StatsMemo.release`; everything when an argument is not a tensor, number or plain
-  container, and for ``torch.ops.aten`` calls); collectives forget
+  in-place APIs outside the API list such as ``torch._foreach_add_`` and fused
+  optimizers) forgets the entries whose storage one of its tensor arguments shares
+  (:meth:`StatsMemo.release`; by memory range where a storage wraps memory it does not
+  own, such as ``torch.from_numpy(x.numpy()[2:])``; everything when an argument is not a
+  tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget
   everything, before and after they run; so do unrecorded intercepted calls and the
   debugger at start()/stop()/step(). At L0 and debug no API is intercepted, so the memo
   is off there.
 
 What remains uncovered is memory written by code msprobe does not intercept through an
 alias with its own version counter (a custom C++ or Triton kernel writing through a raw
-pointer, an operator called on ``x.data`` through ``torch._C``, a write through a numpy
-array from ``x.numpy()`` or through ``x.untyped_storage()``) between two records of the
-same tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
+pointer, an operator called on ``x.data`` through ``torch._C``, a write through the numpy
+array of ``x.numpy()`` or through ``x.untyped_storage()``) between two records of the same
+tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
 off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
 """
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from typing import Any, Optional
@@ -53,10 +54,10 @@ import torch
 LIMIT = 16
 #: at most this many bytes of non-parameter tensors are kept alive by the memo (a tensor
 #: larger than this is not remembered): holding a tensor delays freeing its memory
-MAX_BYTES = 64 << 20
+MAX_BYTES = 16 << 20
 
 _PARAMETER = torch.nn.Parameter
-#: the C method (torch.Tensor.detach may be an API wrapper while recording)
+#: the C method (``torch.Tensor.detach`` may be an API wrapper while recording)
 _detach = torch._C.TensorBase.detach
 #: argument values that hold no tensor memory (anything else makes release() forget all)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
@@ -77,11 +78,12 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "enabled", "limit", "hits")
 
     @property
     def entries(self) -> dict:
-        """The entries dict itself (the API wrappers empty it in place on their fast path)."""
+        """The entries dict itself, never replaced (the API wrappers test it for emptiness
+        on their fast path; only the memo's methods change it)."""
         return self._entries
 
     def __init__(self, enabled: Optional[bool] = None, limit: int = LIMIT) -> None:
@@ -91,11 +93,13 @@ class StatsMemo:
             raise ValueError(f"StatsMemo limit: got {limit}; allowed: an integer >= 1")
         self.enabled = enabled
         self.limit = limit
-        # key -> (tensor (a weak reference for a parameter), version, value,
-        #         storage start and end address, is a parameter)
+        # key -> (tensor (weak reference if kept like a parameter), version, value, storage
+        #         address, kept like a parameter, storage end address, storage not owned)
         self._entries: dict[tuple, tuple] = {}
         self._order: dict[tuple, int] = {}  # non-parameter entries, oldest first: key -> bytes
         self._held = 0  # bytes of the non-parameter entries
+        self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
+        self._foreign: set = set()  # keys of entries whose storage wraps memory it does not own
         self.hits = 0
 
     @staticmethod
@@ -112,7 +116,7 @@ class StatsMemo:
             if e is None:
                 return None
             held, version, value = e[:3]
-            if e[5]:  # a parameter, held by a weak reference
+            if e[4]:  # a parameter or .grad, held by a weak reference
                 held = held()
                 if held is None:
                     return None
@@ -124,85 +128,110 @@ class StatsMemo:
         self.hits += 1
         return value
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
-        """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now)."""
+    def put(self, t: torch.Tensor, value: Any, keep: bool = False) -> None:
+        """Remember ``value`` (the statistics of the CPU tensor ``t`` as it is now).
+        ``keep``: hold ``t`` until the next clear like a parameter (for tensors that live
+        on anyway, such as a parameter's ``.grad``)."""
         if not self.enabled:
             return
-        entries, order = self._entries, self._order
         try:
             key = self._key(t)
-            param = isinstance(t, _PARAMETER)
+            param = keep or isinstance(t, _PARAMETER)
             storage = t.untyped_storage()
-            start = storage.data_ptr()
-            size = storage.nbytes()
-            version = t._version
-            if param:  # alive anyway while its module is: not kept alive by the memo
-                held = weakref.ref(t, functools.partial(_forget, entries, key))
-            else:  # the same memory and version counter without the autograd graph
-                held = _detach(t)
+            start, size = storage.data_ptr(), storage.nbytes()
+            held = weakref.ref(t) if param else _detach(t)
+            # not resizable: memory from numpy, DLPack, a buffer, maybe inside another storage
+            entry = (held, t._version, value, start, param, start + size, not storage.resizable())
         except (RuntimeError, NotImplementedError, TypeError):  # no version counter or no storage
             return
-        entry = (held, version, value, start, start + size, param)
+        entries, order = self._entries, self._order
         self._held -= order.pop(key, 0)
-        if param:
-            entries[key] = entry
+        if not param and size > MAX_BYTES:
+            self._drop(key)
             return
-        if size > MAX_BYTES:
-            entries.pop(key, None)
-            return
+        old = entries.get(key)
+        if old is not None and old[3] != entry[3]:
+            self._unindex(key, old[3])
         entries[key] = entry
+        self._by_storage.setdefault(entry[3], set()).add(key)
+        if entry[6]:
+            self._foreign.add(key)
+        else:
+            self._foreign.discard(key)
+        if param:
+            return
         order[key] = size
         self._held += size
         while len(order) > self.limit or self._held > MAX_BYTES:
             try:  # another thread may clear or evict at the same time
                 oldest = next(iter(order))
                 self._held -= order.pop(oldest)
-                old = entries.get(oldest)
-                if old is not None and not old[5]:
-                    del entries[oldest]
+                gone = entries.get(oldest)
+                if gone is not None and not gone[4]:
+                    self._drop(oldest)
             except (StopIteration, KeyError, RuntimeError):
                 break
+
+    def _drop(self, key: tuple) -> None:
+        """Remove the entry ``key`` (and its index and order records)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._unindex(key, entry[3])
+        self._foreign.discard(key)
+        self._held -= self._order.pop(key, 0)
+
+    def _unindex(self, key: tuple, storage: int) -> None:
+        keys = self._by_storage.get(storage)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                self._by_storage.pop(storage, None)
 
     def release(self, args: tuple, kwargs: dict) -> None:
         """Forget the entries an intercepted call that writes in place may change: those
         whose storage a tensor in ``args``/``kwargs`` (nested in lists, tuples, dicts)
-        shares; everything when an argument is anything else but a plain value."""
+        shares, or whose memory overlaps it where either storage does not own its memory
+        (``torch.from_numpy``, DLPack); everything when an argument is anything else but a
+        plain value."""
         entries = self._entries
         if not entries:
             return
-        spans: list = []
+        spans: dict = {}  # storage address -> (end address, does not own its memory)
         if not (_storages(args, spans) and _storages(kwargs, spans)):
             self.clear()
             return
-        for key, entry in list(entries.items()):
-            start, end = entry[3], entry[4]
-            for a, b in spans:  # the memory ranges overlap (a storage wrapping part of another's memory)
-                if a < end and start < b or a == start:
-                    entries.pop(key, None)
-                    self._held -= self._order.pop(key, 0)
-                    break
+        by_storage = self._by_storage
+        for storage in spans:
+            keys = by_storage.get(storage)
+            if keys:
+                for key in list(keys):
+                    self._drop(key)
+        foreign = [(a, b) for a, (b, f) in spans.items() if f]
+        if foreign:  # it may alias any entry's memory: compare address ranges
+            for key, e in list(entries.items()):
+                if any(a < e[5] and e[3] < b for a, b in foreign):
+                    self._drop(key)
+        for key in list(self._foreign):  # entries that may alias an argument's memory
+            e = entries.get(key)
+            if e is not None and any(a < e[5] and e[3] < b for a, (b, _) in spans.items()):
+                self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
         if self._entries:
             self._entries.clear()
         self._order.clear()
+        self._by_storage.clear()
+        self._foreign.clear()
         self._held = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
-def _forget(entries: dict, key: tuple, ref: Any) -> None:
-    """Weak-reference callback: drop the entry of a parameter that was freed."""
-    e = entries.get(key)
-    if e is not None and e[0] is ref:
-        entries.pop(key, None)
-
-
-def _storages(value: Any, out: list) -> bool:
-    """Append the memory range ``(start, end)`` (bytes) of the storage of every tensor in
-    ``value`` to ``out``; False if ``value``
+def _storages(value: Any, out: dict) -> bool:
+    """Map the storage address of every tensor in ``value`` to ``(end address, the storage
+    does not own its memory)`` in ``out``; False if ``value``
     holds something that may reference tensor memory unseen (an object, an array)."""
     todo = [value]
     while todo:
@@ -211,7 +240,9 @@ def _storages(value: Any, out: list) -> bool:
             try:
                 storage = v.untyped_storage()
                 start = storage.data_ptr()
-                out.append((start, start + storage.nbytes()))
+                end, foreign = start + storage.nbytes(), not storage.resizable()
+                prev = out.get(start)
+                out[start] = (end, foreign) if prev is None else (max(end, prev[0]), foreign or prev[1])
             except (RuntimeError, NotImplementedError):
                 return False
         elif type(v) in (list, tuple):

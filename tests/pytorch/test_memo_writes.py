@@ -113,28 +113,34 @@ def test_residual_input_reused_across_calls_and_alias_writes_seen(tmp_path, data
                         g2.sum().item()]).all()
 
 
-def test_optimizer_step_reuses_parameter_statistics(tmp_path):
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_optimizer_step_reuses_parameter_statistics(tmp_path, level):
     """A weight recorded as F.linear's input is recorded again by the optimizer's in-place
     update (Tensor.add_): the statistics are reused while the weight is unchanged, and the
-    update of one parameter does not make the others' statistics stale."""
+    update of one parameter does not make the others' statistics stale. At mix the
+    gradients recorded as parameters_grad are reused by the update too."""
     torch.manual_seed(8)
-    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    layers = [torch.nn.Linear(32, 32) if i % 2 == 0 else torch.nn.Tanh() for i in range(20)]
+    net = torch.nn.Sequential(*layers)  # more records in backward than the memo holds tensors
     opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=False)
     x = torch.randn(16, 32)
     before = [p.detach().clone() for p in net.parameters()]
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level, model=net)
     dbg.start()
     memo = dbg.recorder.leaves.memo
     net(x).square().mean().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
     hits = memo.hits
     opt.step()
-    assert memo.hits - hits >= len(before)  # every parameter's statistics reused once
+    reused = memo.hits - hits
+    assert reused >= len(before) * (2 if level == "mix" else 1)
     dbg.stop()
     dbg.close()
     data = load_dump(tmp_path / "d")[0]["data"]
     updates = [data[f"Tensor.add_.{i}.forward"] for i in range(len(before))]
-    for rec, p0 in zip(updates, before):
+    for rec, p0, g in zip(updates, before, grads):
         _assert_stats(rec["input_args"][0], p0)
+        _assert_stats(rec["input_args"][1], g)
 
 
 def test_memo_bounds_the_bytes_it_keeps_alive(monkeypatch):
