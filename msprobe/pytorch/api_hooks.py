@@ -124,8 +124,8 @@ def _unlisted_writers(wrapped: set[tuple[int, str]]) -> list[tuple[Any, str]]:
 
 
 def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
-    """Wrapper of an in-place API the API list does not record: before it runs, the memo
-    forgets what it may write (:meth:`StatsMemo.release`; fused optimizers and
+    """Wrapper of an in-place API the API list does not record: before and after it runs,
+    the memo forgets what it may write (:meth:`StatsMemo.release`; fused optimizers and
     ``Tensor.apply_`` bump no version, ``torch._foreach_*`` only the counter of the tensor
     given, not of its ``.data`` aliases). Nothing is recorded."""
     entries, release = memo.entries, memo.release
@@ -133,7 +133,10 @@ def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
     def wrapper(*args, **kwargs):
         if entries and not wrapper.__msprobe_disabled__:
             release(args, kwargs)
-        return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        if entries and not wrapper.__msprobe_disabled__:  # another thread may have recorded them meanwhile
+            release(args, kwargs)
+        return out
 
     try:
         functools.update_wrapper(wrapper, original)

@@ -10,7 +10,8 @@ so a call is treated as a possible writer when:
 * its name is PyTorch's in-place spelling: a trailing underscore (``Tensor.add_``,
   ``Torch.relu_``, ``Torch._foreach_mul_``), an augmented-assignment or item-assignment
   method (``Tensor.__iadd__``, ``Tensor.__setitem__``);
-* it is given an ``out=`` tensor, or its ``inplace`` parameter is true
+* it is given an ``out`` tensor, by keyword or positionally (``torch.norm(x, 2, 0, False,
+  o)``, ``F.normalize(x, 2.0, 0, 1e-12, o)``), or its ``inplace`` parameter is true
   (``F.relu(x, inplace=True)``, ``F.dropout(x, 0.1, True, True)``);
 * it is a batch or instance normalization (``F.batch_norm``, ``Torch.batch_norm``,
   ``Torch.native_batch_norm``, ``F.instance_norm``...): in training it updates
@@ -44,17 +45,19 @@ class WriteRule:
         original: the wrapped callable (its ``inplace`` parameter is looked up).
     """
 
-    __slots__ = ("always", "inplace_pos")
+    __slots__ = ("always", "inplace_pos", "out_pos")
 
     def __init__(self, family: str, name: str, original: Any) -> None:
         self.always: Optional[int] = None
         self.inplace_pos: Optional[int] = None
+        self.out_pos: Optional[int] = None
         if family == "Aten":
             self.always = WRITES_ANY
         elif _inplace_name(name):
             self.always = WRITES_ARGS
         else:
-            self.inplace_pos = _inplace_position(original)
+            self.inplace_pos = _position(original, "inplace")
+            self.out_pos = _position(original, "out")
 
     def check(self, args: tuple, kwargs: dict) -> int:
         """READS, WRITES_ARGS or WRITES_ANY for one call with ``args``/``kwargs``."""
@@ -64,6 +67,9 @@ class WriteRule:
             return WRITES_ARGS
         pos = self.inplace_pos
         if pos is not None and len(args) > pos and _true(args[pos]):
+            return WRITES_ARGS
+        pos = self.out_pos
+        if pos is not None and len(args) > pos and args[pos] is not None:
             return WRITES_ARGS
         return READS
 
@@ -86,9 +92,9 @@ def _inplace_name(name: str) -> bool:
     return name.endswith("_") or any(n in name for n in _RUNNING_STATS)
 
 
-def _inplace_position(original: Any) -> Optional[int]:
-    """Positional index of an ``inplace`` parameter of ``original`` (None: none, or no
-    signature available; ``inplace=`` given by keyword is checked separately)."""
+def _position(original: Any, name: str) -> Optional[int]:
+    """Positional index of the parameter ``name`` (``inplace``, ``out``) of ``original``
+    (None: none, or no signature available; given by keyword it is checked separately)."""
     try:
         params = list(inspect.signature(original).parameters.values())
     except (TypeError, ValueError):
@@ -96,6 +102,6 @@ def _inplace_position(original: Any) -> Optional[int]:
     for i, p in enumerate(params):
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             return None
-        if p.name == "inplace":
+        if p.name == name:
             return i
     return None

@@ -25,7 +25,8 @@ An entry is reused only while all of these hold:
   an intercepted call that writes in place (:mod:`msprobe.pytorch.mutation`: ``add_``,
   ``__setitem__``, ``out=``, ``inplace=True``, batch norm's running statistics, and the
   in-place APIs outside the API list such as ``torch._foreach_add_`` and fused
-  optimizers) forgets the entries whose storage one of its tensor arguments shares
+  optimizers) forgets, before and after it runs (another thread may record meanwhile),
+  the entries whose storage one of its tensor arguments shares
   (:meth:`StatsMemo.release`; by memory range where a storage wraps memory it does not
   own, such as ``torch.from_numpy(x.numpy()[2:])``; everything when an argument is not a
   tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget

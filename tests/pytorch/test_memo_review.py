@@ -353,3 +353,94 @@ def test_unlisted_inplace_wrappers_are_removed(tmp_path):
     dbg.close()
     assert (torch._foreach_add_, torch._fused_adam_) == originals
     assert "apply_" not in vars(torch.Tensor)
+
+
+def _out_given_positionally(write):
+    """o remembered as torch.sin's output, written through ``write(o.data)`` by a call
+    whose inputs are not recorded, recorded again as the output of o.reshape (same key)."""
+    def case():
+        o = torch.sin(torch.randn(4, 4))
+        write(o.data)
+        seen = o.clone()
+        o.reshape(4, 4)
+        return [("Tensor.reshape.0.forward", "output", 0, seen)]
+    return case
+
+
+@pytest.mark.parametrize("extra", [{"data_mode": ["output"]}, {"list": ["Torch.sin", "Tensor.reshape"]}],
+                         ids=["output-only", "list"])
+@pytest.mark.parametrize("write", [
+    lambda out: torch.norm(torch.randn(4, 4) * 9, 2, 1, False, out[0]),      # norm(input, p, dim, keepdim, out)
+    lambda out: F.normalize(torch.randn(4, 4) * 9, 2.0, 0, 1e-12, out),       # normalize(input, p, dim, eps, out)
+    lambda out: torch.tensordot(torch.randn(4, 3) * 9, torch.randn(3, 4), 1, out),
+], ids=["norm", "normalize", "tensordot"])
+def test_out_given_positionally(tmp_path, write, extra):
+    """Python-level APIs take ``out`` positionally; the rule must see it (here the writing
+    call's inputs are not recorded, so nothing else replaces the stale entry)."""
+    cfg = {"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"), "statistics": extra}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    dbg.start()
+    checks = _out_given_positionally(write)()
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    (name, io, i, seen), = checks
+    assert data[name][io][i]["Max"] == seen.max().item()
+
+
+# --- threads ----------------------------------------------------------------------------------
+
+def _write_in_other_thread(tmp_path, write):
+    """The main thread records x while another thread's in-place call on x is under way
+    (``write(x, pause)``: ``pause()`` blocks until that record is made, before the call
+    writes), then records x again once the write is done: the second record must not reuse
+    the first."""
+    import threading
+    torch.manual_seed(0)
+    x = torch.randn(64)
+    started, recorded = threading.Event(), threading.Event()
+
+    def pause():
+        if not started.is_set():
+            started.set()
+            assert recorded.wait(10)
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    th = threading.Thread(target=write, args=(x, pause))
+    th.start()
+    assert started.wait(10)
+    torch.norm(x)                     # values of before the write (it has not started)
+    recorded.set()
+    th.join(10)
+    seen = x.clone()
+    torch.norm(x)
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert data["Torch.norm.1.forward"]["input_args"][0]["Max"] == seen.max().item()
+
+
+def test_unlisted_write_in_another_thread(tmp_path):
+    def write(x, pause):
+        def f(v):
+            pause()
+            return v + 10
+        x.apply_(f)                   # Tensor.apply_: outside the API list, no version bump
+    _write_in_other_thread(tmp_path, write)
+
+
+def test_recorded_write_in_another_thread(tmp_path):
+    class Index:                      # the index is read before Tensor.__setitem__ writes
+        def __init__(self, pause):
+            self.pause = pause
+
+        def __index__(self):
+            self.pause()
+            return 3
+
+    def write(x, pause):
+        x.data[Index(pause)] = 1000.0  # through .data: x's version is not bumped
+    _write_in_other_thread(tmp_path, write)
