@@ -5,16 +5,19 @@ Values come, per side, from (in this order):
 * our log's payload store (``{dump_path}/.msprobe/payload/*.safetensors``, column
   ``payload``), decoded with numpy only (bfloat16 widened to float32 exactly);
 * a tensor file named by ``data_name`` in the step's ``dump_tensor_data`` directory:
-  ``.npy`` with numpy, ``.pt`` with ``torch.load(weights_only=True)`` when torch is
+  ``.npy`` with numpy (read with one ``readinto`` into a buffer each worker reuses pair
+  after pair), ``.pt`` with ``torch.load(weights_only=True, mmap=True)`` when torch is
   importable (a ``.pt`` without torch counts as missing).
 
 Pairs stream one at a time in execution order (rank, step, ord); at most one pair's
-arrays are in memory. A leaf whose data cannot be read on either side gets state
+arrays are in memory per worker. A leaf whose data cannot be read on either side gets state
 ``missing_data`` (its statistics e is kept for reference), never an exception.
 """
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -63,6 +66,46 @@ def _from_bytes(data: bytes, dtype: str, shape) -> np.ndarray:
     return np.frombuffer(data, dtype=nd).reshape(tuple(shape))
 
 
+#: the header numpy writes for a plain array: ``{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }``
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': False, "
+                         r"'shape': \((\d+(?:, \d+)*,?)?\), \}[ \n]*")
+
+
+def _read_npy(path: Path, into=None) -> np.ndarray:
+    """The array of a ``.npy`` file. ``into(nbytes)`` (optional) gives a reusable uint8
+    buffer to read the data into (then the array is a view of it, valid until the next
+    read into the same buffer); a version 1.0/2.0 file whose header is the plain one numpy
+    writes for a C-order array of a simple dtype takes that path (header parsed with one
+    regular expression), anything else ``np.load(allow_pickle=False)``.
+
+    Raises:
+        OSError, ValueError: unreadable, truncated or object-dtype file.
+    """
+    if into is not None:
+        with open(path, "rb", buffering=0) as fh:
+            head = fh.read(12)
+            if len(head) == 12 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2) and head[7] == 0:
+                if head[6] == 1:
+                    hlen, text = int.from_bytes(head[8:10], "little"), head[10:]
+                else:
+                    hlen, text = int.from_bytes(head[8:12], "little"), b""
+                text += fh.read(hlen - len(text)) if hlen > len(text) else b""
+                m = _NPY_HEADER.fullmatch(text[:hlen].decode("latin1")) if len(text) >= hlen else None
+                dtype = np.dtype(m.group(1)) if m else None
+                if dtype is not None and not dtype.hasobject and dtype.itemsize:
+                    shape = tuple(int(x) for x in (m.group(2) or "").split(",") if x.strip())
+                    count = math.prod(shape)
+                    buf = into(count * dtype.itemsize)
+                    view, got = memoryview(buf), 0
+                    while got < buf.size:
+                        n = fh.readinto(view[got:])
+                        if not n:
+                            raise ValueError(f"{path}: truncated .npy ({got} of {buf.size} data bytes)")
+                        got += n
+                    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+    return np.load(path, allow_pickle=False)
+
+
 def _real(a: np.ndarray) -> np.ndarray:
     if np.iscomplexobj(a):
         return np.abs(a)
@@ -91,8 +134,12 @@ class TensorSource:
         return [root / f"step{step}" / f"rank{rank}" / "dump_tensor_data",
                 root / f"step{step}" / "rank" / "dump_tensor_data"]
 
-    def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str]) -> Optional[np.ndarray]:
-        """The values (numpy, real; complex → modulus) or None when unreadable."""
+    def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str],
+             into=None) -> Optional[np.ndarray]:
+        """The values (numpy, real; complex → modulus) or None when unreadable.
+
+        ``into(nbytes)`` (optional): a reusable uint8 buffer for ``.npy`` data (see
+        :func:`_read_npy`); the array returned may then be a view of it."""
         if payload:
             try:
                 if self._payloads is None:
@@ -110,10 +157,13 @@ class TensorSource:
                 continue
             try:
                 if f.suffix == ".npy":
-                    return _real(np.load(f, allow_pickle=False))
+                    return _real(_read_npy(f, into))
                 if f.suffix == ".pt" and self._torch:
                     import torch
-                    t = torch.load(f, weights_only=True, map_location="cpu")
+                    try:     # mapped, not read: the values are paged in as the metrics reach them
+                        t = torch.load(f, weights_only=True, map_location="cpu", mmap=True)
+                    except RuntimeError:      # legacy (non-zip) format: no mmap
+                        t = torch.load(f, weights_only=True, map_location="cpu")
                     if t.dtype == torch.bfloat16:
                         t = t.float()
                     return _real(t.detach().numpy())
@@ -131,16 +181,33 @@ def has_tensor_data(side: Side) -> bool:
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.shape == b.shape and bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+    """Equal shape and bytes; compared in growing chunks, so a pair that differs early
+    (the usual case) costs a few microseconds, not a pass over both arrays."""
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    lo, chunk = 0, 4096
+    while lo < va.size:
+        hi = min(lo + chunk, va.size)
+        if not np.array_equal(va[lo:hi], vb[lo:hi]):
+            return False
+        lo, chunk = hi, min(chunk * 4, 1 << 20)
+    return True
 
 
 def _identical_metrics(a: np.ndarray) -> dict:
     """Metrics of a pair with equal bytes, without float64 arithmetic: Cosine 1 (None for
-    an all-zero or non-finite tensor, as :func:`tensor_metrics` gives), errors 0, ratios 1."""
-    finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
-    cosine = 1.0 if finite.size and bool(np.any(finite)) else None
-    return {"cosine": cosine, "euc_dist": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+    an all-zero or non-finite tensor, as :func:`tensor_metrics` gives), errors 0, ratios 1.
+    Scans for a finite non-zero element in growing chunks (stops at the first)."""
+    flat = a.reshape(-1)
+    float_kind = a.dtype.kind == "f"
+    lo, chunk, any_value = 0, 4096, False
+    while lo < flat.size and not any_value:
+        part = flat[lo:lo + chunk]
+        any_value = bool(np.any((part != 0) & np.isfinite(part))) if float_kind else bool(np.any(part))
+        lo, chunk = lo + chunk, min(chunk * 4, 1 << 20)
+    return {"cosine": 1.0 if any_value else None, "euc_dist": 0.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
             "one_thousandth_ratio": 1.0, "five_thousandths_ratio": 1.0}
 
 
@@ -157,10 +224,23 @@ METRIC_COLUMNS = _KEYS + ("state", "e") + TENSOR_COLUMNS
 
 def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, spare=None) -> dict:
     """Metrics of one leaf pair (both arrays live only inside this call). ``spare``: a
-    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from."""
+    queue of :class:`~msprobe.compare.metrics.MetricsWorkspace` to borrow one from (its
+    read buffers and float64 blocks serve the whole call)."""
+    work = spare.get() if spare is not None else None
+    try:
+        return _measure_with(ts, bs, item, loss_scale, work)
+    finally:
+        if work is not None:
+            spare.put(work)
+
+
+def _measure_with(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: float, work) -> dict:
     rank, step, aid, io, arg, tp, tdn, bp, bdn, tdt, bdt, backward = item[:12]
-    a = ts.load(rank, step, tp, tdn)
-    b = bs.load(rank, step, bp, bdn)
+    t_into = b_into = None
+    if work is not None:
+        t_into, b_into = (lambda n: work.raw("t", n)), (lambda n: work.raw("b", n))
+    a = ts.load(rank, step, tp, tdn, t_into)
+    b = bs.load(rank, step, bp, bdn, b_into)
     row = dict(zip(_KEYS, (rank, step, aid, io, arg)))
     if a is None or b is None or a.shape != b.shape:
         row.update(state="missing_data" if a is None or b is None else "structural",
@@ -171,12 +251,7 @@ def _measure(ts: "TensorSource", bs: "TensorSource", item: tuple, loss_scale: fl
     if tdt == bdt and a.dtype == b.dtype and _same_bytes(a, b):
         row.update(_identical_metrics(a), state="identical", e=0.0)
     else:
-        work = spare.get() if spare is not None else None
-        try:
-            m = tensor_metrics(a, b, work)
-        finally:
-            if work is not None:
-                spare.put(work)
+        m = tensor_metrics(a, b, work)
         row.update(m, state="nonfinite" if m["nonfinite"] else "measured")
     return row
 

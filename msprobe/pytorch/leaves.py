@@ -98,6 +98,7 @@ class LeafBuilder:
         # statistics of tensors recorded twice in a row; the recorder clears it before
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
+        self.memo.layout_free = not md5  # a CRC-32 depends on the elements' order
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose

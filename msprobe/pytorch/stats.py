@@ -54,22 +54,47 @@ _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64
              torch.complex64: np.complex64, torch.complex128: np.complex128}
 
 
-def host_array(x: torch.Tensor) -> np.ndarray:
+def host_array(x: torch.Tensor, any_order: bool = False) -> np.ndarray:
     """A flat numpy view of a CPU tensor's values, valid while ``x`` lives.
 
     ``Tensor.numpy()`` is not used on purpose: it marks the tensor's storage as not
     resizable for ever, which breaks code that frees storages by resizing them (FSDP).
-    Non-contiguous tensors (and conj/neg views) are copied first.
+    Non-contiguous tensors (and conj/neg views) are copied first, into C order; with
+    ``any_order`` a dense one (:func:`is_dense`, such as ``x.t()``) is read in memory
+    order without a copy (enough for order-free reductions such as Max or a sum).
     """
     x = x.resolve_conj().resolve_neg()
     if not x.is_contiguous():
-        x = x.contiguous()
+        x = in_memory_order(x) if any_order else x.contiguous()
     n = x.numel()
     if n == 0:
         return np.empty(0, dtype=_NUMPY_OF[x.dtype])
     buf = (ctypes.c_char * (n * x.element_size())).from_address(x.data_ptr())
     buf._owner = x  # the array's base keeps the tensor (maybe a fresh contiguous copy) alive
     return np.frombuffer(buf, dtype=_NUMPY_OF[x.dtype], count=n)
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """True if ``t``'s elements fill a block of memory exactly once: contiguous in some
+    order of its dimensions (``x.t()``, ``x.permute(...)``), no gap, no broadcast stride 0."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def in_memory_order(x: torch.Tensor) -> torch.Tensor:
+    """The elements of ``x`` as a contiguous 1-D tensor: a view in memory order when ``x``
+    is dense (no copy), else a C-order copy."""
+    if x.is_contiguous():
+        return x.view(-1)
+    if is_dense(x):
+        return x.as_strided((x.numel(),), (1,), x.storage_offset())
+    return x.contiguous().view(-1)
 
 
 def has_data(t: torch.Tensor) -> bool:
@@ -172,8 +197,7 @@ def _host_stats(x: torch.Tensor) -> list[float]:
     x = x.resolve_conj().resolve_neg()
     n = x.numel()
     if x.dtype == _F32 and n > SMALL_NUMEL:
-        if not x.is_contiguous():
-            x = x.contiguous()
+        x = in_memory_order(x)  # the statistics do not depend on the order of the elements
         mn_t, mx_t = torch.aminmax(x)
         mx, mn = mx_t.item(), mn_t.item()
         total = x.sum().item()
@@ -181,11 +205,11 @@ def _host_stats(x: torch.Tensor) -> list[float]:
         finite = math.isfinite(mx) and math.isfinite(mn)
         tiny = 0.0 < max(abs(mx), abs(mn)) < _TINY  # float32 squares underflow: Norm 0 or inexact
         if finite and (tiny or not (math.isfinite(total) and math.isfinite(norm))):
-            a = host_array(x)
+            a = host_array(x, any_order=True)
             total = float(np.add.reduce(a, dtype=np.float64))
             norm = _norm64(a)
         return [mx, mn, total / n, norm]
-    a = host_array(x)
+    a = host_array(x, any_order=True)
     with np.errstate(all="ignore"):
         mx = float(np.maximum.reduce(a))
         mn = float(np.minimum.reduce(a))

@@ -10,13 +10,15 @@ An entry is reused only while all of these hold:
 
 * the tensor views exactly the same elements (same data pointer, dtype, shape, strides,
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
-  as the view autograd passes to the next node. The memo holds that tensor's memory (a
-  detached alias sharing its version counter: its memory cannot be reused by another
-  tensor while the entry lives, but its autograd graph is not kept alive), at most
-  ``LIMIT`` such tensors and ``MAX_BYTES`` of their storage, oldest dropped first (weak
-  references lost a third of the hits, because autograd hands each node a fresh Python
-  object); parameters (``nn.Parameter``) and their ``.grad`` (recorded as
-  ``parameters_grad``), the same object on every record, by a weak reference until the
+  as the view autograd passes to the next node. Without CRC-32 (summary_mode statistics),
+  a dense tensor also matches any dense tensor over the same block of memory (``x.t()``,
+  ``x.reshape(...)`` of a contiguous ``x``): the same elements in another order. The memo
+  holds that tensor's memory (a detached alias sharing its version counter: its memory
+  cannot be reused by another tensor while the entry lives, but its autograd graph is not
+  kept alive), at most ``LIMIT`` such tensors and ``MAX_BYTES`` of their storage, oldest
+  dropped first (weak references lost a third of the hits, because autograd hands each
+  node a fresh Python object); parameters (``nn.Parameter``) and their ``.grad`` (recorded
+  as ``parameters_grad``), the same object on every record, by a weak reference until the
   next clear (a model dropped meanwhile is freed);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
@@ -49,6 +51,8 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.pytorch.stats import is_dense
+
 
 #: non-parameter entries kept (the oldest is dropped first): an output is reused by the next
 #: call or two, a residual branch's input a few calls later
@@ -75,11 +79,14 @@ class StatsMemo:
 
     Attributes:
         hits: number of :meth:`get` calls answered from the memo (for benchmarks).
+        layout_free: match dense tensors over the same memory whatever their shape and
+            strides (set by the leaf builder when no CRC-32 is recorded).
     Raises:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "enabled", "limit", "hits")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "enabled", "limit", "hits",
+                 "layout_free")
 
     @property
     def entries(self) -> dict:
@@ -102,9 +109,16 @@ class StatsMemo:
         self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
         self._foreign: set = set()  # keys of entries whose storage wraps memory it does not own
         self.hits = 0
+        #: a dense tensor (no gaps, no overlap) matches any dense tensor over the same block of
+        #: memory (``x``, ``x.t()``, ``x.view(-1)``): same elements, so the same Max/Min/Mean/
+        #: Norm up to the order of the float additions. Off when the value holds a CRC-32 (it
+        #: depends on the C order of the elements).
+        self.layout_free = False
 
-    @staticmethod
-    def _key(t: torch.Tensor) -> tuple:
+    def _key(self, t: torch.Tensor) -> tuple:
+        if self.layout_free and is_dense(t):
+            # the same block of memory, whatever the shape and the order of the dimensions
+            return (t.data_ptr(), t.dtype, t.numel(), t.is_neg(), t.is_conj())
         return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_neg(), t.is_conj())
 
     def get(self, t: torch.Tensor) -> Optional[Any]:
@@ -137,7 +151,7 @@ class StatsMemo:
             return
         try:
             key = self._key(t)
-            param = keep or isinstance(t, _PARAMETER)
+            param = keep or issubclass(type(t), _PARAMETER)  # not isinstance: a Python-level check
             storage = t.untyped_storage()
             start, size = storage.data_ptr(), storage.nbytes()
             held = weakref.ref(t) if param else _detach(t)
@@ -253,3 +267,4 @@ def _storages(value: Any, out: dict) -> bool:
         elif not isinstance(v, _SCALARS):
             return False
     return True
+

@@ -163,3 +163,52 @@ def test_memo_bounds_the_bytes_it_keeps_alive(monkeypatch):
     view = torch.randn(250)[:10]               # a view keeps its whole 1000-byte storage alive
     memo.put(view, "v")
     assert (memo.get(b), memo.get(c), memo.get(view)) == (None, None, "v")
+
+
+def test_layout_free_keys_match_dense_views_of_the_same_memory():
+    memo = StatsMemo(enabled=True)
+    memo.layout_free = True
+    x = torch.randn(5, 4)
+    memo.put(x, "sx")
+    assert memo.get(x.view(20)) == "sx" and memo.get(x.t()) == "sx" and memo.get(x.permute(1, 0)) == "sx"
+    assert memo.get(x[:, :2]) is None           # a gap: other elements
+    assert memo.get(x[1:]) is None              # another block
+    assert memo.get(x.view(torch.int32)) is None
+    assert memo.get(torch.randn(4).expand(5, 4)) is None
+    strict = StatsMemo(enabled=True)            # summary_mode md5: layouts must match exactly
+    strict.put(x, "sx")
+    assert strict.get(x.t()) is None and strict.get(x.view(20)) is None
+
+
+@pytest.mark.parametrize("summary_mode", ["statistics", "md5"])
+def test_transposed_and_reshaped_views_recorded_with_their_own_values(tmp_path, summary_mode):
+    """y.t() and y.reshape(-1) of a recorded y: statistics reused (equal to numpy float64 of
+    the views' values); with md5 each view's CRC-32 is that of its own C-order bytes."""
+    import json
+    import zlib
+    torch.manual_seed(9)
+    x = torch.randn(96, 80)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"),
+                               "statistics": {"summary_mode": summary_mode}}))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    dbg.start()
+    memo = dbg.recorder.leaves.memo
+    y = torch.exp(x)
+    hits = memo.hits
+    z = y.t()
+    w = torch.tanh(z)
+    flat = y.reshape(-1)
+    if summary_mode == "statistics":
+        assert memo.hits - hits >= 4  # t() input/output, tanh input, reshape input/output
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    for rec, t in ((data["Tensor.t.0.forward"]["output"][0], z),
+                   (data["Torch.tanh.0.forward"]["input_args"][0], z),
+                   (data["Tensor.reshape.0.forward"]["output"][0], flat)):
+        _assert_stats(rec, t)
+        if summary_mode == "md5":
+            crc = zlib.crc32(t.contiguous().numpy().tobytes()) & 0xFFFFFFFF
+            assert rec["md5"] == format(crc, "08x")
+    assert w.shape == (80, 96)

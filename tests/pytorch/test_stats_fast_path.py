@@ -178,3 +178,34 @@ def test_small_parameters_take_the_fast_path_with_float64_values(monkeypatch):
     assert s.mean == pytest.approx(float(a.sum()) / a.size, rel=1e-15, abs=0)
     assert s.norm == pytest.approx(math.sqrt(float(np.dot(a, a))), rel=1e-15)
     assert p.requires_grad and p.grad is None  # untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32])
+def test_dense_permuted_views_read_in_memory_order(dtype, monkeypatch):
+    """x.permute(...) of a contiguous x is read where it lies (no C-order copy); the values
+    equal numpy float64 over the view's own elements."""
+    torch.manual_seed(11)
+    base = (torch.randn(6, 50, 70) * 5).to(dtype)
+    view = base.permute(2, 0, 1)
+    assert not view.is_contiguous()
+    copies = []
+    original = torch.Tensor.contiguous
+
+    def counting(self, *args, **kwargs):
+        if not self.is_contiguous():
+            copies.append(self.shape)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", counting)
+    s = tensor_stats(view)
+    monkeypatch.setattr(torch.Tensor, "contiguous", original)
+    assert copies == []
+    a = view.to(torch.float64).contiguous().numpy()
+    assert (s.max, s.min) == (a.max(), a.min())
+    assert abs(s.mean * a.size - a.sum()) <= _sum_bound(a) + 1e-9
+    assert s.norm == pytest.approx(math.sqrt(float((a * a).sum())), rel=1e-6)
+    gap = base[:, ::2, :]                      # not dense: copied, same answer
+    g = gap.to(torch.float64).contiguous().numpy()
+    sg = tensor_stats(gap)
+    assert (sg.max, sg.min) == (g.max(), g.min())
+    assert sg.norm == pytest.approx(math.sqrt(float((g * g).sum())), rel=1e-6)
