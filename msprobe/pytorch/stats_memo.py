@@ -46,6 +46,7 @@ off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Any, Optional
 
@@ -85,8 +86,8 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "enabled", "limit", "hits",
-                 "layout_free")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "_lock", "enabled", "limit",
+                 "hits", "layout_free")
 
     @property
     def entries(self) -> dict:
@@ -108,6 +109,9 @@ class StatsMemo:
         self._held = 0  # bytes of the non-parameter entries
         self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
         self._foreign: set = set()  # keys of entries whose storage wraps memory it does not own
+        # put/release/clear change the entries and their order, size and index records
+        # together: one thread at a time (get reads one dict lookup and needs no lock)
+        self._lock = threading.RLock()  # reentrant: a finalizer run by the GC may record
         self.hits = 0
         #: a dense tensor (no gaps, no overlap) matches any dense tensor over the same block of
         #: memory (``x``, ``x.t()``, ``x.view(-1)``): same elements, so the same Max/Min/Mean/
@@ -159,36 +163,37 @@ class StatsMemo:
             entry = (held, t._version, value, start, param, start + size, not storage.resizable())
         except (RuntimeError, NotImplementedError, TypeError):  # no version counter or no storage
             return
-        entries, order = self._entries, self._order
-        self._held -= order.pop(key, 0)
-        if not param and size > MAX_BYTES:
-            self._drop(key)
-            return
-        old = entries.get(key)
-        if old is not None and old[3] != entry[3]:
-            self._unindex(key, old[3])
-        entries[key] = entry
-        self._by_storage.setdefault(entry[3], set()).add(key)
-        if entry[6]:
-            self._foreign.add(key)
-        else:
-            self._foreign.discard(key)
-        if param:
-            return
-        order[key] = size
-        self._held += size
-        while len(order) > self.limit or self._held > MAX_BYTES:
-            try:  # another thread may clear or evict at the same time
-                oldest = next(iter(order))
-                self._held -= order.pop(oldest)
-                gone = entries.get(oldest)
-                if gone is not None and not gone[4]:
-                    self._drop(oldest)
-            except (StopIteration, KeyError, RuntimeError):
-                break
+        with self._lock:
+            entries, order = self._entries, self._order
+            self._held -= order.pop(key, 0)
+            if not param and size > MAX_BYTES:
+                self._drop(key)
+                return
+            old = entries.get(key)
+            if old is not None and old[3] != entry[3]:
+                self._unindex(key, old[3])
+            entries[key] = entry
+            self._by_storage.setdefault(entry[3], set()).add(key)
+            if entry[6]:
+                self._foreign.add(key)
+            else:
+                self._foreign.discard(key)
+            if param:
+                return
+            order[key] = size
+            self._held += size
+            while len(order) > self.limit or self._held > MAX_BYTES:
+                try:
+                    oldest = next(iter(order))
+                    self._held -= order.pop(oldest)
+                    gone = entries.get(oldest)
+                    if gone is not None and not gone[4]:
+                        self._drop(oldest)
+                except (StopIteration, KeyError, RuntimeError):
+                    break
 
     def _drop(self, key: tuple) -> None:
-        """Remove the entry ``key`` (and its index and order records)."""
+        """Remove the entry ``key`` (and its index and order records); under ``_lock``."""
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._unindex(key, entry[3])
@@ -215,30 +220,31 @@ class StatsMemo:
         if not (_storages(args, spans) and _storages(kwargs, spans)):
             self.clear()
             return
-        by_storage = self._by_storage
-        for storage in spans:
-            keys = by_storage.get(storage)
-            if keys:
-                for key in list(keys):
-                    self._drop(key)
         foreign = [(a, b) for a, (b, f) in spans.items() if f]
-        if foreign:  # it may alias any entry's memory: compare address ranges
-            for key, e in list(entries.items()):
-                if any(a < e[5] and e[3] < b for a, b in foreign):
+        with self._lock:
+            by_storage = self._by_storage
+            for storage in spans:
+                keys = by_storage.get(storage)
+                if keys:
+                    for key in list(keys):
+                        self._drop(key)
+            if foreign:  # it may alias any entry's memory: compare address ranges
+                for key, e in list(entries.items()):
+                    if any(a < e[5] and e[3] < b for a, b in foreign):
+                        self._drop(key)
+            for key in list(self._foreign):  # entries that may alias an argument's memory
+                e = entries.get(key)
+                if e is not None and any(a < e[5] and e[3] < b for a, (b, _) in spans.items()):
                     self._drop(key)
-        for key in list(self._foreign):  # entries that may alias an argument's memory
-            e = entries.get(key)
-            if e is not None and any(a < e[5] and e[3] < b for a, (b, _) in spans.items()):
-                self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
-        if self._entries:
+        with self._lock:
             self._entries.clear()
-        self._order.clear()
-        self._by_storage.clear()
-        self._foreign.clear()
-        self._held = 0
+            self._order.clear()
+            self._by_storage.clear()
+            self._foreign.clear()
+            self._held = 0
 
     def __len__(self) -> int:
         return len(self._entries)

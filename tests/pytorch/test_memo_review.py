@@ -444,3 +444,67 @@ def test_recorded_write_in_another_thread(tmp_path):
     def write(x, pause):
         x.data[Index(pause)] = 1000.0  # through .data: x's version is not bumped
     _write_in_other_thread(tmp_path, write)
+
+
+def test_memo_bookkeeping_consistent_under_threads():
+    """put/release/clear from several threads (the recorder runs in any thread that calls
+    an API): every entry stays indexed by its storage (else a later in-place call would not
+    forget it) and the byte count matches the entries counted."""
+    import sys
+    import threading
+    from msprobe.pytorch.stats_memo import StatsMemo
+    memo = StatsMemo(enabled=True, limit=4)
+    pool = [torch.randn(8) for _ in range(12)] + [nn.Parameter(torch.randn(4)) for _ in range(4)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(3000):
+            i, op = torch.randint(len(pool), (2,), generator=g).tolist()
+            t = pool[i]
+            if op % 8 == 0:
+                memo.clear()
+            elif op % 2:
+                memo.release((t,), {})
+            else:
+                memo.put(t, i)
+
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    for key, e in memo._entries.items():
+        assert key in memo._by_storage.get(e[3], ()), key
+    assert memo._held == sum(memo._order.values())
+    assert set(memo._order) <= set(memo._entries)
+
+
+def test_put_during_clear_in_another_thread_stays_releasable():
+    """Thread B clears the memo while thread A remembers x (forced interleaving: A's put
+    runs right after B emptied the entries, before B empties the storage index). The entry
+    A made must still be forgotten by an in-place call on x's storage."""
+    import threading
+    from msprobe.pytorch.stats_memo import StatsMemo
+    x = torch.randn(8)
+    memo = StatsMemo(enabled=True)
+    a_done = threading.Event()
+
+    class Entries(dict):
+        def clear(self):
+            super().clear()
+            if not a_done.is_set():
+                th = threading.Thread(target=lambda: (memo.put(x, "x"), a_done.set()))
+                th.start()
+                th.join(0.5)      # a memo that serializes put and clear makes A wait: go on
+
+    memo._entries = Entries()
+    memo.put(torch.randn(4), "y")
+    memo.clear()
+    assert a_done.wait(10)
+    memo.release((x.data,), {})   # an in-place call on x's storage (through .data: no version bump)
+    assert memo.get(x) is None
