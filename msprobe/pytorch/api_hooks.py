@@ -71,8 +71,10 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     group = HandleGroup()
     session = recorder.session
     dist_calls = None
+    wrapped: set[tuple[int, str]] = set()
     for spec in specs:
         owner, name = spec.owner, spec.api
+        wrapped.add((id(owner), name))
         own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
         if spec.family == DIST_FAMILY:
@@ -88,7 +90,61 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
         except (AttributeError, TypeError):
             continue
         group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
+    memo = recorder.leaves.memo
+    for owner, name in _unlisted_writers(wrapped):
+        own = name in vars(owner) if isinstance(owner, type) else True
+        original = getattr(owner, name)
+        wrapper = _make_release_wrapper(original, memo)
+        try:
+            setattr(owner, name, wrapper)
+        except (AttributeError, TypeError):
+            continue
+        group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
     return group
+
+
+#: in-place spellings that write no tensor memory
+_NOT_WRITERS = frozenset({"requires_grad_", "detach_", "share_memory_", "_coalesced_", "_dtensor__new__"})
+
+
+def _unlisted_writers(wrapped: set[tuple[int, str]]) -> list[tuple[Any, str]]:
+    """``(owner, name)`` of the in-place functions of ``torch`` and ``torch.Tensor`` (name
+    ending in ``_``) that the API list does not wrap (``wrapped``: ``(id(owner), name)``):
+    ``torch._foreach_add_``, ``torch._fused_adam_``, ``Tensor.apply_``..."""
+    out = []
+    for owner in (torch, torch.Tensor):
+        for name in dir(owner):
+            if (not name.endswith("_") or name.startswith("__") or name in _NOT_WRITERS
+                    or (id(owner), name) in wrapped):
+                continue
+            fn = getattr(owner, name, None)
+            if callable(fn) and not isinstance(fn, type):
+                out.append((owner, name))
+    return out
+
+
+def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
+    """Wrapper of an in-place API the API list does not record: before and after it runs,
+    the memo forgets what it may write (:meth:`StatsMemo.release`; fused optimizers and
+    ``Tensor.apply_`` bump no version, ``torch._foreach_*`` only the counter of the tensor
+    given, not of its ``.data`` aliases). Nothing is recorded."""
+    entries, release = memo.entries, memo.release
+
+    def wrapper(*args, **kwargs):
+        if entries and not wrapper.__msprobe_disabled__:
+            release(args, kwargs)
+        out = original(*args, **kwargs)
+        if entries and not wrapper.__msprobe_disabled__:  # another thread may have recorded them meanwhile
+            release(args, kwargs)
+        return out
+
+    try:
+        functools.update_wrapper(wrapper, original)
+    except (AttributeError, TypeError):
+        pass
+    wrapper.__msprobe_original__ = original
+    wrapper.__msprobe_disabled__ = False
+    return wrapper
 
 
 def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:

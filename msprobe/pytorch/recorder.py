@@ -177,17 +177,12 @@ class Recorder:
             # a call that writes in place (maybe through an alias with its own version
             # counter) makes the statistics of what it may write stale (msprobe.pytorch.stats_memo)
             if memo.entries:
-                rule = self._write_rules.get(key)
-                if rule is None:
-                    rule = self._write_rules[key] = WriteRule(family, key.split(".", 1)[-1], original)
-                writes = rule.check(args, kwargs)
-                if writes == WRITES_ARGS:
-                    memo.release(args, kwargs)
-                elif writes == WRITES_ANY:
-                    memo.clear()
+                self._forget_written(memo, family, key, original, args, kwargs)
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)
+                if memo.entries:  # again: another thread may have recorded them meanwhile
+                    self._forget_written(memo, family, key, original, args, kwargs)
                 if closing is not None:
                     self.scope.exit(closing)
                 return out
@@ -199,6 +194,8 @@ class Recorder:
                     tls.busy = True
             else:
                 out = original(*plan.args, **plan.kwargs)
+            if memo.entries:  # again: another thread may have recorded them meanwhile
+                self._forget_written(memo, family, key, original, args, kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
@@ -209,6 +206,18 @@ class Recorder:
                     self.scope.exit(closing)
         finally:
             tls.busy = False
+
+    def _forget_written(self, memo: Any, family: str, key: str, original: Any, args: tuple, kwargs: dict) -> None:
+        """Make ``memo`` forget what the call ``original(*args, **kwargs)`` may write
+        (:class:`~msprobe.pytorch.mutation.WriteRule`); run before and after the call."""
+        rule = self._write_rules.get(key)
+        if rule is None:
+            rule = self._write_rules[key] = WriteRule(family, key.split(".", 1)[-1], original)
+        writes = rule.check(args, kwargs)
+        if writes == WRITES_ARGS:
+            memo.release(args, kwargs)
+        elif writes == WRITES_ANY:
+            memo.clear()
 
     def _api_before(self, family: str, key: str, args: tuple, kwargs: dict) -> Optional[_ApiPlan]:
         s, dm = self.session, self.dm

@@ -12,19 +12,25 @@ An entry is reused only while all of these hold:
   neg/conj bits) as the tensor the entry was made for: the same object, or an alias such
   as the view autograd passes to the next node. Without CRC-32 (summary_mode statistics),
   a dense tensor also matches any dense tensor over the same block of memory (``x.t()``,
-  ``x.reshape(...)`` of a contiguous ``x``): the same elements in another order. The memo holds that tensor (a strong
-  reference, so its memory cannot be reused by another tensor while the entry lives);
-  parameters (``nn.Parameter``) and their ``.grad`` (recorded as ``parameters_grad``),
-  alive anyway, are kept until the next clear, other tensors
-  at most ``LIMIT`` and ``MAX_BYTES`` at a time, oldest dropped first (weak references lost a third of the
-  hits, because autograd hands each node a fresh Python object);
+  ``x.reshape(...)`` of a contiguous ``x``): the same elements in another order. The memo
+  holds that tensor's memory (a detached alias sharing its version counter: its memory
+  cannot be reused by another tensor while the entry lives, but its autograd graph is not
+  kept alive), at most ``LIMIT`` such tensors and ``MAX_BYTES`` of their storage, oldest
+  dropped first (weak references lost a third of the hits, because autograd hands each
+  node a fresh Python object); parameters (``nn.Parameter``) and their ``.grad`` (recorded
+  as ``parameters_grad``), the same object on every record, by a weak reference until the
+  next clear (a model dropped meanwhile is freed);
 * both tensors' version counters equal the one recorded (every in-place PyTorch operation
   bumps it, with or without grad mode);
 * no intercepted API call that may write memory of the tensor ran since the entry was
   made. The counter misses writes through an alias with its own counter (``x.data``), so
   an intercepted call that writes in place (:mod:`msprobe.pytorch.mutation`: ``add_``,
-  ``__setitem__``, ``out=``, ``inplace=True``) forgets the entries whose storage one of its
-  tensor arguments shares (:meth:`StatsMemo.release`; everything when an argument is not a
+  ``__setitem__``, ``out=``, ``inplace=True``, batch norm's running statistics, and the
+  in-place APIs outside the API list such as ``torch._foreach_add_`` and fused
+  optimizers) forgets, before and after it runs (another thread may record meanwhile),
+  the entries whose storage one of its tensor arguments shares
+  (:meth:`StatsMemo.release`; by memory range where a storage wraps memory it does not
+  own, such as ``torch.from_numpy(x.numpy()[2:])``; everything when an argument is not a
   tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget
   everything, before and after they run; so do unrecorded intercepted calls and the
   debugger at start()/stop()/step(). At L0 and debug no API is intercepted, so the memo
@@ -32,13 +38,16 @@ An entry is reused only while all of these hold:
 
 What remains uncovered is memory written by code msprobe does not intercept through an
 alias with its own version counter (a custom C++ or Triton kernel writing through a raw
-pointer, an operator called on ``x.data`` through ``torch._C``) between two records of the
-same tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
+pointer, an operator called on ``x.data`` through ``torch._C``, a write through the numpy
+array of ``x.numpy()`` or through ``x.untyped_storage()``) between two records of the same
+tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
 off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
 """
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -54,6 +63,8 @@ LIMIT = 16
 MAX_BYTES = 16 << 20
 
 _PARAMETER = torch.nn.Parameter
+#: the C method (``torch.Tensor.detach`` may be an API wrapper while recording)
+_detach = torch._C.TensorBase.detach
 #: argument values that hold no tensor memory (anything else makes release() forget all)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
             torch.device, torch.layout, torch.memory_format, torch.Size)
@@ -75,7 +86,8 @@ class StatsMemo:
         ValueError: ``limit`` below 1.
     """
 
-    __slots__ = ("_entries", "_order", "_held", "_by_storage", "enabled", "limit", "hits", "layout_free")
+    __slots__ = ("_entries", "_order", "_held", "_by_storage", "_foreign", "_lock", "enabled", "limit",
+                 "hits", "layout_free")
 
     @property
     def entries(self) -> dict:
@@ -90,11 +102,16 @@ class StatsMemo:
             raise ValueError(f"StatsMemo limit: got {limit}; allowed: an integer >= 1")
         self.enabled = enabled
         self.limit = limit
-        # key -> (tensor, version, value, storage address, is a parameter)
+        # key -> (tensor (weak reference if kept like a parameter), version, value, storage
+        #         address, kept like a parameter, storage end address, storage not owned)
         self._entries: dict[tuple, tuple] = {}
         self._order: dict[tuple, int] = {}  # non-parameter entries, oldest first: key -> bytes
         self._held = 0  # bytes of the non-parameter entries
         self._by_storage: dict[int, set] = {}  # storage address -> keys of its entries
+        self._foreign: set = set()  # keys of entries whose storage wraps memory it does not own
+        # put/release/clear change the entries and their order, size and index records
+        # together: one thread at a time (get reads one dict lookup and needs no lock)
+        self._lock = threading.RLock()  # reentrant: a finalizer run by the GC may record
         self.hits = 0
         #: a dense tensor (no gaps, no overlap) matches any dense tensor over the same block of
         #: memory (``x``, ``x.t()``, ``x.view(-1)``): same elements, so the same Max/Min/Mean/
@@ -118,6 +135,10 @@ class StatsMemo:
             if e is None:
                 return None
             held, version, value = e[:3]
+            if e[4]:  # a parameter or .grad, held by a weak reference
+                held = held()
+                if held is None:
+                    return None
             valid = t._version == version and held._version == version and held.data_ptr() == t.data_ptr()
         except RuntimeError:  # inference tensors have no version counter
             return None
@@ -136,39 +157,47 @@ class StatsMemo:
             key = self._key(t)
             param = keep or issubclass(type(t), _PARAMETER)  # not isinstance: a Python-level check
             storage = t.untyped_storage()
-            entry = (t, t._version, value, storage.data_ptr(), param)
-            size = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # no version counter or no storage
+            start, size = storage.data_ptr(), storage.nbytes()
+            held = weakref.ref(t) if param else _detach(t)
+            # not resizable: memory from numpy, DLPack, a buffer, maybe inside another storage
+            entry = (held, t._version, value, start, param, start + size, not storage.resizable())
+        except (RuntimeError, NotImplementedError, TypeError):  # no version counter or no storage
             return
-        entries, order = self._entries, self._order
-        self._held -= order.pop(key, 0)
-        if not param and size > MAX_BYTES:
-            self._drop(key)
-            return
-        old = entries.get(key)
-        if old is not None and old[3] != entry[3]:
-            self._unindex(key, old[3])
-        entries[key] = entry
-        self._by_storage.setdefault(entry[3], set()).add(key)
-        if param:
-            return
-        order[key] = size
-        self._held += size
-        while len(order) > self.limit or self._held > MAX_BYTES:
-            try:  # another thread may clear or evict at the same time
-                oldest = next(iter(order))
-                self._held -= order.pop(oldest)
-                gone = entries.get(oldest)
-                if gone is not None and not gone[4]:
-                    self._drop(oldest)
-            except (StopIteration, KeyError, RuntimeError):
-                break
+        with self._lock:
+            entries, order = self._entries, self._order
+            self._held -= order.pop(key, 0)
+            if not param and size > MAX_BYTES:
+                self._drop(key)
+                return
+            old = entries.get(key)
+            if old is not None and old[3] != entry[3]:
+                self._unindex(key, old[3])
+            entries[key] = entry
+            self._by_storage.setdefault(entry[3], set()).add(key)
+            if entry[6]:
+                self._foreign.add(key)
+            else:
+                self._foreign.discard(key)
+            if param:
+                return
+            order[key] = size
+            self._held += size
+            while len(order) > self.limit or self._held > MAX_BYTES:
+                try:
+                    oldest = next(iter(order))
+                    self._held -= order.pop(oldest)
+                    gone = entries.get(oldest)
+                    if gone is not None and not gone[4]:
+                        self._drop(oldest)
+                except (StopIteration, KeyError, RuntimeError):
+                    break
 
     def _drop(self, key: tuple) -> None:
-        """Remove the entry ``key`` (and its index and order records)."""
+        """Remove the entry ``key`` (and its index and order records); under ``_lock``."""
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._unindex(key, entry[3])
+        self._foreign.discard(key)
         self._held -= self._order.pop(key, 0)
 
     def _unindex(self, key: tuple, storage: int) -> None:
@@ -176,46 +205,65 @@ class StatsMemo:
         if keys is not None:
             keys.discard(key)
             if not keys:
-                del self._by_storage[storage]
+                self._by_storage.pop(storage, None)
 
     def release(self, args: tuple, kwargs: dict) -> None:
         """Forget the entries an intercepted call that writes in place may change: those
         whose storage a tensor in ``args``/``kwargs`` (nested in lists, tuples, dicts)
-        shares; everything when an argument is anything else but a plain value."""
+        shares, or whose memory overlaps it where either storage does not own its memory
+        (``torch.from_numpy``, DLPack); everything when an argument is anything else but a
+        plain value."""
         entries = self._entries
         if not entries:
             return
-        storages: set = set()
-        if not (_storages(args, storages) and _storages(kwargs, storages)):
+        spans: dict = {}  # storage address -> (end address, does not own its memory)
+        if not (_storages(args, spans) and _storages(kwargs, spans)):
             self.clear()
             return
-        for storage in storages:
-            keys = self._by_storage.get(storage)
-            if keys:
-                for key in list(keys):
+        foreign = [(a, b) for a, (b, f) in spans.items() if f]
+        with self._lock:
+            by_storage = self._by_storage
+            for storage in spans:
+                keys = by_storage.get(storage)
+                if keys:
+                    for key in list(keys):
+                        self._drop(key)
+            if foreign:  # it may alias any entry's memory: compare address ranges
+                for key, e in list(entries.items()):
+                    if any(a < e[5] and e[3] < b for a, b in foreign):
+                        self._drop(key)
+            for key in list(self._foreign):  # entries that may alias an argument's memory
+                e = entries.get(key)
+                if e is not None and any(a < e[5] and e[3] < b for a, (b, _) in spans.items()):
                     self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (before each intercepted call runs; at start()/step())."""
-        if self._entries:
+        with self._lock:
             self._entries.clear()
-        self._order.clear()
-        self._by_storage.clear()
-        self._held = 0
+            self._order.clear()
+            self._by_storage.clear()
+            self._foreign.clear()
+            self._held = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
-def _storages(value: Any, out: set) -> bool:
-    """Add the storage address of every tensor in ``value`` to ``out``; False if ``value``
+def _storages(value: Any, out: dict) -> bool:
+    """Map the storage address of every tensor in ``value`` to ``(end address, the storage
+    does not own its memory)`` in ``out``; False if ``value``
     holds something that may reference tensor memory unseen (an object, an array)."""
     todo = [value]
     while todo:
         v = todo.pop()
         if isinstance(v, torch.Tensor):
             try:
-                out.add(v.untyped_storage().data_ptr())
+                storage = v.untyped_storage()
+                start = storage.data_ptr()
+                end, foreign = start + storage.nbytes(), not storage.resizable()
+                prev = out.get(start)
+                out[start] = (end, foreign) if prev is None else (max(end, prev[0]), foreign or prev[1])
             except (RuntimeError, NotImplementedError):
                 return False
         elif type(v) in (list, tuple):
