@@ -9,7 +9,7 @@ passes it explicitly. Values are identical to autograd's own seed.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -31,19 +31,23 @@ def _seed(outputs: Any, grads: Any) -> Any:
     return tuple(torch.ones_like(o, memory_format=torch.preserve_format) for o in outs)
 
 
-def install_autograd_guard(session: Any) -> HandleGroup:
-    """Wrap ``torch.autograd.backward``/``grad`` for ``session``; returns restoring handles."""
+def install_autograd_guard(session: Any, after: Optional[Callable[[], None]] = None) -> HandleGroup:
+    """Wrap ``torch.autograd.backward``/``grad`` for ``session``; returns restoring handles.
+
+    ``after``: called when a backward pass returns (or raises), e.g. to forget statistics of
+    gradients that code outside Python may have written during it (DDP's bucket allreduce)."""
     group = HandleGroup()
     for name, grads_pos, grads_kw, outputs_kw in (("backward", 1, "grad_tensors", "tensors"),
                                                   ("grad", 2, "grad_outputs", "outputs")):
         original = getattr(torch.autograd, name)
-        wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw)
+        wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw, after)
         setattr(torch.autograd, name, wrapper)
         group.add(CallbackHandle(functools.partial(restore_attribute, torch.autograd, name, wrapper, original)))
     return group
 
 
-def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outputs_kw: str) -> Any:
+def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outputs_kw: str,
+                after: Optional[Callable[[], None]]) -> Any:
     tls = session._tls
 
     def wrapper(*args, **kwargs):
@@ -59,7 +63,12 @@ def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outp
                 tls.busy = False
             if seed is not None:
                 kwargs[grads_kw] = seed
-        return original(*args, **kwargs)
+        if after is None:
+            return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            after()
 
     functools.update_wrapper(wrapper, original)
     wrapper.__msprobe_original__ = original

@@ -156,7 +156,7 @@ class PrecisionDebugger:
             return
         if level in _API_LEVELS and self._api_handles is None:
             self._api_handles = HandleGroup()
-            self._api_handles.add(install_autograd_guard(self.session))
+            self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward))
             self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
         if models:
             hooked = [ref() for ref in self._hooked_models]
@@ -165,6 +165,14 @@ class PrecisionDebugger:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
                 self._hooked_models = [weakref.ref(m) for m in models]
+
+    def _after_backward(self) -> None:
+        """A backward pass returned. Under torch.distributed, DDP's reducer has allreduced the
+        gradient buckets in C++ during it (no Python call, no version bump): statistics of
+        gradients recorded before that are not reused after it (msprobe.pytorch.stats_memo)."""
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self.recorder.leaves.memo.clear()
 
     def stop(self) -> None:
         """Stop recording forward calls; the step's files are written. Backward calls of

@@ -32,7 +32,8 @@ An entry is reused only while all of these hold:
   (:meth:`StatsMemo.release`; by memory range where a storage wraps memory it does not
   own, such as ``torch.from_numpy(x.numpy()[2:])``; everything when an argument is not a
   tensor, number or plain container, and for ``torch.ops.aten`` calls); collectives forget
-  everything, before and after they run; so do unrecorded intercepted calls and the
+  everything, before and after they run, and so does the end of every backward pass under
+  torch.distributed (DDP's reducer allreduces gradient buckets in C++ during it); so do unrecorded intercepted calls and the
   debugger at start()/stop()/step(). At L0 and debug no API is intercepted, so the memo
   is off there.
 

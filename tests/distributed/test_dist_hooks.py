@@ -170,3 +170,40 @@ def test_rank_filter_on_non_distributed_run_warns(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if "rank" in r.getMessage()]
     assert len(warnings) == 1 and "rank 0" in warnings[0] and "[1]" in warnings[0]
     assert not (tmp_path / "d" / "step0").exists()
+
+
+def _write_behind_torch(t: torch.Tensor, factor: float) -> None:
+    """Scale ``t``'s memory in place the way DDP's C++ reducer writes a gradient bucket:
+    no Python API call, no version-counter bump."""
+    import ctypes
+
+    assert t.is_contiguous() and t.dtype == torch.float32
+    buf = (ctypes.c_float * t.numel()).from_address(t.data_ptr())
+    arr = np.frombuffer(buf, dtype=np.float32)
+    arr *= factor
+
+
+def test_gradients_written_behind_torch_during_backward_are_seen(tmp_path, world1):
+    """Under torch.distributed, gradients recorded during backward (parameters_grad at mix)
+    and written afterwards by C++ code within the backward pass (as DDP's allreduce does)
+    are recorded again by the optimizer with their new values."""
+    import math
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=False)
+    for p in net.parameters():  # runs after parameters_grad is recorded (hooks run in order)
+        p.register_post_accumulate_grad_hook(lambda q: _write_behind_torch(q.grad, 3.0))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix", model=net)
+    dbg.start()
+    net(torch.randn(4, 8)).square().mean().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    opt.step()
+    dbg.stop()
+    dbg.close()
+    data = json.loads(next((tmp_path / "d").glob("step0/*/dump.json")).read_text())["data"]
+    for i, g in enumerate(grads):
+        rec = data[f"Tensor.add_.{i}.forward"]["input_args"][1]
+        a = g.double().numpy()
+        assert (rec["Max"], rec["Min"]) == (a.max(), a.min())
+        assert rec["Norm"] == pytest.approx(math.sqrt(float((a * a).sum())), rel=1e-6)
