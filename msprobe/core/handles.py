@@ -1,7 +1,8 @@
 """Removable hook handles, collected so that a session removes everything it installed."""
 from __future__ import annotations
 
-from typing import Callable, Protocol
+import functools
+from typing import Any, Callable, Protocol
 
 
 class Handle(Protocol):
@@ -73,3 +74,18 @@ class HandleGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def finish_wrapper(wrapper: Callable, original: Any) -> Callable:
+    """Give an API wrapper its original's name and docstring (where the original has them)
+    and the two attributes every msprobe wrapper carries: ``__msprobe_original__`` (the
+    function wrapped, for restoring and for chains of debuggers) and
+    ``__msprobe_disabled__`` (False; True makes the wrapper a pass-through). Returns
+    ``wrapper``."""
+    try:
+        functools.update_wrapper(wrapper, original)
+    except (AttributeError, TypeError):
+        pass
+    wrapper.__msprobe_original__ = original
+    wrapper.__msprobe_disabled__ = False
+    return wrapper

@@ -14,7 +14,6 @@ and re-install the wrappers afterwards.
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any, Callable, Optional
 
@@ -23,6 +22,7 @@ from mindspore.mint.nn import functional as mint_functional
 
 from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
+from msprobe.core.handles import finish_wrapper
 
 DEFAULT_API_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -152,10 +152,4 @@ def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: 
             return original(*args, **kwargs)
         return record(original, family, key, args, kwargs, inplace)
 
-    try:
-        functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
-    wrapper.__msprobe_original__ = original
-    wrapper.__msprobe_disabled__ = False
-    return wrapper
+    return finish_wrapper(wrapper, original)

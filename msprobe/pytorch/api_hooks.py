@@ -22,7 +22,7 @@ import torch
 
 from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
-from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.stats_memo import StatsMemo
@@ -138,13 +138,7 @@ def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
             release(args, kwargs)
         return out
 
-    try:
-        functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
-    wrapper.__msprobe_original__ = original
-    wrapper.__msprobe_disabled__ = False
-    return wrapper
+    return finish_wrapper(wrapper, original)
 
 
 def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:
@@ -181,10 +175,4 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
             clear()  # backward entries are still recorded after stop(): a write here counts
         return original(*args, **kwargs)
 
-    try:
-        functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
-    wrapper.__msprobe_original__ = original
-    wrapper.__msprobe_disabled__ = False
-    return wrapper
+    return finish_wrapper(wrapper, original)
