@@ -5,6 +5,7 @@ the value and what is allowed: never another exception. (Arbitrary config.json d
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -57,6 +58,15 @@ def test_debugger_arguments_give_a_debugger_or_a_config_error(tmp_path_factory, 
     (tmp_path / "adir").mkdir()
     (tmp_path / "file").write_text("x")
     kwargs = {k: _place(v, tmp_path) for k, v in kwargs.items()}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # a generated relative dump_path ("¦") lands here, not in the repository
+    try:
+        _construct_and_run(kwargs, start_model)
+    finally:
+        os.chdir(cwd)
+
+
+def _construct_and_run(kwargs: dict, start_model) -> None:
     try:
         dbg = PrecisionDebugger(**kwargs)
     except ConfigError as err:
