@@ -88,3 +88,16 @@ def train_loop(net, x, dbg=None, steps: int = 2, level_model=True):
             dbg.stop()
             dbg.step()
     return losses
+
+
+def tensor_records(value):
+    """Every record holding a ``data_name`` (a tensor file) in a dump.json value, in order."""
+    if isinstance(value, dict):
+        if "data_name" in value:
+            yield value
+        else:
+            for v in value.values():
+                yield from tensor_records(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from tensor_records(v)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from ms_helpers import load_dump, make_input, make_net, np_stats, train_loop
+from ms_helpers import load_dump, make_input, make_net, np_stats, tensor_records, train_loop
 from msprobe.core.errors import ConfigError
 from msprobe.mindspore import PrecisionDebugger, seed_all
 from msprobe.mindspore.common.utils import MsprobeStep
@@ -126,25 +126,13 @@ def test_task_tensor_npy_files(tmp_path):
     assert data["Cell.d2.Dense.backward.0"]["input"][0]["data_name"] == "Cell.d2.Dense.backward.0.input.0.npy"
     checked = 0
     for entry in data.values():
-        for rec in _records(entry):
+        for rec in tensor_records(entry):
             arr = np.load(tdir / rec["data_name"])
             st = np_stats(arr)
             for key in ("Max", "Min", "Mean", "Norm"):
                 assert rec[key] == pytest.approx(st[key], rel=1e-9, abs=1e-12)
             checked += 1
     assert checked > 50
-
-
-def _records(value):
-    if isinstance(value, dict):
-        if "data_name" in value:
-            yield value
-        else:
-            for v in value.values():
-                yield from _records(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _records(v)
 
 
 def test_bf16_tensor_file_is_float32(tmp_path):

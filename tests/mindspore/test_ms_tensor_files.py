@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from ms_helpers import load_dump  # noqa: E402
+from ms_helpers import load_dump, tensor_records  # noqa: E402
 from msprobe.cli import main  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 from store.tensor_names import MAPPING_FILE, tensor_file_path  # noqa: E402
@@ -142,20 +142,8 @@ def test_long_cell_name_gets_short_file_and_mapping_row(tmp_path):
     np.testing.assert_array_equal(np.load(tensor_file_path(tdir, out_name)),
                                   [[1.0 * 1 + 2.0 * -2 + 0.25, 1.0 * 0.5 + 2.0 * 4 - 0.5]])
     # every long data_name is mapped, every mapped file exists
-    assert set(mapping) == {r["data_name"] for r in _records(data) if len(r["data_name"].encode()) > 255}
+    assert set(mapping) == {r["data_name"] for r in tensor_records(data) if len(r["data_name"].encode()) > 255}
     assert all((tdir / f).is_file() for f in mapping.values())
-
-
-def _records(value):
-    if isinstance(value, dict):
-        if "data_name" in value:
-            yield value
-        else:
-            for v in value.values():
-                yield from _records(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _records(v)
 
 
 @pytest.mark.parametrize("level", ["mix", "debug"])
