@@ -75,7 +75,6 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     for spec in specs:
         owner, name = spec.owner, spec.api
         wrapped.add((id(owner), name))
-        own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
         if spec.family == DIST_FAMILY:
             dist_calls = dist_calls or DistributedCalls(recorder)
@@ -85,22 +84,23 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
             wrapper = make_aten_proxy(original, name, recorder.record_api, session)
         else:
             wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo)
-        try:
-            setattr(owner, name, wrapper)
-        except (AttributeError, TypeError):
-            continue
-        group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
+        _replace(owner, name, original, wrapper, group)
     memo = recorder.leaves.memo
     for owner, name in _unlisted_writers(wrapped):
-        own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
-        wrapper = _make_release_wrapper(original, memo)
-        try:
-            setattr(owner, name, wrapper)
-        except (AttributeError, TypeError):
-            continue
-        group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
+        _replace(owner, name, original, _make_release_wrapper(original, memo), group)
     return group
+
+
+def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGroup) -> None:
+    """Put ``wrapper`` in place of ``owner.name`` (``original``) and add the handle that
+    restores it to ``group``; attributes that cannot be set are left alone."""
+    own = name in vars(owner) if isinstance(owner, type) else True
+    try:
+        setattr(owner, name, wrapper)
+    except (AttributeError, TypeError):
+        return
+    group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
 
 
 #: in-place spellings that write no tensor memory
