@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.api_hooks import restore_attribute
 
 
@@ -70,7 +70,4 @@ def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outp
         finally:
             after()
 
-    functools.update_wrapper(wrapper, original)
-    wrapper.__msprobe_original__ = original
-    wrapper.__msprobe_disabled__ = False
-    return wrapper
+    return finish_wrapper(wrapper, original)
