@@ -113,7 +113,8 @@ def run_child(python, impl, workload, layers, config, args, scratch_root):
     result_path = os.path.join(scratch, "result.json")
     cmd = [
         python, script, "--workload", workload, "--layers", str(layers), "--config", config,
-        "--steps", str(args.steps), "--threads", str(args.threads), "--dump-path", dump_path,
+        "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
+        "--dump-path", dump_path,
         "--config-path", os.path.join(scratch, "config.json"), "--repo-root", REPO_ROOT,
         "--result", result_path,
     ]
@@ -257,6 +258,9 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=5, help="fresh processes per configuration")
     p.add_argument("--steps", type=int, default=5, help="timed steps per process (after 1 warm-up)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in the child")
+    p.add_argument("--device", default="cpu",
+                   help="torch device of the encoder workload (cpu; cuda on a GPU machine: each step "
+                        "ends with torch.cuda.synchronize())")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for our msprobe (default: this one); the repository is put "
                         "on its PYTHONPATH")
@@ -289,9 +293,9 @@ def render(raw, meta):
         "machine: %s" % meta["machine"],
         "date: %s" % meta["date"],
         "command: `%s`" % meta["command"],
-        "workload: %s, %d run(s) x %d timed step(s) after 1 warm-up, torch threads %d, "
+        "workload: %s on %s, %d run(s) x %d timed step(s) after 1 warm-up, torch threads %d, "
         "torch._dynamo imported first: %s, elapsed %.0f s%s" % (
-            meta["workload"], meta["runs_done"], meta["steps"], meta["threads"],
+            meta["workload"], meta.get("device", "cpu"), meta["runs_done"], meta["steps"], meta["threads"],
             "yes" if meta["import_dynamo"] else "no", meta["elapsed_s"],
             "" if meta["runs_done"] == meta["runs"] else " (interrupted: %d of %d rounds complete)" % (
                 meta["runs_done"], meta["runs"])),
@@ -401,7 +405,7 @@ def main(argv=None):
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "command": cmd,
         "workload": args.workload, "runs": args.runs, "runs_done": 0, "steps": args.steps,
-        "threads": args.threads, "import_dynamo": args.import_dynamo, "elapsed_s": 0.0,
+        "threads": args.threads, "device": args.device, "import_dynamo": args.import_dynamo, "elapsed_s": 0.0,
         "layers": layer_counts, "configs": configs,
         "impls": [[name, cfgs] for name, _py, cfgs in impls],
         "pythons": {name: py for name, py, _cfgs in impls},

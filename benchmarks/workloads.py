@@ -63,8 +63,9 @@ def config_json(name, dump_path):
 # optimizer step once.
 # --------------------------------------------------------------------------------------------
 
-def build_encoder(layers=4, seed=0):
-    """Issue 5's encoder workload; one fixed batch reused every step."""
+def build_encoder(layers=4, seed=0, device="cpu"):
+    """Issue 5's encoder workload; one fixed batch reused every step. On a CUDA device each
+    step ends with ``torch.cuda.synchronize()`` so that its time includes the device work."""
     import torch
     import torch.nn as nn
 
@@ -84,11 +85,12 @@ def build_encoder(layers=4, seed=0):
         def forward(self, tokens):
             return self.head(self.encoder(self.embed(tokens)))
 
-    model = EncoderLM()
+    model = EncoderLM().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, vocab, (batch, seq), generator=gen)
-    targets = torch.randint(0, vocab, (batch, seq), generator=gen)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    targets = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     def train_step():
         opt.zero_grad()
@@ -96,6 +98,7 @@ def build_encoder(layers=4, seed=0):
         loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
         loss.backward()
         opt.step()
+        sync()
         return loss
 
     return model, train_step
@@ -181,10 +184,13 @@ def run_child(args):
 
     torch.set_num_threads(args.threads)
     result = {"workload": args.workload, "layers": args.layers, "config": args.config,
-              "python": sys.executable, "torch": torch.__version__, "msprobe_file": None}
+              "python": sys.executable, "torch": torch.__version__, "msprobe_file": None,
+              "device": args.device}
 
     if args.workload == "encoder":
-        model, train_step = build_encoder(args.layers)
+        model, train_step = build_encoder(args.layers, device=args.device)
+    elif args.device != "cpu":
+        raise SystemExit("--device applies to the encoder workload only")
     elif args.workload == "lm":
         try:
             model, train_step = build_lm(args.repo_root, args.steps + 1)
@@ -258,6 +264,7 @@ def main(argv=None):
     p.add_argument("--config", default="none", choices=sorted(CONFIGS))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="torch device of the encoder workload (cpu, cuda)")
     p.add_argument("--dump-path", default="./bench_dump")
     p.add_argument("--config-path", default="./bench_config.json")
     p.add_argument("--repo-root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -35,12 +35,14 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def record_step(tmp_path, layers):
+def record_step(tmp_path, layers, device="cpu"):
+    """Record one step of a ``layers``-deep MLP on ``device`` (CPU tensors are sent through
+    the device path); returns (synchronising calls, device→host transfers, dump entries)."""
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(layers)])
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / f"d{layers}"), level="mix")
-    dbg.recorder.leaves.defer_all = True
-    x = torch.randn(4, 16)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(layers)]).to(device)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / f"d{layers}{device}"), level="mix")
+    dbg.recorder.leaves.defer_all = device == "cpu"
+    x = torch.randn(4, 16).to(device)
     calls = {"tolist": 0, "numpy": 0, "item": 0}
     originals = {k: getattr(torch.Tensor, k) for k in calls}
 
@@ -63,7 +65,7 @@ def record_step(tmp_path, layers):
         for k, v in originals.items():
             setattr(torch.Tensor, k, v)
     dbg.close()
-    n_tensors = sum(1 for e in load_dump(tmp_path / f"d{layers}")[0]["data"].values() for _ in [e])
+    n_tensors = sum(1 for e in load_dump(tmp_path / f"d{layers}{device}")[0]["data"].values() for _ in [e])
     return counter.count + sum(calls.values()), dbg.recorder.deferred.transfers, n_tensors
 
 
