@@ -6,19 +6,25 @@ recorder keeps the entry (:class:`DeferredCall`) until a flush point, where
 :meth:`DeferredStats.resolve` stacks every pending vector and copies them to the host in
 **one** transfer per device, then builds the final leaves.
 
-Vector layout (float64, length :data:`WIDTH`)::
+Vector layout (float64, length :data:`WIDTH`), chosen so that a floating tensor costs few
+kernel launches (on a GPU the recorder's cost is the launches: ~10 µs of host time each)
+and every fact is derived on the host at the flush point (:func:`_fill`)::
 
-    0 Max   1 Min   2 Mean   3 Norm   4 has_nan   5 has_inf   6 max_finite   7 min_finite
+    0 Max   1 Min   2 Sum   3 Norm
+    4 max over non-NaN elements     5 min over non-NaN elements
+    6 max over finite elements      7 min over finite elements
 
-Max/Min propagate NaN; ``max_finite``/``min_finite`` are the max/min over finite elements
-(over non-NaN ones if none is finite, NaN if all are NaN); bool tensors give any/all in
-0/1 with Mean/Norm NaN (written as null); complex tensors use ``|z|``.
+(4–7 are -inf/+inf where no such element exists.) Max/Min propagate NaN (so has_nan is
+"Max is NaN"); has_inf is "4 is +inf or 5 is -inf"; Mean is Sum / numel; the except
+fields are 6/7, or 4/5 where no element is finite, or NaN where all are NaN. bool
+tensors give any/all in 0 and 1 (Mean and Norm are not recorded); integer tensors are
+widened to float64; complex tensors use ``|z|``; Mean/Sum accumulate in float64, Norm in
+float32 (float64 for float64 tensors).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 
@@ -28,46 +34,34 @@ from store.records import Call, Leaf
 WIDTH = 8
 _F64 = torch.float64
 _F32 = torch.float32
+_INF = math.inf
+_LOW = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def stats_vector(t: torch.Tensor) -> torch.Tensor:
-    """The float64 statistics vector of a non-empty strided tensor, on its device."""
+    """The float64 statistics vector (layout above) of a non-empty strided tensor, on its
+    device; no host synchronisation (only kernels are queued)."""
     with torch.no_grad():
         x = t.detach()
         if x.dtype == torch.bool:
-            anyv = x.any().to(_F64)
-            allv = x.all().to(_F64)
-            nan = torch.full((), math.nan, dtype=_F64, device=x.device)
-            zero = torch.zeros((), dtype=_F64, device=x.device)
-            return torch.stack([anyv, allv, nan, nan, zero, zero, anyv, allv])
+            anyv, allv = x.any(), x.all()
+            return torch.stack([anyv, allv, anyv, allv, anyv, allv, anyv, allv]).to(_F64)
         if x.is_complex():
             x = x.abs()
-        if x.dtype in (torch.float16, torch.bfloat16, torch.float32):
-            mn, mx = torch.aminmax(x)
-            mean = x.mean(dtype=_F64)
-            norm = torch.linalg.vector_norm(x, dtype=_F32).to(_F64)
-            v = x
-        else:
-            v = x.to(_F64)
+        if not x.is_floating_point():
+            v = x.to(_F64)  # integers: no NaN/Inf, so 4-7 repeat Max/Min
             mn, mx = torch.aminmax(v)
-            mean = v.mean()
-            norm = torch.linalg.vector_norm(v)
-        if x.dim() == 0:
-            norm = mx.to(_F64).abs()
-        isnan = torch.isnan(v)
-        isinf = torch.isinf(v)
-        finite = ~(isnan | isinf)
-        any_finite = finite.any()
-        inf = torch.tensor(math.inf, dtype=v.dtype, device=v.device)
-        keep = torch.where(any_finite, finite, ~isnan)
-        fmax = torch.where(keep, v, -inf).amax().to(_F64)
-        fmin = torch.where(keep, v, inf).amin().to(_F64)
-        all_nan = ~keep.any()
-        nanv = torch.full((), math.nan, dtype=_F64, device=v.device)
-        fmax = torch.where(all_nan, nanv, fmax)
-        fmin = torch.where(all_nan, nanv, fmin)
-        return torch.stack([mx.to(_F64), mn.to(_F64), mean, norm,
-                            isnan.any().to(_F64), isinf.any().to(_F64), fmax, fmin])
+            return torch.stack([mx, mn, v.sum(), torch.linalg.vector_norm(v), mx, mn, mx, mn])
+        mn, mx = torch.aminmax(x)
+        total = x.sum(dtype=_F64)
+        norm = torch.linalg.vector_norm(x, dtype=_F32 if x.dtype in _LOW else None)
+        return torch.stack([
+            mx, mn, total, norm,
+            torch.nan_to_num(x, nan=-_INF).amax(),
+            torch.nan_to_num(x, nan=_INF).amin(),
+            torch.nan_to_num(x, nan=-_INF, posinf=-_INF).amax(),
+            torch.nan_to_num(x, nan=_INF, neginf=_INF).amin(),
+        ]).to(_F64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +124,20 @@ class DeferredStats:
         return out
 
 
-def _num(v: float) -> Optional[float]:
-    return None if math.isnan(v) else v
-
-
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
-    mx, mn, mean, norm, has_nan, has_inf, fmax, fmin = vals
+    """``leaf`` with the statistics of its gathered vector ``vals`` (layout above)."""
+    mx, mn, total, norm, nn_max, nn_min, fin_max, fin_min = vals
     if leaf.dtype in schema.BOOL_DTYPES:
         return replace(leaf, max=mx, min=mn, has_nan=False, has_inf=False)
-    nonfinite = not (math.isfinite(mx) and math.isfinite(mn))
-    return replace(leaf, max=mx, min=mn, mean=mean, norm=norm, has_nan=bool(has_nan), has_inf=bool(has_inf),
-                   max_finite=fmax if nonfinite else None, min_finite=fmin if nonfinite else None)
+    if not leaf.shape:
+        norm = abs(mx)
+    fields = dict(max=mx, min=mn, mean=total / leaf.numel, norm=norm,
+                  has_nan=math.isnan(mx) or math.isnan(mn), has_inf=nn_max == _INF or nn_min == -_INF)
+    if not (math.isfinite(mx) and math.isfinite(mn)):
+        if fin_max != -_INF:  # some element is finite
+            fields.update(max_finite=fin_max, min_finite=fin_min)
+        elif not (nn_max == -_INF and nn_min == _INF):  # only infinities (and NaN)
+            fields.update(max_finite=nn_max, min_finite=nn_min)
+        else:  # all NaN
+            fields.update(max_finite=math.nan, min_finite=math.nan)
+    return replace(leaf, **fields)

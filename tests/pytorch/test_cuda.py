@@ -144,6 +144,8 @@ def test_cuda_statistics_equal_cpu_path(tmp_path, cfg):
         for key in a:
             if key in ("Mean", "Norm") and isinstance(a[key], float) and math.isfinite(a[key]):
                 assert b[key] == pytest.approx(a[key], rel=2e-6, abs=1e-30), (name, key, a[key], b[key])
+            elif name == "c64" and key in ("Max", "Min"):  # |z| by each device's own kernel: 1 ulp apart
+                assert b[key] == pytest.approx(a[key], rel=2.4e-7), (name, key, a[key], b[key])
             else:
                 assert _same(b[key], a[key]), (name, key, a[key], b[key])
     f32 = values["f32"].double().numpy()
