@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.pytorch.deferred import _fill, stats_vector
+from msprobe.pytorch.deferred import _fill, gather, stats_vector
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import crc32_hex, has_data
 from store import schema
@@ -35,7 +35,7 @@ class _Deferred:
 
     __slots__ = ("leaf", "vector", "clone")
 
-    def __init__(self, leaf: Leaf, vector: Optional[torch.Tensor], clone: Optional[torch.Tensor]) -> None:
+    def __init__(self, leaf: Leaf, vector: Optional[tuple], clone: Optional[torch.Tensor]) -> None:
         self.leaf, self.vector, self.clone = leaf, vector, clone
 
 
@@ -82,11 +82,10 @@ class AsyncGatherer:
         by_device: dict[torch.device, list[int]] = {}
         for key, d in deferred.items():
             if d.vector is not None:
-                by_device.setdefault(d.vector.device, []).append(key)
+                by_device.setdefault(d.vector[0].device, []).append(key)
         host: dict[int, list[float]] = {}
         for keys in by_device.values():
-            rows = torch.stack([deferred[k].vector for k in keys]).cpu().tolist()
-            host.update(zip(keys, rows))
+            host.update(zip(keys, gather([deferred[k].vector for k in keys])))
         for call in calls:
             if any(id(leaf) in deferred for leaf in call.leaves):
                 call = dataclasses.replace(call, leaves=tuple(

@@ -6,20 +6,23 @@ recorder keeps the entry (:class:`DeferredCall`) until a flush point, where
 :meth:`DeferredStats.resolve` stacks every pending vector and copies them to the host in
 **one** transfer per device, then builds the final leaves.
 
-Vector layout (float64, length :data:`WIDTH`), chosen so that a floating tensor costs few
-kernel launches (on a GPU the recorder's cost is the launches: ~10 µs of host time each)
-and every fact is derived on the host at the flush point (:func:`_fill`)::
+A tensor's statistics are a few small tensors on its device (its *parts*), made with
+few kernel launches (on a GPU the recorder's host cost is the launches, ~10 µs each, and
+a stack of mixed dtypes costs one cast per element: measured on an H200), gathered at
+the flush point by :func:`gather` into this float64 layout (:data:`WIDTH` values)::
 
-    0 Max   1 Min   2 Sum   3 Norm
-    4 max over non-NaN elements     5 min over non-NaN elements
-    6 max over finite elements      7 min over finite elements
+    0 Max   1 Min
+    2 max over non-NaN elements     3 min over non-NaN elements
+    4 max over finite elements      5 min over finite elements
+    6 Sum   7 Norm
 
-(4–7 are -inf/+inf where no such element exists.) Max/Min propagate NaN (so has_nan is
-"Max is NaN"); has_inf is "4 is +inf or 5 is -inf"; Mean is Sum / numel; the except
-fields are 6/7, or 4/5 where no element is finite, or NaN where all are NaN. bool
-tensors give any/all in 0 and 1 (Mean and Norm are not recorded); integer tensors are
-widened to float64; complex tensors use ``|z|``; Mean/Sum accumulate in float64, Norm in
-float32 (float64 for float64 tensors).
+(2–5 are -inf/+inf where no such element exists.) Max/Min propagate NaN (so has_nan is
+"Max is NaN"); has_inf is "2 is +inf or 3 is -inf"; Mean is Sum / numel; the except
+fields are 4/5, or 2/3 where no element is finite, or NaN where all are NaN (all derived
+on the host, :func:`_fill`). bool tensors give any/all in 0 and 1 (Mean and Norm are not
+recorded; only values 0–5 exist); integer tensors are widened to float64; complex
+tensors use ``|z|``; Sum accumulates in float64, Norm in float32 (float64 for float64
+tensors).
 """
 from __future__ import annotations
 
@@ -37,31 +40,66 @@ _F32 = torch.float32
 _INF = math.inf
 _LOW = (torch.float16, torch.bfloat16, torch.float32)
 
+#: the device-side statistics of one tensor: (values 0–5 in the tensor's dtype, Sum, Norm)
+Parts = tuple
 
-def stats_vector(t: torch.Tensor) -> torch.Tensor:
-    """The float64 statistics vector (layout above) of a non-empty strided tensor, on its
-    device; no host synchronisation (only kernels are queued)."""
+
+def stats_vector(t: torch.Tensor) -> Parts:
+    """The statistics parts (layout above) of a non-empty strided tensor, on its device;
+    no host synchronisation (only kernels are queued)."""
     with torch.no_grad():
         x = t.detach()
         if x.dtype == torch.bool:
             anyv, allv = x.any(), x.all()
-            return torch.stack([anyv, allv, anyv, allv, anyv, allv, anyv, allv]).to(_F64)
+            return (torch.stack([anyv, allv, anyv, allv, anyv, allv]),)
         if x.is_complex():
             x = x.abs()
         if not x.is_floating_point():
-            v = x.to(_F64)  # integers: no NaN/Inf, so 4-7 repeat Max/Min
-            mn, mx = torch.aminmax(v)
-            return torch.stack([mx, mn, v.sum(), torch.linalg.vector_norm(v), mx, mn, mx, mn])
+            x = x.to(_F64)  # integers: no NaN/Inf, so 2-5 repeat Max/Min
+            mn, mx = torch.aminmax(x)
+            return torch.stack([mx, mn, mx, mn, mx, mn]), x.sum(), torch.linalg.vector_norm(x)
         mn, mx = torch.aminmax(x)
-        total = x.sum(dtype=_F64)
-        norm = torch.linalg.vector_norm(x, dtype=_F32 if x.dtype in _LOW else None)
-        return torch.stack([
-            mx, mn, total, norm,
+        extremes = torch.stack([
+            mx, mn,
             torch.nan_to_num(x, nan=-_INF).amax(),
             torch.nan_to_num(x, nan=_INF).amin(),
             torch.nan_to_num(x, nan=-_INF, posinf=-_INF).amax(),
             torch.nan_to_num(x, nan=_INF, neginf=_INF).amin(),
-        ]).to(_F64)
+        ])
+        return (extremes, x.sum(dtype=_F64),
+                torch.linalg.vector_norm(x, dtype=_F32 if x.dtype in _LOW else None))
+
+
+def gather(vectors: list[Parts]) -> list[list[float]]:
+    """The host values (layout above) of ``vectors``, all on one device, in **one**
+    device→host copy: parts of one dtype are concatenated on the device (one kernel per
+    dtype), widened to float64 and joined first."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    where = []  # per vector: (dtype, offset, count) of each part
+    sizes: dict[torch.dtype, int] = {}
+    for parts in vectors:
+        spots = []
+        for p in parts:
+            n = p.numel()
+            group = groups.setdefault(p.dtype, [])
+            group.append(p.reshape(-1))
+            spots.append((p.dtype, sizes.get(p.dtype, 0), n))
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + n
+        where.append(spots)
+    base, offset, joined = {}, 0, []
+    for dtype, group in groups.items():
+        base[dtype] = offset
+        offset += sizes[dtype]
+        joined.append(torch.cat(group).to(_F64))
+    host = (torch.cat(joined) if len(joined) > 1 else joined[0]).to("cpu").tolist()
+    out = []
+    for spots in where:
+        vals = []
+        for dtype, start, n in spots:
+            i = base[dtype] + start
+            vals.extend(host[i:i + n])
+        out.append(vals)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +107,7 @@ class PendingLeaf:
     """A tensor leaf whose statistics are still on the device (``vector``)."""
 
     leaf: Leaf
-    vector: torch.Tensor
+    vector: Parts
 
 
 class DeferredStats:
@@ -99,14 +137,14 @@ class DeferredStats:
         """Gather every pending vector (one copy per device) and return the final calls,
         in the order they were queued."""
         calls, self._calls, self._pending = self._calls, [], 0
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        by_device: dict[torch.device, list[Parts]] = {}
         for _, leaves in calls:
             for x in leaves:
                 if isinstance(x, PendingLeaf):
-                    by_device.setdefault(x.vector.device, []).append(x.vector)
+                    by_device.setdefault(x.vector[0].device, []).append(x.vector)
         host: dict[torch.device, list[list[float]]] = {}
         for device, vectors in by_device.items():
-            host[device] = torch.stack(vectors).to("cpu").tolist()
+            host[device] = gather(vectors)
             self.transfers += 1
         cursor = {d: 0 for d in host}
         out = []
@@ -114,7 +152,7 @@ class DeferredStats:
             final = []
             for x in leaves:
                 if isinstance(x, PendingLeaf):
-                    d = x.vector.device
+                    d = x.vector[0].device
                     vals = host[d][cursor[d]]
                     cursor[d] += 1
                     final.append(_fill(x.leaf, vals))
@@ -126,9 +164,9 @@ class DeferredStats:
 
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
     """``leaf`` with the statistics of its gathered vector ``vals`` (layout above)."""
-    mx, mn, total, norm, nn_max, nn_min, fin_max, fin_min = vals
     if leaf.dtype in schema.BOOL_DTYPES:
-        return replace(leaf, max=mx, min=mn, has_nan=False, has_inf=False)
+        return replace(leaf, max=vals[0], min=vals[1], has_nan=False, has_inf=False)
+    mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm = vals
     if not leaf.shape:
         norm = abs(mx)
     fields = dict(max=mx, min=mn, mean=total / leaf.numel, norm=norm,
