@@ -22,7 +22,9 @@ fields are 4/5, or 2/3 where no element is finite, or NaN where all are NaN (all
 on the host, :func:`_fill`). bool tensors give any/all in 0 and 1 (Mean and Norm are not
 recorded; only values 0–5 exist); integer tensors are widened to float64; complex
 tensors use ``|z|``; Sum accumulates in float64, Norm in float32 (float64 for float64
-tensors).
+tensors). With Triton on a CUDA device, a dense floating tensor takes one fused kernel
+instead (:mod:`msprobe.pytorch.triton_stats`: the same layout as one float64 part, Norm
+accumulated in float64).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from msprobe.pytorch import triton_stats
 from store import schema
 from store.records import Call, Leaf
 
@@ -54,6 +57,15 @@ def stats_vector(t: torch.Tensor) -> Parts:
             return (torch.stack([anyv, allv, anyv, allv, anyv, allv]),)
         if x.is_complex():
             x = x.abs()
+        if triton_stats.usable(x):  # one fused kernel (GPU with Triton)
+            return (triton_stats.fused_vector(x),)
+        return torch_parts(x)
+
+
+def torch_parts(x: torch.Tensor) -> Parts:
+    """:func:`stats_vector` of a detached, non-bool, real tensor with PyTorch kernels (13
+    for a floating tensor)."""
+    with torch.no_grad():
         if not x.is_floating_point():
             x = x.to(_F64)  # integers: no NaN/Inf, so 2-5 repeat Max/Min
             mn, mx = torch.aminmax(x)
@@ -61,10 +73,12 @@ def stats_vector(t: torch.Tensor) -> Parts:
         mn, mx = torch.aminmax(x)
         extremes = torch.stack([
             mx, mn,
-            torch.nan_to_num(x, nan=-_INF).amax(),
-            torch.nan_to_num(x, nan=_INF).amin(),
-            torch.nan_to_num(x, nan=-_INF, posinf=-_INF).amax(),
-            torch.nan_to_num(x, nan=_INF, neginf=_INF).amin(),
+            # nan_to_num replaces every infinity it is not told about by the largest finite
+            # value, so each call names all three
+            torch.nan_to_num(x, nan=-_INF, posinf=_INF, neginf=-_INF).amax(),
+            torch.nan_to_num(x, nan=_INF, posinf=_INF, neginf=-_INF).amin(),
+            torch.nan_to_num(x, nan=-_INF, posinf=-_INF, neginf=-_INF).amax(),
+            torch.nan_to_num(x, nan=_INF, posinf=_INF, neginf=_INF).amin(),
         ])
         return (extremes, x.sum(dtype=_F64),
                 torch.linalg.vector_norm(x, dtype=_F32 if x.dtype in _LOW else None))

@@ -120,3 +120,35 @@ def test_deferred_values_equal_host_values(tmp_path):
                     assert math.isnan(b), (k, stat)
                 else:
                     assert b == pytest.approx(a, rel=1e-6, abs=1e-12), (k, stat, a, b)
+
+
+NONFINITE = {
+    "nan_and_inf": [1.0, float("nan"), float("inf"), -2.0],
+    "inf_only_positive": [1.0, float("inf")],
+    "neg_inf_only": [float("-inf"), float("-inf")],
+    "nan_and_neg_inf": [float("nan"), float("-inf")],
+    "both_infinities": [float("inf"), float("-inf"), float("nan")],
+    "all_nan": [float("nan")] * 3,
+    "finite": [0.5, -0.25, 3.0],
+}
+
+
+@pytest.mark.parametrize("values", NONFINITE.values(), ids=NONFINITE.keys())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_device_path_nonfinite_facts_equal_host_path(values, dtype):
+    """has_nan, has_inf and the except values of the device layout (gathered and filled on
+    the host) equal the host path's (msprobe.pytorch.stats.tensor_stats)."""
+    from msprobe.pytorch.deferred import _fill, gather, torch_parts
+    from msprobe.pytorch.stats import tensor_stats
+    from store import schema
+    from store.records import Leaf
+
+    x = torch.tensor(values, dtype=dtype)
+    leaf = Leaf(io="output", path=(0,), leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(dtype),
+                shape=tuple(x.shape), numel=x.numel())
+    got = _fill(leaf, gather([torch_parts(x)])[0])
+    want = tensor_stats(x)
+    for field in ("max", "min", "has_nan", "has_inf", "max_finite", "min_finite"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)), \
+            (field, a, b)
