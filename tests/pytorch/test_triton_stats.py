@@ -93,6 +93,8 @@ def check(device: str) -> None:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the compiled kernels are checked on the device instead "
+                    "(Triton 3.6's interpreter cannot loop to a runtime bound; 3.9's can)")
 def test_interpreted_kernels_match_numpy():
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
