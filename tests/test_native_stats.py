@@ -28,7 +28,7 @@ from hypothesis.extra import numpy as hnp
 
 import msprobe.core.arrays as arrays_mod
 import msprobe.pytorch.stats as stats_mod
-from msprobe._native import KIND_BF16, KIND_F32, KIND_F64, load_fused_stats
+from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK = 4096  # fused_stats.c's first-level block
@@ -162,6 +162,9 @@ def test_sizes_and_tails(native, n):
         _check(r, a64)
     for r in _reduce_all(native, bits, KIND_BF16):
         _check(r, _bf16_values(bits))
+    a16 = (rng.standard_normal(n) * 100).astype(np.float16)
+    for r in _reduce_all(native, a16, KIND_F16):
+        _check(r, a16.astype(np.float64))
 
 
 @pytest.mark.parametrize("n", [1, 7, 16, 17, 33, BLOCK + 5, 3 * BLOCK + 17, 70001])
@@ -185,6 +188,9 @@ def test_nan_and_inf_anywhere(native, n, special):
         bits = _bf16_bits(a32)
         for r in _reduce_all(native, bits, KIND_BF16):
             _check(r, _bf16_values(bits))
+        a16 = a.astype(np.float16)
+        for r in _reduce_all(native, a16, KIND_F16):
+            _check(r, a16.astype(np.float64))
 
 
 def test_special_finite_values(native):
@@ -201,6 +207,12 @@ def test_special_finite_values(native):
     ]
     for a in cases32:
         for r in _reduce_all(native, a, KIND_F32):
+            _check(r, a.astype(np.float64))
+    cases16 = [np.full(BLOCK + 3, 65504, np.float16),                    # fp16 max: squares overflow fp16
+               np.array([6e-8, -6e-8, 1e-7, 0.0, -0.0], np.float16),     # fp16 subnormals
+               (rng.standard_normal(777) * 1e-6).astype(np.float16)]
+    for a in cases16:
+        for r in _reduce_all(native, a, KIND_F16):
             _check(r, a.astype(np.float64))
     cases64 = [np.full(100, 1e300), np.full(50, 5e-324), np.array([-0.0, 0.0])]
     for a in cases64:
@@ -229,7 +241,7 @@ def test_bad_arguments(native):
     with pytest.raises(ValueError, match="at least one element"):
         native.reduce_at(a.ctypes.data, 0, KIND_F32)
     with pytest.raises(ValueError, match="kind"):
-        native.reduce(a, 3)
+        native.reduce(a, 4)
     with pytest.raises(ValueError, match="whole number"):
         native.reduce(a, KIND_F64)  # 12 bytes
     with pytest.raises(ValueError, match="address"):
@@ -251,10 +263,23 @@ def test_float32_property(native, a):
 
 @settings(max_examples=100, deadline=None)
 @given(hnp.arrays(np.uint16, st.integers(1, 80)))
-def test_bfloat16_property(native, bits):
-    """Any 16-bit pattern, NaN payloads and denormals included."""
+def test_16_bit_property(native, bits):
+    """Any 16-bit pattern as bfloat16 and as float16 (NaN payloads, subnormals included)."""
     for r in _reduce_all(native, bits, KIND_BF16):
         _check(r, _bf16_values(bits))
+    for r in _reduce_all(native, bits, KIND_F16):
+        _check(r, bits.view(np.float16).astype(np.float64))
+
+
+def test_every_float16_value(native):
+    """All 65536 float16 bit patterns, one at a time and all together."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = bits.view(np.float16).astype(np.float64)
+    for portable in _kernels(native):
+        got = [native.reduce(bits[i:i + 1], KIND_F16, portable)[0] for i in range(0, 1 << 16, 1)]
+        assert all(_same(g, v) for g, v in zip(got, values))
+        finite = bits[np.isfinite(values)]
+        _check(native.reduce(finite, KIND_F16, portable), finite.view(np.float16).astype(np.float64))
 
 
 # ------------------------------------------------------------------ msprobe.pytorch.stats
@@ -405,6 +430,7 @@ def test_array_stats(request, mode):
         rng.standard_normal((30, 40))[:, ::3],                    # not contiguous: copied
         np.float32(2.5) * np.ones((), np.float32),                 # 0-dim
         rng.standard_normal(5000).astype(">f4"),                  # non-native byte order
+        (rng.standard_normal(300) * 50).astype(np.float16),
         np.array([1.0, math.nan, math.inf, -2.0]),
         np.array([math.inf, -math.inf], np.float32),
         np.full(3000, 3e38, np.float32),

@@ -1,8 +1,8 @@
 /*
  * msprobe._native.fused_stats: Max, Min, sum and sum of squares of a contiguous buffer of
- * float32, float64 or bfloat16 values in one pass over memory (issue 5).
+ * float32, float64, bfloat16 or float16 values in one pass over memory (issue 5).
  *
- * The sum and the sum of squares are accumulated in float64: every float32/bfloat16 value
+ * The sum and the sum of squares are accumulated in float64: every float32/bf16/fp16 value
  * and its square are exact in float64, so for those inputs neither can overflow or
  * underflow. Several independent accumulators (vector lanes) are summed over blocks of
  * BLOCK elements, and the block totals are added into a second-level accumulator, so the
@@ -15,7 +15,7 @@
  * scalar pass then reports has_nan = has_inf = False.
  *
  * No -ffast-math (it would break the NaN semantics) and no -march=native: the AVX2+FMA
- * kernels are compiled with a per-function target attribute and chosen at import time
+ * (and F16C) kernels are compiled with a per-function target attribute and chosen at import time
  * with __builtin_cpu_supports; elsewhere the portable C kernels (auto-vectorised for the
  * baseline instruction set: SSE2 on x86-64, NEON on aarch64) run.
  *
@@ -23,7 +23,7 @@
  *   reduce_at(address: int, n: int, kind: int[, portable]) -> (max, min, sum, sumsq, has_nan, has_inf)
  *   reduce(buffer, kind: int[, portable]) -> the same, over a C- or F-contiguous buffer
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
- * kind: 0 float32, 1 float64, 2 bfloat16 (uint16 bit patterns). n >= 1.
+ * kind: 0 float32, 1 float64, 2 bfloat16, 3 float16 (2-byte kinds: uint16 bit patterns). n >= 1.
  * isa() -> "avx2" or "generic": the kernels in use.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,6 +35,8 @@
 #define KIND_F32 0
 #define KIND_F64 1
 #define KIND_BF16 2
+#define KIND_F16 3
+#define NKINDS 4
 #define BLOCK 4096 /* elements per first-level block (a multiple of every unroll width) */
 #define GIL_FREE_MIN 65536 /* release the GIL for buffers at least this large */
 
@@ -47,6 +49,19 @@ typedef void (*kernel_fn)(const void *p, size_t n, acc_t *out);
 static inline float bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 -> float32, exact (subnormals, infinities and NaN payloads included) */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    float f;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in float32 */
+        f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112u) << 23) | (man << 13));
     memcpy(&f, &u, sizeof f);
     return f;
 }
@@ -102,6 +117,7 @@ static inline float bf16_to_f32(uint16_t b) {
 GENERIC_KERNEL(f32_generic, float, float, LOAD_PLAIN)
 GENERIC_KERNEL(f64_generic, double, double, LOAD_PLAIN)
 GENERIC_KERNEL(bf16_generic, uint16_t, float, bf16_to_f32)
+GENERIC_KERNEL(f16_generic, uint16_t, float, f16_to_f32)
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels */
 
@@ -109,7 +125,7 @@ GENERIC_KERNEL(bf16_generic, uint16_t, float, bf16_to_f32)
 #define HAVE_AVX2_KERNELS 1
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 static inline AVX2 double hsum4(__m256d v) {
     __m128d lo = _mm256_castpd256_pd128(v), hi = _mm256_extractf128_pd(v, 1);
@@ -183,9 +199,14 @@ static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
         out->max = m1; out->min = m2; out->sum = t; out->sumsq = tq;                           \
     }
 
+static inline AVX2 __m256 load_f16x8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
 #define LOAD_F32X8(ptr) _mm256_loadu_ps(ptr)
 NARROW_KERNEL(f32_avx2, float, LOAD_F32X8, LOAD_PLAIN)
 NARROW_KERNEL(bf16_avx2, uint16_t, load_bf16x8, bf16_to_f32)
+NARROW_KERNEL(f16_avx2, uint16_t, load_f16x8, f16_to_f32)
 
 static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
     const double *p = (const double *)vp;
@@ -230,8 +251,8 @@ static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
 }
 #endif
 
-static const kernel_fn PORTABLE[3] = {f32_generic, f64_generic, bf16_generic};
-static kernel_fn KERNELS[3] = {f32_generic, f64_generic, bf16_generic};
+static const kernel_fn PORTABLE[NKINDS] = {f32_generic, f64_generic, bf16_generic, f16_generic};
+static kernel_fn KERNELS[NKINDS] = {f32_generic, f64_generic, bf16_generic, f16_generic};
 static const char *ISA = "generic";
 
 /* Rare path (the sum is not finite): exact has_nan/has_inf; Max/Min NaN if any NaN. */
@@ -240,7 +261,8 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
     for (size_t i = 0; i < n && !(nan && inf); i++) {
         double v = kind == KIND_F32 ? (double)((const float *)p)[i]
                  : kind == KIND_F64 ? ((const double *)p)[i]
-                 : (double)bf16_to_f32(((const uint16_t *)p)[i]);
+                 : kind == KIND_BF16 ? (double)bf16_to_f32(((const uint16_t *)p)[i])
+                 : (double)f16_to_f32(((const uint16_t *)p)[i]);
         nan |= isnan(v) != 0;
         inf |= isinf(v) != 0;
     }
@@ -250,8 +272,9 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
 }
 
 static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable) {
-    if (kind < 0 || kind > 2) {
-        PyErr_Format(PyExc_ValueError, "kind must be 0 (float32), 1 (float64) or 2 (bfloat16), got %ld", kind);
+    if (kind < 0 || kind >= NKINDS) {
+        PyErr_Format(PyExc_ValueError,
+                     "kind must be 0 (float32), 1 (float64), 2 (bfloat16) or 3 (float16), got %ld", kind);
         return NULL;
     }
     if (n <= 0) {
@@ -329,7 +352,7 @@ static PyMethodDef METHODS[] = {
     {"reduce_at", (PyCFunction)(void (*)(void))reduce_at, METH_FASTCALL,
      "reduce_at(address, n, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "Reduce n contiguous elements at a raw address (the caller keeps the memory alive).\n"
-     "kind: 0 float32, 1 float64, 2 bfloat16. Sums in float64."},
+     "kind: 0 float32, 1 float64, 2 bfloat16, 3 float16. Sums in float64."},
     {"reduce", (PyCFunction)(void (*)(void))reduce_buffer, METH_FASTCALL,
      "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"
@@ -340,17 +363,18 @@ static PyMethodDef METHODS[] = {
 
 static struct PyModuleDef MODULE = {
     PyModuleDef_HEAD_INIT, "fused_stats",
-    "One-pass Max, Min, sum and sum of squares (float64) of float32/float64/bfloat16 buffers.",
+    "One-pass Max, Min, sum and sum of squares (float64) of float32/float64/bfloat16/float16 buffers.",
     -1, METHODS, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit_fused_stats(void) {
 #ifdef HAVE_AVX2_KERNELS
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         KERNELS[KIND_F32] = f32_avx2;
         KERNELS[KIND_F64] = f64_avx2;
         KERNELS[KIND_BF16] = bf16_avx2;
+        KERNELS[KIND_F16] = f16_avx2;
         ISA = "avx2";
     }
 #endif

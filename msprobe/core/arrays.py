@@ -1,7 +1,7 @@
 """Statistics of numpy arrays in float64 (spec 3.3 and section 9), with numpy only: used
 for MindSpore tensors (via ``asnumpy``) and for ``numpy.ndarray`` arguments of both adapters.
 
-float32, float64 and bfloat16 arrays in native byte order take the optional compiled
+float32, float64, float16 and bfloat16 arrays in native byte order take the optional compiled
 one-pass reduction (:data:`NATIVE`, ``msprobe._native.fused_stats``; Max/Min exact, sums
 in float64) when it is built; everything else, or everything when it is absent, goes
 through a float64 copy and numpy."""
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from msprobe._native import KIND_BF16, KIND_F32, KIND_F64, load_fused_stats
+from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
 from msprobe.core.statistics import TensorStats
 
 #: the compiled one-pass statistics, or None (then numpy computes them): see msprobe._native
@@ -27,7 +27,7 @@ def _as_float64(a: np.ndarray) -> np.ndarray:
 
 
 def _native_kind(dt: np.dtype):
-    """The ``fused_stats`` kind of a native-byte-order float32/float64/bfloat16 dtype
+    """The ``fused_stats`` kind of a native-byte-order float32/float64/float16/bfloat16 dtype
     (bfloat16: ml_dtypes' 2-byte type, as MindSpore's ``asnumpy`` gives), else None."""
     if not dt.isnative:
         return None
@@ -35,6 +35,8 @@ def _native_kind(dt: np.dtype):
         return KIND_F32
     if dt == np.float64:
         return KIND_F64
+    if dt == np.float16:
+        return KIND_F16
     if dt.name == "bfloat16" and dt.itemsize == 2:
         return KIND_BF16
     return None

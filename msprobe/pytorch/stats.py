@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from msprobe._native import KIND_BF16, KIND_F32, KIND_F64, load_fused_stats
+from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
 from msprobe.core.checksum import crc32
 from msprobe.core.statistics import TensorStats
 
@@ -52,9 +52,9 @@ _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # dtypes numpy reads directly (host path); bf16 and complex go through torch first
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                            torch.int32, torch.int64, torch.uint8})
-#: dtypes the native pass reads (float16 is widened to float32 by torch first)
+#: dtypes the native pass reads, and their ``kind`` codes
 _NATIVE_KIND = {torch.float32: KIND_F32, torch.float64: KIND_F64, torch.bfloat16: KIND_BF16,
-                torch.float16: KIND_F32}
+                torch.float16: KIND_F16}
 _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 #: CPU float tensors up to this many elements get float64-accumulated Mean/Norm (numpy);
 #: larger float32 ones take PyTorch's fused float32 reductions (see ``_host_stats``)
@@ -176,11 +176,9 @@ def _native_reduce(x: torch.Tensor) -> tuple:
     """``NATIVE`` over a non-empty real CPU tensor of a dtype in ``_NATIVE_KIND``, read in
     memory order (a dense view such as ``x.t()`` without a copy, any other view copied):
     ``(max, min, sum, sumsq, has_nan, has_inf)``, sums in float64."""
-    if x.is_neg() or x.dtype == torch.float16 or not (x.is_contiguous() or is_dense(x)):
+    if x.is_neg() or not (x.is_contiguous() or is_dense(x)):
         x = x.detach().resolve_neg()  # no autograd record for the copies below
-        if x.dtype == torch.float16:
-            x = x.to(_F32)  # the widened copy is C-contiguous
-        elif not (x.is_contiguous() or is_dense(x)):
+        if not (x.is_contiguous() or is_dense(x)):
             x = x.contiguous()
     # a dense tensor's lowest address is its element [0, ..., 0] (strides are >= 0); x holds
     # the memory until the call returns
