@@ -229,6 +229,18 @@ def test_unaligned_and_read_only_buffers(native):
         view = a[start:]
         for r in _reduce_all(native, view, KIND_F32):
             _check(r, view.astype(np.float64))
+    rng = np.random.default_rng(2)
+    others = [(rng.standard_normal(BLOCK + 40), KIND_F64),
+              ((rng.standard_normal(BLOCK + 40) * 9).astype(np.float16), KIND_F16)]
+    for b, kind in others:
+        for start in range(1, 9):
+            view = b[start:]
+            for r in _reduce_all(native, view, kind):
+                _check(r, view.astype(np.float64))
+    bits = _bf16_bits(a)
+    for start in range(1, 9):
+        for r in _reduce_all(native, bits[start:], KIND_BF16):
+            _check(r, _bf16_values(bits[start:]))
     ro = a.copy()
     ro.flags.writeable = False
     _check(native.reduce(ro, KIND_F32), ro.astype(np.float64))
