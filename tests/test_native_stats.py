@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -58,11 +59,8 @@ def _build_in(tmp: Path):
 @pytest.fixture(scope="module")
 def native(tmp_path_factory):
     """The installed extension, else one built from the source now; skip if neither."""
-    from msprobe._native import load_fused_stats as load
-
-    import os
     if os.environ.get("MSPROBE_NO_NATIVE_STATS", "") in ("", "0"):
-        installed = load()
+        installed = load_fused_stats()
         if installed is not None:
             return installed
     built = _build_in(tmp_path_factory.mktemp("native"))
@@ -325,6 +323,7 @@ def _views(dtype):
         "tail": base.reshape(-1)[:4097 + 13],
         "permuted": base.permute(2, 0, 1),               # dense, read in memory order
         "transposed": base[0].t(),
+        "transposed-offset": base[2].t(),                # dense, storage offset > 0
         "gap": base[:, ::2, :],                          # not dense: copied
         "expanded": base[0, 0].expand(30, 70),           # stride 0: copied
         "neg": torch._neg_view(base[1]),
@@ -333,7 +332,7 @@ def _views(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_tensor_stats_native(use_native, dtype):
+def test_tensor_stats_native(use_native, dtype, monkeypatch):
     calls = []
 
     class Counting:
@@ -342,7 +341,7 @@ def test_tensor_stats_native(use_native, dtype):
             calls.append(args[1])
             return use_native.reduce_at(*args)
 
-    stats_mod.NATIVE = Counting  # monkeypatched by use_native: restored after the test
+    monkeypatch.setattr(stats_mod, "NATIVE", Counting)
     for name, t in _views(dtype).items():
         before = t.clone()
         s = stats_mod.tensor_stats(t)
