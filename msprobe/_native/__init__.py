@@ -1,0 +1,36 @@
+"""Optional compiled helpers (issue 5). Nothing here is required: every user falls back to
+numpy/torch code when a module is missing.
+
+``fused_stats`` (``fused_stats.c``, built by ``pip install`` when a C compiler exists):
+Max, Min and the float64 sum and sum of squares of a contiguous float32, float64,
+bfloat16 or float16 buffer in one pass over memory. :func:`load_fused_stats` returns it, or None when
+it was not built or ``MSPROBE_NO_NATIVE_STATS=1`` is set (the pure numpy/torch statistics,
+for comparisons and as an escape hatch).
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Optional
+
+#: ``kind`` codes of ``fused_stats.reduce``/``reduce_at``
+KIND_F32, KIND_F64, KIND_BF16, KIND_F16 = 0, 1, 2, 3
+
+
+def load_fused_stats() -> Optional[ModuleType]:
+    """The compiled ``fused_stats`` module, or None (not built, failed to load, or disabled
+    by the environment variable ``MSPROBE_NO_NATIVE_STATS`` set to anything but ``""``/``"0"``).
+
+    Module API: ``reduce_at(address: int, n: int, kind: int) -> (max, min, sum, sumsq,
+    has_nan, has_inf)`` over ``n >= 1`` contiguous elements at a raw address (the caller
+    keeps that memory alive), ``reduce(buffer, kind)`` over a contiguous buffer, and
+    ``isa() -> "avx2" | "generic"``; ``kind`` is one of the ``KIND_*`` codes. Max/Min are NaN when any element is NaN; sums are float64.
+    Raises ValueError for ``n < 1`` or an unknown ``kind``.
+    """
+    if os.environ.get("MSPROBE_NO_NATIVE_STATS", "") not in ("", "0"):
+        return None
+    try:
+        from msprobe._native import fused_stats
+    except ImportError:
+        return None
+    return fused_stats

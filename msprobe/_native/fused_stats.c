@@ -1,0 +1,382 @@
+/*
+ * msprobe._native.fused_stats: Max, Min, sum and sum of squares of a contiguous buffer of
+ * float32, float64, bfloat16 or float16 values in one pass over memory (issue 5).
+ *
+ * The sum and the sum of squares are accumulated in float64: every float32/bf16/fp16 value
+ * and its square are exact in float64, so for those inputs neither can overflow or
+ * underflow. Several independent accumulators (vector lanes) are summed over blocks of
+ * BLOCK elements, and the block totals are added into a second-level accumulator, so the
+ * rounding error is that of chains of about BLOCK/16 + n/BLOCK additions.
+ *
+ * NaN semantics: Max and Min are NaN when any element is NaN. The hot loop uses plain
+ * max/min instructions (which drop NaN operands); a NaN or an infinity makes the float64
+ * sum non-finite, and only then a scalar pass fills has_nan/has_inf exactly and sets Max
+ * and Min to NaN if a NaN was seen. For float64 input a finite sum may overflow: the same
+ * scalar pass then reports has_nan = has_inf = False.
+ *
+ * No -ffast-math (it would break the NaN semantics) and no -march=native: the AVX2+FMA
+ * (and F16C) kernels are compiled with a per-function target attribute and chosen at import time
+ * with __builtin_cpu_supports; elsewhere the portable C kernels (auto-vectorised for the
+ * baseline instruction set: SSE2 on x86-64, NEON on aarch64) run.
+ *
+ * Python API (METH_FASTCALL, no argument parsing beyond integers):
+ *   reduce_at(address: int, n: int, kind: int[, portable]) -> (max, min, sum, sumsq, has_nan, has_inf)
+ *   reduce(buffer, kind: int[, portable]) -> the same, over a C- or F-contiguous buffer
+ * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
+ * kind: 0 float32, 1 float64, 2 bfloat16, 3 float16 (2-byte kinds: uint16 bit patterns). n >= 1.
+ * isa() -> "avx2" or "generic": the kernels in use.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KIND_F32 0
+#define KIND_F64 1
+#define KIND_BF16 2
+#define KIND_F16 3
+#define NKINDS 4
+#define BLOCK 4096 /* elements per first-level block (a multiple of every unroll width) */
+#define GIL_FREE_MIN 65536 /* release the GIL for buffers at least this large */
+
+typedef struct {
+    double max, min, sum, sumsq;
+} acc_t;
+
+typedef void (*kernel_fn)(const void *p, size_t n, acc_t *out);
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 -> float32, exact (subnormals, infinities and NaN payloads included) */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    float f;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in float32 */
+        f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112u) << 23) | (man << 13));
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---------------------------------------------------------------- portable kernels */
+
+#define LANES 8
+
+/* T: element type; M: type of Max/Min (float for float32/bfloat16: exact, half the width) */
+#define GENERIC_KERNEL(NAME, T, M, LOAD)                                                \
+    static void NAME(const void *vp, size_t n, acc_t *out) {                            \
+        const T *p = (const T *)vp;                                                     \
+        M mx[LANES], mn[LANES];                                                         \
+        double tot = 0.0, totq = 0.0;                                                   \
+        for (int j = 0; j < LANES; j++) { mx[j] = -INFINITY; mn[j] = INFINITY; }        \
+        size_t i = 0;                                                                   \
+        while (i + LANES <= n) {                                                        \
+            size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % LANES;              \
+            double s[LANES], q[LANES];                                                  \
+            for (int j = 0; j < LANES; j++) { s[j] = 0.0; q[j] = 0.0; }                 \
+            for (; i < end; i += LANES) {                                               \
+                for (int j = 0; j < LANES; j++) {                                       \
+                    M f = LOAD(p[i + j]);                                               \
+                    mx[j] = f > mx[j] ? f : mx[j];                                      \
+                    mn[j] = f < mn[j] ? f : mn[j];                                      \
+                    double v = (double)f;                                               \
+                    s[j] += v;                                                          \
+                    q[j] += v * v;                                                      \
+                }                                                                       \
+            }                                                                           \
+            double bs = 0.0, bq = 0.0;                                                  \
+            for (int j = 0; j < LANES; j++) { bs += s[j]; bq += q[j]; }                 \
+            tot += bs;                                                                  \
+            totq += bq;                                                                 \
+        }                                                                               \
+        M m1 = -INFINITY, m2 = INFINITY;                                                \
+        for (int j = 0; j < LANES; j++) {                                               \
+            m1 = mx[j] > m1 ? mx[j] : m1;                                               \
+            m2 = mn[j] < m2 ? mn[j] : m2;                                               \
+        }                                                                               \
+        for (; i < n; i++) {                                                            \
+            M f = LOAD(p[i]);                                                           \
+            m1 = f > m1 ? f : m1;                                                       \
+            m2 = f < m2 ? f : m2;                                                       \
+            double v = (double)f;                                                       \
+            tot += v;                                                                   \
+            totq += v * v;                                                              \
+        }                                                                               \
+        out->max = m1; out->min = m2; out->sum = tot; out->sumsq = totq;                \
+    }
+
+#define LOAD_PLAIN(x) (x)
+GENERIC_KERNEL(f32_generic, float, float, LOAD_PLAIN)
+GENERIC_KERNEL(f64_generic, double, double, LOAD_PLAIN)
+GENERIC_KERNEL(bf16_generic, uint16_t, float, bf16_to_f32)
+GENERIC_KERNEL(f16_generic, uint16_t, float, f16_to_f32)
+
+/* ---------------------------------------------------------------- AVX2 + FMA kernels */
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define HAVE_AVX2_KERNELS 1
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+static inline AVX2 double hsum4(__m256d v) {
+    __m128d lo = _mm256_castpd256_pd128(v), hi = _mm256_extractf128_pd(v, 1);
+    lo = _mm_add_pd(lo, hi);
+    return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
+}
+
+static inline AVX2 float hmax8(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    float m = a[0];
+    for (int j = 1; j < 8; j++) m = a[j] > m ? a[j] : m;
+    return m;
+}
+
+static inline AVX2 float hmin8(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    float m = a[0];
+    for (int j = 1; j < 8; j++) m = a[j] < m ? a[j] : m;
+    return m;
+}
+
+/* 8 float32 values: fold into max/min and two float64 sum/sumsq accumulator pairs */
+#define F32_STEP(v, MX, MN, SA, SB, QA, QB)                                          \
+    do {                                                                             \
+        MX = _mm256_max_ps(v, MX);                                                   \
+        MN = _mm256_min_ps(v, MN);                                                   \
+        __m256d lo_ = _mm256_cvtps_pd(_mm256_castps256_ps128(v));                    \
+        __m256d hi_ = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));                  \
+        SA = _mm256_add_pd(SA, lo_);                                                 \
+        SB = _mm256_add_pd(SB, hi_);                                                 \
+        QA = _mm256_fmadd_pd(lo_, lo_, QA);                                          \
+        QB = _mm256_fmadd_pd(hi_, hi_, QB);                                          \
+    } while (0)
+
+static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+#define NARROW_KERNEL(NAME, T, LOAD8, LOAD1)                                                   \
+    static AVX2 void NAME(const void *vp, size_t n, acc_t *out) {                              \
+        const T *p = (const T *)vp;                                                            \
+        __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;                                     \
+        __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0;                                      \
+        __m256d tot = _mm256_setzero_pd(), totq = tot;                                         \
+        size_t i = 0;                                                                          \
+        while (i + 16 <= n) {                                                                  \
+            size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % 16;                        \
+            __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;                       \
+            __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;                                        \
+            for (; i < end; i += 16) {                                                         \
+                __m256 a = LOAD8(p + i), b = LOAD8(p + i + 8);                                 \
+                F32_STEP(a, mx0, mn0, s0, s1, q0, q1);                                         \
+                F32_STEP(b, mx1, mn1, s2, s3, q2, q3);                                         \
+            }                                                                                  \
+            tot = _mm256_add_pd(tot, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3))); \
+            totq = _mm256_add_pd(totq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3))); \
+        }                                                                                      \
+        float m1 = hmax8(_mm256_max_ps(mx0, mx1)), m2 = hmin8(_mm256_min_ps(mn0, mn1));        \
+        double t = hsum4(tot), tq = hsum4(totq);                                               \
+        for (; i < n; i++) {                                                                   \
+            float f = LOAD1(p[i]);                                                             \
+            m1 = f > m1 ? f : m1;                                                              \
+            m2 = f < m2 ? f : m2;                                                              \
+            double v = f;                                                                      \
+            t += v;                                                                            \
+            tq += v * v;                                                                       \
+        }                                                                                      \
+        out->max = m1; out->min = m2; out->sum = t; out->sumsq = tq;                           \
+    }
+
+static inline AVX2 __m256 load_f16x8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+#define LOAD_F32X8(ptr) _mm256_loadu_ps(ptr)
+NARROW_KERNEL(f32_avx2, float, LOAD_F32X8, LOAD_PLAIN)
+NARROW_KERNEL(bf16_avx2, uint16_t, load_bf16x8, bf16_to_f32)
+NARROW_KERNEL(f16_avx2, uint16_t, load_f16x8, f16_to_f32)
+
+static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
+    const double *p = (const double *)vp;
+    __m256d mx0 = _mm256_set1_pd(-INFINITY), mx1 = mx0;
+    __m256d mn0 = _mm256_set1_pd(INFINITY), mn1 = mn0;
+    __m256d tot = _mm256_setzero_pd(), totq = tot;
+    size_t i = 0;
+    while (i + 8 <= n) {
+        size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % 8;
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+        for (; i < end; i += 8) {
+            __m256d a = _mm256_loadu_pd(p + i), b = _mm256_loadu_pd(p + i + 4);
+            mx0 = _mm256_max_pd(a, mx0);
+            mx1 = _mm256_max_pd(b, mx1);
+            mn0 = _mm256_min_pd(a, mn0);
+            mn1 = _mm256_min_pd(b, mn1);
+            s0 = _mm256_add_pd(s0, a);
+            s1 = _mm256_add_pd(s1, b);
+            q0 = _mm256_fmadd_pd(a, a, q0);
+            q1 = _mm256_fmadd_pd(b, b, q1);
+        }
+        tot = _mm256_add_pd(tot, _mm256_add_pd(s0, s1));
+        totq = _mm256_add_pd(totq, _mm256_add_pd(q0, q1));
+    }
+    double a[4], b[4];
+    _mm256_storeu_pd(a, _mm256_max_pd(mx0, mx1));
+    _mm256_storeu_pd(b, _mm256_min_pd(mn0, mn1));
+    double m1 = a[0], m2 = b[0];
+    for (int j = 1; j < 4; j++) {
+        m1 = a[j] > m1 ? a[j] : m1;
+        m2 = b[j] < m2 ? b[j] : m2;
+    }
+    double t = hsum4(tot), tq = hsum4(totq);
+    for (; i < n; i++) {
+        double v = p[i];
+        m1 = v > m1 ? v : m1;
+        m2 = v < m2 ? v : m2;
+        t += v;
+        tq += v * v;
+    }
+    out->max = m1; out->min = m2; out->sum = t; out->sumsq = tq;
+}
+#endif
+
+static const kernel_fn PORTABLE[NKINDS] = {f32_generic, f64_generic, bf16_generic, f16_generic};
+static kernel_fn KERNELS[NKINDS] = {f32_generic, f64_generic, bf16_generic, f16_generic};
+static const char *ISA = "generic";
+
+/* Rare path (the sum is not finite): exact has_nan/has_inf; Max/Min NaN if any NaN. */
+static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has_nan, int *has_inf) {
+    int nan = 0, inf = 0;
+    for (size_t i = 0; i < n && !(nan && inf); i++) {
+        double v = kind == KIND_F32 ? (double)((const float *)p)[i]
+                 : kind == KIND_F64 ? ((const double *)p)[i]
+                 : kind == KIND_BF16 ? (double)bf16_to_f32(((const uint16_t *)p)[i])
+                 : (double)f16_to_f32(((const uint16_t *)p)[i]);
+        nan |= isnan(v) != 0;
+        inf |= isinf(v) != 0;
+    }
+    if (nan) acc->max = acc->min = NAN;
+    *has_nan = nan;
+    *has_inf = inf;
+}
+
+static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable) {
+    if (kind < 0 || kind >= NKINDS) {
+        PyErr_Format(PyExc_ValueError,
+                     "kind must be 0 (float32), 1 (float64), 2 (bfloat16) or 3 (float16), got %ld", kind);
+        return NULL;
+    }
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError, "need at least one element, got n=%zd", n);
+        return NULL;
+    }
+    acc_t acc;
+    int has_nan = 0, has_inf = 0;
+    kernel_fn kernel = portable ? PORTABLE[kind] : KERNELS[kind];
+    if (n >= GIL_FREE_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        kernel(p, (size_t)n, &acc);
+        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+        Py_END_ALLOW_THREADS
+    } else {
+        kernel(p, (size_t)n, &acc);
+        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+    }
+    return Py_BuildValue("(ddddNN)", acc.max, acc.min, acc.sum, acc.sumsq,
+                         PyBool_FromLong(has_nan), PyBool_FromLong(has_inf));
+}
+
+static PyObject *reduce_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reduce_at(address, n, kind[, portable]) takes 3 or 4 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "address is 0");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    long kind = PyLong_AsLong(args[2]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    int portable = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (portable < 0) return NULL;
+    return run(p, n, kind, portable);
+}
+
+static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce(buffer, kind[, portable]) takes 2 or 3 arguments");
+        return NULL;
+    }
+    int portable = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (portable < 0) return NULL;
+    long kind = PyLong_AsLong(args[1]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_ANY_CONTIGUOUS) != 0) return NULL;
+    Py_ssize_t width = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    PyObject *res;
+    if (view.len % width != 0) {
+        PyErr_Format(PyExc_ValueError, "buffer of %zd bytes is not a whole number of %zd-byte elements",
+                     view.len, width);
+        res = NULL;
+    } else {
+        res = run(view.buf, view.len / width, kind, portable);
+    }
+    PyBuffer_Release(&view);
+    return res;
+}
+
+static PyObject *isa(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(ISA);
+}
+
+static PyMethodDef METHODS[] = {
+    {"reduce_at", (PyCFunction)(void (*)(void))reduce_at, METH_FASTCALL,
+     "reduce_at(address, n, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
+     "Reduce n contiguous elements at a raw address (the caller keeps the memory alive).\n"
+     "kind: 0 float32, 1 float64, 2 bfloat16, 3 float16. Sums in float64."},
+    {"reduce", (PyCFunction)(void (*)(void))reduce_buffer, METH_FASTCALL,
+     "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
+     "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"
+     "must be a multiple of the element size of kind."},
+    {"isa", isa, METH_NOARGS, "isa() -> 'avx2' or 'generic': the kernels chosen at import."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "fused_stats",
+    "One-pass Max, Min, sum and sum of squares (float64) of float32/float64/bfloat16/float16 buffers.",
+    -1, METHODS, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit_fused_stats(void) {
+#ifdef HAVE_AVX2_KERNELS
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        KERNELS[KIND_F32] = f32_avx2;
+        KERNELS[KIND_F64] = f64_avx2;
+        KERNELS[KIND_BF16] = bf16_avx2;
+        KERNELS[KIND_F16] = f16_avx2;
+        ISA = "avx2";
+    }
+#endif
+    return PyModule_Create(&MODULE);
+}
