@@ -80,3 +80,46 @@ def test_async_dump_freed_storage(tmp_path, mode):
     neg = data["Torch.neg.0.forward"]["output"][0]
     assert (neg["Max"], neg["Min"], neg["Mean"]) == (2.0, -1.0, 0.5)
 
+
+def test_triton_path_refuses_negative_views(monkeypatch):
+    # the fused kernel reads raw memory: a contiguous lazy negation (a 1-element or 0-d
+    # ``z.conj().imag``, ``torch._neg_view``) gave the statistics of the un-negated values
+    from msprobe.pytorch import triton_stats
+
+    monkeypatch.setattr(triton_stats, "kernels", lambda: object())  # as if Triton loaded
+    x = torch.tensor([1.0, -5.0, 3.0])
+    assert triton_stats.usable(x, any_device=True)
+    imag = torch.tensor([1 + 2j]).conj().imag
+    assert imag.is_contiguous() and imag.is_neg()
+    assert not triton_stats.usable(imag, any_device=True)
+    if hasattr(torch, "_neg_view"):
+        assert not triton_stats.usable(torch._neg_view(x), any_device=True)
+    leaf = device_leaf(imag)
+    assert (leaf.max, leaf.min, leaf.norm) == (-2.0, -2.0, 2.0)
+
+
+def test_triton_launch_on_the_tensors_gpu(monkeypatch):
+    # Triton launches on the current device (and its stream): a tensor on cuda:1 while
+    # cuda:0 is current could not be read ("cannot be accessed from Triton", which stopped
+    # the recording) or was read on the wrong stream; the launch now makes its device current
+    from msprobe.pytorch import triton_stats
+
+    entered = []
+
+    class Guard:
+        def __init__(self, device):
+            entered.append(torch.device(device))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    with triton_stats._on_device(torch.device("cuda", 1)):
+        pass
+    with triton_stats._on_device(torch.device("cuda", 0)), triton_stats._on_device(torch.device("cpu")):
+        pass
+    assert entered == [torch.device("cuda", 1)]
