@@ -13,8 +13,8 @@ Calls are held back (their order kept) and emitted by :meth:`AsyncGatherer.drain
 copies all statistic vectors of one device to the host with **one** transfer, fills the
 leaves, stores the clones' bytes as payloads and computes CRC-32 from them.
 The statistics are those of the device path of :mod:`msprobe.pytorch.deferred` (on the
-CPU, Norm accumulates in float32 there while the host path accumulates in float64, so the
-last digits of Norm and Mean can differ from a synchronous CPU dump).
+CPU, large float32 tensors take float32 reductions on the host path and float64 ones there,
+so the last digits of Norm and Mean can differ from a synchronous CPU dump).
 """
 from __future__ import annotations
 
@@ -64,8 +64,11 @@ class AsyncGatherer:
                     shape=tuple(t.shape), numel=t.numel(), requires_grad=bool(t.requires_grad))
         if not self._with_data or t.layout != torch.strided or t.device.type == "meta":
             return leaf
-        vector = stats_vector(t) if has_data(t) else None
-        clone = t.detach().clone() if (self._put is not None or self._md5) else None
+        readable = has_data(t)
+        vector = stats_vector(t) if readable else None
+        # cloning a tensor whose storage was freed (resized to 0 bytes) reads freed memory
+        keep = (self._put is not None or self._md5) and (readable or t.numel() == 0)
+        clone = t.detach().clone() if keep else None
         self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 

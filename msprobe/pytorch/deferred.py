@@ -21,8 +21,8 @@ the flush point by :func:`gather` into this float64 layout (:data:`WIDTH` values
 fields are 4/5, or 2/3 where no element is finite, or NaN where all are NaN (all derived
 on the host, :func:`_fill`). bool tensors give any/all in 0 and 1 (Mean and Norm are not
 recorded; only values 0–5 exist); integer tensors are widened to float64; complex
-tensors use ``|z|``; Sum accumulates in float64, Norm in float32 (float64 for float64
-tensors). With Triton on a CUDA device, a dense floating tensor takes one fused kernel
+tensors use ``|z|``; float8 tensors are widened to float32; Sum and Norm accumulate in
+float64. With Triton on a CUDA device, a dense floating tensor takes one fused kernel
 instead (:mod:`msprobe.pytorch.triton_stats`: the same layout as one float64 part, Norm
 accumulated in float64).
 """
@@ -57,6 +57,8 @@ def stats_vector(t: torch.Tensor) -> Parts:
             return (torch.stack([anyv, allv, anyv, allv, anyv, allv]),)
         if x.is_complex():
             x = x.abs()
+        if x.is_floating_point() and x.dtype not in _LOW and x.dtype != _F64:
+            x = x.to(_F32)  # float8 types (exact in float32) have no min/max kernels
         if triton_stats.usable(x):  # one fused kernel (GPU with Triton)
             return (triton_stats.fused_vector(x),)
         return torch_parts(x)
@@ -80,8 +82,10 @@ def torch_parts(x: torch.Tensor) -> Parts:
             torch.nan_to_num(x, nan=-_INF, posinf=-_INF, neginf=-_INF).amax(),
             torch.nan_to_num(x, nan=_INF, posinf=_INF, neginf=_INF).amin(),
         ])
-        return (extremes, x.sum(dtype=_F64),
-                torch.linalg.vector_norm(x, dtype=_F32 if x.dtype in _LOW else None))
+        # Sum and Norm over one float64 copy: float32 squares overflow above ~1.8e19 and
+        # underflow below ~1e-23, where the Norm itself still fits float32
+        x64 = x.to(_F64)
+        return extremes, x64.sum(), torch.linalg.vector_norm(x64)
 
 
 def gather(vectors: list[Parts]) -> list[list[float]]:

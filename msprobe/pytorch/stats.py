@@ -8,8 +8,8 @@ bool                   any() / all()          null
 complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
 float16/bfloat16/fp32  exact, source dtype    host: float64 (native pass; without
                                               it float64 up to 4096 elements, float32
-                                              cascade above); device: Mean float64,
-                                              Norm float32
+                                              cascade above); device: Mean and Norm
+                                              float64
 float64, integer       exact (float64)        float64
 0-dim (non-bool)       the value              Mean = value, Norm = ``|value|``
 =====================  =====================  ==================================
@@ -325,6 +325,8 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
     Empty tensors give ``"00000000"``; tensors without readable data give None.
     """
     if t.layout != torch.strided or t.device.type == "meta":
+        return None
+    if t.numel() and not has_data(t):  # storage freed: its memory must not be read
         return None
     with torch.no_grad():
         x = t.detach()

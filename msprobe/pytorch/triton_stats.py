@@ -22,6 +22,7 @@ first use per dtype (cached by Triton on disk).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from types import ModuleType
@@ -53,9 +54,10 @@ def kernels() -> Optional[ModuleType]:
 def usable(x: torch.Tensor, any_device: bool = False) -> bool:
     """True if :func:`fused_vector` takes ``x``: a floating dtype, memory in one dense
     block, on a CUDA device (``any_device``: also CPU tensors, for Triton's interpreter,
-    ``TRITON_INTERPRET=1``, in tests), and Triton loads (:func:`kernels`)."""
+    ``TRITON_INTERPRET=1``, in tests), and Triton loads (:func:`kernels`). Not for a lazy
+    negation (``x.is_neg()``, e.g. ``z.conj().imag``): the kernel reads the raw memory."""
     return ((any_device or x.device.type == "cuda") and x.dtype in _DTYPES and x.numel() > 0
-            and x.is_contiguous() and kernels() is not None)
+            and x.is_contiguous() and not x.is_neg() and kernels() is not None)
 
 
 def fused_vector(x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -67,10 +69,19 @@ def fused_vector(x: torch.Tensor) -> Optional[torch.Tensor]:
     out = torch.empty(8, dtype=torch.float64, device=x.device)
     programs = -(-n // PER_PROGRAM)
     flat = x.view(-1)
-    if programs == 1:
-        k.rows[(1,)](flat, out, n, FINAL=True, BLOCK=BLOCK, ITERS=ITERS, COLS=_COLS)
-        return out
-    rows = torch.empty(programs * _COLS, dtype=torch.float64, device=x.device)
-    k.rows[(programs,)](flat, rows, n, FINAL=False, BLOCK=BLOCK, ITERS=ITERS, COLS=_COLS)
-    k.combine[(1,)](rows, out, programs, BLOCK=BLOCK, COLS=_COLS)
+    with _on_device(x.device):
+        if programs == 1:
+            k.rows[(1,)](flat, out, n, FINAL=True, BLOCK=BLOCK, ITERS=ITERS, COLS=_COLS)
+            return out
+        rows = torch.empty(programs * _COLS, dtype=torch.float64, device=x.device)
+        k.rows[(programs,)](flat, rows, n, FINAL=False, BLOCK=BLOCK, ITERS=ITERS, COLS=_COLS)
+        k.combine[(1,)](rows, out, programs, BLOCK=BLOCK, COLS=_COLS)
     return out
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the *current* CUDA device and its current stream: for a tensor on
+    another GPU (model or pipeline parallel in one process) make its device current."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

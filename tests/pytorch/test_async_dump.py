@@ -42,7 +42,7 @@ def run(tmp_path, name, *, async_dump, task="statistics", summary_mode="statisti
 
 def assert_same(a, b, where="data"):
     """Equal JSON values; Mean and Norm to 1e-6 relative (the device path accumulates the
-    Norm in float32, the host path in float64), NaN equal to NaN."""
+    Norm with other precisions and orders than the host path), NaN equal to NaN."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b), where
         for k in a:
