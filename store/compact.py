@@ -63,7 +63,7 @@ def compact(dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.Path
     written: list[Path] = []
     rows: list[int] = []
     for rank in sorted(pc.unique(table[S.RANK]).to_pylist()):
-        part = table.filter(pc.equal(table[S.RANK], rank))
+        part = table.filter(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)))
         target = out_dir / f"rank{rank}.parquet"
         tmp = out_dir / f".rank{rank}.parquet.{os.getpid()}.tmp"
         try:

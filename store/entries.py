@@ -164,7 +164,7 @@ def _pylist(column: Union[pa.Array, pa.ChunkedArray]) -> list:
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         if column.null_count == 0:
             return column.to_numpy(zero_copy_only=False).tolist()
-        fill = False if pa.types.is_boolean(kind) else 0
+        fill = pa.scalar(False if pa.types.is_boolean(kind) else 0, type=kind)
         values = pc.fill_null(column, fill).to_numpy(zero_copy_only=False).tolist()
         nulls = column.is_null().to_numpy(zero_copy_only=False).tolist()
         return [None if null else value for value, null in zip(values, nulls)]
@@ -232,7 +232,7 @@ class EntryBuilder:
             return touched
         if not _ascending(rows[S.SEQ]):  # live parts arrive in seq order: no sort needed
             rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
-        is_call = pc.equal(rows[S.ROW], S.ROW_CALL)
+        is_call = pc.equal(rows[S.ROW], S.scalar(S.ROW_CALL, S.ROW))
         call_rows = rows.filter(is_call)
         calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}
         entries = self.entries
@@ -265,7 +265,7 @@ class EntryBuilder:
             if seq is not None and seq > self.max_seq:
                 self.max_seq = seq
 
-        leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
+        leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_LEAF, S.ROW)))
         leaves = {name: _pylist(leaf_rows[name]) for name in _LEAF_COLUMNS}
         path_cache = self._path_cache
         for (

@@ -319,7 +319,7 @@ def export_tensors(
     Raises:
         OSError: a tensor file could not be written.
     """
-    leaves = rows.filter(pc.equal(rows[S.ROW], S.ROW_LEAF))
+    leaves = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_LEAF, S.ROW)))
     leaves = leaves.filter(pc.invert(pc.is_null(leaves[S.PAYLOAD])))
     if not leaves.num_rows:
         return []
@@ -444,7 +444,7 @@ class ExportReport:
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
     """(seq, step, meta) of the marker rows of one rank, by seq."""
-    markers = rows.filter(pc.equal(rows[S.ROW], S.ROW_MARKER)).select([S.SEQ, S.STEP, S.META])
+    markers = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_MARKER, S.ROW))).select([S.SEQ, S.STEP, S.META])
     found = []
     for seq, step, meta_text in zip(*(markers[c].to_pylist() for c in (S.SEQ, S.STEP, S.META))):
         try:
@@ -491,7 +491,7 @@ def export_log(
     contents = read_log(dump_path)
     root = Path(out) if out is not None else Path(dump_path)
     log_dir = str(Path(dump_path) / S.STORE_DIR / S.LOG_DIR)
-    table = contents.table.filter(pc.not_equal(contents.table[S.ROW], S.ROW_STACK))
+    table = contents.table.filter(pc.not_equal(contents.table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
     table = table.sort_by([(S.RANK, "ascending"), (S.STEP, "ascending"), (S.SEQ, "ascending")])
     written: list[Path] = []
     groups: list[tuple[int, int]] = []

@@ -295,7 +295,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
         table = _shift_seq(table, next_seq)
         tables.append(table)
-        stack_rows = table.filter(pc.equal(table[S.ROW], S.ROW_STACK))
+        stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
         for stack_id, frames in zip(
             stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()
         ):
@@ -314,10 +314,10 @@ def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:
     seq = table[S.SEQ]
     shifted = False
     for rank in ranks:
-        in_rank = pc.and_(pc.equal(table[S.RANK], rank), pc.greater_equal(seq, 0))
+        in_rank = pc.and_(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)), pc.greater_equal(seq, S.scalar(0, S.SEQ)))
         offset = next_seq.get(rank, 0)
         if offset:
-            seq = pc.if_else(in_rank, pc.add(seq, offset), seq)
+            seq = pc.if_else(in_rank, pc.add(seq, S.scalar(offset, S.SEQ)), seq)
             shifted = True
         largest = pc.max(pc.filter(seq, in_rank)).as_py()
         if largest is not None:

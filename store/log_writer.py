@@ -335,11 +335,11 @@ class LogWriter:
             if not self._retained:
                 return S.LOG_SCHEMA.empty_table()
             table = pa.Table.from_batches(self._retained, schema=S.LOG_SCHEMA)
-            not_stack = pc.not_equal(table[S.ROW], S.ROW_STACK)
+            not_stack = pc.not_equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW))
             if step is None:
                 take = not_stack
             else:
-                take = pc.and_(pc.equal(table[S.STEP], int(step)), not_stack)
+                take = pc.and_(pc.equal(table[S.STEP], S.scalar(int(step), S.STEP)), not_stack)
             taken = table.filter(take)
             kept = table.filter(pc.and_(pc.invert(take), not_stack))
             self._retained = kept.combine_chunks().to_batches() if kept.num_rows else []

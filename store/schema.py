@@ -29,6 +29,8 @@ The format version is stamped into the schema metadata under ``msprobe.format``.
 """
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 FORMAT_VERSION = "1"
@@ -154,3 +156,20 @@ DICT_ROOTS = frozenset({"input_kwargs", "parameters"})
 STORE_DIR = ".msprobe"
 LOG_DIR = "log"
 LOG_SUFFIX = ".arrows"
+
+
+@functools.lru_cache(maxsize=512)
+def scalar(value, column: str) -> pa.Scalar:
+    """``value`` as an Arrow scalar of log column ``column``'s type, for comparisons and
+    fills in ``pyarrow.compute``.
+
+    Given a plain Python value, pyarrow converts it on every call, and that conversion
+    tries to import pandas and dateutil each time where they are not installed: 0.1–0.2 ms
+    per call against ~5–10 µs with a typed scalar (measured with pyarrow 25).
+
+    Raises:
+        KeyError: ``column`` is not a column of :data:`LOG_SCHEMA`.
+        pyarrow.ArrowInvalid / TypeError: ``value`` does not fit the column's type.
+    """
+    return pa.scalar(value, type=LOG_SCHEMA.field(column).type)
+

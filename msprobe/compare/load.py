@@ -116,10 +116,10 @@ def _read_log_chunks(p: Path):
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
         seq = table[S.SEQ]
         for rank in pc.unique(table[S.RANK]).to_pylist():   # shift past earlier files of the rank
-            in_rank = pc.and_(pc.equal(table[S.RANK], rank), pc.greater_equal(seq, 0))
+            in_rank = pc.and_(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)), pc.greater_equal(seq, S.scalar(0, S.SEQ)))
             offset = next_seq.get(rank, 0)
             if offset:
-                seq = pc.if_else(in_rank, pc.add(seq, offset), seq)
+                seq = pc.if_else(in_rank, pc.add(seq, S.scalar(offset, S.SEQ)), seq)
             largest = pc.max(pc.filter(seq, in_rank)).as_py()
             if largest is not None:
                 next_seq[rank] = largest + 1
@@ -127,7 +127,7 @@ def _read_log_chunks(p: Path):
             table = table.set_column(table.schema.get_field_index(S.SEQ), S.LOG_SCHEMA.field(S.SEQ),
                                      seq.cast(pa.int64()))
         tables.append(table)
-        stack_rows = table.filter(pc.equal(table[S.ROW], S.ROW_STACK))
+        stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
         for stack_id, frames in zip(stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()):
             if stack_id is not None and stack_id not in stacks:
                 stacks[stack_id] = tuple(frames or ())
@@ -143,7 +143,7 @@ def _load_log(p: Path) -> Side:
     row = table[S.ROW]
     # calls: one row per (rank, step, name), the values of its first call row (smallest seq);
     # grouped by an integer code of the name (grouping strings is the slow part)
-    raw = table.filter(pc.equal(row, S.ROW_CALL)).select(
+    raw = table.filter(pc.equal(row, S.scalar(S.ROW_CALL, S.ROW))).select(
         [S.RANK, S.STEP, S.SEQ, S.NAME, S.KIND, S.PARENT, S.STACK_ID]).combine_chunks()
     n = raw.num_rows
     rank = raw[S.RANK].to_numpy().astype(np.int64) if n else np.zeros(0, np.int64)
@@ -184,7 +184,7 @@ def _load_log(p: Path) -> Side:
     leaves = table.select(leaf_cols).filter(pa.array(mask))     # a filter copies faster than a take
     leaves = leaves.append_column("cseq", pa.array(leaf_cseq, pa.int64())).append_column(
         "lord", pa.array(ridx, pa.int64()))
-    markers = table.filter(pc.and_(pc.equal(row, S.ROW_MARKER), pc.is_valid(table[S.META])))
+    markers = table.filter(pc.and_(pc.equal(row, S.scalar(S.ROW_MARKER, S.ROW)), pc.is_valid(table[S.META])))
     metas = [(markers[S.META][0].as_py(),)] if markers.num_rows else []
     meta = json.loads(metas[0][0]) if metas else {}
     ids, depths, frames = [], [], []
