@@ -32,8 +32,9 @@ class StackInterner:
         max_depth: at most this many user frames are kept.
 
     ``capture()`` walks ``sys._getframe`` (no ``inspect.stack()``: it reads source for every
-    frame), keys the walk by ``(code, line)`` pairs, and formats strings only the first
-    time a key is seen. New stacks are queued in :attr:`new_stacks` for the writer.
+    frame), keys the walk by its user frames' ``(code, line)`` pairs (whether a code object
+    is user code is decided once per code object), and formats strings and computes the id
+    only the first time a key is seen: identical stacks share one id and one row. New stacks are queued in :attr:`new_stacks` for the writer.
     """
 
     def __init__(self, exclude_dirs: Iterable[str] = (), max_depth: int = 64) -> None:
@@ -55,18 +56,22 @@ class StackInterner:
     def capture(self) -> int:
         """Return the id of the current user stack (registering it if new)."""
         frame = sys._getframe(1)
-        key = []
-        depth = 0
-        while frame is not None and depth < self._max_depth:
+        code_user = self._code_user
+        key = []  # flat: code, line, code, line... (no tuple per frame)
+        depth, max_depth = 0, self._max_depth
+        while frame is not None and depth < max_depth:
             code = frame.f_code
-            if self._is_user(code):
-                key.append((code, frame.f_lineno))
+            user = code_user.get(code)
+            if user is None:
+                user = self._is_user(code)
+            if user:
+                key += (code, frame.f_lineno)
                 depth += 1
             frame = frame.f_back
         tkey = tuple(key)
         sid = self._by_key.get(tkey)
         if sid is None:
-            frames = tuple(_format(code, line) for code, line in tkey)
+            frames = tuple(_format(code, line) for code, line in zip(tkey[::2], tkey[1::2]))
             sid = _stack_id(frames)
             self._by_key[tkey] = sid
             self.new_stacks.append((sid, frames))
