@@ -44,7 +44,6 @@ import json
 import os
 import threading
 import time
-from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, Callable, Literal, Optional, Union
 
@@ -83,7 +82,35 @@ _LEAF_COLUMNS: tuple[tuple[str, str], ...] = (
     (S.PAYLOAD, "payload"),
     (S.VALUE_JSON, "value_json"),
 )
-_LEAF_GETTER = attrgetter(*(attr for _, attr in _LEAF_COLUMNS))
+_LEAF_COLUMN_NAMES = tuple(column for column, _ in _LEAF_COLUMNS)
+
+
+def _leaf_values(leaves: list[Leaf]) -> tuple[list, ...]:
+    """The values of the :data:`_LEAF_COLUMNS` attributes of ``leaves``, one new list per
+    column, in that order (one comprehension per attribute: about twice as fast as
+    transposing per-leaf tuples)."""
+    return (
+        [leaf.io for leaf in leaves],
+        [leaf.leaf_kind for leaf in leaves],
+        [leaf.type for leaf in leaves],
+        [leaf.dtype for leaf in leaves],
+        [leaf.shape for leaf in leaves],
+        [leaf.numel for leaf in leaves],
+        [leaf.max for leaf in leaves],
+        [leaf.min for leaf in leaves],
+        [leaf.mean for leaf in leaves],
+        [leaf.norm for leaf in leaves],
+        [leaf.max_finite for leaf in leaves],
+        [leaf.min_finite for leaf in leaves],
+        [leaf.crc32 for leaf in leaves],
+        [leaf.requires_grad for leaf in leaves],
+        [leaf.has_nan for leaf in leaves],
+        [leaf.has_inf for leaf in leaves],
+        [leaf.data_name for leaf in leaves],
+        [leaf.payload for leaf in leaves],
+        [leaf.value_json for leaf in leaves],
+    )
+
 _COMPACT = (",", ":")
 
 
@@ -450,6 +477,14 @@ class LogWriter:
             self._path_text[path] = cached
         return cached
 
+    def _paths_columns(self, leaves: list[Leaf]) -> list[tuple[str, str]]:
+        """:meth:`_path_columns` of every leaf's path (cache hits without a call each)."""
+        get = self._path_text.get
+        try:
+            return [get(path) or self._path_columns(path) for path in [leaf.path for leaf in leaves]]
+        except TypeError:  # an unhashable path (a list): key the cache by its tuple
+            return [self._path_columns(tuple(leaf.path)) for leaf in leaves]
+
     def _keys_column(self, keys: tuple[str, ...]) -> str:
         cached = self._keys_text.get(keys)
         if cached is None:
@@ -492,12 +527,13 @@ class LogWriter:
 
         head_c, tail_s_m = none_c, [None] * (ns + nm)
         if nl:
-            paths = [self._path_columns(tuple(leaf.path)) for leaf in leaves]
+            paths = self._paths_columns(leaves)
             cols[S.PATH] = head_c + [p[0] for p in paths] + tail_s_m
             cols[S.ARG] = head_c + [p[1] for p in paths] + tail_s_m
-            values = list(zip(*map(_LEAF_GETTER, leaves)))
-            for (column, _), column_values in zip(_LEAF_COLUMNS, values):
-                cols[column] = head_c + list(column_values) + tail_s_m
+            for column, column_values in zip(_LEAF_COLUMN_NAMES, _leaf_values(leaves)):
+                column_values[:0] = head_c
+                column_values += tail_s_m
+                cols[column] = column_values
         cols[S.FRAMES] = [None] * (nc + nl) + [list(s.frames) for s in stacks] + none_m
         cols[S.META] = [None] * (nc + nl + ns) + marker_meta
 

@@ -6,12 +6,46 @@ dtypes and types are plain strings (``"torch.float32"``, ``"Float16"``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
 PathComponent = Union[int, str]
 
 
+def _fast_init(cls: type) -> type:
+    """Give the frozen, slotted dataclass ``cls`` an ``__init__`` with the same signature
+    (keyword-only, same defaults) that stores each field through its slot descriptor.
+
+    The ``__init__`` that ``dataclass`` generates for a frozen class calls
+    ``object.__setattr__`` once per field; storing through the slots' descriptors makes
+    a 20-field :class:`Leaf` about twice as cheap to build, and the recorder builds one
+    per recorded tensor. Nothing else changes: instances are as frozen as before.
+
+    Raises:
+        TypeError: a field has a ``default_factory`` (not supported here).
+    """
+    names: dict = {}
+    params, body = [], []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"_fast_init: field {cls.__name__}.{f.name} has a default_factory")
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            names[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+        names[f"_s_{f.name}"] = cls.__dict__[f.name].__set__
+        body.append(f"    _s_{f.name}(self, {f.name})\n")
+    exec(f"def __init__(self, *, {', '.join(params)}):\n{''.join(body)}", names)  # noqa: S102
+    init = names["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    cls.__init__ = init
+    return cls
+
+
+@_fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Leaf:
     """One argument leaf of a call (see ``store.schema`` row kind ``leaf``).
@@ -58,6 +92,7 @@ class Leaf:
     value_json: Optional[str] = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Call:
     """One dump.json entry (row kind ``call``) with its leaves.

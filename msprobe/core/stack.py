@@ -32,41 +32,53 @@ class StackInterner:
         max_depth: at most this many user frames are kept.
 
     ``capture()`` walks ``sys._getframe`` (no ``inspect.stack()``: it reads source for every
-    frame), keys the walk by ``(code, line)`` pairs, and formats strings only the first
-    time a key is seen. New stacks are queued in :attr:`new_stacks` for the writer.
+    frame) and keys the walk by its user frames' ``(id(code), line)`` pairs; strings are
+    formatted and the id computed only the first time a key is seen, so identical stacks
+    share one id and one row. Whether a code object is user code is decided once per code
+    object. Code objects are keyed by ``id``: hashing one hashes its constants (nested code
+    included) every time, and an id stays unique because every code object met is kept.
+    New stacks are queued in :attr:`new_stacks` for the writer.
     """
 
     def __init__(self, exclude_dirs: Iterable[str] = (), max_depth: int = 64) -> None:
         dirs = [_PACKAGE_ROOT, _STORE_ROOT, *exclude_dirs]
         self._exclude = tuple(os.path.join(os.path.abspath(d), "") for d in dirs)
         self._max_depth = max_depth
-        self._by_key: dict[tuple, int] = {}
-        self._code_user: dict[CodeType, bool] = {}
+        self._by_key: dict[tuple, int] = {}  # (id(code), line, id(code), line...) -> stack id
+        self._code_user: dict[int, bool] = {}  # id(code) -> is user code
+        self._codes: list[CodeType] = []  # the code objects of _code_user, kept alive
         self.new_stacks: list[tuple[int, tuple[str, ...]]] = []
 
     def _is_user(self, code: CodeType) -> bool:
-        known = self._code_user.get(code)
+        known = self._code_user.get(id(code))
         if known is None:
             filename = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
             known = not filename.startswith(self._exclude)
-            self._code_user[code] = known
+            self._code_user[id(code)] = known
+            self._codes.append(code)
         return known
 
     def capture(self) -> int:
         """Return the id of the current user stack (registering it if new)."""
         frame = sys._getframe(1)
-        key = []
-        depth = 0
-        while frame is not None and depth < self._max_depth:
+        code_user = self._code_user
+        key = []  # flat: id(code), line, id(code), line... (no tuple per frame)
+        codes = []  # the user frames' code objects, to format a new stack
+        depth, max_depth = 0, self._max_depth
+        while frame is not None and depth < max_depth:
             code = frame.f_code
-            if self._is_user(code):
-                key.append((code, frame.f_lineno))
+            user = code_user.get(id(code))
+            if user is None:
+                user = self._is_user(code)
+            if user:
+                key += (id(code), frame.f_lineno)
+                codes.append(code)
                 depth += 1
             frame = frame.f_back
         tkey = tuple(key)
         sid = self._by_key.get(tkey)
         if sid is None:
-            frames = tuple(_format(code, line) for code, line in tkey)
+            frames = tuple(_format(code, line) for code, line in zip(codes, tkey[1::2]))
             sid = _stack_id(frames)
             self._by_key[tkey] = sid
             self.new_stacks.append((sid, frames))

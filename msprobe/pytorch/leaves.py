@@ -65,8 +65,10 @@ def _slice_part(v: Any) -> Any:
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """``t.to_local()`` (detached) for a ``torch.distributed.tensor.DTensor``, else ``t``."""
+    if type(t) is torch.Tensor:
+        return t
     to_local = getattr(t, "to_local", None)
-    if to_local is None or type(t) is torch.Tensor or type(t).__name__ != "DTensor":
+    if to_local is None or type(t).__name__ != "DTensor":
         return t
     with torch.no_grad():
         return to_local()
@@ -84,7 +86,7 @@ class LeafBuilder:
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo")
+    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
@@ -99,6 +101,9 @@ class LeafBuilder:
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
         self.memo.layout_free = not md5  # a CRC-32 depends on the elements' order
+        # True once tensor_leaf made a PendingLeaf (device statistics): until then no
+        # call can hold one and the recorder skips looking for them
+        self.pending_made = False
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
@@ -111,7 +116,8 @@ class LeafBuilder:
         if self.defer is not None:
             return self.defer(io, path, t)
         payload = self.capture(t) if self.capture is not None and self.with_data else None
-        if self.with_data and (t.device.type != "cpu" or self.defer_all) and has_data(t) and not self.md5:
+        if self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5:
+            self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                                     requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
@@ -176,6 +182,9 @@ class LeafBuilder:
 
     def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
         """Append the leaves of ``value`` (found under top-level key ``io``) to ``out``."""
+        if isinstance(value, torch.Tensor):  # the common case, without the walk's generator
+            out.append(self.tensor_leaf(io, path, value))
+            return
         for p, v, kind in _walk(value, path, 0):
             if kind == schema.LEAF_TENSOR:
                 out.append(self.tensor_leaf(io, p, v))

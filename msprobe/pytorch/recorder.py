@@ -40,7 +40,7 @@ def in_recompute() -> bool:
 
 
 class _ApiPlan:
-    __slots__ = ("key", "fwd", "want_fwd", "pending", "leaves", "args", "kwargs", "originals",
+    __slots__ = ("family", "fwd", "want_fwd", "pending", "leaves", "args", "kwargs", "originals",
                  "parent", "stack_id", "recompute")
 
 
@@ -75,7 +75,13 @@ class Recorder:
     def __init__(self, session: Session) -> None:
         cfg = session.config
         self.session = session
-        self.dm = session.data_mode
+        self.dm = dm = session.data_mode
+        # data_mode is fixed for the session: what an API entry holds, decided once
+        self._fwd_input = dm.allows("forward", "input")
+        self._fwd_output = dm.allows("forward", "output")
+        self._api_keys = ((("input_args", "input_kwargs") if self._fwd_input else ()) + ("is_recompute",)
+                          + (("output",) if self._fwd_output else ()))
+        self._bwd_keys = dm.backward_keys()
         self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
                                   capture=self.capture)
@@ -107,7 +113,7 @@ class Recorder:
         queued while device statistics are pending (queued entries keep their order)."""
         if self.gatherer is not None:
             self.gatherer.add(call)
-        elif len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves):
+        elif len(self.deferred) or (self.leaves.pending_made and any(isinstance(x, PendingLeaf) for x in call.leaves)):
             if self.deferred.add(call, list(call.leaves)):
                 self.flush_deferred()
         else:
@@ -230,21 +236,22 @@ class Recorder:
         if not (want_fwd or want_bwd):
             return None
         plan = _ApiPlan()
-        plan.key, plan.fwd, plan.want_fwd = key, fwd, want_fwd
+        plan.family, plan.fwd, plan.want_fwd = family, fwd, want_fwd
         plan.parent = self.parent()
         plan.stack_id = s.stacks.capture()
         plan.recompute = in_recompute()
         leaves: list[Leaf] = []
-        if want_fwd and dm.allows("forward", "input"):
+        if want_fwd and self._fwd_input:
             self.leaves.sequence("input_args", args, leaves)
-            self.leaves.mapping("input_kwargs", kwargs, leaves)
+            if kwargs:
+                self.leaves.mapping("input_kwargs", kwargs, leaves)
         plan.leaves = leaves
         plan.args, plan.kwargs, plan.originals = args, kwargs, None
         plan.pending = None
         if want_bwd:
             pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                       parent=to_backward(plan.parent), stack_id=plan.stack_id,
-                                      keys=self.dm.backward_keys())
+                                      keys=self._bwd_keys)
             plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs, share=True)
             plan.pending = pending
         return plan
@@ -257,16 +264,11 @@ class Recorder:
             self._keep_pending(plan.pending)
 
         if plan.want_fwd:
-            keys = []
-            if dm.allows("forward", "input"):
-                keys += ["input_args", "input_kwargs"]
-            keys.append("is_recompute")
-            if dm.allows("forward", "output"):
-                keys.append("output")
+            if self._fwd_output:
                 self.leaves.sequence("output", _as_list(out), plan.leaves)
-            self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.key.split(".", 1)[0],
-                        parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
-                        keys=tuple(keys), leaves=tuple(plan.leaves)))
+            self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
+                           parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
+                           keys=self._api_keys, leaves=tuple(plan.leaves)))
         return result
 
     # --- module calls --------------------------------------------------------------------------

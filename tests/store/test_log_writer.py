@@ -324,3 +324,14 @@ def test_compressed_log_reads_back(tmp_path, compression):
 def test_unknown_compression_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="compression: got 'gzip'; allowed: None, 'lz4', 'zstd'"):
         LogWriter(tmp_path, 0, compression="gzip")
+
+
+def test_leaf_path_given_as_a_list_is_written_like_a_tuple(tmp_path):
+    # the writer's path cache is keyed by the (hashable) tuple; a list path takes the slow way
+    leaves = (Leaf(io="input_args", path=[0, "k"], leaf_kind="none"),
+              Leaf(io="input_args", path=(0, "k"), leaf_kind="none"))
+    with LogWriter(tmp_path, 0) as writer:
+        writer.append(Call(step=0, kind="api_forward", name="Torch.add.0.forward", api_type="Torch",
+                           keys=("input_args",), leaves=leaves))
+    rows = [row for row in rows_of(writer.path) if row[S.ROW] == "leaf"]
+    assert [(row[S.PATH], row[S.ARG]) for row in rows] == [('[0,"k"]', "0.k")] * 2
