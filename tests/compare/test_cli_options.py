@@ -172,3 +172,22 @@ def test_levels_differ(runs, tmp_path, record_run):
     assert r.summary["ranks"][0]["counts"]["unpaired"] == 0
     with pytest.raises(CompareInputError, match="levels differ: TARGET level 'L0'.*no entry kind in common"):
         C.compare(l0, l1)
+
+
+def test_nan_origin_exit_status_ignores_intended_infinities(tmp_path, capsys):
+    """A dump whose only infinities come from a mask built with float("-inf") (no call turns
+    finite inputs into NaN/Inf) reports no origin and exits 0, though it holds non-finite values."""
+    torch = pytest.importorskip("torch")
+    from msprobe.pytorch import PrecisionDebugger
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    mask = torch.triu(torch.full((4, 4), float("-inf")), diagonal=1)
+    torch.softmax(torch.ones(4, 4) + mask, dim=-1)
+    dbg.stop()
+    dbg.close()
+    from msprobe.compare.engine import nan_origin
+
+    assert nan_origin(str(tmp_path / "d"))["verdict"] == "nonfinite"
+    assert main(["compare", str(tmp_path / "d"), "--nan-origin"]) == 0
+    assert "rank 0: no NaN/Inf origin" in capsys.readouterr().out
