@@ -136,7 +136,8 @@ def _bf16_bits(values: np.ndarray) -> np.ndarray:
 
 
 def _bf16_values(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # NaN bit patterns widen to NaN, as intended
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 def _reduce_all(native, a: np.ndarray, kind: int):
