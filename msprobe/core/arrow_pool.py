@@ -1,10 +1,10 @@
 """Arrow's memory pool for a recording process: the system allocator.
 
 The recorder's Arrow use is small (batches of event rows, under 1 MB at a time), but
-pyarrow's default pool, mimalloc, commits its arenas eagerly: in the overhead benchmark
-(benchmarks/overhead.py, encoder, L1 statistics) it raised the training process's peak
-RSS by ~13 MB (about 3 % of the step's own), against ~0 with the system allocator
-(glibc malloc), which returns freed memory.
+pyarrow's default pool, mimalloc, commits its arenas eagerly: in one process recording
+four L1 steps of the benchmark encoder it raised peak RSS by ~13 MB (500 → 485 MB with the
+system allocator, glibc malloc, which returns freed memory). In benchmarks/overhead.py's
+fresh-process peak RSS the difference was within the run-to-run spread.
 
 :func:`prefer_system_pool` makes the system allocator pyarrow's default pool of this
 process, when the choice is still open: pyarrow not yet imported and

@@ -12,9 +12,10 @@ shape, no statistics yet) and the gatherer keeps, on the tensor's device:
 Calls are held back (their order kept) and emitted by :meth:`AsyncGatherer.drain`, which
 copies all statistic vectors of one device to the host with **one** transfer, fills the
 leaves, stores the clones' bytes as payloads and computes CRC-32 from them.
-The statistics are those of the device path of :mod:`msprobe.pytorch.deferred` (on the
-CPU, large float32 tensors take float32 reductions on the host path and float64 ones there,
-so the last digits of Norm and Mean can differ from a synchronous CPU dump).
+The statistics are those of the device path of :mod:`msprobe.pytorch.deferred` (float64
+sums there; on the CPU the host path sums in float64 too with the native extension, in
+float32 for large float32 tensors without it, and in another order either way, so the last
+digits of Norm and Mean can differ from a synchronous CPU dump).
 """
 from __future__ import annotations
 

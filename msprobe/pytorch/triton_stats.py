@@ -60,10 +60,10 @@ def usable(x: torch.Tensor, any_device: bool = False) -> bool:
             and x.is_contiguous() and not x.is_neg() and kernels() is not None)
 
 
-def fused_vector(x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The eight statistics (layout above) of ``x`` as a float64 tensor on its device, or
-    None when the tensor does not qualify (:func:`usable` is the caller's check). Queues one
-    kernel (two for more than :data:`PER_PROGRAM` elements); never synchronises."""
+def fused_vector(x: torch.Tensor) -> torch.Tensor:
+    """The eight statistics (layout above) of ``x`` as a float64 tensor on its device; ``x``
+    must qualify (:func:`usable`, the caller's check). Queues one kernel (two for more than
+    :data:`PER_PROGRAM` elements); never synchronises."""
     k = kernels()
     n = x.numel()
     out = torch.empty(8, dtype=torch.float64, device=x.device)
