@@ -85,31 +85,18 @@ _LEAF_COLUMNS: tuple[tuple[str, str], ...] = (
 _LEAF_COLUMN_NAMES = tuple(column for column, _ in _LEAF_COLUMNS)
 
 
-def _leaf_values(leaves: list[Leaf]) -> tuple[list, ...]:
-    """The values of the :data:`_LEAF_COLUMNS` attributes of ``leaves``, one new list per
-    column, in that order (one comprehension per attribute: about twice as fast as
-    transposing per-leaf tuples)."""
-    return (
-        [leaf.io for leaf in leaves],
-        [leaf.leaf_kind for leaf in leaves],
-        [leaf.type for leaf in leaves],
-        [leaf.dtype for leaf in leaves],
-        [leaf.shape for leaf in leaves],
-        [leaf.numel for leaf in leaves],
-        [leaf.max for leaf in leaves],
-        [leaf.min for leaf in leaves],
-        [leaf.mean for leaf in leaves],
-        [leaf.norm for leaf in leaves],
-        [leaf.max_finite for leaf in leaves],
-        [leaf.min_finite for leaf in leaves],
-        [leaf.crc32 for leaf in leaves],
-        [leaf.requires_grad for leaf in leaves],
-        [leaf.has_nan for leaf in leaves],
-        [leaf.has_inf for leaf in leaves],
-        [leaf.data_name for leaf in leaves],
-        [leaf.payload for leaf in leaves],
-        [leaf.value_json for leaf in leaves],
-    )
+def _leaf_values_function() -> Callable[[list[Leaf]], tuple[list, ...]]:
+    """``_leaf_values(leaves)``: the values of the :data:`_LEAF_COLUMNS` attributes of
+    ``leaves``, one new list per column, in that order. Written from :data:`_LEAF_COLUMNS`
+    (the one list of the attributes) as one comprehension per attribute, which is about
+    twice as fast as transposing per-leaf tuples or calling an ``attrgetter`` per leaf."""
+    body = "".join(f"        [leaf.{attr} for leaf in leaves],\n" for _, attr in _LEAF_COLUMNS)
+    names: dict = {}
+    exec(f"def _leaf_values(leaves):\n    return (\n{body}    )\n", names)  # noqa: S102
+    return names["_leaf_values"]
+
+
+_leaf_values = _leaf_values_function()
 
 _COMPACT = (",", ":")
 
