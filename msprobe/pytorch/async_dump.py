@@ -26,7 +26,7 @@ import torch
 
 from msprobe.pytorch.deferred import _fill, gather, stats_vector
 from msprobe.pytorch.payload import tensor_bytes
-from msprobe.pytorch.stats import crc32_hex, has_data
+from msprobe.pytorch.stats import OPAQUE_DTYPES, crc32_hex, has_data
 from store import schema
 from store.records import Call, Leaf
 
@@ -66,10 +66,15 @@ class AsyncGatherer:
         if not self._with_data or t.layout != torch.strided or t.device.type == "meta":
             return leaf
         readable = has_data(t)
-        vector = stats_vector(t) if readable else None
+        opaque = t.dtype in OPAQUE_DTYPES  # no kernel reduces or copies it: null statistics
+        vector = stats_vector(t) if readable and not opaque else None
         # cloning a tensor whose storage was freed (resized to 0 bytes) reads freed memory
         keep = (self._put is not None or self._md5) and (readable or t.numel() == 0)
-        clone = t.detach().clone() if keep else None
+        clone = None
+        if keep and not opaque:
+            clone = t.detach().clone()
+        elif keep and t.is_contiguous():  # its bytes, copied as uint8
+            clone = t.detach().view(torch.uint8).clone().view(t.dtype)
         self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 

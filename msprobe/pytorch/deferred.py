@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from msprobe.pytorch import triton_stats
+from msprobe.pytorch.stats import computable
 from store import schema
 from store.records import Call, Leaf
 
@@ -51,7 +52,7 @@ def stats_vector(t: torch.Tensor) -> Parts:
     """The statistics parts (layout above) of a non-empty strided tensor, on its device;
     no host synchronisation (only kernels are queued)."""
     with torch.no_grad():
-        x = t.detach()
+        x = computable(t.detach())  # a quantized tensor: its dequantized values
         if x.dtype == torch.bool:
             anyv, allv = x.any(), x.all()
             return (torch.stack([anyv, allv, anyv, allv, anyv, allv]),)

@@ -30,7 +30,7 @@ from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import crc32_hex, has_data, tensor_stats
+from msprobe.pytorch.stats import OPAQUE_DTYPES, crc32_hex, has_data, tensor_stats
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf
@@ -116,7 +116,8 @@ class LeafBuilder:
         if self.defer is not None:
             return self.defer(io, path, t)
         payload = self.capture(t) if self.capture is not None and self.with_data else None
-        if self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5:
+        if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
+                and t.dtype not in OPAQUE_DTYPES):
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),

@@ -18,6 +18,8 @@ Example: ``tensor_bytes(torch.tensor([1.0], dtype=torch.bfloat16))`` →
 from __future__ import annotations
 
 import ctypes
+import functools
+import io
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe.pytorch.ptfile import save_tensor
+from msprobe.pytorch.stats import OPAQUE_DTYPES
 from store.payload_writer import Payload
 
 
@@ -36,11 +39,16 @@ def readable(t: torch.Tensor) -> bool:
 
 def tensor_bytes(t: torch.Tensor) -> Optional[tuple[bytes, str, tuple[int, ...]]]:
     """``(bytes, dtype string, shape)`` of ``t``'s values, or None when they cannot be read
-    (sparse, meta, quantized tensors).
+    (sparse, meta, quantized tensors) or not written to a ``.pt`` file (a dtype of
+    :data:`~msprobe.pytorch.stats.OPAQUE_DTYPES` that ``torch.save`` rejects, such as
+    ``torch.uint4`` in PyTorch 2.13, or one of them in a non-contiguous view: PyTorch has no
+    copy kernel for them).
 
     The bytes are a copy: later in-place changes of ``t`` do not affect them.
     """
     if not readable(t) or t.is_quantized:
+        return None
+    if t.dtype in OPAQUE_DTYPES and not (t.is_contiguous() and savable(t.dtype)):
         return None
     with torch.no_grad():
         x = t.detach()
@@ -54,6 +62,17 @@ def tensor_bytes(t: torch.Tensor) -> Optional[tuple[bytes, str, tuple[int, ...]]
         else:  # ctypes copy, not Tensor.numpy(): that would pin t's storage (FSDP resizes storages)
             data = ctypes.string_at(x.data_ptr(), x.numel() * x.element_size())
     return data, str(t.dtype), tuple(t.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def savable(dtype: torch.dtype) -> bool:
+    """Whether ``torch.save`` writes a tensor of ``dtype`` (tried once per dtype on an
+    empty tensor; PyTorch 2.13 rejects ``torch.uint1``-``uint7`` and ``int1``-``int7``)."""
+    try:
+        torch.save(torch.empty(0, dtype=dtype), io.BytesIO())
+    except Exception:  # noqa: BLE001 - any refusal means: no file for this dtype
+        return False
+    return True
 
 
 def _libc_memcmp() -> Optional[Callable[..., int]]:

@@ -68,6 +68,15 @@ _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
              torch.complex64: np.complex64, torch.complex128: np.complex128}
+#: dtypes PyTorch stores but cannot compute with (no copy, comparison or arithmetic kernel):
+#: sub-byte integers, raw bit containers, packed float4. Their leaves get dtype and shape
+#: with all-null statistics (the same as a tensor without readable data).
+OPAQUE_DTYPES = frozenset(
+    getattr(torch, name) for name in (
+        "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float4_e2m1fn_x2",
+        *(f"uint{n}" for n in range(1, 8)), *(f"int{n}" for n in range(1, 8)),
+    ) if isinstance(getattr(torch, name, None), torch.dtype)
+)
 
 
 def host_array(x: torch.Tensor, any_order: bool = False) -> np.ndarray:
@@ -113,6 +122,17 @@ def in_memory_order(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(-1)
 
 
+def computable(t: torch.Tensor) -> torch.Tensor:
+    """The values statistics are computed over: ``t`` itself, or for a quantized tensor
+    (``torch.qint8``, ``quint8``, ``qint32``, ``quint4x2``, per tensor or per channel) its
+    dequantized float32 values, ``(q - zero_point) * scale``, which is what the tensor means
+    numerically (its integer codes alone depend on the scale chosen)."""
+    if t.is_quantized:
+        with torch.no_grad():
+            return t.dequantize()
+    return t
+
+
 def has_data(t: torch.Tensor) -> bool:
     """False for tensors whose values cannot be read (meta, sparse, other layouts, empty,
     storage freed by resizing it to 0 bytes as FSDP does)."""
@@ -127,12 +147,19 @@ def has_data(t: torch.Tensor) -> bool:
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
 
-    Raises nothing for odd tensors: those without readable data get all-null stats.
+    Raises nothing for odd tensors: those without readable data and those of a dtype
+    PyTorch cannot compute with (:data:`OPAQUE_DTYPES`) get all-null stats; a quantized
+    tensor (``torch.qint8``...) gets the statistics of its dequantized values
+    (:func:`computable`).
     """
     if not has_data(t):
         return TensorStats()
     if NATIVE is not None and t.dtype in _NATIVE_KIND and t.is_cpu and type(t) in _PLAIN_TYPES:
         return _native_stats(t)
+    if t.dtype in OPAQUE_DTYPES:
+        return TensorStats()
+    if t.is_quantized:
+        t = computable(t)
     if t.dtype is _F32 and t.is_cpu and type(t) in _PLAIN_TYPES:
         fast = _small_f32_stats(t)
         if fast is not None:
@@ -320,7 +347,9 @@ def _except_inf_nan(x: torch.Tensor, s: TensorStats) -> None:
 
 
 def crc32_hex(t: torch.Tensor) -> Optional[str]:
-    """CRC-32 of the tensor's C-order host bytes (bf16 → float32 first), 8 hex digits.
+    """CRC-32 of the tensor's C-order host bytes (bf16 → float32 first; a quantized tensor's
+    integer codes, ``int_repr()``; a contiguous tensor of an :data:`OPAQUE_DTYPES` dtype its
+    stored bytes), 8 hex digits.
 
     Empty tensors give ``"00000000"``; tensors without readable data give None.
     """
@@ -330,6 +359,12 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
         return None
     with torch.no_grad():
         x = t.detach()
+        if x.is_quantized:  # the stored integer codes
+            x = x.int_repr()
+        elif x.dtype in OPAQUE_DTYPES:  # the stored bytes, when they lie in C order
+            if not x.is_contiguous():
+                return None
+            x = x.view(torch.uint8)
         if x.dtype == torch.bfloat16:
             x = x.to(_F32)
         x = x.cpu()
