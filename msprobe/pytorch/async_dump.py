@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.pytorch.deferred import _fill, gather, stats_vector
+from msprobe.pytorch.deferred import _fill, gather_by_device, stats_vector
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import OPAQUE_DTYPES, crc32_hex, has_data
 from store import schema
@@ -88,13 +88,8 @@ class AsyncGatherer:
         deferred, self._deferred = self._deferred, {}
         if not calls:
             return
-        by_device: dict[torch.device, list[int]] = {}
-        for key, d in deferred.items():
-            if d.vector is not None:
-                by_device.setdefault(d.vector[0].device, []).append(key)
-        host: dict[int, list[float]] = {}
-        for keys in by_device.values():
-            host.update(zip(keys, gather([deferred[k].vector for k in keys])))
+        keys = [key for key, d in deferred.items() if d.vector is not None]
+        host = dict(zip(keys, gather_by_device([deferred[k].vector for k in keys])[0]))
         for call in calls:
             if any(id(leaf) in deferred for leaf in call.leaves):
                 call = dataclasses.replace(call, leaves=tuple(

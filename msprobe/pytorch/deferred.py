@@ -121,6 +121,19 @@ def gather(vectors: list[Parts]) -> list[list[float]]:
     return out
 
 
+def gather_by_device(vectors: list[Parts]) -> tuple[list[list[float]], int]:
+    """:func:`gather` over ``vectors`` on any devices: one copy per device. Returns the
+    host values in the order of ``vectors`` and the number of copies made."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, parts in enumerate(vectors):
+        by_device.setdefault(parts[0].device, []).append(i)
+    out: list = [None] * len(vectors)
+    for indices in by_device.values():
+        for i, vals in zip(indices, gather([vectors[i] for i in indices])):
+            out[i] = vals
+    return out, len(by_device)
+
+
 @dataclass(frozen=True, slots=True)
 class PendingLeaf:
     """A tensor leaf whose statistics are still on the device (``vector``)."""
@@ -156,27 +169,13 @@ class DeferredStats:
         """Gather every pending vector (one copy per device) and return the final calls,
         in the order they were queued."""
         calls, self._calls, self._pending = self._calls, [], 0
-        by_device: dict[torch.device, list[Parts]] = {}
-        for _, leaves in calls:
-            for x in leaves:
-                if isinstance(x, PendingLeaf):
-                    by_device.setdefault(x.vector[0].device, []).append(x.vector)
-        host: dict[torch.device, list[list[float]]] = {}
-        for device, vectors in by_device.items():
-            host[device] = gather(vectors)
-            self.transfers += 1
-        cursor = {d: 0 for d in host}
+        pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
+        host, copies = gather_by_device([x.vector for x in pending])
+        self.transfers += copies
+        values = iter(host)
         out = []
         for call, leaves in calls:
-            final = []
-            for x in leaves:
-                if isinstance(x, PendingLeaf):
-                    d = x.vector[0].device
-                    vals = host[d][cursor[d]]
-                    cursor[d] += 1
-                    final.append(_fill(x.leaf, vals))
-                else:
-                    final.append(x)
+            final = [_fill(x.leaf, next(values)) if isinstance(x, PendingLeaf) else x for x in leaves]
             out.append(replace(call, leaves=tuple(final)))
         return out
 
