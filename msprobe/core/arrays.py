@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
-from msprobe.core.statistics import TensorStats
+from msprobe.core.statistics import TensorStats, rescale_factor
 
 #: the compiled one-pass statistics, or None (then numpy computes them): see msprobe._native
 NATIVE = load_fused_stats()
@@ -93,4 +93,10 @@ def array_stats(a: np.ndarray) -> TensorStats:
                 s.max_finite, s.min_finite = float(not_nan.max()), float(not_nan.min())
             else:
                 s.max_finite = s.min_finite = float("nan")
+        return s
+    scale = rescale_factor(s)  # float64 magnitudes whose sums overflow or squares underflow
+    if scale is not None:
+        f = (f if f is not None else _as_float64(a).ravel()) / scale
+        s.mean = float(f.sum()) / f.size * scale
+        s.norm = float(np.sqrt(np.dot(f, f))) * scale if a.ndim else abs(s.max)
     return s

@@ -40,7 +40,7 @@ import torch
 
 from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
 from msprobe.core.checksum import crc32
-from msprobe.core.statistics import TensorStats
+from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL, TensorStats, rescale_factor
 
 #: the compiled one-pass statistics (``msprobe._native.fused_stats``), or None when it is
 #: not built or ``MSPROBE_NO_NATIVE_STATS=1``: then numpy/torch compute them (see ``_host_stats``)
@@ -155,7 +155,11 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if not has_data(t):
         return TensorStats()
     if NATIVE is not None and t.dtype in _NATIVE_KIND and t.is_cpu and type(t) in _PLAIN_TYPES:
-        return _native_stats(t)
+        s = _native_stats(t)
+        mx, mn = abs(s.max), abs(s.min)
+        if mx < _BIG and mn < _BIG and (mx > _SMALL or mn > _SMALL):  # NaN, inf: compare False
+            return s
+        return _rescaled(t, s)
     if t.dtype in OPAQUE_DTYPES:
         return TensorStats()
     if t.is_quantized:
@@ -196,6 +200,26 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         s.has_inf = (not s.has_nan) and (math.isinf(s.max) or math.isinf(s.min))
         if not (fin_max and fin_min):
             _except_inf_nan(x, s)
+        else:
+            _rescaled(x, s)
+    return s
+
+
+_BIG, _SMALL = RESCALE_BIG, RESCALE_SMALL
+
+
+def _rescaled(t: torch.Tensor, s: TensorStats) -> TensorStats:
+    """``s`` with Mean and Norm recomputed over ``t / f`` and scaled back where
+    :func:`msprobe.core.statistics.rescale_factor` gives a factor ``f`` (magnitudes whose
+    float64 sums overflow or whose squares underflow); else ``s`` unchanged."""
+    scale = rescale_factor(s)
+    if scale is None:
+        return s
+    with torch.no_grad():
+        x = t.detach()
+        y = (x.abs() if x.is_complex() else x).to(_F64) / scale
+        s.mean = float(y.sum()) / y.numel() * scale
+        s.norm = float(torch.linalg.vector_norm(y)) * scale if y.dim() else abs(s.max)
     return s
 
 
