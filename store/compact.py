@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from store import schema as S
 from store.fileutil import FILE_MODE, make_dirs
@@ -57,6 +55,9 @@ def compact(dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.Path
     ``duckdb.sql("SELECT count(*) FROM read_parquet('.../rank*.parquet')")`` counts the
     rows of both.
     """
+    import pyarrow.compute as pc  # offline only: loaded when compaction runs
+    import pyarrow.parquet as pq
+
     contents = read_log(dump_path)
     out_dir = make_dirs(Path(out) if out is not None else Path(dump_path) / S.STORE_DIR / PARQUET_DIR)
     table = contents.table

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from store import arrow_np
 from store import schema as S
 
 __all__ = ["EntryBuilder", "build_entries", "entry_values"]
@@ -150,40 +150,28 @@ def _entry_value(entry: _Entry) -> Any:
     return value
 
 
-def _pylist(column: Union[pa.Array, pa.ChunkedArray]) -> list:
-    """``column.to_pylist()``, several times faster for the column types of the log.
-
-    Numbers and booleans go through numpy (nulls restored as None afterwards), strings
-    through an object array, ``list<int64>`` through its flat values and offsets.
-    """
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    kind = column.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return column.to_numpy(zero_copy_only=False).tolist()
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        if column.null_count == 0:
-            return column.to_numpy(zero_copy_only=False).tolist()
-        fill = pa.scalar(False if pa.types.is_boolean(kind) else 0, type=kind)
-        values = pc.fill_null(column, fill).to_numpy(zero_copy_only=False).tolist()
-        nulls = column.is_null().to_numpy(zero_copy_only=False).tolist()
-        return [None if null else value for value, null in zip(values, nulls)]
-    if pa.types.is_list(kind) and pa.types.is_integer(kind.value_type):
-        offsets = column.offsets.to_numpy().tolist()
-        flat = column.values.to_numpy(zero_copy_only=False).tolist()
-        nulls = column.is_null().to_numpy(zero_copy_only=False).tolist()
-        return [
-            None if nulls[i] else flat[offsets[i]:offsets[i + 1]] for i in range(len(column))
-        ]
-    return column.to_pylist()
+def _seq_order(seqs: list) -> Optional[list[int]]:
+    """None when ``seqs`` (ints, maybe None) never decreases and has no None; else the
+    positions in stable ascending order (None last), what a stable sort by ``seq`` gives."""
+    previous = None
+    for seq in seqs:
+        if seq is None or (previous is not None and seq < previous):
+            break
+        previous = seq
+    else:
+        return None
+    return sorted(range(len(seqs)), key=lambda i: (seqs[i] is None, seqs[i] or 0))
 
 
-def _ascending(column: Union[pa.Array, pa.ChunkedArray]) -> bool:
-    """True if ``column`` (int64, may hold nulls) never decreases and has no null."""
-    if column.null_count:
-        return False
-    values = column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
-    return bool((values[1:] >= values[:-1]).all())
+def _rows_as_lists(rows: pa.Table, row_kind: str, columns: Sequence[str]) -> list[list]:
+    """The columns of the rows of one row kind as Python lists, in stable ``seq`` order
+    (numpy masks and slices, not pyarrow.compute: the recording process never loads it)."""
+    part = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], row_kind))
+    lists = [arrow_np.pylist(part[name]) for name in columns]
+    order = _seq_order(lists[columns.index(S.SEQ)])
+    if order is not None:
+        lists = [[values[i] for i in order] for values in lists]
+    return lists
 
 
 def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
@@ -230,17 +218,11 @@ class EntryBuilder:
         touched: set[str] = set()
         if rows.num_rows == 0:
             return touched
-        if not _ascending(rows[S.SEQ]):  # live parts arrive in seq order: no sort needed
-            rows = rows.sort_by([(S.SEQ, "ascending")])  # stable: row order kept within a seq
-        is_call = pc.equal(rows[S.ROW], S.scalar(S.ROW_CALL, S.ROW))
-        call_rows = rows.filter(is_call)
-        calls = {name: _pylist(call_rows[name]) for name in _CALL_COLUMNS}
+        calls = _rows_as_lists(rows, S.ROW_CALL, _CALL_COLUMNS)
         entries = self.entries
         entry_of_seq = self._entry_of_seq
         keys_cache = self._keys_cache
-        for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(
-            *(calls[c] for c in _CALL_COLUMNS)
-        ):
+        for seq, kind, name, parent, stack_id, is_recompute, keys_text in zip(*calls):
             if name is None:
                 continue
             keys = keys_cache.get(keys_text)
@@ -265,13 +247,12 @@ class EntryBuilder:
             if seq is not None and seq > self.max_seq:
                 self.max_seq = seq
 
-        leaf_rows = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_LEAF, S.ROW)))
-        leaves = {name: _pylist(leaf_rows[name]) for name in _LEAF_COLUMNS}
+        leaves = _rows_as_lists(rows, S.ROW_LEAF, _LEAF_COLUMNS)
         path_cache = self._path_cache
         for (
             seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
             requires_grad, max_finite, min_finite, crc32, data_name, value_json,
-        ) in zip(*(leaves[c] for c in _LEAF_COLUMNS)):
+        ) in zip(*leaves):
             if seq is not None and seq > self.max_seq:
                 self.max_seq = seq  # a later part holding this seq's call row is out of order
             entry = entry_of_seq.get(seq)

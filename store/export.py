@@ -30,8 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from store import arrow_np
 from store import schema as S
 from store.entries import (  # noqa: F401  (build_entries, entry_values: public here too)
     EntryBuilder, _Entry, _entry_value, build_entries, entry_values,
@@ -267,8 +267,7 @@ class StepExporter:
         self._tables.append(table)
         if self._stale:
             return
-        seqs = table[S.SEQ]
-        low = pc.min(seqs).as_py()
+        low = arrow_np.int_min(table[S.SEQ])
         if low is not None and low <= self._builder.max_seq:
             self._stale = True  # out of order: rebuild at the next write
             return
@@ -319,12 +318,13 @@ def export_tensors(
     Raises:
         OSError: a tensor file could not be written.
     """
-    leaves = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_LEAF, S.ROW)))
-    leaves = leaves.filter(pc.invert(pc.is_null(leaves[S.PAYLOAD])))
-    if not leaves.num_rows:
+    # numpy masks, not pyarrow.compute: this runs in the recording process (live export)
+    with_payload = arrow_np.equals(rows[S.ROW], S.ROW_LEAF) & arrow_np.valid_mask(rows[S.PAYLOAD])
+    if not with_payload.any():
         return []
-    names = leaves[S.DATA_NAME].to_pylist()
-    refs = leaves[S.PAYLOAD].to_pylist()
+    leaves = arrow_np.select(rows, with_payload)
+    names = arrow_np.pylist(leaves[S.DATA_NAME])
+    refs = arrow_np.pylist(leaves[S.PAYLOAD])
     directory = make_dirs(tensor_dir)
     limit = name_limit(directory)
     first: dict[str, Path] = {}
@@ -444,9 +444,9 @@ class ExportReport:
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
     """(seq, step, meta) of the marker rows of one rank, by seq."""
-    markers = rows.filter(pc.equal(rows[S.ROW], S.scalar(S.ROW_MARKER, S.ROW))).select([S.SEQ, S.STEP, S.META])
+    markers = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], S.ROW_MARKER))
     found = []
-    for seq, step, meta_text in zip(*(markers[c].to_pylist() for c in (S.SEQ, S.STEP, S.META))):
+    for seq, step, meta_text in zip(*(arrow_np.pylist(markers[c]) for c in (S.SEQ, S.STEP, S.META))):
         try:
             meta = json.loads(meta_text) if meta_text else None
         except ValueError:
@@ -491,7 +491,9 @@ def export_log(
     contents = read_log(dump_path)
     root = Path(out) if out is not None else Path(dump_path)
     log_dir = str(Path(dump_path) / S.STORE_DIR / S.LOG_DIR)
-    table = contents.table.filter(pc.not_equal(contents.table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
+    row = contents.table[S.ROW]
+    table = arrow_np.select(contents.table, arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK))
+    # offline only: Table.sort_by loads pyarrow.compute (the recording process never gets here)
     table = table.sort_by([(S.RANK, "ascending"), (S.STEP, "ascending"), (S.SEQ, "ascending")])
     written: list[Path] = []
     groups: list[tuple[int, int]] = []

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from store import schema as S
 from store.errors import LogNotFoundError
@@ -281,6 +280,8 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     Raises:
         LogNotFoundError: ``dump_path`` is not a directory, or holds no log file.
     """
+    import pyarrow.compute as pc  # offline only; kept out of the recording process (issue 5)
+
     files = find_log_files(dump_path)
     tables: list[pa.Table] = []
     skipped: list[Skipped] = []
@@ -310,6 +311,8 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
 
 def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:
     """Shift ``seq`` of each rank's rows past what earlier files of that rank used."""
+    import pyarrow.compute as pc  # offline only (see read_log)
+
     ranks = pc.unique(table[S.RANK]).to_pylist()
     seq = table[S.SEQ]
     shifted = False

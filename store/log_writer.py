@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Literal, Optional, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from store import arrow_np
 from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
@@ -349,14 +349,20 @@ class LogWriter:
             if not self._retained:
                 return S.LOG_SCHEMA.empty_table()
             table = pa.Table.from_batches(self._retained, schema=S.LOG_SCHEMA)
-            not_stack = pc.not_equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW))
+            # numpy masks, not pyarrow.compute (kept out of the recording process)
+            row = table[S.ROW]
+            not_stack = arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK)
             if step is None:
                 take = not_stack
+                keep = None
             else:
-                take = pc.and_(pc.equal(table[S.STEP], S.scalar(int(step), S.STEP)), not_stack)
-            taken = table.filter(take)
-            kept = table.filter(pc.and_(pc.invert(take), not_stack))
-            self._retained = kept.combine_chunks().to_batches() if kept.num_rows else []
+                steps = table[S.STEP]
+                known = arrow_np.valid_mask(steps) & not_stack
+                take = known & (arrow_np.values(steps) == int(step))
+                keep = known & ~take
+            taken = arrow_np.select(table, take)
+            kept = arrow_np.select(table, keep) if keep is not None and keep.any() else None
+            self._retained = kept.combine_chunks().to_batches() if kept is not None else []
             return taken.combine_chunks()
 
     def stacks(self) -> dict[int, tuple[str, ...]]:
