@@ -136,7 +136,7 @@ def computable(t: torch.Tensor) -> torch.Tensor:
 def has_data(t: torch.Tensor) -> bool:
     """False for tensors whose values cannot be read (meta, sparse, other layouts, empty,
     storage freed by resizing it to 0 bytes as FSDP does)."""
-    if not (t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0):
+    if not (t.layout == torch.strided and not t.is_meta and t.numel() > 0):
         return False
     try:
         return t.untyped_storage().nbytes() > 0
