@@ -277,13 +277,32 @@ class StepExporter:
     Rows that arrive out of ``seq`` order make the next :meth:`write` rebuild everything.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Optional["StepExporter"] = None) -> None:
+        """Args:
+            previous: the exporter of the step before (optional): the text of the
+                stack.json/construct.json members it last wrote and its parsed ``keys``/
+                ``path`` texts are reused (the calls of a training step repeat each step).
+        """
         self._tables: list[pa.Table] = []
-        self._builder = EntryBuilder()
+        self._builder = EntryBuilder(previous._builder if previous is not None else None)
         self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
         self._stale = False
         self._version = 0  # changes whenever the entries may have changed
         self._memo: dict = {}  # what each file was last written from (see _write_step)
+        if previous is not None:
+            self._chunks = previous._member_texts()
+
+    def _member_texts(self) -> dict:
+        """The cached text of the stack.json and construct.json members of the last write."""
+        chunks = self._chunks
+        kept = {}
+        for file_name in (STACK_FILE, CONSTRUCT_FILE):
+            last = self._memo.get(file_name)
+            for key, token in last[1] if last is not None else ():
+                text = chunks.get((_ITEMS, key, token))
+                if text is not None:
+                    kept[(_ITEMS, key, token)] = text
+        return kept
 
     def add(self, table: pa.Table) -> None:
         """Add rows of the step (:data:`store.schema.LOG_SCHEMA`); the cached text of the

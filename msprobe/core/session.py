@@ -223,7 +223,7 @@ class Session:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
                 self._guard(functools.partial(self._writer.flush, True, background=True))
-            self._step_export = StepExporter()
+            self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
             self._opened_step = None
             self._dirty = True

@@ -109,3 +109,23 @@ def test_another_directory_is_written_in_full(tmp_path, sample):
     expected = _reference(tmp_path, rows, stacks, meta)
     for name in ("a", "b"):
         assert {f: (tmp_path / name / f).read_bytes() for f in FILES} == expected
+
+
+def test_next_step_reuses_member_texts_and_writes_the_same_bytes(tmp_path, sample):
+    rows, stacks, meta = _rows(tmp_path, sample)
+    first = StepExporter()
+    first.add(rows)
+    first.write(stacks, meta, tmp_path / "s0")
+    carried = first._member_texts()
+    assert carried and all(isinstance(key, tuple) for key in carried)  # members, no entry texts
+    # the next step's exporter starts from them; its rows (here: the first half) decide the bytes
+    half = rows.num_rows // 2
+    second = StepExporter(first)
+    second.add(rows.slice(0, half))
+    second.write(stacks, meta, tmp_path / "s1")
+    part = rows.slice(0, half)
+    assert {f: (tmp_path / "s1" / f).read_bytes() for f in FILES} == _reference(tmp_path, part, stacks, meta, "half")
+    third = StepExporter(second)
+    third.add(rows)
+    third.write(stacks, meta, tmp_path / "s2")
+    assert {f: (tmp_path / "s2" / f).read_bytes() for f in FILES} == _reference(tmp_path, rows, stacks, meta)
