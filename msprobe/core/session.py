@@ -222,6 +222,8 @@ class Session:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
+                if not self._emitted:  # nothing recorded: forget the markers kept for take_step
+                    self._guard(self._writer.take_step, self.step)
                 self._guard(functools.partial(self._writer.flush, True, background=True))
             self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
