@@ -27,6 +27,7 @@ _LEAF_COLUMNS = (
     S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
 )
 _CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+_CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
 @dataclass
@@ -201,11 +202,20 @@ class EntryBuilder:
     the part created or changed, so an exporter re-encodes only those.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Optional["EntryBuilder"] = None) -> None:
+        """Args:
+            previous: a builder whose parsed ``keys``/``path`` texts are reused (read-only
+                lists; not shared once they hold more than :data:`_CACHE_LIMIT` texts).
+        """
         self.entries: dict[str, _Entry] = {}
         self._entry_of_seq: dict[int, _Entry] = {}
         self._keys_cache: dict[Optional[str], list[str]] = {}
         self._path_cache: dict[Optional[str], list] = {}
+        if previous is not None:
+            if len(previous._keys_cache) <= _CACHE_LIMIT:
+                self._keys_cache = previous._keys_cache
+            if len(previous._path_cache) <= _CACHE_LIMIT:
+                self._path_cache = previous._path_cache
         self.max_seq = -1
 
     def order(self) -> list[str]:

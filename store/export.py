@@ -152,13 +152,28 @@ def export_step(
                        payloads=payloads, write_tensor=write_tensor, done=done)
 
 
+def _file_signature(path: Path) -> Optional[tuple[int, int, int, int]]:
+    """``(size, mtime_ns, inode, device)`` of ``path``, None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
 def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optional[dict[str, str]],
                 stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
                 out_dir: Union[str, os.PathLike], rows: Callable[[], pa.Table], *,
                 payloads: Optional[PayloadReader], write_tensor: Optional[TensorFileWriter],
-                done: Optional[set]) -> list[Path]:
+                done: Optional[set], memo: Optional[dict] = None, version: int = 0) -> list[Path]:
     """The files of :func:`export_step` from built entries (``chunks``: cache of encoded
-    entries, see :func:`_dump_text`; ``rows()``: the step's rows, for tensor files)."""
+    entries, see :func:`_dump_text`; ``rows()``: the step's rows, for tensor files).
+
+    With ``memo`` (a live exporter's: ``{file name: (path, source, signature)}``) a file
+    is neither encoded nor rewritten when what its text is made of (``version`` of the
+    entries and ``meta`` for dump.json, the member lists for stack.json and
+    construct.json) equals what was last written there and the file on disk is still
+    that one (same size, mtime, inode: a file deleted or replaced since is rewritten)."""
     level = meta["level"]
     stack_items = [
         (name, entries[name].stack_id)
@@ -169,14 +184,22 @@ def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optiona
     construct = [(name, entries[name].parent) for name in order if entries[name].kind in kinds]
     directory = make_dirs(out_dir, own_levels=2)
     written = []
-    for file_name, text in (
-        (DUMP_FILE, _dump_text(meta, level, order, entries, chunks)),
-        (STACK_FILE, _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
-        (CONSTRUCT_FILE, _items_text(construct, None, chunks)),
+    for file_name, source, text_of in (
+        (DUMP_FILE, (version, tuple(meta.items())) if memo is not None else None,
+         lambda: _dump_text(meta, level, order, entries, chunks)),
+        (STACK_FILE, stack_items, lambda: _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
+        (CONSTRUCT_FILE, construct, lambda: _items_text(construct, None, chunks)),
     ):
         target = directory / file_name
-        atomic_write_text(target, text)
         written.append(target)
+        if memo is not None:
+            last = memo.get(file_name)
+            if last is not None and last[0] == target and last[1] == source and last[2] is not None \
+                    and _file_signature(target) == last[2]:
+                continue  # unchanged since this exporter wrote it
+        atomic_write_text(target, text_of())
+        if memo is not None:
+            memo[file_name] = (target, source, _file_signature(target))
     if payloads is not None and write_tensor is not None and meta["task"] != _TASK_STRUCTURE:
         export_tensors(rows(), payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return written
@@ -248,15 +271,38 @@ class StepExporter:
     :meth:`add` takes each new batch of the step's rows (in the order the log writer
     hands them out); :meth:`write` writes the same bytes :func:`export_step` would write
     for all rows added so far, re-building and re-encoding only the entries the new rows
-    touched (``stop()`` then ``step()`` no longer encode the forward entries twice).
+    touched (``stop()`` then ``step()`` no longer encode the forward entries twice), and
+    leaves alone a file whose content would not change and that is still, on disk, the
+    file it last wrote there (a deleted or replaced file is written again).
     Rows that arrive out of ``seq`` order make the next :meth:`write` rebuild everything.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Optional["StepExporter"] = None) -> None:
+        """Args:
+            previous: the exporter of the step before (optional): the text of the
+                stack.json/construct.json members it last wrote and its parsed ``keys``/
+                ``path`` texts are reused (the calls of a training step repeat each step).
+        """
         self._tables: list[pa.Table] = []
-        self._builder = EntryBuilder()
+        self._builder = EntryBuilder(previous._builder if previous is not None else None)
         self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
         self._stale = False
+        self._version = 0  # changes whenever the entries may have changed
+        self._memo: dict = {}  # what each file was last written from (see _write_step)
+        if previous is not None:
+            self._chunks = previous._member_texts()
+
+    def _member_texts(self) -> dict:
+        """The cached text of the stack.json and construct.json members of the last write."""
+        chunks = self._chunks
+        kept = {}
+        for file_name in (STACK_FILE, CONSTRUCT_FILE):
+            last = self._memo.get(file_name)
+            for key, token in last[1] if last is not None else ():
+                text = chunks.get((_ITEMS, key, token))
+                if text is not None:
+                    kept[(_ITEMS, key, token)] = text
+        return kept
 
     def add(self, table: pa.Table) -> None:
         """Add rows of the step (:data:`store.schema.LOG_SCHEMA`); the cached text of the
@@ -266,12 +312,17 @@ class StepExporter:
             return
         self._tables.append(table)
         if self._stale:
+            self._version += 1
             return
         low = arrow_np.int_min(table[S.SEQ])
         if low is not None and low <= self._builder.max_seq:
             self._stale = True  # out of order: rebuild at the next write
+            self._version += 1
             return
-        for name in self._builder.add(table):
+        touched = self._builder.add(table)
+        if touched:
+            self._version += 1
+        for name in touched:
             self._chunks.pop(name, None)
 
     def rows(self) -> pa.Table:
@@ -290,7 +341,8 @@ class StepExporter:
             self._stale = False
         builder = self._builder
         return _write_step(builder.order(), builder.entries, self._chunks, stacks, meta, out_dir, self.rows,
-                           payloads=payloads, write_tensor=write_tensor, done=done)
+                           payloads=payloads, write_tensor=write_tensor, done=done,
+                           memo=self._memo, version=self._version)
 
 
 def export_tensors(

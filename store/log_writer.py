@@ -338,7 +338,8 @@ class LogWriter:
             fsync: fsync the log file during the flush.
         Returns:
             A table with :data:`~store.schema.LOG_SCHEMA`: the call, leaf and marker rows
-            of ``step``, in write order within each flush.
+            of ``step``, in write order within each flush (zero-copy slices of the flushed
+            batches: a column may hold several chunks).
         Raises:
             StoreWriteError: the flush failed (once per writer). The rows stay retained:
                 call ``take_step`` again to get them.
@@ -363,7 +364,7 @@ class LogWriter:
             taken = arrow_np.select(table, take)
             kept = arrow_np.select(table, keep) if keep is not None and keep.any() else None
             self._retained = kept.combine_chunks().to_batches() if kept is not None else []
-            return taken.combine_chunks()
+            return taken
 
     def stacks(self) -> dict[int, tuple[str, ...]]:
         """Every stack appended to this writer so far: ``{stack_id: frames}``."""

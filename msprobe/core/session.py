@@ -101,6 +101,7 @@ class Session:
         self._rank_warned = False
         self._flush_hooks: list[Callable[[], None]] = []
         self._dirty = True  # entries arrived since the last export of the step
+        self._emitted = False  # a call of this step went to the log since end_step
 
     def add_flush_hook(self, fn: Callable[[], None]) -> None:
         """Register ``fn`` to run before every export and at close (adapters resolve entries
@@ -221,11 +222,14 @@ class Session:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
+                if not self._emitted:  # nothing recorded: forget the markers kept for take_step
+                    self._guard(self._writer.take_step, self.step)
                 self._guard(functools.partial(self._writer.flush, True, background=True))
-            self._step_export = StepExporter()
+            self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
             self._opened_step = None
             self._dirty = True
+            self._emitted = False
             self.step += 1
             self.api_counter.reset()
             self.module_counter.reset()
@@ -280,6 +284,7 @@ class Session:
                 self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
             self._guard(self._writer.append, call)
             self._dirty = True
+            self._emitted = True
 
     def meta(self) -> dict:
         step_dir = self.step_dir()
@@ -296,9 +301,16 @@ class Session:
 
     # --- internals ---------------------------------------------------------------------------
     def _export(self) -> None:
+        """Write the step's files from the rows the log writer holds. While no call of the
+        step was recorded (the start() skeleton) only the log is flushed (the start marker
+        is a recovery point): the pending rows are markers, which never change the files."""
         if self._writer is None or self.failed or not self._dirty:
             return  # the files on disk already hold everything of this step
         self._dirty = False
+        if not self._emitted:
+            self._guard(self._writer.flush)
+            self._guard(self._export_step, self._step_export)
+            return
         table = self._guard(self._writer.take_step, self.step)
         if table is None:
             return
