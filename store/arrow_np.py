@@ -231,7 +231,8 @@ def select(table: pa.Table, mask: np.ndarray) -> pa.Table:
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != (table.num_rows,):
         raise ValueError(f"select: mask of shape {mask.shape} for a table of {table.num_rows} rows")
-    edges = np.diff(np.concatenate(([0], mask.view(np.int8), [0])))
+    # +1 where a run of selected rows starts, -1 after it ends (int8: 2 bytes per row)
+    edges = np.diff(np.concatenate(([False], mask, [False])).view(np.int8))
     starts = np.flatnonzero(edges == 1).tolist()
     stops = np.flatnonzero(edges == -1).tolist()
     if not starts:

@@ -189,3 +189,21 @@ def test_equals_in_small_blocks_matches_pyarrow(column, value):
         assert arrow_np.equals(column, value).tolist() == expected
     finally:
         arrow_np._BLOCK = blocks
+
+
+def test_select_temporaries_stay_small_on_a_large_table():
+    # the run edges of the mask were found in int64 (16 bytes per row for 1M rows: 16 MB)
+    import tracemalloc
+
+    n = 300_000
+    table = pa.table({"a": pa.array(np.arange(n))})
+    mask = np.ones(n, dtype=bool)
+    mask[[5, 7, n - 1]] = False
+    tracemalloc.start()
+    try:
+        got = arrow_np.select(table, mask)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.column("a").to_pylist() == [i for i in range(n) if i not in (5, 7, n - 1)]
+    assert peak < 3 * n, peak  # a few bytes per row
