@@ -73,8 +73,8 @@ class AsyncGatherer:
         clone = None
         if keep and not opaque:
             clone = t.detach().clone()
-        elif keep and t.is_contiguous():  # its bytes, copied as uint8
-            clone = t.detach().view(torch.uint8).clone().view(t.dtype)
+        elif keep and t.is_contiguous():  # its bytes, copied as uint8 (1-d: a 0-dim bits16 too)
+            clone = t.detach().view(-1).view(torch.uint8).clone().view(t.dtype).view(t.shape)
         self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 

@@ -388,7 +388,7 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
         elif x.dtype in OPAQUE_DTYPES:  # the stored bytes, when they lie in C order
             if not x.is_contiguous():
                 return None
-            x = x.view(torch.uint8)
+            x = x.view(-1).view(torch.uint8)  # 1-d first: a 0-dim bits16 has no byte view
         if x.dtype == torch.bfloat16:
             x = x.to(_F32)
         x = x.cpu()

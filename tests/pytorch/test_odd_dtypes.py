@@ -162,3 +162,43 @@ def test_tensor_task_writes_what_torch_save_can(tmp_path, async_dump):
         assert loaded.view(torch.uint8).numpy().tobytes() == (torch.arange(12, dtype=torch.uint8) * 7).numpy().tobytes()
     out = data["Torch.add.0.forward"]["output"][0]
     assert torch.equal(torch.load(tensors / out["data_name"], weights_only=True), y)
+
+
+def test_zero_dim_opaque_tensor_of_two_bytes():
+    # a 0-dim tensor cannot be viewed as bytes of another element size (bits16 -> uint8):
+    # crc32_hex raised, and md5 or async_dump stopped the recording
+    t = torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16)
+    assert t.dim() == 0
+    assert crc32_hex(t) == format(zlib.crc32(np.array(0x1234, dtype="<i2").tobytes()), "08x")
+    assert (tensor_stats(t).max, tensor_stats(t).norm) == (None, None)
+
+
+@pytest.mark.parametrize("async_dump", [False, True])
+@pytest.mark.parametrize("task", ["md5", "tensor"])
+def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
+    cfg = {"task": "tensor" if task == "tensor" else "statistics", "level": "L1",
+           "dump_path": str(tmp_path / "d"), "async_dump": async_dump}
+    if task == "md5":
+        cfg["statistics"] = {"summary_mode": "md5"}
+    elif async_dump:
+        cfg["tensor"] = {"list": ["flatten", "add"]}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    t = torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16)
+    dbg.start()
+    torch.flatten(t)
+    y = torch.add(torch.ones(2), 1)  # recording went on
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    assert rec["dtype"] == "torch.bits16" and rec["shape"] == []
+    if task == "md5":
+        assert rec["md5"] == format(zlib.crc32(np.array(0x1234, dtype="<i2").tobytes()), "08x")
+    else:
+        loaded = torch.load(tmp_path / "d" / "step0" / "rank" / "dump_tensor_data" / rec["data_name"],
+                            weights_only=True)
+        assert loaded.dtype == torch.bits16 and loaded.shape == ()
+        assert loaded.view(-1).view(torch.uint8).tolist() == [0x34, 0x12]
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
