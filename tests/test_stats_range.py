@@ -26,6 +26,7 @@ def _reference(values: list[float]) -> tuple[float, float]:
 def _paths(a: np.ndarray):
     yield "torch", tensor_stats(torch.from_numpy(a))
     yield "numpy", array_stats(a)
+    yield "deferred", _deferred(torch.from_numpy(a))  # async_dump, defer_all, accelerators
 
 
 CASES = [

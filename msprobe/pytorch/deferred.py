@@ -23,9 +23,9 @@ on the host, :func:`_fill`). bool tensors give any/all in 0 and 1 (Mean and Norm
 recorded; only values 0–5 exist); integer tensors are widened to float64; complex
 tensors use ``|z|``; float8 tensors are widened to float32; Sum and Norm accumulate in
 float64. float64 (and complex128) tensors add a ninth value ``8 f``: Sum and Norm are
-those of ``x / f``, ``f`` the power of two of
-:func:`msprobe.core.statistics.rescale_factor` (1.0 for magnitudes within 2**±400), so
-they neither overflow nor underflow where the host path rescales too. With Triton on a
+those of ``x / f``, ``f`` a power of two (1.0 for magnitudes within 2**±400, see
+:func:`_rescale_parts`), so they neither overflow nor underflow where the host path
+rescales too (:func:`msprobe.core.statistics.rescale_factor`). With Triton on a
 CUDA device, a dense floating tensor other than float64 takes one fused kernel
 instead (:mod:`msprobe.pytorch.triton_stats`: the same layout as one float64 part, Norm
 accumulated in float64).
@@ -98,15 +98,20 @@ def torch_parts(x: torch.Tensor) -> Parts:
 
 
 def _rescale_parts(x: torch.Tensor, mx: torch.Tensor, mn: torch.Tensor) -> tuple:
-    """``(x / f, f)`` for a float64 tensor with Max ``mx`` and Min ``mn``, on its device:
-    ``f`` is :func:`msprobe.core.statistics.rescale_factor`'s power of two where the
-    largest magnitude is finite and outside (2**-400, 2**400) (float64 sums overflow or
-    squares underflow), else 1.0 (then ``x / f`` is ``x``)."""
+    """``(x / f, f)`` for a float64 tensor with Max ``mx`` and Min ``mn``, on its device
+    (comparisons and fills only: no frexp/ldexp kernel an accelerator may lack). Where the
+    largest magnitude ``m`` is outside (2**-400, 2**400) (float64 sums overflow or squares
+    underflow, :func:`msprobe.core.statistics.rescale_factor`), ``f`` is 2**600 (``m`` at
+    least 2**400: ``x / f`` below 2**424) or 2**-600 (``0 < m <= 2**-400``: ``x / f``
+    at least 2**-474, its square a normal number); else 1.0 (then ``x / f`` is ``x``).
+    Dividing by a power of two is exact, so Sum and Norm scaled back are those of ``x``."""
     m = torch.maximum(mx.abs(), mn.abs())
-    exponent = torch.frexp(m).exponent
-    rescale = torch.isfinite(m) & ((m >= RESCALE_BIG) | ((m > 0) & (m <= RESCALE_SMALL)))
-    scale = torch.where(rescale, torch.ldexp(torch.ones_like(m), exponent - 1), torch.ones_like(m))
+    tiny = torch.where((m > 0) & (m <= RESCALE_SMALL), torch.full_like(m, _SCALE_TINY), torch.ones_like(m))
+    scale = torch.where(m >= RESCALE_BIG, torch.full_like(m, _SCALE_BIG), tiny)
     return x / scale, scale
+
+
+_SCALE_BIG, _SCALE_TINY = 2.0 ** 600, 2.0 ** -600
 
 
 def gather(vectors: list[Parts]) -> list[list[float]]:
