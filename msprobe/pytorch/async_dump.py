@@ -71,7 +71,11 @@ class AsyncGatherer:
         # cloning a tensor whose storage was freed (resized to 0 bytes) reads freed memory
         keep = (self._put is not None or self._md5) and (readable or t.numel() == 0)
         clone = None
-        if keep and not opaque:
+        if keep and t.is_quantized:
+            # md5 hashes the integer codes (a copy; a quint4x2 view cannot be cloned); no
+            # .pt is written for a quantized tensor (tensor_bytes), as on the sync path
+            clone = t.detach().int_repr() if self._md5 else None
+        elif keep and not opaque:
             clone = t.detach().clone()
         elif keep and t.is_contiguous():  # its bytes, copied as uint8 (1-d: a 0-dim bits16 too)
             clone = t.detach().view(-1).view(torch.uint8).clone().view(t.dtype).view(t.shape)

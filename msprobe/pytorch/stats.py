@@ -129,8 +129,17 @@ def computable(t: torch.Tensor) -> torch.Tensor:
     numerically (its integer codes alone depend on the scale chosen)."""
     if t.is_quantized:
         with torch.no_grad():
-            return t.dequantize()
+            if t.is_contiguous() or t.dtype not in _SUB_BYTE_QUANTIZED or t.qscheme() not in _PER_TENSOR:
+                return t.dequantize()
+            # a view of quint4x2/quint2x4 that is not contiguous: no copy kernel, so no
+            # dequantize(); the same float32 values from its integer codes (exact
+            # difference, one rounding of the product, as dequantize() does)
+            return (t.int_repr().to(_F32) - t.q_zero_point()) * t.q_scale()
     return t
+
+
+_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+_SUB_BYTE_QUANTIZED = frozenset(getattr(torch, n) for n in ("quint4x2", "quint2x4") if hasattr(torch, n))
 
 
 def has_data(t: torch.Tensor) -> bool:

@@ -202,3 +202,53 @@ def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
         assert loaded.dtype == torch.bits16 and loaded.shape == ()
         assert loaded.view(-1).view(torch.uint8).tolist() == [0x34, 0x12]
     assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
+
+
+def _sub_byte_quantized_views():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_tensor(torch.linspace(0, 1.4, 24).reshape(4, 6), 0.1, 1, torch.quint4x2)
+    # PyTorch has no copy kernel for quint4x2: a view that is not contiguous cannot be
+    # dequantized (NotImplementedError), which stopped the recording
+    return q, {"t": q.t(), "slice": q[:, ::2], "expand": q[:1].expand(3, 6)}
+
+
+@pytest.mark.parametrize("view", ["t", "slice", "expand"])
+def test_non_contiguous_sub_byte_quantized_views(view):
+    q, views = _sub_byte_quantized_views()
+    v = views[view]
+    codes = v.int_repr().numpy().astype(np.float64)
+    a = ((codes - 1) * np.float32(0.1)).astype(np.float32).astype(np.float64)
+    s = tensor_stats(v)
+    assert (s.max, s.min) == (a.max(), a.min())
+    assert s.mean == pytest.approx(a.mean(), rel=1e-6) and s.norm == pytest.approx(np.sqrt((a * a).sum()), rel=1e-6)
+    from msprobe.pytorch.deferred import _fill, gather, stats_vector
+    from store import schema
+    from store.records import Leaf
+    leaf = _fill(Leaf(io="x", path=(), leaf_kind=schema.LEAF_TENSOR, dtype=str(v.dtype), shape=tuple(v.shape),
+                      numel=v.numel()), gather([stats_vector(v)])[0])
+    assert (leaf.max, leaf.min) == (a.max(), a.min())
+    assert crc32_hex(v) == format(zlib.crc32(v.int_repr().contiguous().numpy().tobytes()), "08x")
+
+
+@pytest.mark.parametrize("async_dump", [False, True])
+@pytest.mark.parametrize("summary_mode", ["statistics", "md5"])
+def test_non_contiguous_sub_byte_quantized_view_is_recorded(tmp_path, summary_mode, async_dump):
+    cfg = {"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"), "async_dump": async_dump,
+           "statistics": {"summary_mode": summary_mode}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    q, views = _sub_byte_quantized_views()
+    dbg.start()
+    torch.flatten(views["t"][0])  # a view of the view: no copy needed by PyTorch itself
+    y = torch.add(torch.ones(2), 1)  # recording went on
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    codes = views["t"][0].int_repr().numpy().astype(np.float64)
+    assert rec["dtype"] == "torch.quint4x2" and rec["Max"] == float(np.float32((codes.max() - 1) * np.float32(0.1)))
+    if summary_mode == "md5":
+        assert rec["md5"] == format(zlib.crc32(views["t"][0].int_repr().contiguous().numpy().tobytes()), "08x")
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
