@@ -129,17 +129,29 @@ def computable(t: torch.Tensor) -> torch.Tensor:
     numerically (its integer codes alone depend on the scale chosen)."""
     if t.is_quantized:
         with torch.no_grad():
-            if t.is_contiguous() or t.dtype not in _SUB_BYTE_QUANTIZED or t.qscheme() not in _PER_TENSOR:
-                return t.dequantize()
-            # a view of quint4x2/quint2x4 that is not contiguous: no copy kernel, so no
-            # dequantize(); the same float32 values from its integer codes (exact
-            # difference, one rounding of the product, as dequantize() does)
-            return (t.int_repr().to(_F32) - t.q_zero_point()) * t.q_scale()
+            return t.dequantize()
     return t
 
 
-_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
-_SUB_BYTE_QUANTIZED = frozenset(getattr(torch, n) for n in ("quint4x2", "quint2x4") if hasattr(torch, n))
+#: quantized dtypes packing several values in a byte
+_PACKED_QUANTIZED = frozenset(getattr(torch, n) for n in ("quint4x2", "quint2x4") if hasattr(torch, n))
+
+
+def opaque(t: torch.Tensor) -> bool:
+    """True for a tensor whose values no PyTorch kernel reads: a dtype of
+    :data:`OPAQUE_DTYPES`, or a view of a packed quantized dtype (``quint4x2``,
+    ``quint2x4``) other than a whole contiguous tensor. PyTorch 2.13 has no copy kernel for
+    those (``dequantize()`` of ``q.t()`` raises) and reads the others from the wrong bytes
+    (``q[1:3].dequantize()`` and ``int_repr()`` start at the byte, not the value, of the
+    storage offset). Such leaves get null statistics, and no CRC-32 where its bytes are not
+    its own contiguous block.
+
+    Args:
+        t: any tensor.
+    """
+    if t.dtype in OPAQUE_DTYPES:
+        return True
+    return t.dtype in _PACKED_QUANTIZED and not (t.is_contiguous() and t.storage_offset() == 0)
 
 
 def has_data(t: torch.Tensor) -> bool:
@@ -169,7 +181,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         if mx < _BIG and mn < _BIG and (mx > _SMALL or mn > _SMALL):  # NaN, inf: compare False
             return s
         return _rescaled(t, s)
-    if t.dtype in OPAQUE_DTYPES:
+    if opaque(t):
         return TensorStats()
     if t.is_quantized:
         t = computable(t)
@@ -393,6 +405,8 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
     with torch.no_grad():
         x = t.detach()
         if x.is_quantized:  # the stored integer codes
+            if opaque(x):  # a packed view: int_repr() reads other values' bytes
+                return None
             x = x.int_repr()
         elif x.dtype in OPAQUE_DTYPES:  # the stored bytes, when they lie in C order
             if not x.is_contiguous():

@@ -209,31 +209,32 @@ def _sub_byte_quantized_views():
         warnings.simplefilter("ignore")
         q = torch.quantize_per_tensor(torch.linspace(0, 1.4, 24).reshape(4, 6), 0.1, 1, torch.quint4x2)
     # PyTorch has no copy kernel for quint4x2: a view that is not contiguous cannot be
-    # dequantized (NotImplementedError), which stopped the recording
-    return q, {"t": q.t(), "slice": q[:, ::2], "expand": q[:1].expand(3, 6)}
+    # dequantized (NotImplementedError, which stopped the recording); a contiguous view
+    # with a storage offset dequantizes values of other rows (q[1:3] gives rows 2 and 3),
+    # and int_repr() of any view gives packed bytes of other values
+    return q, {"t": q.t(), "slice": q[:, ::2], "expand": q[:1].expand(3, 6), "rows": q[1:3]}
 
 
-@pytest.mark.parametrize("view", ["t", "slice", "expand"])
-def test_non_contiguous_sub_byte_quantized_views(view):
+@pytest.mark.parametrize("view", ["t", "slice", "expand", "rows"])
+def test_views_of_packed_quantized_tensors_get_null_statistics(view):
+    from msprobe.pytorch.deferred import PendingLeaf
+
     q, views = _sub_byte_quantized_views()
     v = views[view]
-    codes = v.int_repr().numpy().astype(np.float64)
-    a = ((codes - 1) * np.float32(0.1)).astype(np.float32).astype(np.float64)
     s = tensor_stats(v)
-    assert (s.max, s.min) == (a.max(), a.min())
-    assert s.mean == pytest.approx(a.mean(), rel=1e-6) and s.norm == pytest.approx(np.sqrt((a * a).sum()), rel=1e-6)
-    from msprobe.pytorch.deferred import _fill, gather, stats_vector
-    from store import schema
-    from store.records import Leaf
-    leaf = _fill(Leaf(io="x", path=(), leaf_kind=schema.LEAF_TENSOR, dtype=str(v.dtype), shape=tuple(v.shape),
-                      numel=v.numel()), gather([stats_vector(v)])[0])
-    assert (leaf.max, leaf.min) == (a.max(), a.min())
-    assert crc32_hex(v) == format(zlib.crc32(v.int_repr().contiguous().numpy().tobytes()), "08x")
+    assert (s.max, s.min, s.mean, s.norm) == (None, None, None, None)
+    assert crc32_hex(v) is None
+    assert not isinstance(LeafBuilder(md5=False, defer_all=True).tensor_leaf("input", (0,), v), PendingLeaf)
+    # the whole tensor: its dequantized values, and the CRC-32 of its packed bytes
+    a = q.dequantize().double().numpy()
+    whole = tensor_stats(q)
+    assert (whole.max, whole.min) == (a.max(), a.min()) and whole.mean == pytest.approx(a.mean(), rel=1e-6)
+    assert crc32_hex(q) == format(zlib.crc32(q.int_repr().numpy().tobytes()), "08x")
 
 
 @pytest.mark.parametrize("async_dump", [False, True])
 @pytest.mark.parametrize("summary_mode", ["statistics", "md5"])
-def test_non_contiguous_sub_byte_quantized_view_is_recorded(tmp_path, summary_mode, async_dump):
+def test_view_of_a_packed_quantized_tensor_is_recorded(tmp_path, summary_mode, async_dump):
     cfg = {"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"), "async_dump": async_dump,
            "statistics": {"summary_mode": summary_mode}}
     (tmp_path / "c.json").write_text(json.dumps(cfg))
@@ -247,8 +248,19 @@ def test_non_contiguous_sub_byte_quantized_view_is_recorded(tmp_path, summary_mo
     dbg.close()
     data = load_dump(tmp_path / "d")[0]["data"]
     rec = data["Torch.flatten.0.forward"]["input_args"][0]
-    codes = views["t"][0].int_repr().numpy().astype(np.float64)
-    assert rec["dtype"] == "torch.quint4x2" and rec["Max"] == float(np.float32((codes.max() - 1) * np.float32(0.1)))
+    assert rec["dtype"] == "torch.quint4x2" and rec["shape"] == [4]
+    assert (rec["Max"], rec["Min"], rec["Mean"], rec["Norm"]) == (None, None, None, None)
     if summary_mode == "md5":
-        assert rec["md5"] == format(zlib.crc32(views["t"][0].int_repr().contiguous().numpy().tobytes()), "08x")
+        assert rec.get("md5") is None  # no CRC-32 of bytes that are not its own
     assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
+
+
+def test_memo_keeps_a_packed_view_and_its_tensor_apart():
+    # q.t() is dense over q's memory: without md5 both had the same memo key, so whichever
+    # came first gave its statistics (null, or q's) to the other in the same call
+    q, views = _sub_byte_quantized_views()
+    a = q.dequantize().double().numpy()
+    for first, second in ((views["t"], q), (q, views["t"])):
+        builder = LeafBuilder(md5=False)
+        leaves = {id(t): builder.tensor_leaf("input", (i,), t) for i, t in enumerate((first, second))}
+        assert leaves[id(q)].max == a.max() and leaves[id(views["t"])].max is None
