@@ -169,7 +169,8 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
 
     Raises nothing for odd tensors: those without readable data and those of a dtype
-    PyTorch cannot compute with (:data:`OPAQUE_DTYPES`) get all-null stats; a quantized
+    PyTorch cannot compute with (:func:`opaque`: :data:`OPAQUE_DTYPES`, views of packed
+    quantized tensors) get all-null stats; a quantized
     tensor (``torch.qint8``...) gets the statistics of its dequantized values
     (:func:`computable`).
     """
@@ -396,7 +397,8 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
     integer codes, ``int_repr()``; a contiguous tensor of an :data:`OPAQUE_DTYPES` dtype its
     stored bytes), 8 hex digits.
 
-    Empty tensors give ``"00000000"``; tensors without readable data give None.
+    Empty tensors give ``"00000000"``; tensors without readable data, views of packed
+    quantized tensors (:func:`opaque`) and non-contiguous opaque-dtype tensors give None.
     """
     if t.layout != torch.strided or t.device.type == "meta":
         return None
