@@ -26,6 +26,7 @@ def _reference(values: list[float]) -> tuple[float, float]:
 def _paths(a: np.ndarray):
     yield "torch", tensor_stats(torch.from_numpy(a))
     yield "numpy", array_stats(a)
+    yield "deferred", _deferred(torch.from_numpy(a))  # async_dump, defer_all, accelerators
 
 
 CASES = [
@@ -85,3 +86,42 @@ def test_non_finite_data_keeps_its_except_fields():
     for name, s in _paths(a):
         assert s.max == math.inf and s.mean == math.inf, name
         assert (s.max_finite, s.min_finite) == (1e300, -2e300), name
+
+
+def _deferred(t: torch.Tensor):
+    """The statistics of ``t`` through the device path (defer_all, async_dump, accelerators)."""
+    from msprobe.pytorch.deferred import _fill, gather, stats_vector
+    from store import schema
+    from store.records import Leaf
+
+    leaf = Leaf(io="x", path=(), leaf_kind=schema.LEAF_TENSOR, dtype=str(t.dtype),
+                shape=tuple(t.shape), numel=t.numel())
+    return _fill(leaf, gather([stats_vector(t)])[0])
+
+
+@pytest.mark.parametrize("values", CASES)
+def test_extreme_magnitudes_deferred_path(values):
+    t = torch.tensor(values, dtype=torch.float64)
+    mean, norm = _reference(values)
+    for name, s in (("deferred", _deferred(t)), ("deferred complex", _deferred(t.to(torch.complex128)))):
+        if name == "deferred complex":
+            mean, norm = _reference([abs(v) for v in values])
+        assert s.mean == pytest.approx(mean, rel=1e-14, abs=0), name
+        assert s.norm == pytest.approx(norm, rel=1e-14, abs=0), name
+
+
+def test_deferred_path_mixed_parts_keep_their_layout():
+    # float64 vectors (rescaled) gathered with float32, bool and integer ones in one copy
+    from msprobe.pytorch.deferred import _fill, gather, stats_vector  # noqa: F401
+
+    ts = [torch.tensor([2e200, -1e200], dtype=torch.float64), torch.tensor([1.0, 2.0]),
+          torch.tensor([True, False]), torch.tensor([3, 4]), torch.tensor(1e-300, dtype=torch.float64),
+          torch.tensor([1.0, float("nan"), -1e300], dtype=torch.float64)]
+    got = [_deferred(t) for t in ts]
+    assert got[0].norm == pytest.approx(math.hypot(2e200, 1e200), rel=1e-14)
+    assert (got[1].mean, got[1].norm) == (1.5, pytest.approx(math.sqrt(5.0)))
+    assert (got[2].max, got[2].min) == (1.0, 0.0)
+    assert (got[3].mean, got[3].norm) == (3.5, 5.0)
+    assert (got[4].mean, got[4].norm) == (1e-300, 1e-300)
+    assert math.isnan(got[5].mean) and math.isnan(got[5].norm)
+    assert (got[5].max_finite, got[5].min_finite) == (1.0, -1e300)

@@ -26,7 +26,7 @@ import torch
 
 from msprobe.pytorch.deferred import _fill, gather_by_device, stats_vector
 from msprobe.pytorch.payload import tensor_bytes
-from msprobe.pytorch.stats import OPAQUE_DTYPES, crc32_hex, has_data
+from msprobe.pytorch.stats import crc32_hex, has_data, opaque
 from store import schema
 from store.records import Call, Leaf
 
@@ -66,15 +66,19 @@ class AsyncGatherer:
         if not self._with_data or t.layout != torch.strided or t.device.type == "meta":
             return leaf
         readable = has_data(t)
-        opaque = t.dtype in OPAQUE_DTYPES  # no kernel reduces or copies it: null statistics
-        vector = stats_vector(t) if readable and not opaque else None
+        unread = opaque(t)  # no kernel reduces or copies it: null statistics
+        vector = stats_vector(t) if readable and not unread else None
         # cloning a tensor whose storage was freed (resized to 0 bytes) reads freed memory
         keep = (self._put is not None or self._md5) and (readable or t.numel() == 0)
         clone = None
-        if keep and not opaque:
+        if keep and t.is_quantized:
+            # md5 hashes the integer codes (a copy; a quint4x2 view cannot be cloned); no
+            # .pt is written for a quantized tensor (tensor_bytes), as on the sync path
+            clone = t.detach().int_repr() if self._md5 and not unread else None
+        elif keep and not unread:
             clone = t.detach().clone()
-        elif keep and t.is_contiguous():  # its bytes, copied as uint8
-            clone = t.detach().view(torch.uint8).clone().view(t.dtype)
+        elif keep and t.is_contiguous():  # its bytes, copied as uint8 (1-d: a 0-dim bits16 too)
+            clone = t.detach().view(-1).view(torch.uint8).clone().view(t.dtype).view(t.shape)
         self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 

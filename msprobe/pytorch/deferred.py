@@ -22,7 +22,11 @@ fields are 4/5, or 2/3 where no element is finite, or NaN where all are NaN (all
 on the host, :func:`_fill`). bool tensors give any/all in 0 and 1 (Mean and Norm are not
 recorded; only values 0–5 exist); integer tensors are widened to float64; complex
 tensors use ``|z|``; float8 tensors are widened to float32; Sum and Norm accumulate in
-float64. With Triton on a CUDA device, a dense floating tensor takes one fused kernel
+float64. float64 (and complex128) tensors add a ninth value ``8 f``: Sum and Norm are
+those of ``x / f``, ``f`` a power of two (1.0 for magnitudes within 2**±400, see
+:func:`_rescale_parts`), so they neither overflow nor underflow where the host path
+rescales too (:func:`msprobe.core.statistics.rescale_factor`). With Triton on a
+CUDA device, a dense floating tensor other than float64 takes one fused kernel
 instead (:mod:`msprobe.pytorch.triton_stats`: the same layout as one float64 part, Norm
 accumulated in float64).
 """
@@ -33,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL
 from msprobe.pytorch import triton_stats
 from msprobe.pytorch.stats import computable
 from store import schema
@@ -60,7 +65,7 @@ def stats_vector(t: torch.Tensor) -> Parts:
             x = x.abs()
         if x.is_floating_point() and x.dtype not in _LOW and x.dtype != _F64:
             x = x.to(_F32)  # float8 types (exact in float32) have no min/max kernels
-        if triton_stats.usable(x):  # one fused kernel (GPU with Triton)
+        if x.dtype != _F64 and triton_stats.usable(x):  # one fused kernel (GPU with Triton)
             return (triton_stats.fused_vector(x),)
         return torch_parts(x)
 
@@ -83,10 +88,30 @@ def torch_parts(x: torch.Tensor) -> Parts:
             torch.nan_to_num(x, nan=-_INF, posinf=-_INF, neginf=-_INF).amax(),
             torch.nan_to_num(x, nan=_INF, posinf=_INF, neginf=_INF).amin(),
         ])
+        if x.dtype == _F64:  # Sum and Norm over x / f (value 8: f; rescale_factor)
+            y, scale = _rescale_parts(x, mx, mn)
+            return extremes, y.sum(), torch.linalg.vector_norm(y), scale
         # Sum and Norm over one float64 copy: float32 squares overflow above ~1.8e19 and
         # underflow below ~1e-23, where the Norm itself still fits float32
         x64 = x.to(_F64)
         return extremes, x64.sum(), torch.linalg.vector_norm(x64)
+
+
+def _rescale_parts(x: torch.Tensor, mx: torch.Tensor, mn: torch.Tensor) -> tuple:
+    """``(x / f, f)`` for a float64 tensor with Max ``mx`` and Min ``mn``, on its device
+    (comparisons and fills only: no frexp/ldexp kernel an accelerator may lack). Where the
+    largest magnitude ``m`` is outside (2**-400, 2**400) (float64 sums overflow or squares
+    underflow, :func:`msprobe.core.statistics.rescale_factor`), ``f`` is 2**600 (``m`` at
+    least 2**400: ``x / f`` below 2**424) or 2**-600 (``0 < m <= 2**-400``: ``x / f``
+    at least 2**-474, its square a normal number); else 1.0 (then ``x / f`` is ``x``).
+    Dividing by a power of two is exact, so Sum and Norm scaled back are those of ``x``."""
+    m = torch.maximum(mx.abs(), mn.abs())
+    tiny = torch.where((m > 0) & (m <= RESCALE_SMALL), torch.full_like(m, _SCALE_TINY), torch.ones_like(m))
+    scale = torch.where(m >= RESCALE_BIG, torch.full_like(m, _SCALE_BIG), tiny)
+    return x / scale, scale
+
+
+_SCALE_BIG, _SCALE_TINY = 2.0 ** 600, 2.0 ** -600
 
 
 def gather(vectors: list[Parts]) -> list[list[float]]:
@@ -184,10 +209,10 @@ def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
     """``leaf`` with the statistics of its gathered vector ``vals`` (layout above)."""
     if leaf.dtype in schema.BOOL_DTYPES:
         return replace(leaf, max=vals[0], min=vals[1], has_nan=False, has_inf=False)
-    mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm = vals
-    if not leaf.shape:
-        norm = abs(mx)
-    fields = dict(max=mx, min=mn, mean=total / leaf.numel, norm=norm,
+    mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm = vals[:WIDTH]
+    scale = vals[WIDTH] if len(vals) > WIDTH else 1.0  # float64: Sum and Norm of x / scale
+    norm = norm * scale if leaf.shape else abs(mx)
+    fields = dict(max=mx, min=mn, mean=total / leaf.numel * scale, norm=norm,
                   has_nan=math.isnan(mx) or math.isnan(mn), has_inf=nn_max == _INF or nn_min == -_INF)
     if not (math.isfinite(mx) and math.isfinite(mn)):
         if fin_max != -_INF:  # some element is finite

@@ -30,7 +30,7 @@ from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import OPAQUE_DTYPES, crc32_hex, has_data, tensor_stats
+from msprobe.pytorch.stats import crc32_hex, has_data, opaque, tensor_stats
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf
@@ -117,7 +117,7 @@ class LeafBuilder:
             return self.defer(io, path, t)
         payload = self.capture(t) if self.capture is not None and self.with_data else None
         if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
-                and t.dtype not in OPAQUE_DTYPES):
+                and not opaque(t)):
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
@@ -125,7 +125,10 @@ class LeafBuilder:
         st = crc = None
         if self.with_data:
             memo = self.memo
-            hit = memo.get(t)
+            # an opaque view (null statistics) has the memo key of its whole tensor when
+            # dense (layout_free): neither may take the other's value
+            remember = not opaque(t)
+            hit = memo.get(t) if remember else None
             if hit is not None:
                 st, crc = hit
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
@@ -137,7 +140,8 @@ class LeafBuilder:
                         crc = crc32_hex(t)
                     except Exception:
                         crc = None
-                memo.put(t, (st, crc), keep=keep)
+                if remember:
+                    memo.put(t, (st, crc), keep=keep)
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),

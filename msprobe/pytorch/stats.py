@@ -133,6 +133,27 @@ def computable(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+#: quantized dtypes packing several values in a byte
+_PACKED_QUANTIZED = frozenset(getattr(torch, n) for n in ("quint4x2", "quint2x4") if hasattr(torch, n))
+
+
+def opaque(t: torch.Tensor) -> bool:
+    """True for a tensor whose values no PyTorch kernel reads: a dtype of
+    :data:`OPAQUE_DTYPES`, or a view of a packed quantized dtype (``quint4x2``,
+    ``quint2x4``) other than a whole contiguous tensor. PyTorch 2.13 has no copy kernel for
+    those (``dequantize()`` of ``q.t()`` raises) and reads the others from the wrong bytes
+    (``q[1:3].dequantize()`` and ``int_repr()`` start at the byte, not the value, of the
+    storage offset). Such leaves get null statistics, and no CRC-32 where its bytes are not
+    its own contiguous block.
+
+    Args:
+        t: any tensor.
+    """
+    if t.dtype in OPAQUE_DTYPES:
+        return True
+    return t.dtype in _PACKED_QUANTIZED and not (t.is_contiguous() and t.storage_offset() == 0)
+
+
 def has_data(t: torch.Tensor) -> bool:
     """False for tensors whose values cannot be read (meta, sparse, other layouts, empty,
     storage freed by resizing it to 0 bytes as FSDP does)."""
@@ -148,7 +169,8 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
 
     Raises nothing for odd tensors: those without readable data and those of a dtype
-    PyTorch cannot compute with (:data:`OPAQUE_DTYPES`) get all-null stats; a quantized
+    PyTorch cannot compute with (:func:`opaque`: :data:`OPAQUE_DTYPES`, views of packed
+    quantized tensors) get all-null stats; a quantized
     tensor (``torch.qint8``...) gets the statistics of its dequantized values
     (:func:`computable`).
     """
@@ -160,7 +182,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         if mx < _BIG and mn < _BIG and (mx > _SMALL or mn > _SMALL):  # NaN, inf: compare False
             return s
         return _rescaled(t, s)
-    if t.dtype in OPAQUE_DTYPES:
+    if opaque(t):
         return TensorStats()
     if t.is_quantized:
         t = computable(t)
@@ -375,7 +397,8 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
     integer codes, ``int_repr()``; a contiguous tensor of an :data:`OPAQUE_DTYPES` dtype its
     stored bytes), 8 hex digits.
 
-    Empty tensors give ``"00000000"``; tensors without readable data give None.
+    Empty tensors give ``"00000000"``; tensors without readable data, views of packed
+    quantized tensors (:func:`opaque`) and non-contiguous opaque-dtype tensors give None.
     """
     if t.layout != torch.strided or t.device.type == "meta":
         return None
@@ -384,11 +407,13 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
     with torch.no_grad():
         x = t.detach()
         if x.is_quantized:  # the stored integer codes
+            if opaque(x):  # a packed view: int_repr() reads other values' bytes
+                return None
             x = x.int_repr()
         elif x.dtype in OPAQUE_DTYPES:  # the stored bytes, when they lie in C order
             if not x.is_contiguous():
                 return None
-            x = x.view(torch.uint8)
+            x = x.view(-1).view(torch.uint8)  # 1-d first: a 0-dim bits16 has no byte view
         if x.dtype == torch.bfloat16:
             x = x.to(_F32)
         x = x.cpu()

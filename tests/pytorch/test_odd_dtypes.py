@@ -162,3 +162,105 @@ def test_tensor_task_writes_what_torch_save_can(tmp_path, async_dump):
         assert loaded.view(torch.uint8).numpy().tobytes() == (torch.arange(12, dtype=torch.uint8) * 7).numpy().tobytes()
     out = data["Torch.add.0.forward"]["output"][0]
     assert torch.equal(torch.load(tensors / out["data_name"], weights_only=True), y)
+
+
+def test_zero_dim_opaque_tensor_of_two_bytes():
+    # a 0-dim tensor cannot be viewed as bytes of another element size (bits16 -> uint8):
+    # crc32_hex raised, and md5 or async_dump stopped the recording
+    t = torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16)
+    assert t.dim() == 0
+    assert crc32_hex(t) == format(zlib.crc32(np.array(0x1234, dtype="<i2").tobytes()), "08x")
+    assert (tensor_stats(t).max, tensor_stats(t).norm) == (None, None)
+
+
+@pytest.mark.parametrize("async_dump", [False, True])
+@pytest.mark.parametrize("task", ["md5", "tensor"])
+def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
+    cfg = {"task": "tensor" if task == "tensor" else "statistics", "level": "L1",
+           "dump_path": str(tmp_path / "d"), "async_dump": async_dump}
+    if task == "md5":
+        cfg["statistics"] = {"summary_mode": "md5"}
+    elif async_dump:
+        cfg["tensor"] = {"list": ["flatten", "add"]}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    t = torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16)
+    dbg.start()
+    torch.flatten(t)
+    y = torch.add(torch.ones(2), 1)  # recording went on
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    assert rec["dtype"] == "torch.bits16" and rec["shape"] == []
+    if task == "md5":
+        assert rec["md5"] == format(zlib.crc32(np.array(0x1234, dtype="<i2").tobytes()), "08x")
+    else:
+        loaded = torch.load(tmp_path / "d" / "step0" / "rank" / "dump_tensor_data" / rec["data_name"],
+                            weights_only=True)
+        assert loaded.dtype == torch.bits16 and loaded.shape == ()
+        assert loaded.view(-1).view(torch.uint8).tolist() == [0x34, 0x12]
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
+
+
+def _sub_byte_quantized_views():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_tensor(torch.linspace(0, 1.4, 24).reshape(4, 6), 0.1, 1, torch.quint4x2)
+    # PyTorch has no copy kernel for quint4x2: a view that is not contiguous cannot be
+    # dequantized (NotImplementedError, which stopped the recording); a contiguous view
+    # with a storage offset dequantizes values of other rows (q[1:3] gives rows 2 and 3),
+    # and int_repr() of any view gives packed bytes of other values
+    return q, {"t": q.t(), "slice": q[:, ::2], "expand": q[:1].expand(3, 6), "rows": q[1:3]}
+
+
+@pytest.mark.parametrize("view", ["t", "slice", "expand", "rows"])
+def test_views_of_packed_quantized_tensors_get_null_statistics(view):
+    from msprobe.pytorch.deferred import PendingLeaf
+
+    q, views = _sub_byte_quantized_views()
+    v = views[view]
+    s = tensor_stats(v)
+    assert (s.max, s.min, s.mean, s.norm) == (None, None, None, None)
+    assert crc32_hex(v) is None
+    assert not isinstance(LeafBuilder(md5=False, defer_all=True).tensor_leaf("input", (0,), v), PendingLeaf)
+    # the whole tensor: its dequantized values, and the CRC-32 of its packed bytes
+    a = q.dequantize().double().numpy()
+    whole = tensor_stats(q)
+    assert (whole.max, whole.min) == (a.max(), a.min()) and whole.mean == pytest.approx(a.mean(), rel=1e-6)
+    assert crc32_hex(q) == format(zlib.crc32(q.int_repr().numpy().tobytes()), "08x")
+
+
+@pytest.mark.parametrize("async_dump", [False, True])
+@pytest.mark.parametrize("summary_mode", ["statistics", "md5"])
+def test_view_of_a_packed_quantized_tensor_is_recorded(tmp_path, summary_mode, async_dump):
+    cfg = {"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"), "async_dump": async_dump,
+           "statistics": {"summary_mode": summary_mode}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    q, views = _sub_byte_quantized_views()
+    dbg.start()
+    torch.flatten(views["t"][0])  # a view of the view: no copy needed by PyTorch itself
+    y = torch.add(torch.ones(2), 1)  # recording went on
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    assert rec["dtype"] == "torch.quint4x2" and rec["shape"] == [4]
+    assert (rec["Max"], rec["Min"], rec["Mean"], rec["Norm"]) == (None, None, None, None)
+    if summary_mode == "md5":
+        assert rec.get("md5") is None  # no CRC-32 of bytes that are not its own
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
+
+
+def test_memo_keeps_a_packed_view_and_its_tensor_apart():
+    # q.t() is dense over q's memory: without md5 both had the same memo key, so whichever
+    # came first gave its statistics (null, or q's) to the other in the same call
+    q, views = _sub_byte_quantized_views()
+    a = q.dequantize().double().numpy()
+    for first, second in ((views["t"], q), (q, views["t"])):
+        builder = LeafBuilder(md5=False)
+        leaves = {id(t): builder.tensor_leaf("input", (i,), t) for i, t in enumerate((first, second))}
+        assert leaves[id(q)].max == a.max() and leaves[id(views["t"])].max is None

@@ -159,3 +159,51 @@ def test_bad_input_is_refused():
         arrow_np.int_min(pa.array([1.5]))
     with pytest.raises(ValueError, match="mask of shape"):
         arrow_np.select(pa.table({"a": [1, 2]}), np.ones(3, dtype=bool))
+
+
+def test_equals_temporaries_stay_small_on_a_large_column():
+    # a step of a large model holds ~1M rows of "call"/"leaf" (both 4 bytes): the byte
+    # comparison of every candidate at once held ~50 bytes per row (53 MB for 1M rows), more
+    # than the 8 MB the recording process saves by not importing pyarrow.compute
+    import tracemalloc
+
+    n = 300_000
+    rows = pa.array((["call"] + ["leaf"] * 4) * (n // 5))
+    tracemalloc.start()
+    try:
+        got = arrow_np.equals(rows, "leaf")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert int(got.sum()) == n * 4 // 5 and not got[0] and got[1]
+    assert peak < n + 4_000_000, peak  # the result (1 byte per row) and bounded temporaries
+
+
+@SETTINGS
+@given(columns(kinds=("str", "lstr")), _TEXT)
+def test_equals_in_small_blocks_matches_pyarrow(column, value):
+    expected = pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False).to_pylist()
+    blocks = arrow_np._BLOCK
+    arrow_np._BLOCK = 3  # rows of a block: chunks split across block boundaries
+    try:
+        assert arrow_np.equals(column, value).tolist() == expected
+    finally:
+        arrow_np._BLOCK = blocks
+
+
+def test_select_temporaries_stay_small_on_a_large_table():
+    # the run edges of the mask were found in int64 (16 bytes per row for 1M rows: 16 MB)
+    import tracemalloc
+
+    n = 300_000
+    table = pa.table({"a": pa.array(np.arange(n))})
+    mask = np.ones(n, dtype=bool)
+    mask[[5, 7, n - 1]] = False
+    tracemalloc.start()
+    try:
+        got = arrow_np.select(table, mask)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.column("a").to_pylist() == [i for i in range(n) if i not in (5, 7, n - 1)]
+    assert peak < 3 * n, peak  # a few bytes per row
