@@ -208,7 +208,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             mn, mx = torch.aminmax(x)
             vals = torch.stack([
                 mx.to(_F64), mn.to(_F64), x.mean(dtype=_F64),
-                torch.linalg.vector_norm(x, dtype=_F32).to(_F64),
+                torch.linalg.vector_norm(x, dtype=_F64),  # float32 squares overflow above ~1.8e19
             ]).tolist()
         else:
             x64 = x.to(_F64)

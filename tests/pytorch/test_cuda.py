@@ -107,6 +107,9 @@ def _values():
         "bf16": torch.randn(5000, generator=g).bfloat16(),
         "f64": torch.randn(777, generator=g, dtype=torch.float64),
         "big16": big16,
+        "big32": torch.tensor([3e19, -4e19, 1e-30], dtype=torch.float32),  # float32 squares overflow
+        "tiny32": torch.tensor([3e-25, -4e-25], dtype=torch.float32),  # float32 squares underflow
+        "f64_huge": torch.tensor([2e200, 1e200, -3e-200], dtype=torch.float64),  # rescaled sums
         "i64": torch.randint(-1000, 1000, (300,), generator=g),
         "i32": torch.randint(-5, 5, (17, 3), generator=g, dtype=torch.int32),
         "u8": torch.randint(0, 255, (99,), generator=g, dtype=torch.uint8),
@@ -152,6 +155,21 @@ def test_cuda_statistics_equal_cpu_path(tmp_path, cfg):
     assert cuda[0]["Max"] == float(f32.max()) and cuda[0]["Min"] == float(f32.min())
     assert cuda[0]["Norm"] == pytest.approx(float(np.sqrt((f32 * f32).sum())), rel=1e-6)
     assert cuda[list(values).index("big16")]["Norm"] == pytest.approx(60000.0 * math.sqrt(1000), rel=1e-6)
+    for name, norm in (("big32", 5e19), ("tiny32", 5e-25), ("f64_huge", math.hypot(2e200, 1e200))):
+        assert cuda[list(values).index(name)]["Norm"] == pytest.approx(norm, rel=1e-6), name
+
+
+def test_cuda_md5_mode_statistics_keep_their_range(tmp_path):
+    """md5 computes statistics on the device without deferring them (tensor_stats' general
+    path): float32 squares must not overflow or underflow there either."""
+    values = {k: v for k, v in _values().items() if k in ("big32", "tiny32", "f64_huge", "f32")}
+    cpu = _record(tmp_path, "cpu5", values, "cpu", statistics={"summary_mode": "md5"})
+    cuda = _record(tmp_path, "cuda5", values, "cuda", statistics={"summary_mode": "md5"})
+    for name, a, b in zip(values, cpu, cuda):
+        for key in ("Max", "Min", "md5"):
+            assert a[key] == b[key], (name, key)
+        for key in ("Mean", "Norm"):
+            assert b[key] == pytest.approx(a[key], rel=2e-6), (name, key, a[key], b[key])
 
 
 def test_cuda_md5_is_crc32_of_bytes(tmp_path):
