@@ -106,6 +106,12 @@ def main(argv=None) -> None:
           f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
           f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "
           f"ratio of mins {min(rec) / min(base):.2f}, of medians {statistics.median(rec) / statistics.median(base):.2f}")
+    # each recorded step against the plain steps just before and after it: drift of the
+    # machine's speed over the run (shared VMs) cancels out of these ratios
+    base.append(plain())
+    pair = [rec[i] / ((base[i] + base[i + 1]) / 2) for i in range(args.pairs)]
+    print(f"per-pair ratios (recorded / mean of the plain steps around it): median {statistics.median(pair):.2f}, "
+          f"quartiles {statistics.quantiles(pair, n=4)[0]:.2f}-{statistics.quantiles(pair, n=4)[2]:.2f}")
     if args.breakdown:
         print(f"statistics: {stats_time[0] / args.pairs * 1e3:.1f} ms per recorded step over "
               f"{stats_time[1] / args.pairs / 1e6:.1f} M elements")
