@@ -189,7 +189,7 @@ def console_summary(summary: dict) -> str:
                 where = f" in {f['module']}" if f.get("module") else ""
                 lines.append(f"  {label}: {f['name']} (step {f['step']}, {f['direction']}){where}: {f['reason']}")
                 if f.get("stack"):
-                    lines.append(f"    at {f['stack'][0].splitlines()[0]}")
+                    lines.append(f"    at {_frame_line(f['stack'][0])}")
     g = summary.get("global_origin")
     if g and len(summary["ranks"]) > 1:
         lines.append(f"global origin: rank {g['rank']} {g['name']} (step {g['step']}, {g['direction']})")
@@ -236,3 +236,12 @@ def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
             raise QueryError(f"query failed: {exc}") from exc
     finally:
         con.close()
+
+
+def _frame_line(frame: str) -> str:
+    """One stack.json frame (``"File F, line N, in f, \\n code"``, spec 3.5) on one line:
+    ``"File F, line N, in f: code"`` (without the code when the source was not found)."""
+    head, _, code = frame.partition("\n")
+    head = head.rstrip().rstrip(",")
+    code = code.strip()
+    return f"{head}: {code}" if code else head

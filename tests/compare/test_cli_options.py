@@ -25,6 +25,10 @@ def test_cli_exit_codes_and_outputs(runs, tmp_path, capsys):
     assert set(rank) == {"rank", "first_origin", "first_diverged", "counts"}
     assert set(rank["first_origin"]) >= {"name", "step", "direction", "module", "reason", "e", "stack"}
     assert rank["first_origin"]["e"] == 1.0
+    # the origin's innermost user frame on one line: "File F, line N, in f: code"
+    frame = rank["first_origin"]["stack"][0]
+    head, code = frame.split("\n", 1)
+    assert f"    at {head.rstrip().rstrip(',')}: {code.strip()}\n" in text
     # csv and parquet agree, and the calls table counts match the summary
     calls = pq.read_table(out / "calls.parquet").to_pylist()
     with open(out / "calls.csv", newline="") as handle:
