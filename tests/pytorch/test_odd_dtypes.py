@@ -173,6 +173,22 @@ def test_zero_dim_opaque_tensor_of_two_bytes():
     assert (tensor_stats(t).max, tensor_stats(t).norm) == (None, None)
 
 
+def _flatten_record(tmp_path, cfg: dict, t: torch.Tensor) -> dict:
+    """Record ``torch.flatten(t)`` then ``torch.add`` (the recording must go on) with ``cfg``;
+    the input record of the flatten call, after asserting the add was recorded."""
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    dbg.start()
+    torch.flatten(t)
+    torch.add(torch.ones(2), 1)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == 2.0  # recording went on
+    return data["Torch.flatten.0.forward"]["input_args"][0]
+
+
 @pytest.mark.parametrize("async_dump", [False, True])
 @pytest.mark.parametrize("task", ["md5", "tensor"])
 def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
@@ -182,17 +198,7 @@ def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
         cfg["statistics"] = {"summary_mode": "md5"}
     elif async_dump:
         cfg["tensor"] = {"list": ["flatten", "add"]}
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
-    t = torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16)
-    dbg.start()
-    torch.flatten(t)
-    y = torch.add(torch.ones(2), 1)  # recording went on
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    data = load_dump(tmp_path / "d")[0]["data"]
-    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    rec = _flatten_record(tmp_path, cfg, torch.tensor(0x1234, dtype=torch.int16).view(torch.bits16))
     assert rec["dtype"] == "torch.bits16" and rec["shape"] == []
     if task == "md5":
         assert rec["md5"] == format(zlib.crc32(np.array(0x1234, dtype="<i2").tobytes()), "08x")
@@ -201,7 +207,6 @@ def test_zero_dim_opaque_tensor_is_recorded(tmp_path, task, async_dump):
                             weights_only=True)
         assert loaded.dtype == torch.bits16 and loaded.shape == ()
         assert loaded.view(-1).view(torch.uint8).tolist() == [0x34, 0x12]
-    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
 
 
 def _sub_byte_quantized_views():
@@ -237,22 +242,12 @@ def test_views_of_packed_quantized_tensors_get_null_statistics(view):
 def test_view_of_a_packed_quantized_tensor_is_recorded(tmp_path, summary_mode, async_dump):
     cfg = {"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"), "async_dump": async_dump,
            "statistics": {"summary_mode": summary_mode}}
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    dbg = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
     q, views = _sub_byte_quantized_views()
-    dbg.start()
-    torch.flatten(views["t"][0])  # a view of the view: no copy needed by PyTorch itself
-    y = torch.add(torch.ones(2), 1)  # recording went on
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    data = load_dump(tmp_path / "d")[0]["data"]
-    rec = data["Torch.flatten.0.forward"]["input_args"][0]
+    rec = _flatten_record(tmp_path, cfg, views["t"][0])  # a view of the view: no copy needed by PyTorch
     assert rec["dtype"] == "torch.quint4x2" and rec["shape"] == [4]
     assert (rec["Max"], rec["Min"], rec["Mean"], rec["Norm"]) == (None, None, None, None)
     if summary_mode == "md5":
         assert rec.get("md5") is None  # no CRC-32 of bytes that are not its own
-    assert data["Torch.add.0.forward"]["output"][0]["Max"] == float(y.max())
 
 
 def test_memo_keeps_a_packed_view_and_its_tensor_apart():

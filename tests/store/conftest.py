@@ -188,6 +188,22 @@ def write_scenario(
     return path
 
 
+def step0_rows(dump: Path):
+    """Write the scenario to ``dump`` and read back its rank-0 step-0 rows in seq order:
+    ``(rows, stacks, meta)`` with ``meta`` the mix meta of ``rank0``."""
+    import pyarrow.compute as pc
+
+    from store import schema as S
+    from store.log_reader import read_log
+
+    write_scenario(dump)
+    contents = read_log(dump)
+    table = contents.table
+    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
+    rows = rows.sort_by([(S.SEQ, "ascending")])
+    return rows, contents.stacks, dict(META_MIX, rank_dir="rank0")
+
+
 @pytest.fixture
 def sample():
     """Builders of the shared scenario (conftest helpers cannot be imported by tests)."""
@@ -201,4 +217,5 @@ def sample():
         scenario=scenario,
         write_events=write_events,
         write_scenario=write_scenario,
+        step0_rows=step0_rows,
     )

@@ -475,20 +475,9 @@ def test_dumps_indent1_falls_back_for_other_types():
 def _step0_rows(tmp_path, sample):
     """The sample scenario's rank-0 step-0 rows in seq order, its stacks and meta; also
     writes the reference export_step output to ``tmp_path/whole``."""
-    import pyarrow.compute as pc
-
-    from store import schema as S
-    from store.log_reader import read_log
-
-    dump = tmp_path / "dump"
-    sample.write_scenario(dump)
-    contents = read_log(dump)
-    table = contents.table
-    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
-    rows = rows.sort_by([(S.SEQ, "ascending")])
-    meta = dict(sample.META_MIX, rank_dir="rank0")
-    export_step(rows, contents.stacks, meta, tmp_path / "whole")
-    return rows, contents.stacks, meta
+    rows, stacks, meta = sample.step0_rows(tmp_path / "dump")
+    export_step(rows, stacks, meta, tmp_path / "whole")
+    return rows, stacks, meta
 
 
 @pytest.mark.parametrize("parts", [1, 2, 5, 17])

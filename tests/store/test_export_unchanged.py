@@ -10,19 +10,12 @@ import pyarrow.compute as pc
 
 from store import schema as S
 from store.export import CONSTRUCT_FILE, DUMP_FILE, STACK_FILE, StepExporter, export_step
-from store.log_reader import read_log
 
 FILES = (DUMP_FILE, STACK_FILE, CONSTRUCT_FILE)
 
 
 def _rows(tmp_path, sample):
-    dump = tmp_path / "dump"
-    sample.write_scenario(dump)
-    contents = read_log(dump)
-    table = contents.table
-    rows = table.filter(pc.and_(pc.equal(table[S.RANK], 0), pc.equal(table[S.STEP], 0)))
-    rows = rows.sort_by([(S.SEQ, "ascending")])
-    return rows, contents.stacks, dict(sample.META_MIX, rank_dir="rank0")
+    return sample.step0_rows(tmp_path / "dump")
 
 
 def _inodes(directory: Path) -> dict[str, tuple[int, int]]:
