@@ -68,6 +68,10 @@ _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
              torch.complex64: np.complex64, torch.complex128: np.complex128}
+#: the 8-bit float dtypes of this PyTorch (no numpy dtype holds them; float32 holds their values exactly)
+_FLOAT8 = frozenset(getattr(torch, name) for name in (
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+) if isinstance(getattr(torch, name, None), torch.dtype))
 #: dtypes PyTorch stores but cannot compute with (no copy, comparison or arithmetic kernel):
 #: sub-byte integers, raw bit containers, packed float4. Their leaves get dtype and shape
 #: with all-null statistics (the same as a tensor without readable data).
@@ -393,7 +397,8 @@ def _except_inf_nan(x: torch.Tensor, s: TensorStats) -> None:
 
 
 def crc32_hex(t: torch.Tensor) -> Optional[str]:
-    """CRC-32 of the tensor's C-order host bytes (bf16 → float32 first; a quantized tensor's
+    """CRC-32 of the tensor's C-order host bytes (bf16 and float8 → float32 first, as spec 3.5
+    does for bf16; a quantized tensor's
     integer codes, ``int_repr()``; a contiguous tensor of an :data:`OPAQUE_DTYPES` dtype its
     stored bytes), 8 hex digits.
 
@@ -414,7 +419,7 @@ def crc32_hex(t: torch.Tensor) -> Optional[str]:
             if not x.is_contiguous():
                 return None
             x = x.view(-1).view(torch.uint8)  # 1-d first: a 0-dim bits16 has no byte view
-        if x.dtype == torch.bfloat16:
+        if x.dtype == torch.bfloat16 or x.dtype in _FLOAT8:  # numpy has no such dtype: exact in float32
             x = x.to(_F32)
         x = x.cpu()
         if x.dtype not in _NUMPY_OF:

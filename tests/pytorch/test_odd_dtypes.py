@@ -259,3 +259,17 @@ def test_memo_keeps_a_packed_view_and_its_tensor_apart():
         builder = LeafBuilder(md5=False)
         leaves = {id(t): builder.tensor_leaf("input", (i,), t) for i, t in enumerate((first, second))}
         assert leaves[id(q)].max == a.max() and leaves[id(views["t"])].max is None
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"])
+def test_float8_md5_is_the_crc_of_its_float32_values(name):
+    """No numpy dtype holds float8: like bf16 (spec 3.5) it is widened to float32 (exact)
+    and the C-order bytes of that are hashed (views too)."""
+    dtype = getattr(torch, name)
+    if name == "float8_e8m0fnu":  # powers of two only: build it from its bit patterns
+        x = (torch.arange(12, dtype=torch.uint8) * 9).view(dtype).reshape(4, 3)
+    else:
+        x = (torch.linspace(-3, 3, 12).reshape(4, 3)).to(dtype)
+    for t in (x, x.t(), x[1:, ::2]):
+        values = np.array([[float(v) for v in row] for row in t.float().tolist()], dtype=np.float32)
+        assert crc32_hex(t) == format(zlib.crc32(np.ascontiguousarray(values).tobytes()), "08x")
