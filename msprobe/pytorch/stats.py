@@ -40,7 +40,9 @@ import torch
 
 from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
 from msprobe.core.checksum import crc32
-from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL, TensorStats, rescale_factor
+from msprobe.core.statistics import RESCALE_BIG as _BIG
+from msprobe.core.statistics import RESCALE_SMALL as _SMALL
+from msprobe.core.statistics import TensorStats, rescale_factor
 
 #: the compiled one-pass statistics (``msprobe._native.fused_stats``), or None when it is
 #: not built or ``MSPROBE_NO_NATIVE_STATS=1``: then numpy/torch compute them (see ``_host_stats``)
@@ -68,19 +70,20 @@ _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
              torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
+def _dtypes(*names: str) -> frozenset:
+    """The ``torch`` dtypes of these names that this PyTorch has (others are skipped)."""
+    return frozenset(d for d in (getattr(torch, name, None) for name in names) if isinstance(d, torch.dtype))
+
+
 #: the 8-bit float dtypes of this PyTorch (no numpy dtype holds them; float32 holds their values exactly)
-_FLOAT8 = frozenset(getattr(torch, name) for name in (
-    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-) if isinstance(getattr(torch, name, None), torch.dtype))
+_FLOAT8 = _dtypes("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
 #: dtypes PyTorch stores but cannot compute with (no copy, comparison or arithmetic kernel):
 #: sub-byte integers, raw bit containers, packed float4. Their leaves get dtype and shape
 #: with all-null statistics (the same as a tensor without readable data).
-OPAQUE_DTYPES = frozenset(
-    getattr(torch, name) for name in (
-        "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float4_e2m1fn_x2",
-        *(f"uint{n}" for n in range(1, 8)), *(f"int{n}" for n in range(1, 8)),
-    ) if isinstance(getattr(torch, name, None), torch.dtype)
-)
+OPAQUE_DTYPES = _dtypes("bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float4_e2m1fn_x2",
+                        *(f"uint{n}" for n in range(1, 8)), *(f"int{n}" for n in range(1, 8)))
 
 
 def host_array(x: torch.Tensor, any_order: bool = False) -> np.ndarray:
@@ -138,7 +141,7 @@ def computable(t: torch.Tensor) -> torch.Tensor:
 
 
 #: quantized dtypes packing several values in a byte
-_PACKED_QUANTIZED = frozenset(getattr(torch, n) for n in ("quint4x2", "quint2x4") if hasattr(torch, n))
+_PACKED_QUANTIZED = _dtypes("quint4x2", "quint2x4")
 
 
 def opaque(t: torch.Tensor) -> bool:
@@ -229,9 +232,6 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         else:
             _rescaled(x, s)
     return s
-
-
-_BIG, _SMALL = RESCALE_BIG, RESCALE_SMALL
 
 
 def _rescaled(t: torch.Tensor, s: TensorStats) -> TensorStats:
