@@ -5,19 +5,32 @@ import triton.language as tl
 
 
 @triton.jit
+def accumulators(BLOCK: tl.constexpr):
+    """Empty per-lane accumulators of both kernels: NaN count, max/min over non-NaN values,
+    max/min over finite values, sum, sum of squares (float64)."""
+    inf = float("inf")
+    # one tensor each: the kernels update some with +=
+    return (tl.zeros([BLOCK], dtype=tl.float64),
+            tl.full([BLOCK], -inf, dtype=tl.float64), tl.full([BLOCK], inf, dtype=tl.float64),
+            tl.full([BLOCK], -inf, dtype=tl.float64), tl.full([BLOCK], inf, dtype=tl.float64),
+            tl.zeros([BLOCK], dtype=tl.float64), tl.zeros([BLOCK], dtype=tl.float64))
+
+
+@triton.jit
+def reduced(nans, nn_max, nn_min, fin_max, fin_min, total, squares):
+    """The accumulators of :func:`accumulators` reduced over their lanes."""
+    return (tl.sum(nans, axis=0), tl.max(nn_max, axis=0), tl.min(nn_min, axis=0), tl.max(fin_max, axis=0),
+            tl.min(fin_min, axis=0), tl.sum(total, axis=0), tl.sum(squares, axis=0))
+
+
+@triton.jit
 def rows(x_ptr, out_ptr, n, FINAL: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
           COLS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     base = pid * (BLOCK * ITERS)
     lanes = tl.arange(0, BLOCK)
     inf = float("inf")
-    nans = tl.zeros([BLOCK], dtype=tl.float64)
-    nn_max = tl.full([BLOCK], -inf, dtype=tl.float64)
-    nn_min = tl.full([BLOCK], inf, dtype=tl.float64)
-    fin_max = tl.full([BLOCK], -inf, dtype=tl.float64)
-    fin_min = tl.full([BLOCK], inf, dtype=tl.float64)
-    total = tl.zeros([BLOCK], dtype=tl.float64)
-    squares = tl.zeros([BLOCK], dtype=tl.float64)
+    nans, nn_max, nn_min, fin_max, fin_min, total, squares = accumulators(BLOCK)
     for i in range(ITERS):
         offs = base + i * BLOCK + lanes
         inside = offs < n
@@ -32,13 +45,8 @@ def rows(x_ptr, out_ptr, n, FINAL: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.
         fin_min = tl.minimum(fin_min, tl.where(finite, x, inf))
         total += tl.where(inside, x, 0.0)
         squares += tl.where(inside, x * x, 0.0)
-    n_nan = tl.sum(nans, axis=0)
-    r_nn_max = tl.max(nn_max, axis=0)
-    r_nn_min = tl.min(nn_min, axis=0)
-    r_fin_max = tl.max(fin_max, axis=0)
-    r_fin_min = tl.min(fin_min, axis=0)
-    r_total = tl.sum(total, axis=0)
-    r_squares = tl.sum(squares, axis=0)
+    n_nan, r_nn_max, r_nn_min, r_fin_max, r_fin_min, r_total, r_squares = reduced(
+        nans, nn_max, nn_min, fin_max, fin_min, total, squares)
     if FINAL:
         store_final(out_ptr, n_nan, r_nn_max, r_nn_min, r_fin_max, r_fin_min, r_total, r_squares)
     else:
@@ -67,13 +75,7 @@ def store_final(out_ptr, n_nan, nn_max, nn_min, fin_max, fin_min, total, squares
 def combine(rows_ptr, out_ptr, count, BLOCK: tl.constexpr, COLS: tl.constexpr):
     lanes = tl.arange(0, BLOCK)
     inf = float("inf")
-    nans = tl.zeros([BLOCK], dtype=tl.float64)
-    nn_max = tl.full([BLOCK], -inf, dtype=tl.float64)
-    nn_min = tl.full([BLOCK], inf, dtype=tl.float64)
-    fin_max = tl.full([BLOCK], -inf, dtype=tl.float64)
-    fin_min = tl.full([BLOCK], inf, dtype=tl.float64)
-    total = tl.zeros([BLOCK], dtype=tl.float64)
-    squares = tl.zeros([BLOCK], dtype=tl.float64)
+    nans, nn_max, nn_min, fin_max, fin_min, total, squares = accumulators(BLOCK)
     for start in range(0, count, BLOCK):
         idx = start + lanes
         inside = idx < count
@@ -85,6 +87,6 @@ def combine(rows_ptr, out_ptr, count, BLOCK: tl.constexpr, COLS: tl.constexpr):
         fin_min = tl.minimum(fin_min, tl.load(row + 4, mask=inside, other=inf))
         total += tl.load(row + 5, mask=inside, other=0.0)
         squares += tl.load(row + 6, mask=inside, other=0.0)
-    store_final(out_ptr, tl.sum(nans, axis=0), tl.max(nn_max, axis=0), tl.min(nn_min, axis=0),
-                 tl.max(fin_max, axis=0), tl.min(fin_min, axis=0), tl.sum(total, axis=0),
-                 tl.sum(squares, axis=0))
+    n_nan, r_nn_max, r_nn_min, r_fin_max, r_fin_min, r_total, r_squares = reduced(
+        nans, nn_max, nn_min, fin_max, fin_min, total, squares)
+    store_final(out_ptr, n_nan, r_nn_max, r_nn_min, r_fin_max, r_fin_min, r_total, r_squares)
