@@ -185,8 +185,12 @@ def _pylist_chunk(array: pa.Array) -> list:
         valid = _valid_chunk(array).tolist()
         return [number if ok else None for number, ok in zip(numbers, valid)]
     if pa.types.is_list(kind) and pa.types.is_integer(kind.value_type):
-        offsets = array.offsets.to_numpy().tolist()
-        flat = _pylist_chunk(array.values)
+        # .values is the child array of the whole (unsliced) list array; .offsets are the
+        # slice's own: convert only the part the slice covers
+        offsets = array.offsets.to_numpy()
+        start = int(offsets[0])
+        flat = _pylist_chunk(array.values.slice(start, int(offsets[-1]) - start))
+        offsets = (offsets - start).tolist()
         valid = _valid_chunk(array).tolist()
         return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(array))]
     return array.to_pylist()
