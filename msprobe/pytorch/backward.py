@@ -11,9 +11,13 @@ pre-hook on the node that produced each output receives the gradient w.r.t. it
 
 Views are identities for autograd and for values, so recording changes no result bit;
 in-place ops on them rebase their base as usual (no custom-Function view restrictions).
-A call whose output *is* one of its inputs (in-place ops) returns the caller's original
-object. An input the call modified in place takes its gradient from the node that
-produced it (the view's own node has left the graph).
+A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
+with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
+modified in place takes its gradient from the node that produced it (the view's own node
+has left the graph); an input handed back unchanged takes the gradient w.r.t. the returned
+tensor, from the node that produced it (where that output's backward ``input`` comes from).
+An identity nested in another (``nn.Dropout(0.0)`` around ``F.dropout``) hands back a
+tensor whose node leaves the graph too: the inner call then has no backward entry.
 
 An entry is complete when every input view has seen its gradient (or, with no input
 views, every output view); entries left incomplete are emitted at step end.
@@ -185,12 +189,23 @@ class BackwardTaps:
                 pending.expect_out -= 1  # the view's node left the graph when it was modified
                 self._hook(node, nr, pending, "output", paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
-        return self._map_out(pending, out, top, state.originals, 0)
+        returned: set = set()
+        result = self._map_out(pending, out, top, state.originals, 0, returned)
+        for view, orig, node, nr, version, paths in state.views if returned else ():
+            if id(view) in returned and view._version == version and orig.grad_fn is not None:
+                # returned unchanged (dropout with p=0, .contiguous(), .to() of the same dtype):
+                # the caller gets its own tensor back and the view's node leaves the graph,
+                # so the gradient w.r.t. this input is the one w.r.t. that tensor, taken
+                # where the backward "input" of the output is taken
+                pending.expect_out -= 1
+                self._hook(orig.grad_fn, orig.output_nr, pending, "output", paths)
+        return result
 
-    def _map_out(self, pending, value, path, originals, depth):
+    def _map_out(self, pending, value, path, originals, depth, returned):
         if isinstance(value, torch.Tensor):
             orig = originals.get(id(value))
-            if orig is not None:  # an in-place call returned our input view
+            if orig is not None:  # the call returned our input view (in place or unchanged)
+                returned.add(id(value))
                 value = orig
             pending.in_slots.append((path, True))
             if _wants_grad(value) and value.grad_fn is not None:
@@ -204,7 +219,8 @@ class BackwardTaps:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
                 vals = list(value)
-            items = [self._map_out(pending, v, path + (k,), originals, depth + 1) for k, v in zip(keys, vals)]
+            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, returned)
+                     for k, v in zip(keys, vals)]
             if all(x is y for x, y in zip(items, vals)):
                 return value
             if isinstance(value, dict):
