@@ -15,9 +15,10 @@ A call whose output *is* one of its inputs (in-place ops, and identities such as
 with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
 has left the graph); an input handed back unchanged takes the gradient w.r.t. the returned
-tensor, from the node that produced it (where that output's backward ``input`` comes from).
-An identity nested in another (``nn.Dropout(0.0)`` around ``F.dropout``) hands back a
-tensor whose node leaves the graph too: the inner call then has no backward entry.
+tensor (both slots from the node that produced it, or produced the tensor it views with
+the same shape: an enclosing call's view, such as ``nn.Dropout(0.0)``'s around the
+``F.dropout`` inside it, leaves the graph the same way). Where that tensor has other uses
+too, both slots then hold its whole gradient.
 
 An entry is complete when every input view has seen its gradient (or, with no input
 views, every output view); entries left incomplete are emitted at step end.
@@ -180,36 +181,49 @@ class BackwardTaps:
 
     def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> Any:
         """Hook the autograd nodes that produced the grad-requiring outputs (the outputs
-        themselves are handed back unchanged; an in-place call that returned our input
-        view hands back the caller's tensor). Inputs the call modified in place are
-        re-hooked on the node that produced them, whose gradient is theirs."""
+        themselves are handed back unchanged; a call that returned our input view, in
+        place or unchanged, hands back the caller's tensor). Inputs the call modified in
+        place are re-hooked on the node that produced them, whose gradient is theirs; an
+        input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
+        unchanged: dict = {}  # id(view) -> (caller's tensor, slot paths) of views not written
         for view, orig, node, nr, version, paths in state.views:
-            if view._version != version and node is not None:
-                pending.expect_out -= 1  # the view's node left the graph when it was modified
-                self._hook(node, nr, pending, "output", paths)
+            if view._version != version:
+                if node is not None:
+                    pending.expect_out -= 1  # the view's node left the graph when it was modified
+                    self._hook(node, nr, pending, "output", paths)
+            else:
+                unchanged[id(view)] = (orig, paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
-        returned: set = set()
-        result = self._map_out(pending, out, top, state.originals, 0, returned)
-        for view, orig, node, nr, version, paths in state.views if returned else ():
-            if id(view) in returned and view._version == version and orig.grad_fn is not None:
-                # returned unchanged (dropout with p=0, .contiguous(), .to() of the same dtype):
-                # the caller gets its own tensor back and the view's node leaves the graph,
-                # so the gradient w.r.t. this input is the one w.r.t. that tensor, taken
-                # where the backward "input" of the output is taken
-                pending.expect_out -= 1
-                self._hook(orig.grad_fn, orig.output_nr, pending, "output", paths)
+        returned: dict = {}
+        result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
+        for src, paths in returned.values():
+            # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
+            # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
+            # input is the one w.r.t. that tensor, taken where the output's is taken
+            pending.expect_out -= 1
+            self._hook(src.grad_fn, src.output_nr, pending, "output", paths)
         return result
 
-    def _map_out(self, pending, value, path, originals, depth, returned):
+    def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
         if isinstance(value, torch.Tensor):
+            src = value
             orig = originals.get(id(value))
             if orig is not None:  # the call returned our input view (in place or unchanged)
-                returned.add(id(value))
+                same = unchanged.get(id(value))
+                if same is not None:
+                    # the caller's tensor may itself be an enclosing call's view whose node
+                    # leaves the graph the same way (nn.Dropout(0.0) around F.dropout): take
+                    # the gradient where the tensor it views was produced
+                    src = _producer(orig)
+                    if src.grad_fn is not None:
+                        returned[id(value)] = (src, same[1])
+                else:
+                    src = orig
                 value = orig
             pending.in_slots.append((path, True))
-            if _wants_grad(value) and value.grad_fn is not None:
-                self._hook(value.grad_fn, value.output_nr, pending, "input", [path])
+            if _wants_grad(value) and src.grad_fn is not None:
+                self._hook(src.grad_fn, src.output_nr, pending, "input", [path])
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
@@ -219,7 +233,7 @@ class BackwardTaps:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
                 vals = list(value)
-            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, returned)
+            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, unchanged, returned)
                      for k, v in zip(keys, vals)]
             if all(x is y for x, y in zip(items, vals)):
                 return value

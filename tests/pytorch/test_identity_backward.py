@@ -51,3 +51,83 @@ def test_identity_calls_record_the_gradient_wrt_their_input(tmp_path):
         assert_record(data[name]["input"][0], g)
         assert_record(data[name]["output"][0], g)
     assert load_dump(tmp_path / "d")[0]["data"] == data
+
+
+def test_nested_identity_module_and_api(tmp_path):
+    """nn.Dropout(0.0) hands back its input, and so does the F.dropout inside it: both
+    backward entries hold the gradient w.r.t. the Dropout's input (the inner call's was
+    missing: both its nodes left the graph)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.0), nn.Tanh(), nn.Linear(5, 3))
+    x = torch.randn(4, 6)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(net)
+    net(x).square().sum().backward()
+    dbg.stop()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    dbg.step()
+    dbg.close()
+    lin0, lin1 = net[0], net[3]
+    h = F.linear(x, lin0.weight.detach(), lin0.bias.detach()).requires_grad_()
+    loss = F.linear(torch.tanh(h), lin1.weight.detach(), lin1.bias.detach()).square().sum()
+    (g,) = torch.autograd.grad(loss, h)
+    for name in ("Module.1.Dropout.backward.0", "Functional.dropout.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+    # forward entries and the other backward entries are untouched by the identity
+    assert_record(data["Functional.dropout.0.forward"]["output"][0], h.detach())
+    assert data["Module.2.Tanh.backward.0"]["output"][0] is not None
+
+
+def test_identity_output_with_two_uses(tmp_path):
+    """The tensor an identity returns is used twice: both slots hold its whole gradient."""
+    torch.manual_seed(0)
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    h = torch.matmul(x, w)
+    a = F.dropout(h, p=0.0, training=True)
+    b = torch.relu(a).sum() + a.sum()
+    b.backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    hh = torch.matmul(x, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(torch.relu(hh).sum() + hh.sum(), hh)
+    entry = data["Functional.dropout.0.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+class _Pair(nn.Module):
+    def forward(self, x):
+        return x, x
+
+
+def test_module_returning_its_input_twice(tmp_path):
+    torch.manual_seed(0)
+    lin, head = nn.Linear(4, 3), nn.Linear(3, 2)
+    net = nn.ModuleDict({"lin": lin, "pair": _Pair(), "head": head})
+
+    def run(x):
+        a, b = net["pair"](net["lin"](x))
+        return net["head"](torch.tanh(a) + 2 * b)
+
+    x = torch.randn(5, 4)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(net)
+    run(x).square().sum().backward()
+    dbg.stop()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    dbg.step()
+    dbg.close()
+    h = F.linear(x, lin.weight.detach(), lin.bias.detach()).requires_grad_()
+    loss = F.linear(torch.tanh(h) + 2 * h, head.weight.detach(), head.bias.detach()).square().sum()
+    (g,) = torch.autograd.grad(loss, h)
+    entry = data["Module.pair._Pair.backward.0"]
+    assert len(entry["input"]) == 2 and len(entry["output"]) == 1
+    for record in entry["input"] + entry["output"]:
+        assert_record(record, g)
