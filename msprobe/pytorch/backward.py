@@ -14,11 +14,21 @@ in-place ops on them rebase their base as usual (no custom-Function view restric
 A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
 with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
-has left the graph); an input handed back unchanged takes the gradient w.r.t. the returned
-tensor (both slots from the node that produced it, or produced the tensor it views with
-the same shape: an enclosing call's view, such as ``nn.Dropout(0.0)``'s around the
-``F.dropout`` inside it, leaves the graph the same way). Where that tensor has other uses
-too, both slots then hold its whole gradient.
+has left the graph). An input handed back unchanged takes, in both slots, the gradient
+w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
+the caller's tensor (the caller's own view node for a user view such as ``x.view_as(x)``
+or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
+node of an enclosing call that hands the tensor back unchanged too (``nn.Dropout(0.0)``
+around ``F.dropout``), the enclosing call moves the nested call's hooks along with its own
+(``Node.metadata`` carries them), at any depth.
+
+Deliberate approximations of an identity: since the caller's tensor *is* the returned
+one, other uses of it (before or after the call) cannot be told apart, and both slots
+hold its whole gradient. ``torch.autograd.grad(..., inputs=[t])`` stops at ``t`` without
+running the node that produced it: an identity of ``t`` misses that pass (a later pass
+through the node, such as a double backward's, then supplies its entry). A recomputed
+identity (non-reentrant ``torch.utils.checkpoint``) hooks nodes of the original graph, so
+it gets a backward entry as well as the original call.
 
 An entry is complete when every input view has seen its gradient (or, with no input
 views, every output view); entries left incomplete are emitted at step end.
@@ -42,7 +52,7 @@ class PendingBackward:
 
     __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
                  "in_slots", "out_slots", "grads_in", "grads_out",
-                 "expect_in", "expect_out", "fired_in", "fired_out", "done")
+                 "expect_in", "expect_out", "fired_in", "fired_out", "done", "keep")
 
     def __init__(self, *, step: int, name: str, kind: str, api_type: str,
                  parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
@@ -55,6 +65,7 @@ class PendingBackward:
         self.expect_in = self.expect_out = 0
         self.fired_in = self.fired_out = 0
         self.done = False
+        self.keep: tuple = ()  # leaf gradient accumulators hooked (see BackwardTaps._place)
 
     def to_call(self) -> Call:
         leaves: list[Leaf] = []
@@ -83,6 +94,15 @@ def _producer(t: torch.Tensor) -> torch.Tensor:
             return base
         return t
     return t
+
+
+def _edge(view: torch.Tensor) -> tuple:
+    """``(node, output_nr)`` of the tensor that ``view`` (one of our ``t.view_as(t)``) reads
+    from: ``t``'s own node, or its gradient accumulator when ``t`` is a leaf."""
+    return view.grad_fn.next_functions[0]
+
+
+_MOVABLE = "msprobe.movable"  # Node.metadata key: hooks to move when the node leaves the graph
 
 
 def _wants_grad(t: Any) -> bool:
@@ -186,44 +206,47 @@ class BackwardTaps:
         place are re-hooked on the node that produced them, whose gradient is theirs; an
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
-        unchanged: dict = {}  # id(view) -> (caller's tensor, slot paths) of views not written
+        unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
         for view, orig, node, nr, version, paths in state.views:
             if view._version != version:
                 if node is not None:
                     pending.expect_out -= 1  # the view's node left the graph when it was modified
                     self._hook(node, nr, pending, "output", paths)
             else:
-                unchanged[id(view)] = (orig, paths)
+                unchanged[id(view)] = (view, paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
         result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
-        for src, paths in returned.values():
+        for view, paths in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
+            node, nr = _edge(view)
             pending.expect_out -= 1
-            self._hook(src.grad_fn, src.output_nr, pending, "output", paths)
+            self._hook(node, nr, pending, "output", paths, movable=True)
+            # calls nested in this one that handed the view back unchanged hooked the
+            # view's node: their hooks move with this call's to where the tensor was produced
+            for args in view.grad_fn.metadata.pop(_MOVABLE, ()):
+                self._place(node, nr, *args)
         return result
 
     def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
         if isinstance(value, torch.Tensor):
-            src = value
             orig = originals.get(id(value))
             if orig is not None:  # the call returned our input view (in place or unchanged)
                 same = unchanged.get(id(value))
                 if same is not None:
-                    # the caller's tensor may itself be an enclosing call's view whose node
-                    # leaves the graph the same way (nn.Dropout(0.0) around F.dropout): take
-                    # the gradient where the tensor it views was produced
-                    src = _producer(orig)
-                    if src.grad_fn is not None:
-                        returned[id(value)] = (src, same[1])
-                else:
-                    src = orig
+                    # handed back unchanged: hook the edge the view reads from, i.e. the
+                    # node that produced the caller's tensor (an accumulator for a leaf)
+                    returned[id(value)] = same
+                    pending.in_slots.append((path, True))
+                    node, nr = _edge(same[0])
+                    self._hook(node, nr, pending, "input", [path], movable=True)
+                    return orig
                 value = orig
             pending.in_slots.append((path, True))
-            if _wants_grad(value) and src.grad_fn is not None:
-                self._hook(src.grad_fn, src.output_nr, pending, "input", [path])
+            if _wants_grad(value) and value.grad_fn is not None:
+                self._hook(value.grad_fn, value.output_nr, pending, "input", [path])
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
@@ -250,16 +273,29 @@ class BackwardTaps:
         pending.in_slots.append((path, False))
         return value
 
-    def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list) -> None:
+    def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+              movable: bool = False) -> None:
         if node is None:
             return
         if side == "output":
             pending.expect_out += 1
         else:
             pending.expect_in += 1
+        self._place(node, index, pending, side, paths, movable)
+
+    def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+               movable: bool = False) -> None:
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
         node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
+        if movable:
+            # a hook for an input handed back unchanged: should ``node`` be an enclosing
+            # call's view node, that call moves it when it hands the view back unchanged too
+            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
+            if type(node).__name__ == "AccumulateGrad":
+                # a leaf's gradient accumulator lives only while a graph refers to it: keep
+                # it until the gradient arrives, so that later uses of the leaf reach it
+                pending.keep += (node,)
 
 
 def _prehook(on_grad, pending: PendingBackward, side: str, paths: list, index: int,

@@ -131,3 +131,137 @@ def test_module_returning_its_input_twice(tmp_path):
     assert len(entry["input"]) == 2 and len(entry["output"]) == 1
     for record in entry["input"] + entry["output"]:
         assert_record(record, g)
+
+
+def _record(tmp_path, fn, level="L1", net=None):
+    """Run ``fn`` under a debugger; return the step's dump.json ``data``."""
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    dbg.start(net) if net is not None else dbg.start()
+    fn()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return load_dump(tmp_path / "d")[0]["data"]
+
+
+def test_identity_of_a_leaf(tmp_path):
+    """The caller's tensor is a leaf (no node produced it): the gradient is taken at its
+    gradient accumulator (the entry was missing)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4))
+
+    def run():
+        y = F.dropout(x, p=0.0, training=True)
+        (y * 3).sum().backward()
+        q = F.dropout(p, p=0.0, training=True)  # the leaf has another use later
+        (q.square().sum() + p.sum()).backward()
+
+    data = _record(tmp_path, run)
+    for name, g in (("Functional.dropout.0.backward", torch.full((3, 4), 3.0)),
+                    ("Functional.dropout.1.backward", 2 * p.detach() + 1)):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+    assert torch.equal(x.grad, torch.full((3, 4), 3.0))
+
+
+def test_identity_module_on_a_leaf(tmp_path):
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"ident": nn.Identity(), "lin": nn.Linear(4, 2)})
+    x = torch.randn(3, 4, requires_grad=True)
+    data = _record(tmp_path, lambda: net["lin"](net["ident"](x)).square().sum().backward(), "mix", net)
+    xx = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(net["lin"](xx).square().sum(), xx)
+    entry = data["Module.ident.Identity.backward.0"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+def test_identity_of_a_same_shape_user_view(tmp_path):
+    """``h = x.view_as(x)`` is the caller's own view: the identity's gradient is the one
+    w.r.t. ``h``, not ``x``'s whole gradient (``x`` has another use)."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        x = torch.matmul(inp, w)
+        h = x.view_as(x)
+        a = F.dropout(h, p=0.0, training=True)
+        (a.square().sum() + 3 * x.sum()).backward()
+
+    data = _record(tmp_path, run)
+    x = torch.matmul(inp, w.detach())
+    h = x.view_as(x).requires_grad_()
+    (g,) = torch.autograd.grad((h.square().sum() + 3 * x.sum()), h)
+    entry = data["Functional.dropout.0.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+class _Twice(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, p=0.0, training=True) * 2
+
+
+def test_identity_inside_a_module_whose_input_has_other_uses(tmp_path):
+    """F.dropout(p=0) hands back the module's input view, which stays in the graph (the
+    module is no identity): its gradient is the one through the module, not the whole
+    gradient of the module's input (used outside the module too)."""
+    torch.manual_seed(0)
+    net = _Twice()
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        h = torch.matmul(inp, w)
+        (net(h).square().sum() + h.sum()).backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    d = h.detach().requires_grad_()
+    (g,) = torch.autograd.grad((d * 2).square().sum(), d)  # w.r.t. the dropout's input
+    entry = data["Functional.dropout.0.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+    (gm,) = torch.autograd.grad((h * 2).square().sum() + h.sum(), h)
+    assert_record(data["Module.model._Twice.backward.0"]["output"][0], gm - 1)
+
+
+class _Wrap(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_identity_nested_three_deep_and_loss_bits(tmp_path):
+    """Three modules around nn.Dropout(0.0) around F.dropout, on a leaf: every entry has
+    the gradient w.r.t. the leaf; the forward and the gradients are bit-identical to a
+    run without the debugger."""
+    def run(record: bool):
+        torch.manual_seed(0)
+        net = nn.Sequential(_Wrap(_Wrap(nn.Dropout(0.0))), nn.Linear(4, 3), nn.Tanh())
+        x = torch.randn(5, 4, requires_grad=True)
+        out = {}
+
+        def body():
+            out["y"] = net(x)
+            out["loss"] = out["y"].square().sum()
+            out["loss"].backward()
+
+        data = _record(tmp_path / str(record), body, "mix", net) if record else body()
+        return data, out, x.grad, net[1].weight.grad
+
+    data, out, gx, gw = run(True)
+    _, ref, rx, rw = run(False)
+    assert torch.equal(out["y"], ref["y"]) and torch.equal(out["loss"], ref["loss"])
+    assert torch.equal(gx, rx) and torch.equal(gw, rw)
+    for name in ("Module.0._Wrap.backward.0", "Module.0.inner._Wrap.backward.0",
+                 "Module.0.inner.inner.Dropout.backward.0", "Functional.dropout.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], rx)
+        assert_record(data[name]["output"][0], rx)
