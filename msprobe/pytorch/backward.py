@@ -20,7 +20,9 @@ the caller's tensor (the caller's own view node for a user view such as ``x.view
 or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
 node of an enclosing call that hands the tensor back unchanged too (``nn.Dropout(0.0)``
 around ``F.dropout``), the enclosing call moves the nested call's hooks along with its own
-(``Node.metadata`` carries them), at any depth.
+(``Node.metadata`` carries them), at any depth. A moved hook's old copy is disabled: the
+view's node may stay in the graph (the call used the view besides handing it back, or
+before writing it) and then sees only that use's part of the gradient.
 
 Deliberate approximations of an identity: since the caller's tensor *is* the returned
 one, other uses of it (before or after the call) cannot be told apart, and both slots
@@ -209,9 +211,8 @@ class BackwardTaps:
         unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
         for view, orig, node, nr, version, paths in state.views:
             if view._version != version:
-                if node is not None:
-                    pending.expect_out -= 1  # the view's node left the graph when it was modified
-                    self._hook(node, nr, pending, "output", paths)
+                if node is not None:  # the view's node left the graph when it was modified
+                    self._move(node, nr, pending, "output", paths)
             else:
                 unchanged[id(view)] = (view, paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
@@ -222,12 +223,11 @@ class BackwardTaps:
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
             node, nr = _edge(view)
-            pending.expect_out -= 1
-            self._hook(node, nr, pending, "output", paths, movable=True)
             # calls nested in this one that handed the view back unchanged hooked the
             # view's node: their hooks move with this call's to where the tensor was produced
             for args in view.grad_fn.metadata.pop(_MOVABLE, ()):
-                self._place(node, nr, *args)
+                self._move(node, nr, *args)
+            self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
     def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
@@ -283,6 +283,16 @@ class BackwardTaps:
             pending.expect_in += 1
         self._place(node, index, pending, side, paths, movable)
 
+    def _move(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+              movable: bool = False) -> None:
+        """Move a hook placed on a view's node to ``node``. The view's node may stay in the
+        graph (the call used the view before writing it, or besides handing it back): the
+        old hook's ``paths`` list is emptied, so it neither records nor counts when it fires;
+        the new hook counts in its place, with the whole gradient of the tensor."""
+        moved = list(paths)
+        paths.clear()
+        self._place(node, index, pending, side, moved, movable)
+
     def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
                movable: bool = False) -> None:
         # a partial, not a closure: 2 objects for the garbage collector to track instead
@@ -300,6 +310,8 @@ class BackwardTaps:
 
 def _prehook(on_grad, pending: PendingBackward, side: str, paths: list, index: int,
              grad_outputs: tuple) -> None:
-    """Node pre-hook body: hand ``grad_outputs[index]`` (None when absent) to ``on_grad``."""
-    on_grad(pending, side, paths, grad_outputs[index] if index < len(grad_outputs) else None)
+    """Node pre-hook body: hand ``grad_outputs[index]`` (None when absent) to ``on_grad``;
+    a hook whose ``paths`` were emptied (moved elsewhere, :meth:`BackwardTaps._move`) does nothing."""
+    if paths:
+        on_grad(pending, side, paths, grad_outputs[index] if index < len(grad_outputs) else None)
 

@@ -265,3 +265,74 @@ def test_identity_nested_three_deep_and_loss_bits(tmp_path):
         assert name in data, sorted(data)
         assert_record(data[name]["input"][0], rx)
         assert_record(data[name]["output"][0], rx)
+
+
+class _AndTanh(nn.Module):
+    def forward(self, x):
+        return x, torch.tanh(x)
+
+
+class _DropAndTanh(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(x), torch.tanh(x)
+
+
+class _UseThenWrite(nn.Module):
+    def forward(self, x):
+        a = x * 2
+        x.relu_()
+        return a + x
+
+
+def test_input_view_that_stays_in_the_graph(tmp_path):
+    """The call uses its input besides handing it back (or before writing it in place):
+    the input view's node stays in the graph and receives only that use's gradient. The
+    entry waits for the gradient w.r.t. the whole input (it was emitted early with the
+    partial gradient, and the returned input's ``input`` slot null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"rt": _AndTanh(), "o": _DropAndTanh(), "ip": _UseThenWrite()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        for key in ("rt", "o"):
+            a, b = net[key](torch.matmul(inp, w))
+            (a.square().sum() + b.sum()).backward()
+        net["ip"](torch.matmul(inp, w) * 1).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(h.square().sum() + torch.tanh(h).sum(), h)
+    for name in ("Module.rt._AndTanh.backward.0", "Module.o._DropAndTanh.backward.0"):
+        entry = data[name]
+        assert_record(entry["input"][0], g)  # the returned input: its whole gradient
+        assert_record(entry["input"][1], torch.ones(3, 4))
+        assert_record(entry["output"][0], g)
+    entry = data["Module.o.drop.Dropout.backward.0"]  # the gradient w.r.t. its input view
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+    (gi,) = torch.autograd.grad((h * 2 + torch.relu(h)).square().sum(), h)
+    assert_record(data["Module.ip._UseThenWrite.backward.0"]["output"][0], gi)
+
+
+def test_identity_of_a_leaf_in_reentrant_checkpoint(tmp_path):
+    """Reentrant checkpoint recomputes on detached leaf copies of its inputs: the
+    recomputed dropout's entry has the gradient w.r.t. that copy."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def body(h):
+        return torch.tanh(F.dropout(h, p=0.0, training=True))
+
+    data = _record(tmp_path, lambda: checkpoint(body, torch.matmul(inp, w), use_reentrant=True).sum().backward())
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(torch.tanh(h).sum(), h)
+    entry = data["Functional.dropout.1.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
