@@ -37,6 +37,7 @@ views, every output view); entries left incomplete are emitted at step end.
 """
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any, Callable, Optional
 
@@ -54,7 +55,7 @@ class PendingBackward:
 
     __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
                  "in_slots", "out_slots", "grads_in", "grads_out",
-                 "expect_in", "expect_out", "fired_in", "fired_out", "done", "keep")
+                 "expect_in", "expect_out", "fired_in", "fired_out", "done", "keep", "__weakref__")
 
     def __init__(self, *, step: int, name: str, kind: str, api_type: str,
                  parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
@@ -295,6 +296,14 @@ class BackwardTaps:
 
     def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
                movable: bool = False) -> None:
+        if type(node).__name__ == "AccumulateGrad":
+            # a leaf's gradient accumulator (an input handed back unchanged) lives only while
+            # a graph refers to it: the entry keeps it, so that later uses of the leaf reach
+            # it, and its hook refers to the entry weakly: no cycle through the node that
+            # the garbage collector cannot see (it would keep the leaf and the entry alive)
+            pending.keep += (node,)
+            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending), side, paths, index))
+            return
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
         node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
@@ -302,10 +311,16 @@ class BackwardTaps:
             # a hook for an input handed back unchanged: should ``node`` be an enclosing
             # call's view node, that call moves it when it hands the view back unchanged too
             node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
-            if type(node).__name__ == "AccumulateGrad":
-                # a leaf's gradient accumulator lives only while a graph refers to it: keep
-                # it until the gradient arrives, so that later uses of the leaf reach it
-                pending.keep += (node,)
+
+
+def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,
+                  grad_outputs: tuple) -> None:
+    """:func:`_prehook` for an entry held weakly; the entry releases its kept nodes once done."""
+    pending = ref()
+    if pending is not None:
+        _prehook(on_grad, pending, side, paths, index, grad_outputs)
+        if pending.done:
+            pending.keep = ()
 
 
 def _prehook(on_grad, pending: PendingBackward, side: str, paths: list, index: int,

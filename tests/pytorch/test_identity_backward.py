@@ -336,3 +336,24 @@ def test_identity_of_a_leaf_in_reentrant_checkpoint(tmp_path):
     entry = data["Functional.dropout.1.backward"]
     assert_record(entry["input"][0], g)
     assert_record(entry["output"][0], g)
+
+
+def test_identity_of_a_leaf_keeps_nothing_alive(tmp_path):
+    """The leaf's gradient accumulator the entry keeps does not keep the entry, the
+    accumulator or the leaf alive past the step, with or without a backward pass."""
+    import gc
+    import weakref
+
+    refs = []
+
+    def run():
+        for backward in (False, True):
+            x = torch.randn(3, 4, requires_grad=True)
+            refs.append(weakref.ref(x))
+            y = F.dropout(F.dropout(x, p=0.0, training=True), p=0.0, training=True)
+            if backward:
+                y.sum().backward()
+
+    _record(tmp_path, run)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]  # the accumulator holds its leaf
