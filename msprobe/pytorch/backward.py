@@ -20,9 +20,12 @@ the caller's tensor (the caller's own view node for a user view such as ``x.view
 or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
 node of an enclosing call that hands the tensor back unchanged too (``nn.Dropout(0.0)``
 around ``F.dropout``), the enclosing call moves the nested call's hooks along with its own
-(``Node.metadata`` carries them), at any depth. A moved hook's old copy is disabled: the
-view's node may stay in the graph (the call used the view besides handing it back, or
-before writing it) and then sees only that use's part of the gradient.
+(``Node.metadata`` carries them), at any depth; so does an enclosing call that writes the
+view in place (``y = self.drop(x); y.mul_(2)``: the hooks go where the written input's
+gradient is taken), and one that hands back a view written in place by a call nested in it
+(that call's output hook goes to the caller's tensor's new node). A moved hook's old
+copy is disabled: the view's node may stay in the graph (the call used the view besides
+handing it back, or before writing it) and then sees only that use's part of the gradient.
 
 Deliberate approximations of an identity: since the caller's tensor *is* the returned
 one, other uses of it (before or after the call) cannot be told apart, and both slots
@@ -118,7 +121,8 @@ class TapState:
     __slots__ = ("views", "originals")
 
     def __init__(self) -> None:
-        # (view, caller's tensor, its node, its output_nr, version before the call, slot paths)
+        # (view, view's node, node producing the caller's tensor (or its same-shape base),
+        #  its output_nr, version before the call, slot paths)
         self.views: list[tuple] = []
         self.originals: dict[int, torch.Tensor] = {}  # id(view) -> caller's tensor
 
@@ -187,12 +191,13 @@ class BackwardTaps:
             view = value.view_as(value)
             paths = [path]
             src = _producer(value)
-            entry = (view, value, src.grad_fn, src.output_nr, view._version, paths)
+            vnode = view.grad_fn
+            entry = (view, vnode, src.grad_fn, src.output_nr, view._version, paths)
             if memo is not None:
                 memo[id(value)] = entry
             state.views.append(entry)
             state.originals[id(view)] = value
-            self._hook(view.grad_fn, 0, pending, "output", paths)
+            self._hook(vnode, 0, pending, "output", paths)
             return view
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
             items = [self._map_in(pending, v, path + (j,), memo, state, depth + 1) for j, v in enumerate(value)]
@@ -210,10 +215,13 @@ class BackwardTaps:
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
         unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
-        for view, orig, node, nr, version, paths in state.views:
+        for view, vnode, node, nr, version, paths in state.views:
             if view._version != version:
                 if node is not None:  # the view's node left the graph when it was modified
-                    self._move(node, nr, pending, "output", paths)
+                    # with the hooks of calls nested in this one that handed it back unchanged
+                    for args in vnode.metadata.pop(_MOVABLE, ()):
+                        self._move(node, nr, *args)
+                    self._move(node, nr, pending, "output", paths, movable=True)
             else:
                 unchanged[id(view)] = (view, paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
@@ -244,7 +252,13 @@ class BackwardTaps:
                     node, nr = _edge(same[0])
                     self._hook(node, nr, pending, "input", [path], movable=True)
                     return orig
-                value = orig
+                # written in place: the caller's tensor now ends in the write's node; hooks
+                # that nested calls (the write itself) placed on the view's node move there
+                if value.grad_fn is not None and orig.grad_fn is not None:
+                    for args in value.grad_fn.metadata.pop(_MOVABLE, ()):
+                        self._move(orig.grad_fn, orig.output_nr, *args)
+                self._hook_written(pending, orig, path)
+                return orig
             pending.in_slots.append((path, True))
             if _wants_grad(value) and value.grad_fn is not None:
                 self._hook(value.grad_fn, value.output_nr, pending, "input", [path])
@@ -274,6 +288,12 @@ class BackwardTaps:
         pending.in_slots.append((path, False))
         return value
 
+    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path) -> None:
+        """The backward ``input`` slot of an output that is an input written in place."""
+        pending.in_slots.append((path, True))
+        if _wants_grad(orig) and orig.grad_fn is not None:
+            self._hook(orig.grad_fn, orig.output_nr, pending, "input", [path], movable=True)
+
     def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list,
               movable: bool = False) -> None:
         if node is None:
@@ -302,7 +322,8 @@ class BackwardTaps:
             # it, and its hook refers to the entry weakly: no cycle through the node that
             # the garbage collector cannot see (it would keep the leaf and the entry alive)
             pending.keep += (node,)
-            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending), side, paths, index))
+            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending),
+                                          side, paths, index))
             return
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward

@@ -357,3 +357,42 @@ def test_identity_of_a_leaf_keeps_nothing_alive(tmp_path):
     _record(tmp_path, run)
     gc.collect()
     assert [r() for r in refs] == [None, None]  # the accumulator holds its leaf
+
+
+class _DropThenWrite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        y = self.drop(x)
+        y.mul_(2)
+        return y
+
+
+def test_identity_output_written_in_place_by_the_enclosing_module(tmp_path):
+    """``y = self.drop(x); y.mul_(2); return y``: the dropout entries' hooks sat on the
+    module's input view, whose node leaves the graph when ``mul_`` writes it (they were
+    missing), and ``mul_``'s output slot sat on the node the module's view gets after the
+    write, which leaves the graph when the module hands the caller's tensor back (null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"dw": _DropThenWrite()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        net["dw"](torch.matmul(inp, w) * 1).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = (torch.matmul(inp, w.detach()) * 1).requires_grad_()
+    (g,) = torch.autograd.grad((h * 2).square().sum(), h)  # w.r.t. the value before the write
+    for name in ("Module.dw.drop.Dropout.backward.0", "Functional.dropout.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+    y = (h.detach() * 2).requires_grad_()
+    (gy,) = torch.autograd.grad(y.square().sum(), y)  # w.r.t. the value after the write
+    assert_record(data["Tensor.mul_.0.backward"]["input"][0], gy)
+    assert_record(data["Tensor.mul_.0.backward"]["output"][0], g)
+    assert_record(data["Module.dw._DropThenWrite.backward.0"]["input"][0], gy)
+    assert_record(data["Module.dw._DropThenWrite.backward.0"]["output"][0], g)
