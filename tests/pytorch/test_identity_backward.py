@@ -396,3 +396,42 @@ def test_identity_output_written_in_place_by_the_enclosing_module(tmp_path):
     assert_record(data["Tensor.mul_.0.backward"]["output"][0], g)
     assert_record(data["Module.dw._DropThenWrite.backward.0"]["input"][0], gy)
     assert_record(data["Module.dw._DropThenWrite.backward.0"]["output"][0], g)
+
+
+class _Containers(nn.Module):
+    Pair = __import__("collections").namedtuple("Pair", "a b")
+
+    def forward(self, x):
+        return {"d": x, "n": self.Pair(x, 2)}
+
+
+def test_identity_in_containers_no_grad_and_retained_graph(tmp_path):
+    """The input handed back inside a dict and a namedtuple; an identity under no_grad has
+    no backward entry; with retain_graph the entry holds the first pass's gradient."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _Containers()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        out = net["c"](torch.matmul(inp, w))
+        (out["d"].square().sum() + out["n"].a.sum()).backward()
+        with torch.no_grad():
+            F.dropout(torch.matmul(inp, w), p=0.0, training=True)
+        h = torch.matmul(inp, w)
+        loss = F.dropout(h, p=0.0, training=True).square().sum()
+        loss.backward(retain_graph=True)
+        (loss * 3).backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(h.square().sum() + h.sum(), h)
+    entry = data["Module.c._Containers.backward.0"]
+    assert_record(entry["input"][0]["d"], g)
+    assert_record(entry["input"][0]["n"]["a"], g)
+    assert entry["input"][0]["n"]["b"] is None
+    assert_record(entry["output"][0], g)
+    assert "Functional.dropout.0.backward" not in data  # under no_grad
+    entry = data["Functional.dropout.1.backward"]
+    assert_record(entry["input"][0], 2 * h.detach())
+    assert_record(entry["output"][0], 2 * h.detach())
