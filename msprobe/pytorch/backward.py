@@ -329,8 +329,9 @@ class BackwardTaps:
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
         node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
         if movable:
-            # a hook for an input handed back unchanged: should ``node`` be an enclosing
-            # call's view node, that call moves it when it hands the view back unchanged too
+            # a hook on the caller's tensor of an input handed back or written: should
+            # ``node`` be an enclosing call's view node, that call moves it when the view
+            # leaves the graph (handed back unchanged or written in place there too)
             node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
 
 
