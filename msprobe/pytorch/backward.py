@@ -14,17 +14,33 @@ in-place ops on them rebase their base as usual (no custom-Function view restric
 A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
 with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
-has left the graph); an input handed back unchanged takes the gradient w.r.t. the returned
-tensor (both slots from the node that produced it, or produced the tensor it views with
-the same shape: an enclosing call's view, such as ``nn.Dropout(0.0)``'s around the
-``F.dropout`` inside it, leaves the graph the same way). Where that tensor has other uses
-too, both slots then hold its whole gradient.
+has left the graph). An input handed back unchanged takes, in both slots, the gradient
+w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
+the caller's tensor (the caller's own view node for a user view such as ``x.view_as(x)``
+or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
+node of an enclosing call that hands the tensor back unchanged too (``nn.Dropout(0.0)``
+around ``F.dropout``), the enclosing call moves the nested call's hooks along with its own
+(``Node.metadata`` carries them), at any depth; so does an enclosing call that writes the
+view in place (``y = self.drop(x); y.mul_(2)``: the hooks go where the written input's
+gradient is taken), and one that hands back a view written in place by a call nested in it
+(that call's output hook goes to the caller's tensor's new node). A moved hook's old
+copy is disabled: the view's node may stay in the graph (the call used the view besides
+handing it back, or before writing it) and then sees only that use's part of the gradient.
+
+Deliberate approximations of an identity: since the caller's tensor *is* the returned
+one, other uses of it (before or after the call) cannot be told apart, and both slots
+hold its whole gradient. ``torch.autograd.grad(..., inputs=[t])`` stops at ``t`` without
+running the node that produced it: an identity of ``t`` misses that pass (a later pass
+through the node, such as a double backward's, then supplies its entry). A recomputed
+identity (non-reentrant ``torch.utils.checkpoint``) hooks nodes of the original graph, so
+it gets a backward entry as well as the original call.
 
 An entry is complete when every input view has seen its gradient (or, with no input
 views, every output view); entries left incomplete are emitted at step end.
 """
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any, Callable, Optional
 
@@ -42,7 +58,7 @@ class PendingBackward:
 
     __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
                  "in_slots", "out_slots", "grads_in", "grads_out",
-                 "expect_in", "expect_out", "fired_in", "fired_out", "done")
+                 "expect_in", "expect_out", "fired_in", "fired_out", "done", "keep", "__weakref__")
 
     def __init__(self, *, step: int, name: str, kind: str, api_type: str,
                  parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
@@ -55,6 +71,7 @@ class PendingBackward:
         self.expect_in = self.expect_out = 0
         self.fired_in = self.fired_out = 0
         self.done = False
+        self.keep: tuple = ()  # leaf gradient accumulators hooked (see BackwardTaps._place)
 
     def to_call(self) -> Call:
         leaves: list[Leaf] = []
@@ -85,6 +102,15 @@ def _producer(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _edge(view: torch.Tensor) -> tuple:
+    """``(node, output_nr)`` of the tensor that ``view`` (one of our ``t.view_as(t)``) reads
+    from: ``t``'s own node, or its gradient accumulator when ``t`` is a leaf."""
+    return view.grad_fn.next_functions[0]
+
+
+_MOVABLE = "msprobe.movable"  # Node.metadata key: hooks to move when the node leaves the graph
+
+
 def _wants_grad(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad and t.layout == torch.strided
 
@@ -95,7 +121,8 @@ class TapState:
     __slots__ = ("views", "originals")
 
     def __init__(self) -> None:
-        # (view, caller's tensor, its node, its output_nr, version before the call, slot paths)
+        # (view, view's node, node producing the caller's tensor (or its same-shape base),
+        #  its output_nr, version before the call, slot paths)
         self.views: list[tuple] = []
         self.originals: dict[int, torch.Tensor] = {}  # id(view) -> caller's tensor
 
@@ -164,12 +191,13 @@ class BackwardTaps:
             view = value.view_as(value)
             paths = [path]
             src = _producer(value)
-            entry = (view, value, src.grad_fn, src.output_nr, view._version, paths)
+            vnode = view.grad_fn
+            entry = (view, vnode, src.grad_fn, src.output_nr, view._version, paths)
             if memo is not None:
                 memo[id(value)] = entry
             state.views.append(entry)
             state.originals[id(view)] = value
-            self._hook(view.grad_fn, 0, pending, "output", paths)
+            self._hook(vnode, 0, pending, "output", paths)
             return view
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
             items = [self._map_in(pending, v, path + (j,), memo, state, depth + 1) for j, v in enumerate(value)]
@@ -186,44 +214,54 @@ class BackwardTaps:
         place are re-hooked on the node that produced them, whose gradient is theirs; an
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
-        unchanged: dict = {}  # id(view) -> (caller's tensor, slot paths) of views not written
-        for view, orig, node, nr, version, paths in state.views:
+        unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
+        for view, vnode, node, nr, version, paths in state.views:
             if view._version != version:
-                if node is not None:
-                    pending.expect_out -= 1  # the view's node left the graph when it was modified
-                    self._hook(node, nr, pending, "output", paths)
+                if node is not None:  # the view's node left the graph when it was modified
+                    # with the hooks of calls nested in this one that handed it back unchanged
+                    for args in vnode.metadata.pop(_MOVABLE, ()):
+                        self._move(node, nr, *args)
+                    self._move(node, nr, pending, "output", paths, movable=True)
             else:
-                unchanged[id(view)] = (orig, paths)
+                unchanged[id(view)] = (view, paths)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
         result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
-        for src, paths in returned.values():
+        for view, paths in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
-            pending.expect_out -= 1
-            self._hook(src.grad_fn, src.output_nr, pending, "output", paths)
+            node, nr = _edge(view)
+            # calls nested in this one that handed the view back unchanged hooked the
+            # view's node: their hooks move with this call's to where the tensor was produced
+            for args in view.grad_fn.metadata.pop(_MOVABLE, ()):
+                self._move(node, nr, *args)
+            self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
     def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
         if isinstance(value, torch.Tensor):
-            src = value
             orig = originals.get(id(value))
             if orig is not None:  # the call returned our input view (in place or unchanged)
                 same = unchanged.get(id(value))
                 if same is not None:
-                    # the caller's tensor may itself be an enclosing call's view whose node
-                    # leaves the graph the same way (nn.Dropout(0.0) around F.dropout): take
-                    # the gradient where the tensor it views was produced
-                    src = _producer(orig)
-                    if src.grad_fn is not None:
-                        returned[id(value)] = (src, same[1])
-                else:
-                    src = orig
-                value = orig
+                    # handed back unchanged: hook the edge the view reads from, i.e. the
+                    # node that produced the caller's tensor (an accumulator for a leaf)
+                    returned[id(value)] = same
+                    pending.in_slots.append((path, True))
+                    node, nr = _edge(same[0])
+                    self._hook(node, nr, pending, "input", [path], movable=True)
+                    return orig
+                # written in place: the caller's tensor now ends in the write's node; hooks
+                # that nested calls (the write itself) placed on the view's node move there
+                if value.grad_fn is not None and orig.grad_fn is not None:
+                    for args in value.grad_fn.metadata.pop(_MOVABLE, ()):
+                        self._move(orig.grad_fn, orig.output_nr, *args)
+                self._hook_written(pending, orig, path)
+                return orig
             pending.in_slots.append((path, True))
-            if _wants_grad(value) and src.grad_fn is not None:
-                self._hook(src.grad_fn, src.output_nr, pending, "input", [path])
+            if _wants_grad(value) and value.grad_fn is not None:
+                self._hook(value.grad_fn, value.output_nr, pending, "input", [path])
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
@@ -250,20 +288,67 @@ class BackwardTaps:
         pending.in_slots.append((path, False))
         return value
 
-    def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list) -> None:
+    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path) -> None:
+        """The backward ``input`` slot of an output that is an input written in place."""
+        pending.in_slots.append((path, True))
+        if _wants_grad(orig) and orig.grad_fn is not None:
+            self._hook(orig.grad_fn, orig.output_nr, pending, "input", [path], movable=True)
+
+    def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+              movable: bool = False) -> None:
         if node is None:
             return
         if side == "output":
             pending.expect_out += 1
         else:
             pending.expect_in += 1
+        self._place(node, index, pending, side, paths, movable)
+
+    def _move(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+              movable: bool = False) -> None:
+        """Move a hook placed on a view's node to ``node``. The view's node may stay in the
+        graph (the call used the view before writing it, or besides handing it back): the
+        old hook's ``paths`` list is emptied, so it neither records nor counts when it fires;
+        the new hook counts in its place, with the whole gradient of the tensor."""
+        moved = list(paths)
+        paths.clear()
+        self._place(node, index, pending, side, moved, movable)
+
+    def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
+               movable: bool = False) -> None:
+        if type(node).__name__ == "AccumulateGrad":
+            # a leaf's gradient accumulator (an input handed back unchanged) lives only while
+            # a graph refers to it: the entry keeps it, so that later uses of the leaf reach
+            # it, and its hook refers to the entry weakly: no cycle through the node that
+            # the garbage collector cannot see (it would keep the leaf and the entry alive)
+            pending.keep += (node,)
+            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending),
+                                          side, paths, index))
+            return
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
         node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
+        if movable:
+            # a hook on the caller's tensor of an input handed back or written: should
+            # ``node`` be an enclosing call's view node, that call moves it when the view
+            # leaves the graph (handed back unchanged or written in place there too)
+            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
+
+
+def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,
+                  grad_outputs: tuple) -> None:
+    """:func:`_prehook` for an entry held weakly; the entry releases its kept nodes once done."""
+    pending = ref()
+    if pending is not None:
+        _prehook(on_grad, pending, side, paths, index, grad_outputs)
+        if pending.done:
+            pending.keep = ()
 
 
 def _prehook(on_grad, pending: PendingBackward, side: str, paths: list, index: int,
              grad_outputs: tuple) -> None:
-    """Node pre-hook body: hand ``grad_outputs[index]`` (None when absent) to ``on_grad``."""
-    on_grad(pending, side, paths, grad_outputs[index] if index < len(grad_outputs) else None)
+    """Node pre-hook body: hand ``grad_outputs[index]`` (None when absent) to ``on_grad``;
+    a hook whose ``paths`` were emptied (moved elsewhere, :meth:`BackwardTaps._move`) does nothing."""
+    if paths:
+        on_grad(pending, side, paths, grad_outputs[index] if index < len(grad_outputs) else None)
 

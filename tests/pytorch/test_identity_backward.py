@@ -131,3 +131,307 @@ def test_module_returning_its_input_twice(tmp_path):
     assert len(entry["input"]) == 2 and len(entry["output"]) == 1
     for record in entry["input"] + entry["output"]:
         assert_record(record, g)
+
+
+def _record(tmp_path, fn, level="L1", net=None):
+    """Run ``fn`` under a debugger; return the step's dump.json ``data``."""
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    dbg.start(net) if net is not None else dbg.start()
+    fn()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return load_dump(tmp_path / "d")[0]["data"]
+
+
+def test_identity_of_a_leaf(tmp_path):
+    """The caller's tensor is a leaf (no node produced it): the gradient is taken at its
+    gradient accumulator (the entry was missing)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4))
+
+    def run():
+        y = F.dropout(x, p=0.0, training=True)
+        (y * 3).sum().backward()
+        q = F.dropout(p, p=0.0, training=True)  # the leaf has another use later
+        (q.square().sum() + p.sum()).backward()
+
+    data = _record(tmp_path, run)
+    for name, g in (("Functional.dropout.0.backward", torch.full((3, 4), 3.0)),
+                    ("Functional.dropout.1.backward", 2 * p.detach() + 1)):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+    assert torch.equal(x.grad, torch.full((3, 4), 3.0))
+
+
+def test_identity_module_on_a_leaf(tmp_path):
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"ident": nn.Identity(), "lin": nn.Linear(4, 2)})
+    x = torch.randn(3, 4, requires_grad=True)
+    data = _record(tmp_path, lambda: net["lin"](net["ident"](x)).square().sum().backward(), "mix", net)
+    xx = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(net["lin"](xx).square().sum(), xx)
+    entry = data["Module.ident.Identity.backward.0"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+def test_identity_of_a_same_shape_user_view(tmp_path):
+    """``h = x.view_as(x)`` is the caller's own view: the identity's gradient is the one
+    w.r.t. ``h``, not ``x``'s whole gradient (``x`` has another use)."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        x = torch.matmul(inp, w)
+        h = x.view_as(x)
+        a = F.dropout(h, p=0.0, training=True)
+        (a.square().sum() + 3 * x.sum()).backward()
+
+    data = _record(tmp_path, run)
+    x = torch.matmul(inp, w.detach())
+    h = x.view_as(x).requires_grad_()
+    (g,) = torch.autograd.grad((h.square().sum() + 3 * x.sum()), h)
+    entry = data["Functional.dropout.0.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+class _Twice(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, p=0.0, training=True) * 2
+
+
+def test_identity_inside_a_module_whose_input_has_other_uses(tmp_path):
+    """F.dropout(p=0) hands back the module's input view, which stays in the graph (the
+    module is no identity): its gradient is the one through the module, not the whole
+    gradient of the module's input (used outside the module too)."""
+    torch.manual_seed(0)
+    net = _Twice()
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        h = torch.matmul(inp, w)
+        (net(h).square().sum() + h.sum()).backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    d = h.detach().requires_grad_()
+    (g,) = torch.autograd.grad((d * 2).square().sum(), d)  # w.r.t. the dropout's input
+    entry = data["Functional.dropout.0.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+    (gm,) = torch.autograd.grad((h * 2).square().sum() + h.sum(), h)
+    assert_record(data["Module.model._Twice.backward.0"]["output"][0], gm - 1)
+
+
+class _Wrap(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_identity_nested_three_deep_and_loss_bits(tmp_path):
+    """Three modules around nn.Dropout(0.0) around F.dropout, on a leaf: every entry has
+    the gradient w.r.t. the leaf; the forward and the gradients are bit-identical to a
+    run without the debugger."""
+    def run(record: bool):
+        torch.manual_seed(0)
+        net = nn.Sequential(_Wrap(_Wrap(nn.Dropout(0.0))), nn.Linear(4, 3), nn.Tanh())
+        x = torch.randn(5, 4, requires_grad=True)
+        out = {}
+
+        def body():
+            out["y"] = net(x)
+            out["loss"] = out["y"].square().sum()
+            out["loss"].backward()
+
+        data = _record(tmp_path / str(record), body, "mix", net) if record else body()
+        return data, out, x.grad, net[1].weight.grad
+
+    data, out, gx, gw = run(True)
+    _, ref, rx, rw = run(False)
+    assert torch.equal(out["y"], ref["y"]) and torch.equal(out["loss"], ref["loss"])
+    assert torch.equal(gx, rx) and torch.equal(gw, rw)
+    for name in ("Module.0._Wrap.backward.0", "Module.0.inner._Wrap.backward.0",
+                 "Module.0.inner.inner.Dropout.backward.0", "Functional.dropout.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], rx)
+        assert_record(data[name]["output"][0], rx)
+
+
+class _AndTanh(nn.Module):
+    def forward(self, x):
+        return x, torch.tanh(x)
+
+
+class _DropAndTanh(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(x), torch.tanh(x)
+
+
+class _UseThenWrite(nn.Module):
+    def forward(self, x):
+        a = x * 2
+        x.relu_()
+        return a + x
+
+
+def test_input_view_that_stays_in_the_graph(tmp_path):
+    """The call uses its input besides handing it back (or before writing it in place):
+    the input view's node stays in the graph and receives only that use's gradient. The
+    entry waits for the gradient w.r.t. the whole input (it was emitted early with the
+    partial gradient, and the returned input's ``input`` slot null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"rt": _AndTanh(), "o": _DropAndTanh(), "ip": _UseThenWrite()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        for key in ("rt", "o"):
+            a, b = net[key](torch.matmul(inp, w))
+            (a.square().sum() + b.sum()).backward()
+        net["ip"](torch.matmul(inp, w) * 1).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(h.square().sum() + torch.tanh(h).sum(), h)
+    for name in ("Module.rt._AndTanh.backward.0", "Module.o._DropAndTanh.backward.0"):
+        entry = data[name]
+        assert_record(entry["input"][0], g)  # the returned input: its whole gradient
+        assert_record(entry["input"][1], torch.ones(3, 4))
+        assert_record(entry["output"][0], g)
+    entry = data["Module.o.drop.Dropout.backward.0"]  # the gradient w.r.t. its input view
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+    (gi,) = torch.autograd.grad((h * 2 + torch.relu(h)).square().sum(), h)
+    assert_record(data["Module.ip._UseThenWrite.backward.0"]["output"][0], gi)
+
+
+def test_identity_of_a_leaf_in_reentrant_checkpoint(tmp_path):
+    """Reentrant checkpoint recomputes on detached leaf copies of its inputs: the
+    recomputed dropout's entry has the gradient w.r.t. that copy."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def body(h):
+        return torch.tanh(F.dropout(h, p=0.0, training=True))
+
+    data = _record(tmp_path, lambda: checkpoint(body, torch.matmul(inp, w), use_reentrant=True).sum().backward())
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(torch.tanh(h).sum(), h)
+    entry = data["Functional.dropout.1.backward"]
+    assert_record(entry["input"][0], g)
+    assert_record(entry["output"][0], g)
+
+
+def test_identity_of_a_leaf_keeps_nothing_alive(tmp_path):
+    """The leaf's gradient accumulator the entry keeps does not keep the entry, the
+    accumulator or the leaf alive past the step, with or without a backward pass."""
+    import gc
+    import weakref
+
+    refs = []
+
+    def run():
+        for backward in (False, True):
+            x = torch.randn(3, 4, requires_grad=True)
+            refs.append(weakref.ref(x))
+            y = F.dropout(F.dropout(x, p=0.0, training=True), p=0.0, training=True)
+            if backward:
+                y.sum().backward()
+
+    _record(tmp_path, run)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]  # the accumulator holds its leaf
+
+
+class _DropThenWrite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        y = self.drop(x)
+        y.mul_(2)
+        return y
+
+
+def test_identity_output_written_in_place_by_the_enclosing_module(tmp_path):
+    """``y = self.drop(x); y.mul_(2); return y``: the dropout entries' hooks sat on the
+    module's input view, whose node leaves the graph when ``mul_`` writes it (they were
+    missing), and ``mul_``'s output slot sat on the node the module's view gets after the
+    write, which leaves the graph when the module hands the caller's tensor back (null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"dw": _DropThenWrite()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        net["dw"](torch.matmul(inp, w) * 1).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = (torch.matmul(inp, w.detach()) * 1).requires_grad_()
+    (g,) = torch.autograd.grad((h * 2).square().sum(), h)  # w.r.t. the value before the write
+    for name in ("Module.dw.drop.Dropout.backward.0", "Functional.dropout.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+    y = (h.detach() * 2).requires_grad_()
+    (gy,) = torch.autograd.grad(y.square().sum(), y)  # w.r.t. the value after the write
+    assert_record(data["Tensor.mul_.0.backward"]["input"][0], gy)
+    assert_record(data["Tensor.mul_.0.backward"]["output"][0], g)
+    assert_record(data["Module.dw._DropThenWrite.backward.0"]["input"][0], gy)
+    assert_record(data["Module.dw._DropThenWrite.backward.0"]["output"][0], g)
+
+
+class _Containers(nn.Module):
+    Pair = __import__("collections").namedtuple("Pair", "a b")
+
+    def forward(self, x):
+        return {"d": x, "n": self.Pair(x, 2)}
+
+
+def test_identity_in_containers_no_grad_and_retained_graph(tmp_path):
+    """The input handed back inside a dict and a namedtuple; an identity under no_grad has
+    no backward entry; with retain_graph the entry holds the first pass's gradient."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _Containers()})
+    w = torch.randn(4, 4, requires_grad=True)
+    inp = torch.randn(3, 4)
+
+    def run():
+        out = net["c"](torch.matmul(inp, w))
+        (out["d"].square().sum() + out["n"].a.sum()).backward()
+        with torch.no_grad():
+            F.dropout(torch.matmul(inp, w), p=0.0, training=True)
+        h = torch.matmul(inp, w)
+        loss = F.dropout(h, p=0.0, training=True).square().sum()
+        loss.backward(retain_graph=True)
+        (loss * 3).backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    h = torch.matmul(inp, w.detach()).requires_grad_()
+    (g,) = torch.autograd.grad(h.square().sum() + h.sum(), h)
+    entry = data["Module.c._Containers.backward.0"]
+    assert_record(entry["input"][0]["d"], g)
+    assert_record(entry["input"][0]["n"]["a"], g)
+    assert entry["input"][0]["n"]["b"] is None
+    assert_record(entry["output"][0], g)
+    assert "Functional.dropout.0.backward" not in data  # under no_grad
+    entry = data["Functional.dropout.1.backward"]
+    assert_record(entry["input"][0], 2 * h.detach())
+    assert_record(entry["output"][0], 2 * h.detach())
