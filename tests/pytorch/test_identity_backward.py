@@ -11,6 +11,23 @@ from msprobe.pytorch import PrecisionDebugger
 from pt_helpers import assert_record, load_dump
 
 
+def _record(tmp_path, fn, level="L1", net=None, at_stop=False):
+    """Run ``fn`` under a debugger; return the step's dump.json ``data``. ``at_stop``: as
+    stop() wrote it, checking that step() then adds nothing (the entries were complete
+    when the backward pass returned)."""
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    dbg.start(net) if net is not None else dbg.start()
+    fn()
+    dbg.stop()
+    data = load_dump(tmp_path / "d")[0]["data"] if at_stop else None
+    dbg.step()
+    dbg.close()
+    final = load_dump(tmp_path / "d")[0]["data"]
+    if at_stop:
+        assert final == data
+    return final
+
+
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -37,20 +54,12 @@ def test_identity_calls_record_the_gradient_wrt_their_input(tmp_path):
     torch.manual_seed(0)
     net = _Net()
     x = torch.randn(4, 6)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
-    dbg.start(net)
-    net(x).square().sum().backward()
-    dbg.stop()
-    # the entries are complete when backward returns: stop() wrote them, step() adds nothing
-    data = load_dump(tmp_path / "d")[0]["data"]
-    dbg.step()
-    dbg.close()
+    data = _record(tmp_path, lambda: net(x).square().sum().backward(), "mix", net, at_stop=True)
     g = _grad_of_h(net, x)
     for name in ("Module.ident.Identity.backward.0", "Functional.dropout.0.backward"):
         assert name in data, sorted(data)
         assert_record(data[name]["input"][0], g)
         assert_record(data[name]["output"][0], g)
-    assert load_dump(tmp_path / "d")[0]["data"] == data
 
 
 def test_nested_identity_module_and_api(tmp_path):
@@ -60,13 +69,7 @@ def test_nested_identity_module_and_api(tmp_path):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.0), nn.Tanh(), nn.Linear(5, 3))
     x = torch.randn(4, 6)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
-    dbg.start(net)
-    net(x).square().sum().backward()
-    dbg.stop()
-    data = load_dump(tmp_path / "d")[0]["data"]
-    dbg.step()
-    dbg.close()
+    data = _record(tmp_path, lambda: net(x).square().sum().backward(), "mix", net, at_stop=True)
     lin0, lin1 = net[0], net[3]
     h = F.linear(x, lin0.weight.detach(), lin0.bias.detach()).requires_grad_()
     loss = F.linear(torch.tanh(h), lin1.weight.detach(), lin1.bias.detach()).square().sum()
@@ -85,16 +88,12 @@ def test_identity_output_with_two_uses(tmp_path):
     torch.manual_seed(0)
     w = torch.randn(3, 3, requires_grad=True)
     x = torch.randn(2, 3)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    dbg.start()
-    h = torch.matmul(x, w)
-    a = F.dropout(h, p=0.0, training=True)
-    b = torch.relu(a).sum() + a.sum()
-    b.backward()
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    data = load_dump(tmp_path / "d")[0]["data"]
+
+    def run():
+        a = F.dropout(torch.matmul(x, w), p=0.0, training=True)
+        (torch.relu(a).sum() + a.sum()).backward()
+
+    data = _record(tmp_path, run, at_stop=True)
     hh = torch.matmul(x, w.detach()).requires_grad_()
     (g,) = torch.autograd.grad(torch.relu(hh).sum() + hh.sum(), hh)
     entry = data["Functional.dropout.0.backward"]
@@ -117,13 +116,7 @@ def test_module_returning_its_input_twice(tmp_path):
         return net["head"](torch.tanh(a) + 2 * b)
 
     x = torch.randn(5, 4)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
-    dbg.start(net)
-    run(x).square().sum().backward()
-    dbg.stop()
-    data = load_dump(tmp_path / "d")[0]["data"]
-    dbg.step()
-    dbg.close()
+    data = _record(tmp_path, lambda: run(x).square().sum().backward(), "mix", net, at_stop=True)
     h = F.linear(x, lin.weight.detach(), lin.bias.detach()).requires_grad_()
     loss = F.linear(torch.tanh(h) + 2 * h, head.weight.detach(), head.bias.detach()).square().sum()
     (g,) = torch.autograd.grad(loss, h)
@@ -131,17 +124,6 @@ def test_module_returning_its_input_twice(tmp_path):
     assert len(entry["input"]) == 2 and len(entry["output"]) == 1
     for record in entry["input"] + entry["output"]:
         assert_record(record, g)
-
-
-def _record(tmp_path, fn, level="L1", net=None):
-    """Run ``fn`` under a debugger; return the step's dump.json ``data``."""
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
-    dbg.start(net) if net is not None else dbg.start()
-    fn()
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    return load_dump(tmp_path / "d")[0]["data"]
 
 
 def test_identity_of_a_leaf(tmp_path):
