@@ -42,11 +42,26 @@ class _Entry:
 
 
 # --- leaf records ------------------------------------------------------------------------
+#: Fields of a tensor-leaf record tuple (the :data:`store.schema.LOG_SCHEMA` columns of a
+#: tensor leaf row, in this order). EntryBuilder keeps each tensor leaf as such an exact
+#: ``tuple`` (``shape`` a tuple of ints too, or None): a tuple of atomic values costs less
+#: to build than a dict and the cyclic GC stops tracking it. :func:`_tensor_record` gives
+#: its dump.json dict; :func:`store.record_text.encode_records` writes the same text
+#: directly. No other tuple is ever stored in entry values (JSON values parse to lists).
+RECORD_FIELDS = (
+    S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN, S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE,
+    S.MIN_FINITE, S.CRC32, S.DATA_NAME,
+)
+
+
 def _tensor_record(
     type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite, min_finite, crc32,
     data_name,
 ) -> dict:
-    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order."""
+    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order (``shape``
+    given as a tuple becomes a list)."""
+    if type(shape) is tuple:
+        shape = list(shape)
     record: dict[str, Any] = {"type": type_, "dtype": dtype, "shape": shape}
     if dtype in S.BOOL_DTYPES:
         record["Max"] = None if max_ is None else bool(max_)
@@ -71,6 +86,22 @@ def _tensor_record(
     return record
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with every record tuple replaced by its :func:`_tensor_record` dict (new
+    containers where something was replaced; others are returned as they are)."""
+    kind = type(value)
+    if kind is tuple:
+        return _tensor_record(*value)
+    if kind is list:
+        return [_plain(item) if type(item) in _NESTED else item for item in value]
+    if kind is dict:
+        return {key: _plain(item) if type(item) in _NESTED else item for key, item in value.items()}
+    return value
+
+
+_NESTED = (tuple, list, dict)
+
+
 def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
     """Store ``value`` at ``path`` below ``root`` (int = list index, str = dict key),
     creating containers on the way; returns the (possibly new) root. Lists are padded
@@ -82,6 +113,8 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
     """
     if not path:
         return value
+    if type(root) is tuple:
+        root = _tensor_record(*root)  # a record on the way is its dict, as when records were dicts
     if not isinstance(root, (list, dict)):
         root = [] if isinstance(path[0], int) else {}
     node = root
@@ -99,6 +132,8 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
             node[slot] = value
             break
         child = node[slot] if isinstance(node, list) else node.get(slot)
+        if type(child) is tuple:
+            child = node[slot] = _tensor_record(*child)
         if not isinstance(child, (list, dict)):
             child = [] if isinstance(path[depth + 1], int) else {}
             node[slot] = child
@@ -133,7 +168,9 @@ def _order_entries(entries: dict[str, _Entry]) -> list[str]:
     return order
 
 
-def _entry_value(entry: _Entry) -> Any:
+def _entry_raw(entry: _Entry) -> Any:
+    """The JSON value of ``entry`` with tensor leaves still as record tuples (what
+    :func:`store.record_text.encode_records` writes; :func:`_entry_value` for plain JSON)."""
     if entry.kind == S.DEBUG_SAVE:
         return entry.values.get("")
     value: dict[str, Any] = {}
@@ -151,6 +188,11 @@ def _entry_value(entry: _Entry) -> Any:
     return value
 
 
+def _entry_value(entry: _Entry) -> Any:
+    """The JSON value of ``entry`` (plain dicts, lists and scalars)."""
+    return _plain(_entry_raw(entry))
+
+
 def _seq_order(seqs: list) -> Optional[list[int]]:
     """None when ``seqs`` (ints, maybe None) never decreases and has no None; else the
     positions in stable ascending order (None last), what a stable sort by ``seq`` gives."""
@@ -166,9 +208,10 @@ def _seq_order(seqs: list) -> Optional[list[int]]:
 
 def _rows_as_lists(rows: pa.Table, row_kind: str, columns: Sequence[str]) -> list[list]:
     """The columns of the rows of one row kind as Python lists, in stable ``seq`` order
-    (numpy masks and slices, not pyarrow.compute: the recording process never loads it)."""
+    (numpy masks and slices, not pyarrow.compute: the recording process never loads it);
+    a ``list<int>`` column gives tuples."""
     part = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], row_kind))
-    lists = [arrow_np.pylist(part[name]) for name in columns]
+    lists = [arrow_np.pylist(part[name], tuples=True) for name in columns]
     order = _seq_order(lists[columns.index(S.SEQ)])
     if order is not None:
         lists = [[values[i] for i in order] for values in lists]
@@ -258,21 +301,28 @@ class EntryBuilder:
                 self.max_seq = seq
 
         leaves = _rows_as_lists(rows, S.ROW_LEAF, _LEAF_COLUMNS)
+        seqs = leaves[0]
+        for seq in reversed(seqs):  # the largest seq: the last one that is set (seq order)
+            if seq is not None:
+                if seq > self.max_seq:
+                    self.max_seq = seq  # a later part holding this seq's call row is out of order
+                break
         path_cache = self._path_cache
-        for (
-            seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
-            requires_grad, max_finite, min_finite, crc32, data_name, value_json,
-        ) in zip(*leaves):
-            if seq is not None and seq > self.max_seq:
-                self.max_seq = seq  # a later part holding this seq's call row is out of order
-            entry = entry_of_seq.get(seq)
-            if entry is None:
-                continue
-            if leaf_kind == S.LEAF_TENSOR:
-                value = _tensor_record(
-                    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
-                    min_finite, crc32, data_name,
-                )
+        records = zip(*leaves[4:16])  # RECORD_FIELDS: one exact tuple per row, built by zip
+        last_seq = entry = values = None
+        tensor_kind = S.LEAF_TENSOR
+        for seq, io, path_text, leaf_kind, record, value_json in zip(
+            seqs, leaves[1], leaves[2], leaves[3], records, leaves[16],
+        ):
+            if seq != last_seq or entry is None:
+                last_seq = seq
+                entry = entry_of_seq.get(seq)
+                if entry is None:
+                    continue
+                values = entry.values
+                touched.add(entry.name)
+            if leaf_kind == tensor_kind:
+                value = record
             elif leaf_kind == S.LEAF_VALUE:
                 value = json.loads(value_json) if value_json is not None else None
             elif leaf_kind == S.LEAF_EMPTY_LIST:
@@ -286,19 +336,17 @@ class EntryBuilder:
                 path = json.loads(path_text) if path_text else []
                 path_cache[path_text] = path
             key = io if io is not None else ""
-            root = entry.values.get(key)
+            root = values.get(key)
             if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
                 index = path[0]  # the common case of _put, inline: element `index` of a list
                 if root is None:
-                    root = []
+                    root = values[key] = []
                 if index >= 0:
                     if len(root) <= index:
                         root.extend([None] * (index + 1 - len(root)))
                     root[index] = value
-                entry.values[key] = root
             else:
-                entry.values[key] = _put(root, path, value)
-            touched.add(entry.name)
+                values[key] = _put(root, path, value)
         return touched
 
 

@@ -34,11 +34,12 @@ import pyarrow as pa
 from store import arrow_np
 from store import schema as S
 from store.entries import (  # noqa: F401  (build_entries, entry_values: public here too)
-    EntryBuilder, _Entry, _entry_value, build_entries, entry_values,
+    EntryBuilder, _Entry, _entry_raw, build_entries, entry_values,
 )
 from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
 from store.fileutil import atomic_write_text, make_dirs
+from store.record_text import records_encoder
 from store.log_reader import Skipped, read_log
 from store.payload_writer import Payload, PayloadReader
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
@@ -209,10 +210,11 @@ _EMPTY_DATA_TAIL = "{}\n}"
 
 
 def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], cache_key: Callable[[str, Any], Any],
-                 chunks: Optional[dict], indent: str) -> Optional[str]:
+                 chunks: Optional[dict], indent: str, encode: Callable[[Any, str, list], None] = _encode) -> Optional[str]:
     """The ``indent=1`` text of a non-empty JSON object nested at ``indent[:-1]``, given as
     ``(key, token)`` pairs whose values are ``value_of(token)``; each ``"key": value``
-    member is encoded once and kept in ``chunks`` under ``cache_key(key, token)``.
+    member is encoded once (by ``encode``, :func:`store.json_text._encode`'s signature)
+    and kept in ``chunks`` under ``cache_key(key, token)``.
     None when a value is not plain JSON (the caller falls back to :func:`json.dumps`)."""
     parts = []
     try:
@@ -221,7 +223,7 @@ def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], A
             piece = chunks.get(ck) if chunks is not None else None
             if piece is None:
                 out = [_ENCODE_STR(key), ": "]
-                _encode(value_of(token), indent, out)
+                encode(value_of(token), indent, out)
                 piece = "".join(out)
                 if chunks is not None:
                     chunks[ck] = piece
@@ -241,8 +243,8 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     """
     head = _dumps(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
-        data = _object_text([(name, name) for name in order], lambda name: _entry_value(entries[name]),
-                            lambda name, _: name, chunks, "  ")
+        data = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
+                            lambda name, _: name, chunks, "  ", records_encoder())
         if data is not None:
             return head[: -len(_EMPTY_DATA_TAIL)] + data + "\n}"
     return _dumps(_top(meta, level, entry_values(order, entries)))
