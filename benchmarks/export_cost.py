@@ -11,7 +11,8 @@ with ``time.perf_counter``; the report gives calls per step, exclusive ms per st
 not spent in another listed function) and inclusive ms per step, averaged over ``STEPS``
 recorded steps (default 8) after 2 warm-up steps, then the number of objects the cyclic
 GC tracks and the full (generation 2) collections during the timed steps, and a digest of
-the files of the last step (equal digests: byte-identical output, ``ROOT`` in stack frames replaced).
+the files of the last step (equal digests: byte-identical output; ``ROOT`` and this script's checkout in stack
+frames replaced).
 """
 import collections
 import gc
@@ -105,5 +106,8 @@ for dirpath, _, files in sorted(os.walk(last)):
     for f in sorted(files):
         if f.endswith(".json"):
             digest.update(f.encode())
-            digest.update(open(os.path.join(dirpath, f), "rb").read().replace(ROOT.encode(), b"ROOT"))
-print("files digest", digest.hexdigest()[:16])
+            text = open(os.path.join(dirpath, f), "rb").read()
+            for root in (ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+                text = text.replace(os.path.abspath(root).encode(), b"ROOT")  # stack frames
+            digest.update(text)
+print("files digest", digest.hexdigest()[:16], last)

@@ -46,8 +46,10 @@ class _Entry:
 #: tensor leaf row, in this order). EntryBuilder keeps each tensor leaf as such an exact
 #: ``tuple`` (``shape`` a tuple of ints too, or None): a tuple of atomic values costs less
 #: to build than a dict and the cyclic GC stops tracking it. :func:`_tensor_record` gives
-#: its dump.json dict; :func:`store.record_text.encode_records` writes the same text
-#: directly. No other tuple is ever stored in entry values (JSON values parse to lists).
+#: its dump.json dict; :func:`store.record_text.records_encoder` writes the same text
+#: directly. A value leaf is kept as the 1-tuple ``(value_json,)`` (parsed by
+#: :func:`_leaf_value`). No other tuple is ever stored in entry values (parsed JSON holds
+#: lists, never tuples); :func:`_plain` turns both kinds into plain JSON.
 RECORD_FIELDS = (
     S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN, S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE,
     S.MIN_FINITE, S.CRC32, S.DATA_NAME,
@@ -86,12 +88,20 @@ def _tensor_record(
     return record
 
 
+def _leaf_value(leaf: tuple) -> Any:
+    """The JSON value of a leaf tuple: the :func:`_tensor_record` dict of a record, the
+    parsed text of a value leaf ``(value_json,)`` (a new object on every call)."""
+    if len(leaf) == 1:
+        return json.loads(leaf[0])
+    return _tensor_record(*leaf)
+
+
 def _plain(value: Any) -> Any:
-    """``value`` with every record tuple replaced by its :func:`_tensor_record` dict (new
-    containers where something was replaced; others are returned as they are)."""
+    """``value`` with every leaf tuple replaced by its :func:`_leaf_value` (new containers
+    where something was replaced; others are returned as they are)."""
     kind = type(value)
     if kind is tuple:
-        return _tensor_record(*value)
+        return _leaf_value(value)
     if kind is list:
         return [_plain(item) if type(item) in _NESTED else item for item in value]
     if kind is dict:
@@ -114,7 +124,7 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
     if not path:
         return value
     if type(root) is tuple:
-        root = _tensor_record(*root)  # a record on the way is its dict, as when records were dicts
+        root = _leaf_value(root)  # a leaf on the way is its value, as when leaves were parsed at once
     if not isinstance(root, (list, dict)):
         root = [] if isinstance(path[0], int) else {}
     node = root
@@ -133,7 +143,7 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
             break
         child = node[slot] if isinstance(node, list) else node.get(slot)
         if type(child) is tuple:
-            child = node[slot] = _tensor_record(*child)
+            child = node[slot] = _leaf_value(child)
         if not isinstance(child, (list, dict)):
             child = [] if isinstance(path[depth + 1], int) else {}
             node[slot] = child
@@ -210,7 +220,7 @@ def _rows_as_lists(rows: pa.Table, row_kind: str, columns: Sequence[str]) -> lis
     """The columns of the rows of one row kind as Python lists, in stable ``seq`` order
     (numpy masks and slices, not pyarrow.compute: the recording process never loads it);
     a ``list<int>`` column gives tuples."""
-    part = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], row_kind))
+    part = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], row_kind)).combine_chunks()
     lists = [arrow_np.pylist(part[name], tuples=True) for name in columns]
     order = _seq_order(lists[columns.index(S.SEQ)])
     if order is not None:
@@ -247,23 +257,47 @@ class EntryBuilder:
 
     def __init__(self, previous: Optional["EntryBuilder"] = None) -> None:
         """Args:
-            previous: a builder whose parsed ``keys``/``path`` texts are reused (read-only
-                lists; not shared once they hold more than :data:`_CACHE_LIMIT` texts).
+            previous: a builder whose parsed ``keys``/``path`` texts and checked value
+                texts are reused (read-only; not shared once they hold more than
+                :data:`_CACHE_LIMIT` texts).
         """
         self.entries: dict[str, _Entry] = {}
         self._entry_of_seq: dict[int, _Entry] = {}
         self._keys_cache: dict[Optional[str], list[str]] = {}
-        self._path_cache: dict[Optional[str], list] = {}
+        # path text -> (components, list index of a one-int path or -1)
+        self._path_cache: dict[Optional[str], tuple[tuple, int]] = {}
+        self._value_texts: dict[str, tuple[str]] = {}  # value_json texts json.loads accepted
         if previous is not None:
             if len(previous._keys_cache) <= _CACHE_LIMIT:
                 self._keys_cache = previous._keys_cache
             if len(previous._path_cache) <= _CACHE_LIMIT:
                 self._path_cache = previous._path_cache
+            if len(previous._value_texts) <= _CACHE_LIMIT:
+                self._value_texts = previous._value_texts
         self.max_seq = -1
 
     def order(self) -> list[str]:
         """Entry names in dump.json order (:func:`_order_entries`)."""
         return _order_entries(self.entries)
+
+    def _path(self, path_text: Optional[str]) -> tuple[tuple, int]:
+        """``(components, index)`` of a ``path`` text, cached: ``index`` is the list index
+        of a path of one non-negative int, -1 for any other path."""
+        path = tuple(json.loads(path_text)) if path_text else ()
+        index = path[0] if len(path) == 1 and type(path[0]) is int and path[0] >= 0 else -1
+        parsed = self._path_cache[path_text] = (path, index)
+        return parsed
+
+    def _value(self, value_json: Optional[str]) -> Any:
+        """The leaf of a value row: ``(value_json,)``, the text checked by ``json.loads``
+        once per builder chain (a bad text raises here, as when it was parsed at once)."""
+        if value_json is None:
+            return None
+        token = self._value_texts.get(value_json)
+        if token is None:
+            json.loads(value_json)  # ValueError for a text that is not JSON
+            token = self._value_texts[value_json] = (value_json,)
+        return token
 
     def add(self, rows: pa.Table) -> set[str]:
         """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
@@ -284,17 +318,18 @@ class EntryBuilder:
                 keys_cache[keys_text] = keys
             entry = entries.get(name)
             if entry is None:
-                entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
+                entry = entries[name] = _Entry(name, kind, list(keys), parent, stack_id, is_recompute)
             else:
+                entry_keys = entry.keys
                 for key in keys:
-                    if key not in entry.keys:
-                        entry.keys.append(key)
-            if entry.parent is None:
-                entry.parent = parent
-            if entry.stack_id is None:
-                entry.stack_id = stack_id
-            if entry.is_recompute is None:
-                entry.is_recompute = is_recompute
+                    if key not in entry_keys:
+                        entry_keys.append(key)
+                if entry.parent is None:
+                    entry.parent = parent
+                if entry.stack_id is None:
+                    entry.stack_id = stack_id
+                if entry.is_recompute is None:
+                    entry.is_recompute = is_recompute
             entry_of_seq[seq] = entry
             touched.add(name)
             if seq is not None and seq > self.max_seq:
@@ -324,27 +359,26 @@ class EntryBuilder:
             if leaf_kind == tensor_kind:
                 value = record
             elif leaf_kind == S.LEAF_VALUE:
-                value = json.loads(value_json) if value_json is not None else None
+                value = self._value(value_json)
             elif leaf_kind == S.LEAF_EMPTY_LIST:
                 value = []
             elif leaf_kind == S.LEAF_EMPTY_DICT:
                 value = {}
             else:
                 value = None
-            path = path_cache.get(path_text)
-            if path is None:
-                path = json.loads(path_text) if path_text else []
-                path_cache[path_text] = path
+            path, index = path_cache.get(path_text) or self._path(path_text)
             key = io if io is not None else ""
             root = values.get(key)
-            if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
-                index = path[0]  # the common case of _put, inline: element `index` of a list
+            if index >= 0 and (root is None or type(root) is list):
+                # the common case of _put, inline: element `index` of a list
                 if root is None:
-                    root = values[key] = []
-                if index >= 0:
-                    if len(root) <= index:
-                        root.extend([None] * (index + 1 - len(root)))
+                    values[key] = [None] * index + [value]
+                elif len(root) > index:
                     root[index] = value
+                else:
+                    if len(root) < index:
+                        root.extend([None] * (index - len(root)))
+                    root.append(value)
             else:
                 values[key] = _put(root, path, value)
         return touched

@@ -10,6 +10,7 @@ encoder, and an equal record met again in the same dump is not formatted again.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from store import schema as S
@@ -92,6 +93,13 @@ def _record_text(record: tuple, indent: str) -> str:
         return "".join(out)
 
 
+def _value_text(value_json: str, indent: str) -> str:
+    """The ``indent=1`` text of the JSON value ``value_json`` nested at ``indent``."""
+    out: list = []
+    _encode_plain(json.loads(value_json), indent, out)
+    return "".join(out)
+
+
 def _has_zero(record: tuple) -> bool:
     """True when a float statistic of ``record`` is 0.0 or -0.0 (equal as keys, not as text)."""
     return 0.0 in (record[3], record[4], record[5], record[6], record[8], record[9])
@@ -100,13 +108,17 @@ def _has_zero(record: tuple) -> bool:
 def records_encoder() -> Callable[[Any, str, list], None]:
     """A new ``encode(value, indent, out)``: appends the ``indent=1`` text of ``value``
     nested at ``indent`` (a str of spaces) to ``out`` (a list of str), each tuple in it
-    written as the tensor record it stands for (:data:`store.entries.RECORD_FIELDS`),
-    exactly ``json.dumps(_plain(value), indent=1)``'s text at that depth.
+    written as the leaf it stands for (a tensor record, :data:`store.entries.RECORD_FIELDS`,
+    or a value leaf ``(value_json,)``), exactly ``json.dumps(_plain(value), indent=1)``'s
+    text at that depth.
 
-    The encoder keeps the text of the records it wrote (an equal record at the same depth
-    is not formatted again: the output of one call is the input of the next, same
-    statistics); make one per dump, the texts are freed with it. A record with a zero
-    statistic is always formatted (0.0 and -0.0 are equal keys but different texts).
+    The encoder keeps the text of the leaves it wrote (an equal leaf at the same depth is
+    not formatted again: the output of one call is the input of the next, same
+    statistics; value leaves repeat a few texts); make one per dump, the texts are freed
+    with it. A record with a zero statistic is always formatted and never kept (0.0 and
+    -0.0 are equal keys but different texts; a record equal to a kept one has no zero
+    either). Records hold column values (floats or None in the float fields, ints in the
+    shape): equal records then have equal texts.
 
     Raises (from ``encode``):
         store.json_text._NotPlainJson: a value that is not plain JSON (dict keys not str,
@@ -114,15 +126,20 @@ def records_encoder() -> Callable[[Any, str, list], None]:
     """
     texts: dict = {}
 
-    def on_tuple(record: tuple, indent: str, out: list) -> None:
-        key = (record, indent)
+    def on_tuple(leaf: tuple, indent: str, out: list) -> None:
+        key = (leaf, indent)
         try:
             text = texts.get(key)
-        except TypeError:  # an unhashable field: not a record EntryBuilder makes
-            out.append(_record_text(record, indent))
+        except TypeError:  # an unhashable field: not a leaf EntryBuilder makes
+            out.append(_record_text(leaf, indent))
             return
-        if text is None or _has_zero(record):
-            text = texts[key] = _record_text(record, indent)
+        if text is None:
+            if len(leaf) == 1:
+                text = texts[key] = _value_text(leaf[0], indent)
+            else:
+                text = _record_text(leaf, indent)
+                if not _has_zero(leaf):  # a key equal to a record without zeros has none either
+                    texts[key] = text
         out.append(text)
 
     return _make_encoder(on_tuple)
