@@ -182,11 +182,11 @@ def _pylist_chunk(array: pa.Array, tuples: bool = False) -> list:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return array.to_numpy(zero_copy_only=False).tolist()
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        numbers = _values_chunk(array).tolist()
         if array.null_count == 0:
-            return numbers
-        valid = _valid_chunk(array).tolist()
-        return [number if ok else None for number, ok in zip(numbers, valid)]
+            return _values_chunk(array).tolist()
+        numbers = _values_chunk(array).astype(object)  # Python ints/floats/bools, made in C
+        numbers[~_valid_chunk(array)] = None
+        return numbers.tolist()
     if pa.types.is_list(kind) and pa.types.is_integer(kind.value_type):
         offsets = array.offsets.to_numpy().tolist()
         flat = _pylist_chunk(array.values)

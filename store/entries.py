@@ -30,11 +30,14 @@ _CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.
 _CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
+    """One dump.json entry being built: ``keys`` in order of first appearance (a tuple,
+    replaced when a later call row adds keys), ``values`` by top-level key."""
+
     name: str
     kind: str
-    keys: list[str]
+    keys: tuple[str, ...]
     parent: Optional[str] = None
     stack_id: Optional[int] = None
     is_recompute: Optional[bool] = None
@@ -263,7 +266,7 @@ class EntryBuilder:
         """
         self.entries: dict[str, _Entry] = {}
         self._entry_of_seq: dict[int, _Entry] = {}
-        self._keys_cache: dict[Optional[str], list[str]] = {}
+        self._keys_cache: dict[Optional[str], tuple[str, ...]] = {}
         # path text -> (components, list index of a one-int path or -1)
         self._path_cache: dict[Optional[str], tuple[tuple, int]] = {}
         self._value_texts: dict[str, tuple[str]] = {}  # value_json texts json.loads accepted
@@ -314,16 +317,18 @@ class EntryBuilder:
                 continue
             keys = keys_cache.get(keys_text)
             if keys is None:
-                keys = json.loads(keys_text) if keys_text else []
+                keys = tuple(json.loads(keys_text)) if keys_text else ()
                 keys_cache[keys_text] = keys
             entry = entries.get(name)
             if entry is None:
-                entry = entries[name] = _Entry(name, kind, list(keys), parent, stack_id, is_recompute)
+                entry = entries[name] = _Entry(name, kind, keys, parent, stack_id, is_recompute)
             else:
-                entry_keys = entry.keys
-                for key in keys:
-                    if key not in entry_keys:
-                        entry_keys.append(key)
+                if keys != entry.keys:
+                    entry_keys = list(entry.keys)
+                    for key in keys:
+                        if key not in entry_keys:
+                            entry_keys.append(key)
+                    entry.keys = tuple(entry_keys)
                 if entry.parent is None:
                     entry.parent = parent
                 if entry.stack_id is None:

@@ -40,56 +40,84 @@ def _flag(value: Any) -> str:
     raise TypeError(f"not a bool: {type(value).__name__}")
 
 
-def _record_fast(record: tuple, indent: str) -> str:
-    """The text of one record tuple at ``indent``; TypeError/ValueError when a field has
-    a type the fast path does not handle (the caller then encodes the dict)."""
+class _Frame:
+    """The fixed text around the fields of a record nested at one indent, and the texts
+    an encoder already wrote at that indent (per :func:`records_encoder`, never shared)."""
+
+    __slots__ = ("indent", "labels", "close", "deeper", "shapes", "leaves")
+
+    def __init__(self, indent: str) -> None:
+        inner = indent + " "
+        sep = ",\n" + inner
+        self.indent = indent
+        #: what precedes each field of RECORD_FIELDS (in that order) and its JSON key
+        self.labels = ("{\n" + inner + '"type": ',) + tuple(
+            sep + '"' + key + '": ' for key in (
+                "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "Max_except_inf_nan",
+                "Min_except_inf_nan", "md5", "data_name",
+            )
+        )
+        self.close = "\n" + indent + "}"
+        self.deeper = (inner + " ", "\n" + inner + "]")
+        self.shapes: dict = {None: "null", (): "[]"}  # shape tuple -> text (ints only)
+        self.leaves: dict = {}  # leaf tuple -> text
+
+
+def _shape_text(shape: tuple, frame: _Frame) -> str:
+    """The text of a non-empty shape tuple of ints in ``frame`` (kept there)."""
+    if type(shape) is not tuple:
+        raise TypeError("shape")
+    deeper, close = frame.deeper
+    text = frame.shapes[shape] = "[\n" + deeper + (",\n" + deeper).join(map(int.__repr__, shape)) + close
+    return text
+
+
+def _record_fast(record: tuple, frame: _Frame) -> str:
+    """The text of one record tuple in ``frame``; TypeError/ValueError when a field has a
+    type this path does not handle (the caller then encodes the record's dict)."""
     (type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite, min_finite, crc32,
      data_name) = record
-    inner = indent + " "
-    sep = ",\n" + inner
-    if type(shape) is tuple:
-        if shape:
-            deeper = inner + " "
-            shape_text = "[\n" + deeper + (",\n" + deeper).join(map(int.__repr__, shape)) + "\n" + inner + "]"
-        else:
-            shape_text = "[]"
-    elif shape is None:
-        shape_text = "null"
-    else:
-        raise TypeError("shape")
+    (l_type, l_dtype, l_shape, l_max, l_min, l_mean, l_norm, l_grad, l_max_finite, l_min_finite, l_md5,
+     l_name) = frame.labels
+    shape_text = frame.shapes.get(shape) or _shape_text(shape, frame)
     if dtype in _BOOL_DTYPES:
-        stats = (("null" if max_ is None else "true" if max_ else "false") + sep + '"Min": '
-                 + ("null" if min_ is None else "true" if min_ else "false") + sep + '"Mean": null'
-                 + sep + '"Norm": null')
-    else:
-        stats = (_number(max_) + sep + '"Min": ' + _number(min_) + sep + '"Mean": ' + _number(mean)
-                 + sep + '"Norm": ' + _number(norm))
-    text = (f'{{\n{inner}"type": {_ENCODE_STR(type_)}{sep}"dtype": {_ENCODE_STR(dtype)}{sep}"shape": '
-            f'{shape_text}{sep}"Max": {stats}')
-    if requires_grad is not None:
-        text += sep + '"requires_grad": ' + _flag(requires_grad)
-    if max_finite is not None:
-        text += sep + '"Max_except_inf_nan": ' + _number(max_finite)
-    if min_finite is not None:
-        text += sep + '"Min_except_inf_nan": ' + _number(min_finite)
-    if crc32 is not None:
-        text += sep + '"md5": ' + _ENCODE_STR(crc32)
+        max_text = "null" if max_ is None else "true" if max_ else "false"
+        min_text = "null" if min_ is None else "true" if min_ else "false"
+        mean_text = norm_text = "null"
+    else:  # float.__repr__ of a finite float inline; None, NaN, ±Infinity (or a TypeError) by _number
+        max_text = _repr(max_) if max_ is not None and max_ - max_ == 0.0 else _number(max_)
+        min_text = _repr(min_) if min_ is not None and min_ - min_ == 0.0 else _number(min_)
+        mean_text = _repr(mean) if mean is not None and mean - mean == 0.0 else _number(mean)
+        norm_text = _repr(norm) if norm is not None and norm - norm == 0.0 else _number(norm)
+    tail = frame.close
     if data_name is not None:
-        text += sep + '"data_name": ' + _ENCODE_STR(data_name)
-    return text + "\n" + indent + "}"
+        tail = l_name + _ENCODE_STR(data_name) + tail
+    if crc32 is not None:
+        tail = l_md5 + _ENCODE_STR(crc32) + tail
+    if min_finite is not None:
+        tail = l_min_finite + _number(min_finite) + tail
+    if max_finite is not None:
+        tail = l_max_finite + _number(max_finite) + tail
+    if requires_grad is not None:
+        tail = l_grad + _flag(requires_grad) + tail
+    return (f"{l_type}{_ENCODE_STR(type_)}{l_dtype}{_ENCODE_STR(dtype)}{l_shape}{shape_text}{l_max}{max_text}"
+            f"{l_min}{min_text}{l_mean}{mean_text}{l_norm}{norm_text}{tail}")
 
 
-def _record_text(record: tuple, indent: str) -> str:
-    """The ``indent=1`` text of a record tuple nested at ``indent``."""
+_repr = float.__repr__
+
+
+def _record_text(record: tuple, frame: _Frame) -> str:
+    """The ``indent=1`` text of a record tuple in ``frame``."""
     try:
-        return _record_fast(record, indent)
+        return _record_fast(record, frame)
     except (TypeError, ValueError):
         try:
             plain = _tensor_record(*record)
         except TypeError:
             raise _NotPlainJson from None  # not a record: the caller falls back to json.dumps
         out: list = []
-        _encode_plain(plain, indent, out)
+        _encode_plain(plain, frame.indent, out)
         return "".join(out)
 
 
@@ -124,22 +152,25 @@ def records_encoder() -> Callable[[Any, str, list], None]:
         store.json_text._NotPlainJson: a value that is not plain JSON (dict keys not str,
             other types); RecursionError: nested too deep.
     """
-    texts: dict = {}
+    frames: dict[str, _Frame] = {}
 
     def on_tuple(leaf: tuple, indent: str, out: list) -> None:
-        key = (leaf, indent)
+        frame = frames.get(indent)
+        if frame is None:
+            frame = frames[indent] = _Frame(indent)
+        leaves = frame.leaves
         try:
-            text = texts.get(key)
+            text = leaves.get(leaf)
         except TypeError:  # an unhashable field: not a leaf EntryBuilder makes
-            out.append(_record_text(leaf, indent))
+            out.append(_record_text(leaf, frame))
             return
         if text is None:
             if len(leaf) == 1:
-                text = texts[key] = _value_text(leaf[0], indent)
+                text = leaves[leaf] = _value_text(leaf[0], indent)
             else:
-                text = _record_text(leaf, indent)
+                text = _record_text(leaf, frame)
                 if not _has_zero(leaf):  # a key equal to a record without zeros has none either
-                    texts[key] = text
+                    leaves[leaf] = text
         out.append(text)
 
     return _make_encoder(on_tuple)
