@@ -473,7 +473,7 @@ def export_debug(
     order, entries = build_entries(rows)
     directory = make_dirs(out_dir, own_levels=1)
     target = directory / DEBUG_FILE
-    atomic_write_text(target, _dumps(_top(meta, LEVEL_DEBUG, entry_values(order, entries))))
+    atomic_write_text(target, _dump_text(meta, LEVEL_DEBUG, order, entries, None))
     if payloads is not None and write_tensor is not None:
         export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return [target]

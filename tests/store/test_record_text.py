@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from store import schema as S
 from store.entries import EntryBuilder, _plain, _tensor_record, build_entries, entry_values
-from store.export import StepExporter, _dump_text, export_step
+from store.export import StepExporter, _dump_text, export_debug, export_step
 from store.json_text import _NotPlainJson, dumps_indent1
 from store.record_text import records_encoder
 
@@ -53,10 +53,11 @@ def _table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=S.LOG_SCHEMA)
 
 
-def _reference(rows: pa.Table) -> str:
-    """dump.json as Python's json module writes the plain entry values."""
+def _reference(rows: pa.Table, level: str = META["level"]) -> str:
+    """dump.json (debug.json with level "debug") as Python's json module writes the plain
+    entry values."""
     order, entries = build_entries(rows)
-    top = dict(task=META["task"], level=META["level"], framework=META["framework"],
+    top = dict(task=META["task"], level=level, framework=META["framework"],
                dump_data_dir=META["dump_data_dir"], data=entry_values(order, entries))
     return json.dumps(top, indent=1)
 
@@ -172,6 +173,8 @@ def test_debug_save_parameters_grad_and_deep_paths(tmp_path):
     assert data["Module.fc.Linear.forward.0"]["input_args"][0][1]["k"][2]["Mean"] == 0.25
     text = _live_text([table.slice(0, 4), table.slice(4, 2), table.slice(6)], tmp_path)
     assert text == _reference(table)
+    export_debug(table, META, tmp_path / "debug")
+    assert (tmp_path / "debug/debug.json").read_text() == _reference(table, "debug")
 
 
 def test_paths_through_a_record_turn_it_into_its_dict(tmp_path):
@@ -316,3 +319,5 @@ def test_live_text_equals_json_dumps_of_entry_values(tmp_path_factory, step):
     order, entries = build_entries(table)
     assert _dump_text(META, "mix", order, entries, None) == expected
     assert not _has_tuple(entry_values(order, entries))
+    export_debug(table, META, out / "debug")
+    assert (out / "debug/debug.json").read_text() == _reference(table, "debug")
