@@ -183,7 +183,7 @@ def _order_entries(entries: dict[str, _Entry]) -> list[str]:
 
 def _entry_raw(entry: _Entry) -> Any:
     """The JSON value of ``entry`` with tensor leaves still as record tuples (what
-    :func:`store.record_text.encode_records` writes; :func:`_entry_value` for plain JSON)."""
+    :func:`store.record_text.records_encoder` writes; :func:`_entry_value` for plain JSON)."""
     if entry.kind == S.DEBUG_SAVE:
         return entry.values.get("")
     value: dict[str, Any] = {}

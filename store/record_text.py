@@ -1,12 +1,12 @@
-"""dump.json text of entry values whose tensor leaves are record tuples (the export hot path).
+"""dump.json text of entry values whose leaves are tuples (the export hot path).
 
 :class:`store.entries.EntryBuilder` keeps each tensor leaf as a tuple of its column values
-(:data:`store.entries.RECORD_FIELDS`) instead of a dict; the encoders made by
-:func:`records_encoder` write a value holding such tuples exactly as
-``json.dumps(_plain(value), indent=1)`` would (at its depth), where ``_plain`` turns every
-tuple into its :func:`store.entries._tensor_record` dict. Each record is written by one
-specialised function (fixed key order, no recursion, no dict) instead of the generic
-encoder, and an equal record met again in the same dump is not formatted again.
+(:data:`store.entries.RECORD_FIELDS`) instead of a dict, and each value leaf as
+``(value_json,)``; the encoders made by :func:`records_encoder` write a value holding such
+tuples exactly as ``json.dumps(store.entries._plain(value), indent=1)`` would (at its
+depth; ``_plain`` turns every tuple into its dict or parsed value). Each record is written
+by one specialised function (fixed key order, no recursion, no dict) instead of the
+generic encoder, and an equal leaf met again in the same dump is not formatted again.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from store import schema as S
 from store.entries import _tensor_record
 from store.json_text import _ENCODE_STR, _encode as _encode_plain, _float_text, _make_encoder, _NotPlainJson
 
-__all__ = ["encode_records", "records_encoder"]
+__all__ = ["records_encoder"]
 
 _BOOL_DTYPES = S.BOOL_DTYPES
 
@@ -174,8 +174,3 @@ def records_encoder() -> Callable[[Any, str, list], None]:
         out.append(text)
 
     return _make_encoder(on_tuple)
-
-
-def encode_records(value: Any, indent: str, out: list) -> None:
-    """One value through a new :func:`records_encoder` (arguments and errors as its encoder)."""
-    records_encoder()(value, indent, out)
