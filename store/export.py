@@ -210,11 +210,13 @@ _EMPTY_DATA_TAIL = "{}\n}"
 
 
 def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], cache_key: Callable[[str, Any], Any],
-                 chunks: Optional[dict], indent: str, encode: Callable[[Any, str, list], None] = _encode) -> Optional[str]:
-    """The ``indent=1`` text of a non-empty JSON object nested at ``indent[:-1]``, given as
-    ``(key, token)`` pairs whose values are ``value_of(token)``; each ``"key": value``
-    member is encoded once (by ``encode``, :func:`store.json_text._encode`'s signature)
-    and kept in ``chunks`` under ``cache_key(key, token)``.
+                 chunks: Optional[dict], indent: str, encode: Callable[[Any, str, list], None] = _encode,
+                 prefix: str = "", suffix: str = "") -> Optional[str]:
+    """``prefix`` + the ``indent=1`` text of a non-empty JSON object nested at
+    ``indent[:-1]`` + ``suffix``, joined once (dump.json is large: no copy per piece). The
+    object is given as ``(key, token)`` pairs whose values are ``value_of(token)``; each
+    ``"key": value`` member is encoded once (by ``encode``, :func:`store.json_text._encode`'s
+    signature) and kept in ``chunks`` under ``cache_key(key, token)``.
     None when a value is not plain JSON (the caller falls back to :func:`json.dumps`)."""
     parts = []
     try:
@@ -230,7 +232,9 @@ def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], A
             parts.append(piece)
     except (_NotPlainJson, RecursionError):
         return None
-    return "{\n" + indent + (",\n" + indent).join(parts) + "\n" + indent[:-1] + "}"
+    parts[0] = prefix + "{\n" + indent + parts[0]
+    parts[-1] = parts[-1] + "\n" + indent[:-1] + "}" + suffix
+    return (",\n" + indent).join(parts)
 
 
 def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry],
@@ -243,10 +247,11 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     """
     head = _dumps(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
-        data = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
-                            lambda name, _: name, chunks, "  ", records_encoder())
-        if data is not None:
-            return head[: -len(_EMPTY_DATA_TAIL)] + data + "\n}"
+        text = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
+                            lambda name, _: name, chunks, "  ", records_encoder(),
+                            head[: -len(_EMPTY_DATA_TAIL)], "\n}")
+        if text is not None:
+            return text
     return _dumps(_top(meta, level, entry_values(order, entries)))
 
 
