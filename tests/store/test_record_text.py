@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import schema as S
-from store.entries import EntryBuilder, _plain, _tensor_record, build_entries, entry_values
+from store.entries import EntryBuilder, _plain, _put, _tensor_record, build_entries, entry_values
 from store.export import StepExporter, _dump_text, export_debug, export_step
 from store.json_text import _NotPlainJson, dumps_indent1
 from store.record_text import records_encoder
@@ -192,8 +192,10 @@ def test_paths_through_a_record_turn_it_into_its_dict(tmp_path):
     ]
     table = _table(rows)
     data = entry_values(*build_entries(table))
-    assert data["Torch.f.0.forward"]["output"][0]["extra"] == 7
-    assert list(data["Torch.f.0.forward"]["output"][0])[-1] == "extra"
+    assert data["Torch.f.0.forward"]["output"][0] == {
+        "type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 3], "Max": 1.5, "Min": -0.5,
+        "Mean": 0.25, "Norm": 2.0, "requires_grad": True, "extra": 7,
+    }
     assert data["Torch.f.0.forward"]["input_args"]["1"] is None
     assert data["d.0.debug"]["0"]["k"]["Max"] == 1.5
     assert _live_text([table], tmp_path) == _reference(table)
@@ -308,6 +310,57 @@ def _steps(draw) -> tuple[list[list[dict]], list[dict]]:
     return parts, rows
 
 
+def _plain_record(row: dict) -> dict:
+    """A tensor leaf row's dump.json record by spec 3.3, written out (a dict from the start)."""
+    record = {"type": row.get("type"), "dtype": row.get("dtype"), "shape": row.get("shape")}
+    if row.get("dtype") in ("torch.bool", "Bool", "bool"):
+        record["Max"] = None if row.get("max") is None else bool(row["max"])
+        record["Min"] = None if row.get("min") is None else bool(row["min"])
+        record["Mean"] = record["Norm"] = None
+    else:
+        record.update(Max=row.get("max"), Min=row.get("min"), Mean=row.get("mean"), Norm=row.get("norm"))
+    for column, key in (("requires_grad", "requires_grad"), ("max_finite", "Max_except_inf_nan"),
+                        ("min_finite", "Min_except_inf_nan"), ("crc32", "md5"), ("data_name", "data_name")):
+        if row.get(column) is not None:
+            record[key] = row[column]
+    return record
+
+
+def _expected_values(rows: list[dict]) -> dict:
+    """entry_values as the dict-record builder gave them: rows stably sorted by seq, calls
+    first; leaves placed by path (store.entries._put over plain dicts)."""
+    entries: dict = {}
+    of_seq: dict = {}
+    for call in sorted((r for r in rows if r["row"] == S.ROW_CALL), key=lambda r: r["seq"]):
+        entry = entries.setdefault(call["name"], {"kind": call["kind"], "keys": [], "is_recompute": None, "values": {}})
+        entry["keys"] += [key for key in json.loads(call["keys"]) if key not in entry["keys"]]
+        if entry["is_recompute"] is None:
+            entry["is_recompute"] = call.get("is_recompute")
+        of_seq[call["seq"]] = entry
+    for leaf in sorted((r for r in rows if r["row"] == S.ROW_LEAF), key=lambda r: r["seq"]):
+        entry = of_seq.get(leaf["seq"])
+        if entry is None:
+            continue
+        kind = leaf["leaf_kind"]
+        value = (_plain_record(leaf) if kind == S.LEAF_TENSOR else json.loads(leaf["value_json"])
+                 if kind == S.LEAF_VALUE else [] if kind == S.LEAF_EMPTY_LIST else {}
+                 if kind == S.LEAF_EMPTY_DICT else None)
+        io = leaf["io"] or ""
+        entry["values"][io] = _put(entry["values"].get(io), json.loads(leaf["path"]), value)
+    values = {}
+    for name, entry in entries.items():
+        if entry["kind"] == S.DEBUG_SAVE:
+            values[name] = entry["values"].get("")
+            continue
+        values[name] = {
+            key: entry["is_recompute"] if key == "is_recompute" else entry["values"][key]
+            if key in entry["values"] else {} if key in S.DICT_ROOTS else [None]
+            if entry["kind"] == S.PARAMETERS_GRAD else []
+            for key in entry["keys"]
+        }
+    return values
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=_steps())
 def test_live_text_equals_json_dumps_of_entry_values(tmp_path_factory, step):
@@ -318,6 +371,11 @@ def test_live_text_equals_json_dumps_of_entry_values(tmp_path_factory, step):
     assert _live_text([_table(part) for part in parts if part], out) == expected if rows else True
     order, entries = build_entries(table)
     assert _dump_text(META, "mix", order, entries, None) == expected
-    assert not _has_tuple(entry_values(order, entries))
+    values = entry_values(order, entries)
+    assert not _has_tuple(values)
+    plain = _expected_values(rows)  # what entry_values gave before records were tuples
+    assert sorted(values) == sorted(plain)
+    for name in values:  # json text: NaN equals NaN, -0.0 differs from 0.0, key order counts
+        assert json.dumps(values[name]) == json.dumps(plain[name])
     export_debug(table, META, out / "debug")
     assert (out / "debug/debug.json").read_text() == _reference(table, "debug")
