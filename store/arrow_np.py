@@ -174,46 +174,58 @@ def int_min(column: Column) -> Optional[int]:
     return int(numbers.min()) if len(numbers) else None
 
 
-def _pylist_chunk(array: pa.Array) -> list:
+def _pylist_chunk(array: pa.Array, tuples: bool = False) -> list:
     kind = array.type
+    n = len(array)
+    if n and array.null_count == n and not pa.types.is_null(kind):
+        return [None] * n  # all null (buffers may be absent): no conversion at all
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return array.to_numpy(zero_copy_only=False).tolist()
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        numbers = _values_chunk(array).tolist()
         if array.null_count == 0:
-            return numbers
-        valid = _valid_chunk(array).tolist()
-        return [number if ok else None for number, ok in zip(numbers, valid)]
+            return _values_chunk(array).tolist()
+        numbers = _values_chunk(array).astype(object)  # Python ints/floats/bools, made in C
+        numbers[~_valid_chunk(array)] = None
+        return numbers.tolist()
     if pa.types.is_list(kind) and pa.types.is_integer(kind.value_type):
         # .values is the child array of the whole (unsliced) list array; .offsets are the
         # slice's own: convert only the part the slice covers
         offsets = array.offsets.to_numpy()
-        start = int(offsets[0])
-        flat = _pylist_chunk(array.values.slice(start, int(offsets[-1]) - start))
-        offsets = (offsets - start).tolist()
+        first = int(offsets[0])
+        flat = _pylist_chunk(array.values.slice(first, int(offsets[-1]) - first))
+        offsets = (offsets - first).tolist()
+        box = tuple if tuples else list
+        if array.null_count == 0:
+            return [box(flat[start:stop]) for start, stop in zip(offsets, offsets[1:])]
         valid = _valid_chunk(array).tolist()
-        return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(array))]
-    return array.to_pylist()
+        return [box(flat[start:stop]) if ok else None for start, stop, ok in zip(offsets, offsets[1:], valid)]
+    values = array.to_pylist()
+    if tuples and pa.types.is_list(kind):
+        values = [tuple(item) if item is not None else None for item in values]
+    return values
 
 
-def pylist(column: Column) -> list:
+def pylist(column: Column, *, tuples: bool = False) -> list:
     """``column.to_pylist()``, several times faster for the column types of the log.
 
     Numbers and booleans go through numpy (nulls restored as None; NaN stays a float
     NaN; int64 values stay exact), strings through an object array, ``list<int>``
-    through its flat values and offsets; other types use ``to_pylist``.
+    through its flat values and offsets; an all-null column is ``[None] * n`` at once;
+    other types use ``to_pylist``.
 
     Args:
         column: any Arrow array or chunked array.
+        tuples: give the items of a list column as tuples instead of lists (the outer
+            level only).
     Returns:
         A list of ``len(column)`` Python values.
     """
     chunks = _chunks(column)
     if len(chunks) == 1:
-        return _pylist_chunk(chunks[0])
+        return _pylist_chunk(chunks[0], tuples)
     out: list = []
     for chunk in chunks:
-        out += _pylist_chunk(chunk)
+        out += _pylist_chunk(chunk, tuples)
     return out
 
 

@@ -30,11 +30,14 @@ _CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.
 _CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
+    """One dump.json entry being built: ``keys`` in order of first appearance (a tuple,
+    replaced when a later call row adds keys), ``values`` by top-level key."""
+
     name: str
     kind: str
-    keys: list[str]
+    keys: tuple[str, ...]
     parent: Optional[str] = None
     stack_id: Optional[int] = None
     is_recompute: Optional[bool] = None
@@ -42,11 +45,28 @@ class _Entry:
 
 
 # --- leaf records ------------------------------------------------------------------------
+#: Fields of a tensor-leaf record tuple (the :data:`store.schema.LOG_SCHEMA` columns of a
+#: tensor leaf row, in this order). EntryBuilder keeps each tensor leaf as such an exact
+#: ``tuple`` (``shape`` a tuple of ints too, or None): a tuple of atomic values costs less
+#: to build than a dict and the cyclic GC stops tracking it. :func:`_tensor_record` gives
+#: its dump.json dict; :func:`store.record_text.records_encoder` writes the same text
+#: directly. A value leaf is kept as the 1-tuple ``(value_json,)`` (parsed by
+#: :func:`_leaf_value`). No other tuple is ever stored in entry values (parsed JSON holds
+#: lists, never tuples); :func:`_plain` turns both kinds into plain JSON.
+RECORD_FIELDS = (
+    S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN, S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE,
+    S.MIN_FINITE, S.CRC32, S.DATA_NAME,
+)
+
+
 def _tensor_record(
     type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite, min_finite, crc32,
     data_name,
 ) -> dict:
-    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order."""
+    """dump.json record of a tensor leaf (spec 3.3), keys in upstream order (``shape``
+    given as a tuple becomes a list)."""
+    if type(shape) is tuple:
+        shape = list(shape)
     record: dict[str, Any] = {"type": type_, "dtype": dtype, "shape": shape}
     if dtype in S.BOOL_DTYPES:
         record["Max"] = None if max_ is None else bool(max_)
@@ -71,6 +91,30 @@ def _tensor_record(
     return record
 
 
+def _leaf_value(leaf: tuple) -> Any:
+    """The JSON value of a leaf tuple: the :func:`_tensor_record` dict of a record, the
+    parsed text of a value leaf ``(value_json,)`` (a new object on every call)."""
+    if len(leaf) == 1:
+        return json.loads(leaf[0])
+    return _tensor_record(*leaf)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every leaf tuple replaced by its :func:`_leaf_value` (new containers
+    where something was replaced; others are returned as they are)."""
+    kind = type(value)
+    if kind is tuple:
+        return _leaf_value(value)
+    if kind is list:
+        return [_plain(item) if type(item) in _NESTED else item for item in value]
+    if kind is dict:
+        return {key: _plain(item) if type(item) in _NESTED else item for key, item in value.items()}
+    return value
+
+
+_NESTED = (tuple, list, dict)
+
+
 def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
     """Store ``value`` at ``path`` below ``root`` (int = list index, str = dict key),
     creating containers on the way; returns the (possibly new) root. Lists are padded
@@ -82,6 +126,8 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
     """
     if not path:
         return value
+    if type(root) is tuple:
+        root = _leaf_value(root)  # a leaf on the way is its value, as when leaves were parsed at once
     if not isinstance(root, (list, dict)):
         root = [] if isinstance(path[0], int) else {}
     node = root
@@ -99,6 +145,8 @@ def _put(root: Any, path: Sequence[Union[int, str]], value: Any) -> Any:
             node[slot] = value
             break
         child = node[slot] if isinstance(node, list) else node.get(slot)
+        if type(child) is tuple:
+            child = node[slot] = _leaf_value(child)
         if not isinstance(child, (list, dict)):
             child = [] if isinstance(path[depth + 1], int) else {}
             node[slot] = child
@@ -133,7 +181,9 @@ def _order_entries(entries: dict[str, _Entry]) -> list[str]:
     return order
 
 
-def _entry_value(entry: _Entry) -> Any:
+def _entry_raw(entry: _Entry) -> Any:
+    """The JSON value of ``entry`` with tensor leaves still as record tuples (what
+    :func:`store.record_text.records_encoder` writes; :func:`_entry_value` for plain JSON)."""
     if entry.kind == S.DEBUG_SAVE:
         return entry.values.get("")
     value: dict[str, Any] = {}
@@ -151,6 +201,11 @@ def _entry_value(entry: _Entry) -> Any:
     return value
 
 
+def _entry_value(entry: _Entry) -> Any:
+    """The JSON value of ``entry`` (plain dicts, lists and scalars)."""
+    return _plain(_entry_raw(entry))
+
+
 def _seq_order(seqs: list) -> Optional[list[int]]:
     """None when ``seqs`` (ints, maybe None) never decreases and has no None; else the
     positions in stable ascending order (None last), what a stable sort by ``seq`` gives."""
@@ -164,11 +219,14 @@ def _seq_order(seqs: list) -> Optional[list[int]]:
     return sorted(range(len(seqs)), key=lambda i: (seqs[i] is None, seqs[i] or 0))
 
 
-def _rows_as_lists(rows: pa.Table, row_kind: str, columns: Sequence[str]) -> list[list]:
-    """The columns of the rows of one row kind as Python lists, in stable ``seq`` order
-    (numpy masks and slices, not pyarrow.compute: the recording process never loads it)."""
-    part = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], row_kind))
-    lists = [arrow_np.pylist(part[name]) for name in columns]
+def _rows_as_lists(rows: pa.Table, row_column: pa.Array, row_kind: str, columns: Sequence[str]) -> list[list]:
+    """The columns of the rows of one row kind (``row_column``: ``rows``' ROW column,
+    chunks combined) as Python lists, in stable ``seq`` order (numpy masks and slices, not
+    pyarrow.compute: the recording process never loads it); a ``list<int>`` column gives
+    tuples."""
+    # only the columns used, then one chunk each (fewer, larger conversions)
+    part = arrow_np.select(rows.select(list(columns)), arrow_np.equals(row_column, row_kind)).combine_chunks()
+    lists = [arrow_np.pylist(part[name], tuples=True) for name in columns]
     order = _seq_order(lists[columns.index(S.SEQ)])
     if order is not None:
         lists = [[values[i] for i in order] for values in lists]
@@ -204,23 +262,47 @@ class EntryBuilder:
 
     def __init__(self, previous: Optional["EntryBuilder"] = None) -> None:
         """Args:
-            previous: a builder whose parsed ``keys``/``path`` texts are reused (read-only
-                lists; not shared once they hold more than :data:`_CACHE_LIMIT` texts).
+            previous: a builder whose parsed ``keys``/``path`` texts and checked value
+                texts are reused (read-only; not shared once they hold more than
+                :data:`_CACHE_LIMIT` texts).
         """
         self.entries: dict[str, _Entry] = {}
         self._entry_of_seq: dict[int, _Entry] = {}
-        self._keys_cache: dict[Optional[str], list[str]] = {}
-        self._path_cache: dict[Optional[str], list] = {}
+        self._keys_cache: dict[Optional[str], tuple[str, ...]] = {}
+        # path text -> (components, list index of a one-int path or -1)
+        self._path_cache: dict[Optional[str], tuple[tuple, int]] = {}
+        self._value_texts: dict[str, tuple[str]] = {}  # value_json texts json.loads accepted
         if previous is not None:
             if len(previous._keys_cache) <= _CACHE_LIMIT:
                 self._keys_cache = previous._keys_cache
             if len(previous._path_cache) <= _CACHE_LIMIT:
                 self._path_cache = previous._path_cache
+            if len(previous._value_texts) <= _CACHE_LIMIT:
+                self._value_texts = previous._value_texts
         self.max_seq = -1
 
     def order(self) -> list[str]:
         """Entry names in dump.json order (:func:`_order_entries`)."""
         return _order_entries(self.entries)
+
+    def _path(self, path_text: Optional[str]) -> tuple[tuple, int]:
+        """``(components, index)`` of a ``path`` text, cached: ``index`` is the list index
+        of a path of one non-negative int, -1 for any other path."""
+        path = tuple(json.loads(path_text)) if path_text else ()
+        index = path[0] if len(path) == 1 and type(path[0]) is int and path[0] >= 0 else -1
+        parsed = self._path_cache[path_text] = (path, index)
+        return parsed
+
+    def _value(self, value_json: Optional[str]) -> Any:
+        """The leaf of a value row: ``(value_json,)``, the text checked by ``json.loads``
+        once per builder chain (a bad text raises here, as when it was parsed at once)."""
+        if value_json is None:
+            return None
+        token = self._value_texts.get(value_json)
+        if token is None:
+            json.loads(value_json)  # ValueError for a text that is not JSON
+            token = self._value_texts[value_json] = (value_json,)
+        return token
 
     def add(self, rows: pa.Table) -> set[str]:
         """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
@@ -228,7 +310,8 @@ class EntryBuilder:
         touched: set[str] = set()
         if rows.num_rows == 0:
             return touched
-        calls = _rows_as_lists(rows, S.ROW_CALL, _CALL_COLUMNS)
+        row_column = rows[S.ROW].combine_chunks()
+        calls = _rows_as_lists(rows, row_column, S.ROW_CALL, _CALL_COLUMNS)
         entries = self.entries
         entry_of_seq = self._entry_of_seq
         keys_cache = self._keys_cache
@@ -237,68 +320,75 @@ class EntryBuilder:
                 continue
             keys = keys_cache.get(keys_text)
             if keys is None:
-                keys = json.loads(keys_text) if keys_text else []
+                keys = tuple(json.loads(keys_text)) if keys_text else ()
                 keys_cache[keys_text] = keys
             entry = entries.get(name)
             if entry is None:
-                entry = entries[name] = _Entry(name=name, kind=kind, keys=list(keys))
+                entry = entries[name] = _Entry(name, kind, keys, parent, stack_id, is_recompute)
             else:
-                for key in keys:
-                    if key not in entry.keys:
-                        entry.keys.append(key)
-            if entry.parent is None:
-                entry.parent = parent
-            if entry.stack_id is None:
-                entry.stack_id = stack_id
-            if entry.is_recompute is None:
-                entry.is_recompute = is_recompute
+                if keys != entry.keys:
+                    entry_keys = list(entry.keys)
+                    for key in keys:
+                        if key not in entry_keys:
+                            entry_keys.append(key)
+                    entry.keys = tuple(entry_keys)
+                if entry.parent is None:
+                    entry.parent = parent
+                if entry.stack_id is None:
+                    entry.stack_id = stack_id
+                if entry.is_recompute is None:
+                    entry.is_recompute = is_recompute
             entry_of_seq[seq] = entry
             touched.add(name)
             if seq is not None and seq > self.max_seq:
                 self.max_seq = seq
 
-        leaves = _rows_as_lists(rows, S.ROW_LEAF, _LEAF_COLUMNS)
+        leaves = _rows_as_lists(rows, row_column, S.ROW_LEAF, _LEAF_COLUMNS)
+        seqs = leaves[0]
+        for seq in reversed(seqs):  # the largest seq: the last one that is set (seq order)
+            if seq is not None:
+                if seq > self.max_seq:
+                    self.max_seq = seq  # a later part holding this seq's call row is out of order
+                break
         path_cache = self._path_cache
-        for (
-            seq, io, path_text, leaf_kind, type_, dtype, shape, max_, min_, mean, norm,
-            requires_grad, max_finite, min_finite, crc32, data_name, value_json,
-        ) in zip(*leaves):
-            if seq is not None and seq > self.max_seq:
-                self.max_seq = seq  # a later part holding this seq's call row is out of order
-            entry = entry_of_seq.get(seq)
-            if entry is None:
-                continue
-            if leaf_kind == S.LEAF_TENSOR:
-                value = _tensor_record(
-                    type_, dtype, shape, max_, min_, mean, norm, requires_grad, max_finite,
-                    min_finite, crc32, data_name,
-                )
+        records = zip(*leaves[4:16])  # RECORD_FIELDS: one exact tuple per row, built by zip
+        last_seq = entry = values = None
+        tensor_kind = S.LEAF_TENSOR
+        for seq, io, path_text, leaf_kind, record, value_json in zip(
+            seqs, leaves[1], leaves[2], leaves[3], records, leaves[16],
+        ):
+            if seq != last_seq or entry is None:
+                last_seq = seq
+                entry = entry_of_seq.get(seq)
+                if entry is None:
+                    continue
+                values = entry.values
+                touched.add(entry.name)
+            if leaf_kind == tensor_kind:
+                value = record
             elif leaf_kind == S.LEAF_VALUE:
-                value = json.loads(value_json) if value_json is not None else None
+                value = self._value(value_json)
             elif leaf_kind == S.LEAF_EMPTY_LIST:
                 value = []
             elif leaf_kind == S.LEAF_EMPTY_DICT:
                 value = {}
             else:
                 value = None
-            path = path_cache.get(path_text)
-            if path is None:
-                path = json.loads(path_text) if path_text else []
-                path_cache[path_text] = path
+            path, index = path_cache.get(path_text) or self._path(path_text)
             key = io if io is not None else ""
-            root = entry.values.get(key)
-            if len(path) == 1 and type(path[0]) is int and (root is None or type(root) is list):
-                index = path[0]  # the common case of _put, inline: element `index` of a list
+            root = values.get(key)
+            if index >= 0 and (root is None or type(root) is list):
+                # the common case of _put, inline: element `index` of a list
                 if root is None:
-                    root = []
-                if index >= 0:
-                    if len(root) <= index:
-                        root.extend([None] * (index + 1 - len(root)))
+                    values[key] = [None] * index + [value]
+                elif len(root) > index:
                     root[index] = value
-                entry.values[key] = root
+                else:
+                    if len(root) < index:
+                        root.extend([None] * (index - len(root)))
+                    root.append(value)
             else:
-                entry.values[key] = _put(root, path, value)
-            touched.add(entry.name)
+                values[key] = _put(root, path, value)
         return touched
 
 

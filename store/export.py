@@ -34,11 +34,12 @@ import pyarrow as pa
 from store import arrow_np
 from store import schema as S
 from store.entries import (  # noqa: F401  (build_entries, entry_values: public here too)
-    EntryBuilder, _Entry, _entry_value, build_entries, entry_values,
+    EntryBuilder, _Entry, _entry_raw, build_entries, entry_values,
 )
 from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
 from store.fileutil import atomic_write_text, make_dirs
+from store.record_text import records_encoder
 from store.log_reader import Skipped, read_log
 from store.payload_writer import Payload, PayloadReader
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
@@ -209,10 +210,13 @@ _EMPTY_DATA_TAIL = "{}\n}"
 
 
 def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], cache_key: Callable[[str, Any], Any],
-                 chunks: Optional[dict], indent: str) -> Optional[str]:
-    """The ``indent=1`` text of a non-empty JSON object nested at ``indent[:-1]``, given as
-    ``(key, token)`` pairs whose values are ``value_of(token)``; each ``"key": value``
-    member is encoded once and kept in ``chunks`` under ``cache_key(key, token)``.
+                 chunks: Optional[dict], indent: str, encode: Callable[[Any, str, list], None] = _encode,
+                 prefix: str = "", suffix: str = "") -> Optional[str]:
+    """``prefix`` + the ``indent=1`` text of a non-empty JSON object nested at
+    ``indent[:-1]`` + ``suffix``, joined once (dump.json is large: no copy per piece). The
+    object is given as ``(key, token)`` pairs whose values are ``value_of(token)``; each
+    ``"key": value`` member is encoded once (by ``encode``, :func:`store.json_text._encode`'s
+    signature) and kept in ``chunks`` under ``cache_key(key, token)``.
     None when a value is not plain JSON (the caller falls back to :func:`json.dumps`)."""
     parts = []
     try:
@@ -221,14 +225,16 @@ def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], A
             piece = chunks.get(ck) if chunks is not None else None
             if piece is None:
                 out = [_ENCODE_STR(key), ": "]
-                _encode(value_of(token), indent, out)
+                encode(value_of(token), indent, out)
                 piece = "".join(out)
                 if chunks is not None:
                     chunks[ck] = piece
             parts.append(piece)
     except (_NotPlainJson, RecursionError):
         return None
-    return "{\n" + indent + (",\n" + indent).join(parts) + "\n" + indent[:-1] + "}"
+    parts[0] = prefix + "{\n" + indent + parts[0]
+    parts[-1] = parts[-1] + "\n" + indent[:-1] + "}" + suffix
+    return (",\n" + indent).join(parts)
 
 
 def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry],
@@ -241,10 +247,11 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     """
     head = _dumps(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
-        data = _object_text([(name, name) for name in order], lambda name: _entry_value(entries[name]),
-                            lambda name, _: name, chunks, "  ")
-        if data is not None:
-            return head[: -len(_EMPTY_DATA_TAIL)] + data + "\n}"
+        text = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
+                            lambda name, _: name, chunks, "  ", records_encoder(),
+                            head[: -len(_EMPTY_DATA_TAIL)], "\n}")
+        if text is not None:
+            return text
     return _dumps(_top(meta, level, entry_values(order, entries)))
 
 
@@ -471,7 +478,7 @@ def export_debug(
     order, entries = build_entries(rows)
     directory = make_dirs(out_dir, own_levels=1)
     target = directory / DEBUG_FILE
-    atomic_write_text(target, _dumps(_top(meta, LEVEL_DEBUG, entry_values(order, entries))))
+    atomic_write_text(target, _dump_text(meta, LEVEL_DEBUG, order, entries, None))
     if payloads is not None and write_tensor is not None:
         export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return [target]

@@ -66,6 +66,10 @@ def _same(a: list, b: list) -> bool:
 def test_valid_mask_and_pylist_match_pyarrow(column):
     assert arrow_np.valid_mask(column).tolist() == pc.is_valid(column).to_pylist()
     assert _same(arrow_np.pylist(column), column.to_pylist())
+    as_tuples = [tuple(item) if isinstance(item, list) else item for item in column.to_pylist()]
+    got = arrow_np.pylist(column, tuples=True)
+    assert _same(got, as_tuples)
+    assert all(type(item) is tuple for item, item_list in zip(got, column.to_pylist()) if isinstance(item_list, list))
 
 
 @SETTINGS
@@ -141,9 +145,11 @@ def test_empty_inputs():
 
 
 def test_all_null_columns():
-    for kind in (pa.int64(), pa.float64(), pa.bool_(), pa.string()):
+    for kind in (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.list_(pa.int64()), pa.null()):
         column = pa.nulls(5, kind)
         assert arrow_np.pylist(column) == [None] * 5
+        assert arrow_np.pylist(column, tuples=True) == [None] * 5
+        assert arrow_np.pylist(pa.chunked_array([column, pa.nulls(2, kind)])) == [None] * 7
         assert arrow_np.valid_mask(column).tolist() == [False] * 5
     assert arrow_np.equals(pa.nulls(3, pa.string()), "").tolist() == [False] * 3
 
