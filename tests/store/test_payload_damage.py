@@ -133,11 +133,50 @@ def test_exporter_skips_damaged_payloads_and_writes_the_rest(tmp_path, caplog):
     assert issubclass(PayloadDamagedError, StoreError)
 
 
-def test_content_key_is_sha256_of_dtype_shape_and_bytes():
+def test_content_key_is_xxh3_128_of_dtype_shape_and_bytes():
+    import xxhash
+
+    expected = "x" + xxhash.xxh3_128(b"torch.float32|[2, 3]|" + B[0]).hexdigest()
+    assert content_key(*B) == expected and len(expected) == 33
+    assert content_key(B[0], "torch.float32", (3, 2)) != expected  # the shape is part of it
+    assert content_key(B[0], "torch.int32", (2, 3)) != expected    # and so is the dtype
+
+
+def _written_without_xxhash(tmp_path, monkeypatch):
+    """A shard written where the xxhash package is missing: SHA-256 keys."""
+    import store.payload_writer as pw
+
+    monkeypatch.setattr(pw, "_xxh3_128", None)
+    with PayloadWriter(tmp_path, rank=0) as writer:
+        refs = [writer.put(*A), writer.put(*B)]
+    monkeypatch.undo()
+    return refs
+
+
+def test_without_xxhash_keys_are_sha256_and_still_verified(tmp_path, monkeypatch):
+    """SHA-256 keys (no xxhash, or shards of earlier versions) read and verify; a flipped
+    byte in them is detected."""
     import hashlib
 
-    expected = hashlib.sha256(b"torch.float32|[2, 3]|" + B[0]).hexdigest()
-    assert content_key(*B) == expected and len(expected) == 64
+    refs = _written_without_xxhash(tmp_path, monkeypatch)
+    assert refs[1].split(":")[1] == hashlib.sha256(b"torch.float32|[2, 3]|" + B[0]).hexdigest()
+    assert PayloadReader(tmp_path).read(refs[1]).data == B[0]
+    (shard,) = payload_dir(tmp_path).iterdir()
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    assert sum(_fails(PayloadReader(tmp_path), ref) for ref in refs) == 1
+
+
+def test_xxh3_key_without_xxhash_is_a_clear_error(tmp_path, monkeypatch):
+    import store.payload_writer as pw
+
+    with PayloadWriter(tmp_path, rank=0) as writer:
+        ref = writer.put(*A)
+    monkeypatch.setattr(pw, "_xxh3_128", None)
+    with pytest.raises(StoreError, match="needs the xxhash package"):
+        pw.key_matches(ref.split(":")[1], *A)
+    assert PayloadReader(tmp_path, verify=False).read(ref).data == A[0]
 
 
 def test_shard_with_blake2b_keys_of_older_dumps_reads_and_verifies(tmp_path):
