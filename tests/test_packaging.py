@@ -67,6 +67,7 @@ def test_project_metadata():
     assert project["name"] == "msprobe-recorder"
     assert project["dependencies"] == [
         "numpy>=1.24", "pyarrow>=14", "duckdb>=1.0", "pyyaml>=6", "safetensors>=0.4", "isal>=1.0",
+        "xxhash>=3.0",
     ]
     extras = project["optional-dependencies"]
     assert extras["torch"] == ["torch>=2.1"]
