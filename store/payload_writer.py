@@ -55,7 +55,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from store import schema as S
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
@@ -109,6 +109,14 @@ def stage_dir(dump_path: Union[str, os.PathLike]) -> Path:
     return Path(dump_path) / S.STORE_DIR / STAGE_DIR
 
 
+def _hex(h: Any, data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
+    """Hex digest of the hash object ``h`` (hashlib or xxhash, empty) over
+    ``"{dtype}|{shape as list}|"`` and ``data``: what every kind of content key hashes."""
+    h.update(f"{dtype}|{list(shape)}|".encode())
+    h.update(data)
+    return h.hexdigest()
+
+
 def content_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
     """The content address of a payload: ``"x"`` and 32 hex digits of XXH3-128 over
     ``"{dtype}|{shape as list}|"`` and the bytes (the ``xxhash`` package); where that
@@ -120,25 +128,18 @@ def content_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tu
     """
     if _xxh3_128 is None:
         return _sha256_key(data, dtype, shape)
-    h = _xxh3_128(f"{dtype}|{list(shape)}|".encode())
-    h.update(data)
-    return _XXH3_PREFIX + h.hexdigest()
+    return _XXH3_PREFIX + _hex(_xxh3_128(), data, dtype, shape)
 
 
 def _sha256_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
     """Content key without ``xxhash`` (and of shards written before XXH3 keys): 64 hex
     digits of SHA-256."""
-    h = hashlib.sha256(f"{dtype}|{list(shape)}|".encode())
-    h.update(data)
-    return h.hexdigest()
+    return _hex(hashlib.sha256(), data, dtype, shape)
 
 
 def _legacy_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
     """Content key of shards written before SHA-256 keys: 32 hex digits of BLAKE2b-128."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{dtype}|{list(shape)}|".encode())
-    h.update(data)
-    return h.hexdigest()
+    return _hex(hashlib.blake2b(digest_size=16), data, dtype, shape)
 
 
 def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> bool:
@@ -153,7 +154,7 @@ def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str,
     if len(key) == 33 and key.startswith(_XXH3_PREFIX):
         if _xxh3_128 is None:
             raise StoreError(f"payload key {key!r} is an XXH3-128 hash: checking it needs the xxhash "
-                               "package (pip install xxhash)")
+                             "package (pip install xxhash)")
         return content_key(data, dtype, shape) == key
     return _sha256_key(data, dtype, shape) == key
 
