@@ -219,8 +219,7 @@ class BackwardTaps:
             if view._version != version:
                 if node is not None:  # the view's node left the graph when it was modified
                     # with the hooks of calls nested in this one that handed it back unchanged
-                    for args in vnode.metadata.pop(_MOVABLE, ()):
-                        self._move(node, nr, *args)
+                    self._adopt(vnode, node, nr)
                     self._move(node, nr, pending, "output", paths, movable=True)
             else:
                 unchanged[id(view)] = (view, paths)
@@ -234,8 +233,7 @@ class BackwardTaps:
             node, nr = _edge(view)
             # calls nested in this one that handed the view back unchanged hooked the
             # view's node: their hooks move with this call's to where the tensor was produced
-            for args in view.grad_fn.metadata.pop(_MOVABLE, ()):
-                self._move(node, nr, *args)
+            self._adopt(view.grad_fn, node, nr)
             self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
@@ -255,8 +253,7 @@ class BackwardTaps:
                 # written in place: the caller's tensor now ends in the write's node; hooks
                 # that nested calls (the write itself) placed on the view's node move there
                 if value.grad_fn is not None and orig.grad_fn is not None:
-                    for args in value.grad_fn.metadata.pop(_MOVABLE, ()):
-                        self._move(orig.grad_fn, orig.output_nr, *args)
+                    self._adopt(value.grad_fn, orig.grad_fn, orig.output_nr)
                 self._hook_written(pending, orig, path)
                 return orig
             pending.in_slots.append((path, True))
@@ -303,6 +300,12 @@ class BackwardTaps:
         else:
             pending.expect_in += 1
         self._place(node, index, pending, side, paths, movable)
+
+    def _adopt(self, left, node, index: int) -> None:
+        """Move the movable hooks (see :meth:`_place`) placed on ``left``, a view's node that
+        left the graph, to output ``index`` of ``node``."""
+        for args in left.metadata.pop(_MOVABLE, ()):
+            self._move(node, index, *args)
 
     def _move(self, node, index: int, pending: PendingBackward, side: str, paths: list,
               movable: bool = False) -> None:
