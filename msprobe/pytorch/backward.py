@@ -108,6 +108,12 @@ def _edge(view: torch.Tensor) -> tuple:
     return view.grad_fn.next_functions[0]
 
 
+#: the C method behind ``Tensor.view_as``: for plain tensors the recorder calls it directly,
+#: not through the API wrapper that ``support_wrap_ops.yaml`` puts on ``torch.Tensor.view_as``
+#: (which would only see the busy flag and pass the call on; ~1.7 µs per view saved)
+_VIEW_AS = torch._C.TensorBase.view_as
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 _MOVABLE = "msprobe.movable"  # Node.metadata key: hooks to move when the node leaves the graph
 
 
@@ -188,7 +194,7 @@ class BackwardTaps:
             if known is not None:
                 known[5].append(path)
                 return known[0]
-            view = value.view_as(value)
+            view = _VIEW_AS(value, value) if type(value) in _PLAIN else value.view_as(value)
             paths = [path]
             src = _producer(value)
             vnode = view.grad_fn
