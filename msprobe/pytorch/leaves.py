@@ -25,12 +25,14 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+_STRIDED = torch.strided
+
 from msprobe.core.arrays import array_stats
 from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import crc32_hex, has_data, opaque, tensor_stats
+from msprobe.pytorch.stats import NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque, tensor_stats
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf
@@ -112,6 +114,14 @@ class LeafBuilder:
         and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md).
         ``keep``: ``t`` lives on anyway (a parameter's ``.grad``): the memo may hold it
         until its next clear, like a parameter."""
+        # the common case (see _plain_leaf): statistics only, a plain contiguous CPU tensor
+        if (type(t) in PLAIN_TYPES and self.defer is None and self.capture is None and not self.md5
+                and self.with_data and not self.defer_all and NATIVE is not None and self.memo.layout_free
+                and t.is_cpu and t.layout is _STRIDED and not t.is_neg() and t.is_contiguous()):
+            kind = NATIVE_KIND.get(t.dtype)
+            n = t.numel()
+            if kind is not None and n and t.untyped_storage().nbytes():
+                return self._plain_leaf(io, path, t, keep, kind, n)
         t = local_shard(t)
         if self.defer is not None:
             return self.defer(io, path, t)
@@ -153,6 +163,31 @@ class LeafBuilder:
             max_finite=st.max_finite, min_finite=st.min_finite,
             crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
             payload=payload,
+        )
+
+    def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Leaf:
+        """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
+        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32 or
+        payload: the same memo, statistics and leaf as the general path, with the memo key
+        computed once and no per-step helper calls (each costs microseconds with the caches
+        a training step leaves behind: ``benchmarks/cold_python.py``)."""
+        memo = self.memo
+        key = (t.data_ptr(), t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
+        hit = memo.get_at(key, t)
+        if hit is not None:
+            st = hit[0]
+            if keep:  # recorded before as an ordinary tensor: hold it from now on
+                memo.put_at(key, t, hit, keep=True)
+        else:
+            st = native_stats(t, NATIVE.reduce_at(t.data_ptr(), n, kind))
+            memo.put_at(key, t, (st, None), keep=keep)
+        return Leaf(
+            io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+            dtype=str(t.dtype), shape=tuple(t.shape), numel=n,
+            max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+            max_finite=st.max_finite, min_finite=st.min_finite,
+            crc32=None, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
+            payload=None,
         )
 
     def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:

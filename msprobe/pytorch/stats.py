@@ -66,6 +66,8 @@ _ROW = 256  # elements per partial norm in _norm32
 #: tensor types whose memory the fast path may read directly (subclasses such as DTensor or
 #: FakeTensor may override data access, so they take the general path)
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TYPES = _PLAIN_TYPES
+NATIVE_KIND = _NATIVE_KIND
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -184,11 +186,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if not has_data(t):
         return TensorStats()
     if NATIVE is not None and t.dtype in _NATIVE_KIND and t.is_cpu and type(t) in _PLAIN_TYPES:
-        s = _native_stats(t)
-        mx, mn = abs(s.max), abs(s.min)
-        if mx < _BIG and mn < _BIG and (mx > _SMALL or mn > _SMALL):  # NaN, inf: compare False
-            return s
-        return _rescaled(t, s)
+        return native_stats(t, _native_reduce(t))
     if opaque(t):
         return TensorStats()
     if t.is_quantized:
@@ -262,12 +260,14 @@ def _native_reduce(x: torch.Tensor) -> tuple:
     return NATIVE.reduce_at(x.data_ptr(), x.numel(), _NATIVE_KIND[x.dtype])
 
 
-def _native_stats(t: torch.Tensor) -> TensorStats:
+def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
     """:func:`tensor_stats` of a plain CPU float32/float64/bfloat16/float16 tensor with data,
-    through the native pass: Max/Min exact, Mean = sum / n and Norm = sqrt(sum of squares)
+    from ``reduced``, the native pass over it (``(max, min, sum, sumsq, has_nan, has_inf)``,
+    :func:`_native_reduce`): Max/Min exact, Mean = sum / n and Norm = sqrt(sum of squares)
     accumulated in float64 over the source values; the rare non-finite case fills the
-    ``*_except_inf_nan`` fields with :func:`_except_inf_nan`."""
-    mx, mn, total, squares, has_nan, has_inf = _native_reduce(t)
+    ``*_except_inf_nan`` fields with :func:`_except_inf_nan`, and magnitudes whose float64
+    sums overflow or underflow are rescaled (:func:`_rescaled`)."""
+    mx, mn, total, squares, has_nan, has_inf = reduced
     s = TensorStats()
     s.max, s.min = mx, mn
     s.mean = total / t.numel()
@@ -276,7 +276,10 @@ def _native_stats(t: torch.Tensor) -> TensorStats:
     if not (math.isfinite(mx) and math.isfinite(mn)):
         with torch.no_grad():
             _except_inf_nan(t.detach(), s)
-    return s
+    amx, amn = abs(mx), abs(mn)
+    if amx < _BIG and amn < _BIG and (amx > _SMALL or amn > _SMALL):  # NaN, inf: compare False
+        return s
+    return _rescaled(t, s)
 
 
 def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:

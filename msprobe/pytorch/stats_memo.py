@@ -136,7 +136,23 @@ class StatsMemo:
         if not self._entries:
             return None
         try:
-            e = self._entries.get(self._key(t))
+            key = self._key(t)
+        except RuntimeError:
+            return None
+        return self.get_at(key, t)
+
+    def key_of(self, t: torch.Tensor) -> tuple:
+        """The key :meth:`get` and :meth:`put` file ``t`` under (for :meth:`get_at` and
+        :meth:`put_at`, which save computing it twice).
+
+        Raises:
+            RuntimeError: ``t`` has no data pointer (the caller then skips the memo)."""
+        return self._key(t)
+
+    def get_at(self, key: tuple, t: torch.Tensor) -> Optional[Any]:
+        """:meth:`get` with ``key`` = :meth:`key_of` ``(t)`` already computed."""
+        try:
+            e = self._entries.get(key)
             if e is None:
                 return None
             held, version, value = e[:3]
@@ -160,6 +176,15 @@ class StatsMemo:
             return
         try:
             key = self._key(t)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        self.put_at(key, t, value, keep)
+
+    def put_at(self, key: tuple, t: torch.Tensor, value: Any, keep: bool = False) -> None:
+        """:meth:`put` with ``key`` = :meth:`key_of` ``(t)`` already computed."""
+        if not self.enabled:
+            return
+        try:
             param = keep or issubclass(type(t), _PARAMETER)  # not isinstance: a Python-level check
             storage = t.untyped_storage()
             start, size = storage.data_ptr(), storage.nbytes()

@@ -1,0 +1,116 @@
+"""The plain-tensor path of ``LeafBuilder.tensor_leaf`` (``_plain_leaf``: statistics only, a
+plain contiguous CPU float tensor) gives the leaf the general path gives, and shares the
+statistics memo with it. Values are checked against numpy float64 over the same data."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from msprobe.pytorch import stats as stats_mod
+from msprobe.pytorch.leaves import LeafBuilder
+
+pytestmark = pytest.mark.skipif(stats_mod.NATIVE is None, reason="native statistics pass not built")
+
+LEAF_FIELDS = ("io", "path", "leaf_kind", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm",
+               "max_finite", "min_finite", "crc32", "requires_grad", "has_nan", "has_inf", "data_name",
+               "payload", "value_json")
+
+
+def _general(t: torch.Tensor):
+    """The leaf of ``t`` through the general path (a builder whose plain path is off: the
+    path requires ``memo.layout_free``, which only changes how the memo keys tensors)."""
+    builder = LeafBuilder(md5=False)
+    builder.memo.layout_free = False
+    return builder.tensor_leaf("output", (0,), t)
+
+
+def _expected(t: torch.Tensor) -> dict:
+    a = t.detach().to(torch.float64).numpy().ravel()
+    finite = a[np.isfinite(a)]
+    has_nan, has_inf = bool(np.isnan(a).any()), bool(np.isinf(a).any())
+    out = {"has_nan": has_nan, "has_inf": has_inf}
+    if has_nan:
+        out["max"] = out["min"] = math.nan
+    else:
+        out["max"], out["min"] = float(a.max()), float(a.min())
+    if has_nan or has_inf:
+        out["max_finite"] = float(finite.max()) if finite.size else None
+        out["min_finite"] = float(finite.min()) if finite.size else None
+    return out
+
+
+CASES = {
+    "f32": lambda: torch.randn(3, 5),
+    "f64": lambda: torch.randn(17, dtype=torch.float64),
+    "bf16": lambda: torch.randn(9).to(torch.bfloat16),
+    "f16": lambda: (torch.randn(33) * 100).to(torch.float16),
+    "zeros": lambda: torch.zeros(6),
+    "zero-dim": lambda: torch.tensor(-2.5),
+    "nan-inf": lambda: torch.tensor([1.0, float("nan"), float("inf"), -3.0]),
+    "inf only": lambda: torch.tensor([float("-inf"), 2.0]),
+    "huge f64": lambda: torch.tensor([1e300, -2e300, 3e299], dtype=torch.float64),
+    "tiny f64": lambda: torch.tensor([1e-300, 2e-310], dtype=torch.float64),
+    "parameter": lambda: torch.nn.Parameter(torch.randn(4, 4)),
+    "requires grad": lambda: torch.randn(5, requires_grad=True) * 2,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plain_leaf_equals_general_leaf(case):
+    torch.manual_seed(0)
+    t = CASES[case]()
+    fast = LeafBuilder(md5=False).tensor_leaf("output", (0,), t)
+    slow = _general(t)
+    for field in LEAF_FIELDS:
+        a, b = getattr(fast, field), getattr(slow, field)
+        if isinstance(a, float) and math.isnan(a):
+            assert isinstance(b, float) and math.isnan(b), field
+        else:
+            assert a == b, (field, a, b)
+    for field, value in _expected(t).items():
+        got = getattr(fast, field)
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(got), field
+        else:
+            assert got == value, (field, got, value)
+    a = t.detach().to(torch.float64).numpy().ravel()
+    if np.isfinite(a).all():
+        scale = float(np.abs(a).max()) or 1.0  # numpy's own sum of squares over/underflows at 1e±300
+        assert fast.mean == pytest.approx(float((a / scale).mean()) * scale, rel=1e-12, abs=0.0)
+        norm = float(np.sqrt(np.sum((a / scale) ** 2))) * scale if t.dim() else abs(float(a[0]))
+        assert fast.norm == pytest.approx(norm, rel=1e-12, abs=0.0)
+    assert fast.shape == tuple(t.shape) and fast.numel == t.numel() and fast.dtype == str(t.dtype)
+    assert fast.requires_grad == t.requires_grad
+
+
+def test_plain_and_general_paths_share_the_memo():
+    builder = LeafBuilder(md5=False)
+    x = torch.randn(8, 6)
+    first = builder.tensor_leaf("output", (0,), x.t())  # not contiguous: general path, memo keyed by block
+    assert builder.memo.hits == 0
+    again = builder.tensor_leaf("input_args", (0,), x)  # contiguous: plain path, same block of memory
+    assert builder.memo.hits == 1
+    assert (again.max, again.min, again.norm) == (first.max, first.min, first.norm)
+    assert again.mean == pytest.approx(first.mean, rel=1e-12)
+    x.mul_(2)  # an in-place change bumps the version: no reuse
+    changed = builder.tensor_leaf("input_args", (0,), x)
+    assert builder.memo.hits == 1
+    assert changed.max == float(x.max())
+
+
+def test_plain_path_not_taken_for_crc_payload_or_noncontiguous():
+    x = torch.randn(4, 4)
+    md5 = LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
+    assert md5.crc32 is not None  # CRC-32 needs the general path
+    captured = []
+    builder = LeafBuilder(md5=False, capture=lambda t: captured.append(t) or "shard:key")
+    leaf = builder.tensor_leaf("output", (0,), x)
+    assert leaf.payload == "shard:key" and len(captured) == 1
+    neg = torch.randn(3, dtype=torch.complex64).conj().imag  # a negative-bit view
+    assert neg.is_neg()
+    leaf = LeafBuilder(md5=False).tensor_leaf("output", (0,), neg)
+    a = neg.resolve_neg().numpy().astype(np.float64)
+    assert leaf.max == float(a.max()) and leaf.min == float(a.min())
