@@ -141,16 +141,10 @@ class StatsMemo:
             return None
         return self.get_at(key, t)
 
-    def key_of(self, t: torch.Tensor) -> tuple:
-        """The key :meth:`get` and :meth:`put` file ``t`` under (for :meth:`get_at` and
-        :meth:`put_at`, which save computing it twice).
-
-        Raises:
-            RuntimeError: ``t`` has no data pointer (the caller then skips the memo)."""
-        return self._key(t)
-
     def get_at(self, key: tuple, t: torch.Tensor) -> Optional[Any]:
-        """:meth:`get` with ``key`` = :meth:`key_of` ``(t)`` already computed."""
+        """:meth:`get` with ``t``'s key already computed (``(data_ptr, dtype, numel, is_neg,
+        is_conj)`` for a dense tensor when ``layout_free``, else ``(data_ptr, dtype, shape,
+        stride, is_neg, is_conj)``)."""
         try:
             e = self._entries.get(key)
             if e is None:
@@ -181,7 +175,7 @@ class StatsMemo:
         self.put_at(key, t, value, keep)
 
     def put_at(self, key: tuple, t: torch.Tensor, value: Any, keep: bool = False) -> None:
-        """:meth:`put` with ``key`` = :meth:`key_of` ``(t)`` already computed."""
+        """:meth:`put` with ``t``'s key already computed (see :meth:`get_at`)."""
         if not self.enabled:
             return
         try:
