@@ -12,7 +12,10 @@ pre-hook on the node that produced each output receives the gradient w.r.t. it
 Views are identities for autograd and for values, so recording changes no result bit;
 in-place ops on them rebase their base as usual (no custom-Function view restrictions).
 A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
-with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
+with p=0 or ``nn.Identity``) returns the caller's original object. A write autograd does
+not see (under ``torch.no_grad``) leaves the caller's tensor on its node: handed back, the
+input counts as unchanged; otherwise as written (a leaf's gradient accumulator then takes
+the place of the node). An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
 has left the graph). An input handed back unchanged takes, in both slots, the gradient
 w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
@@ -102,10 +105,20 @@ def _producer(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _edge(view: torch.Tensor) -> tuple:
-    """``(node, output_nr)`` of the tensor that ``view`` (one of our ``t.view_as(t)``) reads
-    from: ``t``'s own node, or its gradient accumulator when ``t`` is a leaf."""
-    return view.grad_fn.next_functions[0]
+def _edge(vnode) -> tuple:
+    """``(node, output_nr)`` of the tensor that the view whose node is ``vnode`` (one of our
+    ``t.view_as(t)``) reads from: ``t``'s own node, or its gradient accumulator when ``t``
+    is a leaf."""
+    return vnode.next_functions[0]
+
+
+def _rebased(orig: torch.Tensor, node) -> bool:
+    """Whether a write to the view of ``orig`` (its version changed) moved ``orig`` to a
+    new autograd node: False when ``node``, the one that produced it before the call, still
+    does (the write ran under ``torch.no_grad``: for autograd the call handed ``orig`` back
+    unchanged) or ``orig`` is a leaf (autograd refuses in-place writes to a leaf that
+    requires grad, so only a no_grad write can have changed it)."""
+    return node is not None and _producer(orig).grad_fn is not node
 
 
 #: the C method behind ``Tensor.view_as``: for plain tensors the recorder calls it directly,
@@ -220,26 +233,38 @@ class BackwardTaps:
         place are re-hooked on the node that produced them, whose gradient is theirs; an
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
-        unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
+        unchanged: dict = {}  # id(view) -> (view's node, slot paths) of views not written
+        quiet = []  # views written where autograd does not see it (under no_grad)
         for view, vnode, node, nr, version, paths in state.views:
-            if view._version != version:
-                if node is not None:  # the view's node left the graph when it was modified
-                    # with the hooks of calls nested in this one that handed it back unchanged
-                    self._adopt(vnode, node, nr)
-                    self._move(node, nr, pending, "output", paths, movable=True)
-            else:
-                unchanged[id(view)] = (view, paths)
+            if view._version == version:
+                unchanged[id(view)] = (vnode, paths)
+            elif not _rebased(state.originals[id(view)], node):
+                # handed back, the call is an identity for autograd (the view's node leaves
+                # the graph); otherwise its node may be gone too (a use after the write
+                # reads a new node over the base's): as a written input below
+                unchanged[id(view)] = (vnode, paths)
+                quiet.append((view, vnode, node, nr, paths))
+            else:  # the view's node left the graph when it was modified
+                # with the hooks of calls nested in this one that handed it back unchanged
+                self._adopt(vnode, node, nr)
+                self._move(node, nr, pending, "output", paths, movable=True)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
         result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
-        for view, paths in returned.values():
+        for view, vnode, node, nr, paths in quiet:
+            if id(view) not in returned:
+                if node is None:  # a leaf: its gradient accumulator
+                    node, nr = _edge(vnode)
+                self._adopt(vnode, node, nr)
+                self._move(node, nr, pending, "output", paths, movable=True)
+        for vnode, paths in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
-            node, nr = _edge(view)
+            node, nr = _edge(vnode)
             # calls nested in this one that handed the view back unchanged hooked the
             # view's node: their hooks move with this call's to where the tensor was produced
-            self._adopt(view.grad_fn, node, nr)
+            self._adopt(vnode, node, nr)
             self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
@@ -253,7 +278,8 @@ class BackwardTaps:
                     # node that produced the caller's tensor (an accumulator for a leaf)
                     returned[id(value)] = same
                     pending.in_slots.append((path, True))
-                    node, nr = _edge(same[0])
+                    node, nr = _edge(same[0])  # the view's node as made (a write under
+                    # no_grad makes ``value.grad_fn`` a new node over the base's)
                     self._hook(node, nr, pending, "input", [path], movable=True)
                     return orig
                 # written in place: the caller's tensor now ends in the write's node; hooks

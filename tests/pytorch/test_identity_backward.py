@@ -417,3 +417,59 @@ def test_identity_in_containers_no_grad_and_retained_graph(tmp_path):
     entry = data["Functional.dropout.1.backward"]
     assert_record(entry["input"][0], 2 * h.detach())
     assert_record(entry["output"][0], 2 * h.detach())
+
+
+class _ClampNoGrad(nn.Module):
+    """Writes its input in place where autograd does not see it, and hands it back."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.clamp_(-1.0, 1.0)
+        return x
+
+
+def test_input_written_under_no_grad_and_handed_back(tmp_path):
+    """A write under no_grad leaves the caller's tensor where autograd had it: the call is
+    an identity for autograd, both slots hold the gradient w.r.t. the returned tensor. On
+    a leaf the entry was missing (no node to hook); on a non-leaf both hooks sat on one
+    node, the ``output`` one first, and the entry was emitted before the ``input`` slot
+    was filled (null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"leaf": _ClampNoGrad(), "mid": _ClampNoGrad(), "lin": nn.Linear(4, 2)})
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def run():
+        net["lin"](net["leaf"](p)).square().sum().backward()
+        net["lin"](net["mid"](x * 2)).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net, at_stop=True)
+    lin = net["lin"]
+    for name, value in (("Module.leaf._ClampNoGrad.backward.0", p.detach()),
+                        ("Module.mid._ClampNoGrad.backward.0", (x.detach() * 2).clamp(-1.0, 1.0))):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.linear(h, lin.weight.detach(), lin.bias.detach()).square().sum(), h)
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+
+
+class _ClampNoGradThenUse(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            x.clamp_(-1.0, 1.0)
+        return x * 3
+
+
+def test_leaf_written_under_no_grad_and_used(tmp_path):
+    """The call writes a leaf under no_grad and uses it: the ``output`` slot holds the
+    leaf's gradient (it was null: a leaf has no node to move the hook to)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _ClampNoGradThenUse()})
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    data = _record(tmp_path, lambda: net["c"](p).square().sum().backward(), "mix", net)
+    h = p.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad((h * 3).square().sum(), h)
+    entry = data["Module.c._ClampNoGradThenUse.backward.0"]
+    assert_record(entry["input"][0], 2 * 3 * h.detach())
+    assert_record(entry["output"][0], g)
