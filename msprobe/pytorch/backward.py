@@ -14,8 +14,9 @@ in-place ops on them rebase their base as usual (no custom-Function view restric
 A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
 with p=0 or ``nn.Identity``) returns the caller's original object. A write autograd does
 not see (under ``torch.no_grad``) leaves the caller's tensor on its node: handed back, the
-input counts as unchanged; otherwise as written (a leaf's gradient accumulator then takes
-the place of the node). An input the call
+input counts as unchanged (hooked where later uses read it: for a caller's view, the node
+autograd rebuilds for it after the write); otherwise as written (a leaf's gradient
+accumulator then takes the place of the node). An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
 has left the graph). An input handed back unchanged takes, in both slots, the gradient
 w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
@@ -233,16 +234,18 @@ class BackwardTaps:
         place are re-hooked on the node that produced them, whose gradient is theirs; an
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
-        unchanged: dict = {}  # id(view) -> (view's node, slot paths) of views not written
+        # id(view) -> (view's node, slot paths, the view if written under no_grad) of views
+        # not written where autograd sees it
+        unchanged: dict = {}
         quiet = []  # views written where autograd does not see it (under no_grad)
         for view, vnode, node, nr, version, paths in state.views:
             if view._version == version:
-                unchanged[id(view)] = (vnode, paths)
+                unchanged[id(view)] = (vnode, paths, None)
             elif not _rebased(state.originals[id(view)], node):
                 # handed back, the call is an identity for autograd (the view's node leaves
                 # the graph); otherwise its node may be gone too (a use after the write
                 # reads a new node over the base's): as a written input below
-                unchanged[id(view)] = (vnode, paths)
+                unchanged[id(view)] = (vnode, paths, view)
                 quiet.append((view, vnode, node, nr, paths))
             else:  # the view's node left the graph when it was modified
                 # with the hooks of calls nested in this one that handed it back unchanged
@@ -257,14 +260,17 @@ class BackwardTaps:
                     node, nr = _edge(vnode)
                 self._adopt(vnode, node, nr)
                 self._move(node, nr, pending, "output", paths, movable=True)
-        for vnode, paths in returned.values():
+        for vnode, paths, written, node, nr in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
-            node, nr = _edge(vnode)
             # calls nested in this one that handed the view back unchanged hooked the
             # view's node: their hooks move with this call's to where the tensor was produced
             self._adopt(vnode, node, nr)
+            if written is not None and written.grad_fn is not vnode:
+                # written under no_grad: autograd rebuilt the view's node, where calls
+                # nested in this one that handed the view back hooked
+                self._adopt(written.grad_fn, node, nr)
             self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
@@ -275,11 +281,16 @@ class BackwardTaps:
                 same = unchanged.get(id(value))
                 if same is not None:
                     # handed back unchanged: hook the edge the view reads from, i.e. the
-                    # node that produced the caller's tensor (an accumulator for a leaf)
-                    returned[id(value)] = same
+                    # node that produced the caller's tensor (an accumulator for a leaf);
+                    # a caller's view written under no_grad: the node autograd rebuilds
+                    # for it, which its later uses read
+                    vnode, paths, written = same
+                    if written is not None and orig._is_view():
+                        node, nr = orig.grad_fn, orig.output_nr
+                    else:
+                        node, nr = _edge(vnode)
+                    returned[id(value)] = (vnode, paths, written, node, nr)
                     pending.in_slots.append((path, True))
-                    node, nr = _edge(same[0])  # the view's node as made (a write under
-                    # no_grad makes ``value.grad_fn`` a new node over the base's)
                     self._hook(node, nr, pending, "input", [path], movable=True)
                     return orig
                 # written in place: the caller's tensor now ends in the write's node; hooks

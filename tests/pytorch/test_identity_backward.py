@@ -473,3 +473,33 @@ def test_leaf_written_under_no_grad_and_used(tmp_path):
     entry = data["Module.c._ClampNoGradThenUse.backward.0"]
     assert_record(entry["input"][0], 2 * 3 * h.detach())
     assert_record(entry["output"][0], g)
+
+
+def test_view_written_under_no_grad_and_handed_back_nested(tmp_path):
+    """The caller's tensor is its own view (``u = h.view_as(h)``, of a non-leaf or of a
+    leaf): a no_grad write makes autograd rebuild the view's node, which later uses read;
+    the entry's hooks go there (the one over a leaf had a null ``output``). Nested in a
+    module that hands its input back, the inner entry's hooks move with the outer's."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _ClampNoGrad(), "w": _Wrap(_ClampNoGrad()), "lin": nn.Linear(4, 2)})
+    x = torch.randn(3, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+
+    def run():
+        h = x * 2
+        net["lin"](net["c"](h.view_as(h))).square().sum().backward()
+        net["lin"](net["c"](p.view_as(p))).square().sum().backward()
+        net["lin"](net["w"](x * 2)).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net, at_stop=True)
+    lin = net["lin"]
+    clamped = (x.detach() * 2).clamp(-1.0, 1.0)
+    for names, value in ((["Module.c._ClampNoGrad.backward.0"], clamped),
+                         (["Module.c._ClampNoGrad.backward.1"], p.detach()),
+                         (["Module.w._Wrap.backward.0", "Module.w.inner._ClampNoGrad.backward.0"], clamped)):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.linear(h, lin.weight.detach(), lin.bias.detach()).square().sum(), h)
+        for name in names:
+            assert name in data, sorted(data)
+            assert_record(data[name]["input"][0], g)
+            assert_record(data[name]["output"][0], g)
