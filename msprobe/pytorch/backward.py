@@ -18,7 +18,9 @@ input counts as unchanged (hooked where later uses read it: for a caller's view,
 autograd rebuilds for it after the write); otherwise as written (a leaf's gradient
 accumulator then takes the place of the node). An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
-has left the graph). An input handed back unchanged takes, in both slots, the gradient
+has left the graph); an input that is a part of a larger tensor (``h[0:2]``, ``x.t()[1]``),
+whose write rebases that whole tensor, takes its part of the whole tensor's gradient, at
+the node that produced the whole tensor (``output``) and at the write's node (``input``). An input handed back unchanged takes, in both slots, the gradient
 w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
 the caller's tensor (the caller's own view node for a user view such as ``x.view_as(x)``
 or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
@@ -238,6 +240,7 @@ class BackwardTaps:
         # not written where autograd sees it
         unchanged: dict = {}
         quiet = []  # views written where autograd does not see it (under no_grad)
+        parts: dict = {}  # id(view) -> (base, part, base's node before the call): written parts
         for view, vnode, node, nr, version, paths in state.views:
             if view._version == version:
                 unchanged[id(view)] = (vnode, paths, None)
@@ -249,11 +252,15 @@ class BackwardTaps:
                 quiet.append((view, vnode, node, nr, paths))
             else:  # the view's node left the graph when it was modified
                 # with the hooks of calls nested in this one that handed it back unchanged
-                self._adopt(vnode, node, nr)
-                self._move(node, nr, pending, "output", paths, movable=True)
+                part = _part_edge(state.originals[id(view)], node, vnode)
+                if part is not None:  # a part of a larger base: its slice of the base's gradient
+                    node, nr, part = part
+                    parts[id(view)] = (state.originals[id(view)]._base, part, node)
+                self._adopt(vnode, node, nr, part)
+                self._move(node, nr, pending, "output", paths, True, part)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
-        result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
+        result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned, parts)
         for view, vnode, node, nr, paths in quiet:
             if id(view) not in returned:
                 if node is None:  # a leaf: its gradient accumulator
@@ -274,7 +281,7 @@ class BackwardTaps:
             self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
-    def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
+    def _map_out(self, pending, value, path, originals, depth, unchanged, returned, parts):
         if isinstance(value, torch.Tensor):
             orig = originals.get(id(value))
             if orig is not None:  # the call returned our input view (in place or unchanged)
@@ -294,10 +301,18 @@ class BackwardTaps:
                     self._hook(node, nr, pending, "input", [path], movable=True)
                     return orig
                 # written in place: the caller's tensor now ends in the write's node; hooks
-                # that nested calls (the write itself) placed on the view's node move there
-                if value.grad_fn is not None and orig.grad_fn is not None:
-                    self._adopt(value.grad_fn, orig.grad_fn, orig.output_nr)
-                self._hook_written(pending, orig, path)
+                # that nested calls (the write itself) placed on the view's node move there.
+                # A part of a larger base: its part of the base's gradient, taken at the
+                # base's node after the write (the part's own node sees only its own uses)
+                node, nr, part = orig.grad_fn, orig.output_nr, None
+                written = parts.get(id(value)) if parts else None
+                if written is not None:
+                    base_node = written[0].grad_fn
+                    if base_node is not None and base_node is not written[2]:  # autograd saw the write
+                        node, nr, part = base_node, written[0].output_nr, written[1]
+                if value.grad_fn is not None and node is not None:
+                    self._adopt(value.grad_fn, node, nr, part)
+                self._hook_written(pending, orig, path, node, nr, part)
                 return orig
             pending.in_slots.append((path, True))
             if _wants_grad(value) and value.grad_fn is not None:
@@ -311,7 +326,7 @@ class BackwardTaps:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
                 vals = list(value)
-            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, unchanged, returned)
+            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, unchanged, returned, parts)
                      for k, v in zip(keys, vals)]
             if all(x is y for x, y in zip(items, vals)):
                 return value
@@ -328,57 +343,116 @@ class BackwardTaps:
         pending.in_slots.append((path, False))
         return value
 
-    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path) -> None:
-        """The backward ``input`` slot of an output that is an input written in place."""
+    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path, node, nr: int,
+                      part: Optional[tuple]) -> None:
+        """The backward ``input`` slot of an output that is an input written in place,
+        hooked at output ``nr`` of ``node`` (``part``: see :func:`_part_edge`)."""
         pending.in_slots.append((path, True))
-        if _wants_grad(orig) and orig.grad_fn is not None:
-            self._hook(orig.grad_fn, orig.output_nr, pending, "input", [path], movable=True)
+        if _wants_grad(orig) and node is not None:
+            self._hook(node, nr, pending, "input", [path], movable=True, part=part)
 
     def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-              movable: bool = False) -> None:
+              movable: bool = False, part: Optional[tuple] = None) -> None:
         if node is None:
             return
         if side == "output":
             pending.expect_out += 1
         else:
             pending.expect_in += 1
-        self._place(node, index, pending, side, paths, movable)
+        self._place(node, index, pending, side, paths, movable, part)
 
-    def _adopt(self, left, node, index: int) -> None:
+    def _adopt(self, left, node, index: int, part: Optional[tuple] = None) -> None:
         """Move the movable hooks (see :meth:`_place`) placed on ``left``, a view's node that
-        left the graph, to output ``index`` of ``node``."""
-        for args in left.metadata.pop(_MOVABLE, ()):
-            self._move(node, index, *args)
+        left the graph, to output ``index`` of ``node`` (``part``: see :func:`_part_edge`;
+        a hook that has its own keeps it)."""
+        for pending, side, paths, movable, own in left.metadata.pop(_MOVABLE, ()):
+            self._move(node, index, pending, side, paths, movable, own if own is not None else part)
 
     def _move(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-              movable: bool = False) -> None:
+              movable: bool = False, part: Optional[tuple] = None) -> None:
         """Move a hook placed on a view's node to ``node``. The view's node may stay in the
         graph (the call used the view before writing it, or besides handing it back): the
         old hook's ``paths`` list is emptied, so it neither records nor counts when it fires;
         the new hook counts in its place, with the whole gradient of the tensor."""
         moved = list(paths)
         paths.clear()
-        self._place(node, index, pending, side, moved, movable)
+        self._place(node, index, pending, side, moved, movable, part)
 
     def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-               movable: bool = False) -> None:
+               movable: bool = False, part: Optional[tuple] = None) -> None:
+        on_grad = self._on_grad if part is None else partial(_on_part, self._on_grad, part)
         if type(node).__name__ == "AccumulateGrad":
             # a leaf's gradient accumulator (an input handed back unchanged) lives only while
             # a graph refers to it: the entry keeps it, so that later uses of the leaf reach
             # it, and its hook refers to the entry weakly: no cycle through the node that
             # the garbage collector cannot see (it would keep the leaf and the entry alive)
             pending.keep += (node,)
-            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending),
+            node.register_prehook(partial(_weak_prehook, on_grad, weakref.ref(pending),
                                           side, paths, index))
             return
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
-        node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
+        node.register_prehook(partial(_prehook, on_grad, pending, side, paths, index))
         if movable:
             # a hook on the caller's tensor of an input handed back or written: should
             # ``node`` be an enclosing call's view node, that call moves it when the view
             # leaves the graph (handed back unchanged or written in place there too)
-            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
+            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True, part))
+
+
+def _part_edge(orig: torch.Tensor, node, vnode) -> Optional[tuple]:
+    """Where the gradient w.r.t. ``orig`` before a call wrote it in place is found when
+    ``orig`` is a part of a larger base (a view of another shape, such as ``h[0:2]``): its
+    own node ``node`` left the graph (the write rebased the base), so the gradient is the
+    part of the base's gradient at the node that produced the base before the call (found
+    by following, from the base's node, the first input of the nodes created since the
+    call's view node ``vnode``: the writes), or at the base's accumulator for a leaf.
+
+    Returns ``(node, output_nr, part)``, ``part`` being ``(size, stride, offset, base size,
+    base stride)`` of ``orig`` in the base (:func:`_on_part`), or None for any other tensor.
+    """
+    if node is None or not orig._is_view() or _producer(orig) is not orig:
+        return None
+    base = orig._base
+    if base is None:
+        return None
+    part = (tuple(orig.shape), orig.stride(), orig.storage_offset() - base.storage_offset(),
+            tuple(base.shape), base.stride())
+    if base.grad_fn is None:  # a leaf (written under no_grad): its accumulator, below orig's views
+        edge = (node, 0)
+        for _ in range(64):
+            if edge[0] is None or type(edge[0]).__name__ == "AccumulateGrad":
+                break
+            if not edge[0].next_functions:
+                return None
+            edge = edge[0].next_functions[0]
+    else:
+        seq = vnode._sequence_nr()
+        edge = (base.grad_fn, base.output_nr)
+        for _ in range(64):
+            if edge[0] is None or edge[0]._sequence_nr() < seq or not edge[0].next_functions:
+                break
+            edge = edge[0].next_functions[0]
+    if edge[0] is None or (edge[0]._sequence_nr() >= vnode._sequence_nr()
+                           and type(edge[0]).__name__ != "AccumulateGrad"):
+        return None
+    return edge[0], edge[1], part
+
+
+def _on_part(on_grad, part: tuple, pending: PendingBackward, side: str, paths: list,
+             grad: Optional[torch.Tensor]) -> None:
+    """``on_grad`` with the part ``part`` (see :func:`_part_edge`) of the base's gradient."""
+    if grad is not None:
+        size, stride, offset, base_size, base_stride = part
+        with torch.no_grad():
+            if tuple(grad.shape) != base_size:
+                grad = None
+            else:
+                if grad.stride() != base_stride:
+                    grad = torch.empty_strided(base_size, base_stride, dtype=grad.dtype,
+                                               device=grad.device).copy_(grad)
+                grad = grad.as_strided(size, stride, grad.storage_offset() + offset)
+    on_grad(pending, side, paths, grad)
 
 
 def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,

@@ -503,3 +503,50 @@ def test_view_written_under_no_grad_and_handed_back_nested(tmp_path):
             assert name in data, sorted(data)
             assert_record(data[name]["input"][0], g)
             assert_record(data[name]["output"][0], g)
+
+
+class _MulInPlace(nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x
+
+
+def test_part_of_a_larger_tensor_written_in_place(tmp_path):
+    """The input is a part of a larger tensor (``h[1:3]``, ``p[0:2]``), written in place by
+    a recorded op, or under no_grad, and handed back: the write rebases the whole tensor,
+    so the part's own node leaves the graph; the ``output`` slot holds the part of the
+    whole tensor's gradient taken where it was produced (it was null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"m": _MulInPlace(), "c": _ClampNoGrad(), "lin": nn.Linear(4, 2)})
+    x = torch.randn(4, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    lin = net["lin"]
+
+    def head(t):
+        return F.linear(t, lin.weight.detach(), lin.bias.detach()).square().sum()
+
+    def run():
+        h = x * 2
+        (net["lin"](net["m"](h[1:3])).square().sum() + h.sum()).backward()
+        h = x * 2
+        net["lin"](net["c"](h.t()[1:3])).square().sum().backward()
+        net["lin"](net["c"](p[0:2])).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    # 1) h[1:3].mul_(2): the loss reads y = 2 * h[1:3] through the head and h.sum()
+    u = (x.detach() * 2)[1:3].clone().requires_grad_()
+    y = u * 2
+    (gu,) = torch.autograd.grad(head(y) + y.sum(), u)
+    yy = y.detach().requires_grad_()
+    (gy,) = torch.autograd.grad(head(yy) + yy.sum(), yy)
+    for name in ("Module.m._MulInPlace.backward.0", "Tensor.mul_.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], gy)
+        assert_record(data[name]["output"][0], gu)
+    # 2) and 3) clamped under no_grad: identities for autograd (a non-contiguous part; a leaf's part)
+    for n, value in ((0, (x.detach() * 2).t()[1:3].clamp(-1.0, 1.0)), (1, p.detach()[0:2])):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(head(h), h)
+        entry = data[f"Module.c._ClampNoGrad.backward.{n}"]
+        assert_record(entry["input"][0], g)
+        assert_record(entry["output"][0], g)
