@@ -444,15 +444,22 @@ def _on_part(on_grad, part: tuple, pending: PendingBackward, side: str, paths: l
     """``on_grad`` with the part ``part`` (see :func:`_part_edge`) of the base's gradient."""
     if grad is not None:
         size, stride, offset, base_size, base_stride = part
+        # the C functions, not the torch.* / Tensor.* names the API hooks wrap: the recorder
+        # is not busy here, a wrapped call would be recorded as the user's
         with torch.no_grad():
             if tuple(grad.shape) != base_size:
                 grad = None
             else:
                 if grad.stride() != base_stride:
-                    grad = torch.empty_strided(base_size, base_stride, dtype=grad.dtype,
-                                               device=grad.device).copy_(grad)
-                grad = grad.as_strided(size, stride, grad.storage_offset() + offset)
+                    grad = _COPY(_EMPTY_STRIDED(base_size, base_stride, dtype=grad.dtype, device=grad.device),
+                                 grad)
+                grad = _AS_STRIDED(grad, size, stride, grad.storage_offset() + offset)
     on_grad(pending, side, paths, grad)
+
+
+_AS_STRIDED = torch._C.TensorBase.as_strided
+_COPY = torch._C.TensorBase.copy_
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 
 
 def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,

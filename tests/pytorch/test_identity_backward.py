@@ -550,3 +550,36 @@ def test_part_of_a_larger_tensor_written_in_place(tmp_path):
         entry = data[f"Module.c._ClampNoGrad.backward.{n}"]
         assert_record(entry["input"][0], g)
         assert_record(entry["output"][0], g)
+
+
+def test_part_of_a_transposed_tensor_written_in_place(tmp_path):
+    """The whole tensor's layout differs from its gradient's (a transposed copy; its
+    gradient is row-major): the part is cut from the gradient laid out as the tensor; the recorder's own
+    tensor operations on the gradient are not recorded as calls."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 4, requires_grad=True)
+    m = torch.randn(16)
+
+    def run():
+        h = x.mT.clone()  # strides (1, 4), not a view
+        assert h.stride() == (1, 4) and not h._is_view()
+        h[1:3].mul_(3)
+        (h.reshape(-1) * m).square().sum().backward()  # h's gradient comes row-major
+
+    data = _record(tmp_path, run, at_stop=True)
+    assert sorted(data) == ["Tensor.__getitem__.0.forward", "Tensor.__mul__.0.backward",
+                            "Tensor.__mul__.0.forward", "Tensor.mul_.0.backward", "Tensor.mul_.0.forward",
+                            "Tensor.reshape.0.backward", "Tensor.reshape.0.forward",
+                            "Tensor.square.0.backward", "Tensor.square.0.forward", "Tensor.sum.0.backward",
+                            "Tensor.sum.0.forward"]
+    h0 = x.detach().mT.clone()
+    u = h0[1:3].clone().requires_grad_()
+    def loss(part):
+        return (torch.cat([h0[:1], part, h0[3:]]).reshape(-1) * m).square().sum()
+
+    (gu,) = torch.autograd.grad(loss(u * 3), u)
+    y = (u.detach() * 3).requires_grad_()
+    (gy,) = torch.autograd.grad(loss(y), y)
+    entry = data["Tensor.mul_.0.backward"]
+    assert_record(entry["input"][0], gy)
+    assert_record(entry["output"][0], gu)
