@@ -239,8 +239,8 @@ class BackwardTaps:
         # id(view) -> (view's node, slot paths, the view if written under no_grad) of views
         # not written where autograd sees it
         unchanged: dict = {}
-        quiet = []  # views written where autograd does not see it (under no_grad)
-        parts: dict = {}  # id(view) -> (base, part, base's node before the call): written parts
+        quiet: Optional[list] = None  # views written where autograd does not see it (no_grad)
+        parts: Optional[dict] = None  # id(view) -> (base, part, base's node before the call)
         for view, vnode, node, nr, version, paths in state.views:
             if view._version == version:
                 unchanged[id(view)] = (vnode, paths, None)
@@ -249,19 +249,21 @@ class BackwardTaps:
                 # the graph); otherwise its node may be gone too (a use after the write
                 # reads a new node over the base's): as a written input below
                 unchanged[id(view)] = (vnode, paths, view)
+                quiet = quiet or []
                 quiet.append((view, vnode, node, nr, paths))
             else:  # the view's node left the graph when it was modified
                 # with the hooks of calls nested in this one that handed it back unchanged
                 part = _part_edge(state.originals[id(view)], node, vnode)
                 if part is not None:  # a part of a larger base: its slice of the base's gradient
                     node, nr, part = part
+                    parts = parts or {}
                     parts[id(view)] = (state.originals[id(view)]._base, part, node)
                 self._adopt(vnode, node, nr, part)
                 self._move(node, nr, pending, "output", paths, True, part)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
         result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned, parts)
-        for view, vnode, node, nr, paths in quiet:
+        for view, vnode, node, nr, paths in quiet or ():
             if id(view) not in returned:
                 if node is None:  # a leaf: its gradient accumulator
                     node, nr = _edge(vnode)
