@@ -12,9 +12,15 @@ pre-hook on the node that produced each output receives the gradient w.r.t. it
 Views are identities for autograd and for values, so recording changes no result bit;
 in-place ops on them rebase their base as usual (no custom-Function view restrictions).
 A call whose output *is* one of its inputs (in-place ops, and identities such as dropout
-with p=0 or ``nn.Identity``) returns the caller's original object. An input the call
+with p=0 or ``nn.Identity``) returns the caller's original object. A write autograd does
+not see (under ``torch.no_grad``) leaves the caller's tensor on its node: handed back, the
+input counts as unchanged (hooked where later uses read it: for a caller's view, the node
+autograd rebuilds for it after the write); otherwise as written (a leaf's gradient
+accumulator then takes the place of the node). An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
-has left the graph). An input handed back unchanged takes, in both slots, the gradient
+has left the graph); an input that is a part of a larger tensor (``h[0:2]``, ``x.t()[1]``),
+whose write rebases that whole tensor, takes its part of the whole tensor's gradient, at
+the node that produced the whole tensor (``output``) and at the write's node (``input``). An input handed back unchanged takes, in both slots, the gradient
 w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
 the caller's tensor (the caller's own view node for a user view such as ``x.view_as(x)``
 or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
@@ -102,10 +108,20 @@ def _producer(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _edge(view: torch.Tensor) -> tuple:
-    """``(node, output_nr)`` of the tensor that ``view`` (one of our ``t.view_as(t)``) reads
-    from: ``t``'s own node, or its gradient accumulator when ``t`` is a leaf."""
-    return view.grad_fn.next_functions[0]
+def _edge(vnode) -> tuple:
+    """``(node, output_nr)`` of the tensor that the view whose node is ``vnode`` (one of our
+    ``t.view_as(t)``) reads from: ``t``'s own node, or its gradient accumulator when ``t``
+    is a leaf."""
+    return vnode.next_functions[0]
+
+
+def _rebased(orig: torch.Tensor, node) -> bool:
+    """Whether a write to the view of ``orig`` (its version changed) moved ``orig`` to a
+    new autograd node: False when ``node``, the one that produced it before the call, still
+    does (the write ran under ``torch.no_grad``: for autograd the call handed ``orig`` back
+    unchanged) or ``orig`` is a leaf (autograd refuses in-place writes to a leaf that
+    requires grad, so only a no_grad write can have changed it)."""
+    return node is not None and _producer(orig).grad_fn is not node
 
 
 #: the C method behind ``Tensor.view_as``: for plain tensors the recorder calls it directly,
@@ -220,47 +236,85 @@ class BackwardTaps:
         place are re-hooked on the node that produced them, whose gradient is theirs; an
         input handed back unchanged takes the gradient w.r.t. the returned tensor."""
         state = state or TapState()
-        unchanged: dict = {}  # id(view) -> (view, slot paths) of views not written
+        # id(view) -> (view's node, slot paths, the view if written under no_grad) of views
+        # not written where autograd sees it
+        unchanged: dict = {}
+        quiet: Optional[list] = None  # views written where autograd does not see it (no_grad)
+        parts: Optional[dict] = None  # id(view) -> (base, part, base's node before the call)
         for view, vnode, node, nr, version, paths in state.views:
-            if view._version != version:
-                if node is not None:  # the view's node left the graph when it was modified
-                    # with the hooks of calls nested in this one that handed it back unchanged
-                    self._adopt(vnode, node, nr)
-                    self._move(node, nr, pending, "output", paths, movable=True)
-            else:
-                unchanged[id(view)] = (view, paths)
+            if view._version == version:
+                unchanged[id(view)] = (vnode, paths, None)
+            elif not _rebased(state.originals[id(view)], node):
+                # handed back, the call is an identity for autograd (the view's node leaves
+                # the graph); otherwise its node may be gone too (a use after the write
+                # reads a new node over the base's): as a written input below
+                unchanged[id(view)] = (vnode, paths, view)
+                quiet = quiet or []
+                quiet.append((view, vnode, node, nr, paths))
+            else:  # the view's node left the graph when it was modified
+                # with the hooks of calls nested in this one that handed it back unchanged
+                part = _part_edge(state.originals[id(view)], node, vnode)
+                if part is not None:  # a part of a larger base: its slice of the base's gradient
+                    node, nr, part = part
+                    parts = parts or {}
+                    parts[id(view)] = (state.originals[id(view)]._base, part, node)
+                self._adopt(vnode, node, nr, part)
+                self._move(node, nr, pending, "output", paths, True, part)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
-        result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned)
-        for view, paths in returned.values():
+        result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned, parts)
+        for view, vnode, node, nr, paths in quiet or ():
+            if id(view) not in returned:
+                if node is None:  # a leaf: its gradient accumulator
+                    node, nr = _edge(vnode)
+                self._adopt(vnode, node, nr)
+                self._move(node, nr, pending, "output", paths, movable=True)
+        for vnode, paths, written, node, nr in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this
             # input is the one w.r.t. that tensor, taken where the output's is taken
-            node, nr = _edge(view)
             # calls nested in this one that handed the view back unchanged hooked the
             # view's node: their hooks move with this call's to where the tensor was produced
-            self._adopt(view.grad_fn, node, nr)
+            self._adopt(vnode, node, nr)
+            if written is not None and written.grad_fn is not vnode:
+                # written under no_grad: autograd rebuilt the view's node, where calls
+                # nested in this one that handed the view back hooked
+                self._adopt(written.grad_fn, node, nr)
             self._move(node, nr, pending, "output", paths, movable=True)
         return result
 
-    def _map_out(self, pending, value, path, originals, depth, unchanged, returned):
+    def _map_out(self, pending, value, path, originals, depth, unchanged, returned, parts):
         if isinstance(value, torch.Tensor):
             orig = originals.get(id(value))
             if orig is not None:  # the call returned our input view (in place or unchanged)
                 same = unchanged.get(id(value))
                 if same is not None:
                     # handed back unchanged: hook the edge the view reads from, i.e. the
-                    # node that produced the caller's tensor (an accumulator for a leaf)
-                    returned[id(value)] = same
+                    # node that produced the caller's tensor (an accumulator for a leaf);
+                    # a caller's view written under no_grad: the node autograd rebuilds
+                    # for it, which its later uses read
+                    vnode, paths, written = same
+                    if written is not None and orig._is_view():
+                        node, nr = orig.grad_fn, orig.output_nr
+                    else:
+                        node, nr = _edge(vnode)
+                    returned[id(value)] = (vnode, paths, written, node, nr)
                     pending.in_slots.append((path, True))
-                    node, nr = _edge(same[0])
                     self._hook(node, nr, pending, "input", [path], movable=True)
                     return orig
                 # written in place: the caller's tensor now ends in the write's node; hooks
-                # that nested calls (the write itself) placed on the view's node move there
-                if value.grad_fn is not None and orig.grad_fn is not None:
-                    self._adopt(value.grad_fn, orig.grad_fn, orig.output_nr)
-                self._hook_written(pending, orig, path)
+                # that nested calls (the write itself) placed on the view's node move there.
+                # A part of a larger base: its part of the base's gradient, taken at the
+                # base's node after the write (the part's own node sees only its own uses)
+                node, nr, part = orig.grad_fn, orig.output_nr, None
+                written = parts.get(id(value)) if parts else None
+                if written is not None:
+                    base_node = written[0].grad_fn
+                    if base_node is not None and base_node is not written[2]:  # autograd saw the write
+                        node, nr, part = base_node, written[0].output_nr, written[1]
+                if value.grad_fn is not None and node is not None:
+                    self._adopt(value.grad_fn, node, nr, part)
+                self._hook_written(pending, orig, path, node, nr, part)
                 return orig
             pending.in_slots.append((path, True))
             if _wants_grad(value) and value.grad_fn is not None:
@@ -274,7 +328,7 @@ class BackwardTaps:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
                 vals = list(value)
-            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, unchanged, returned)
+            items = [self._map_out(pending, v, path + (k,), originals, depth + 1, unchanged, returned, parts)
                      for k, v in zip(keys, vals)]
             if all(x is y for x, y in zip(items, vals)):
                 return value
@@ -291,57 +345,123 @@ class BackwardTaps:
         pending.in_slots.append((path, False))
         return value
 
-    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path) -> None:
-        """The backward ``input`` slot of an output that is an input written in place."""
+    def _hook_written(self, pending: PendingBackward, orig: torch.Tensor, path: Path, node, nr: int,
+                      part: Optional[tuple]) -> None:
+        """The backward ``input`` slot of an output that is an input written in place,
+        hooked at output ``nr`` of ``node`` (``part``: see :func:`_part_edge`)."""
         pending.in_slots.append((path, True))
-        if _wants_grad(orig) and orig.grad_fn is not None:
-            self._hook(orig.grad_fn, orig.output_nr, pending, "input", [path], movable=True)
+        if _wants_grad(orig) and node is not None:
+            self._hook(node, nr, pending, "input", [path], movable=True, part=part)
 
     def _hook(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-              movable: bool = False) -> None:
+              movable: bool = False, part: Optional[tuple] = None) -> None:
         if node is None:
             return
         if side == "output":
             pending.expect_out += 1
         else:
             pending.expect_in += 1
-        self._place(node, index, pending, side, paths, movable)
+        self._place(node, index, pending, side, paths, movable, part)
 
-    def _adopt(self, left, node, index: int) -> None:
+    def _adopt(self, left, node, index: int, part: Optional[tuple] = None) -> None:
         """Move the movable hooks (see :meth:`_place`) placed on ``left``, a view's node that
-        left the graph, to output ``index`` of ``node``."""
-        for args in left.metadata.pop(_MOVABLE, ()):
-            self._move(node, index, *args)
+        left the graph, to output ``index`` of ``node`` (``part``: see :func:`_part_edge`;
+        a hook that has its own keeps it)."""
+        for pending, side, paths, movable, own in left.metadata.pop(_MOVABLE, ()):
+            self._move(node, index, pending, side, paths, movable, own if own is not None else part)
 
     def _move(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-              movable: bool = False) -> None:
+              movable: bool = False, part: Optional[tuple] = None) -> None:
         """Move a hook placed on a view's node to ``node``. The view's node may stay in the
         graph (the call used the view before writing it, or besides handing it back): the
         old hook's ``paths`` list is emptied, so it neither records nor counts when it fires;
         the new hook counts in its place, with the whole gradient of the tensor."""
         moved = list(paths)
         paths.clear()
-        self._place(node, index, pending, side, moved, movable)
+        self._place(node, index, pending, side, moved, movable, part)
 
     def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
-               movable: bool = False) -> None:
+               movable: bool = False, part: Optional[tuple] = None) -> None:
+        on_grad = self._on_grad if part is None else partial(_on_part, self._on_grad, part)
         if type(node).__name__ == "AccumulateGrad":
             # a leaf's gradient accumulator (an input handed back unchanged) lives only while
             # a graph refers to it: the entry keeps it, so that later uses of the leaf reach
             # it, and its hook refers to the entry weakly: no cycle through the node that
             # the garbage collector cannot see (it would keep the leaf and the entry alive)
             pending.keep += (node,)
-            node.register_prehook(partial(_weak_prehook, self._on_grad, weakref.ref(pending),
+            node.register_prehook(partial(_weak_prehook, on_grad, weakref.ref(pending),
                                           side, paths, index))
             return
         # a partial, not a closure: 2 objects for the garbage collector to track instead
         # of 7 (function, closure tuple, 5 cells), alive from the forward to the backward
-        node.register_prehook(partial(_prehook, self._on_grad, pending, side, paths, index))
+        node.register_prehook(partial(_prehook, on_grad, pending, side, paths, index))
         if movable:
             # a hook on the caller's tensor of an input handed back or written: should
             # ``node`` be an enclosing call's view node, that call moves it when the view
             # leaves the graph (handed back unchanged or written in place there too)
-            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True))
+            node.metadata.setdefault(_MOVABLE, []).append((pending, side, paths, True, part))
+
+
+def _part_edge(orig: torch.Tensor, node, vnode) -> Optional[tuple]:
+    """Where the gradient w.r.t. ``orig`` before a call wrote it in place is found when
+    ``orig`` is a part of a larger base (a view of another shape, such as ``h[0:2]``): its
+    own node ``node`` left the graph (the write rebased the base), so the gradient is the
+    part of the base's gradient at the node that produced the base before the call (found
+    by following, from the base's node, the first input of the nodes created since the
+    call's view node ``vnode``: the writes), or at the base's accumulator for a leaf.
+
+    Returns ``(node, output_nr, part)``, ``part`` being ``(size, stride, offset, base size,
+    base stride)`` of ``orig`` in the base (:func:`_on_part`), or None for any other tensor.
+    """
+    if node is None or not orig._is_view() or _producer(orig) is not orig:
+        return None
+    base = orig._base
+    if base is None:
+        return None
+    part = (tuple(orig.shape), orig.stride(), orig.storage_offset() - base.storage_offset(),
+            tuple(base.shape), base.stride())
+    if base.grad_fn is None:  # a leaf (written under no_grad): its accumulator, below orig's views
+        edge = (node, 0)
+        for _ in range(64):
+            if edge[0] is None or type(edge[0]).__name__ == "AccumulateGrad":
+                break
+            if not edge[0].next_functions:
+                return None
+            edge = edge[0].next_functions[0]
+    else:
+        seq = vnode._sequence_nr()
+        edge = (base.grad_fn, base.output_nr)
+        for _ in range(64):
+            if edge[0] is None or edge[0]._sequence_nr() < seq or not edge[0].next_functions:
+                break
+            edge = edge[0].next_functions[0]
+    if edge[0] is None or (edge[0]._sequence_nr() >= vnode._sequence_nr()
+                           and type(edge[0]).__name__ != "AccumulateGrad"):
+        return None
+    return edge[0], edge[1], part
+
+
+def _on_part(on_grad, part: tuple, pending: PendingBackward, side: str, paths: list,
+             grad: Optional[torch.Tensor]) -> None:
+    """``on_grad`` with the part ``part`` (see :func:`_part_edge`) of the base's gradient."""
+    if grad is not None:
+        size, stride, offset, base_size, base_stride = part
+        # the C functions, not the torch.* / Tensor.* names the API hooks wrap: the recorder
+        # is not busy here, a wrapped call would be recorded as the user's
+        with torch.no_grad():
+            if tuple(grad.shape) != base_size:
+                grad = None
+            else:
+                if grad.stride() != base_stride:
+                    grad = _COPY(_EMPTY_STRIDED(base_size, base_stride, dtype=grad.dtype, device=grad.device),
+                                 grad)
+                grad = _AS_STRIDED(grad, size, stride, grad.storage_offset() + offset)
+    on_grad(pending, side, paths, grad)
+
+
+_AS_STRIDED = torch._C.TensorBase.as_strided
+_COPY = torch._C.TensorBase.copy_
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 
 
 def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,

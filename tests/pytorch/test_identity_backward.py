@@ -417,3 +417,169 @@ def test_identity_in_containers_no_grad_and_retained_graph(tmp_path):
     entry = data["Functional.dropout.1.backward"]
     assert_record(entry["input"][0], 2 * h.detach())
     assert_record(entry["output"][0], 2 * h.detach())
+
+
+class _ClampNoGrad(nn.Module):
+    """Writes its input in place where autograd does not see it, and hands it back."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.clamp_(-1.0, 1.0)
+        return x
+
+
+def test_input_written_under_no_grad_and_handed_back(tmp_path):
+    """A write under no_grad leaves the caller's tensor where autograd had it: the call is
+    an identity for autograd, both slots hold the gradient w.r.t. the returned tensor. On
+    a leaf the entry was missing (no node to hook); on a non-leaf both hooks sat on one
+    node, the ``output`` one first, and the entry was emitted before the ``input`` slot
+    was filled (null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"leaf": _ClampNoGrad(), "mid": _ClampNoGrad(), "lin": nn.Linear(4, 2)})
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def run():
+        net["lin"](net["leaf"](p)).square().sum().backward()
+        net["lin"](net["mid"](x * 2)).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net, at_stop=True)
+    lin = net["lin"]
+    for name, value in (("Module.leaf._ClampNoGrad.backward.0", p.detach()),
+                        ("Module.mid._ClampNoGrad.backward.0", (x.detach() * 2).clamp(-1.0, 1.0))):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.linear(h, lin.weight.detach(), lin.bias.detach()).square().sum(), h)
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], g)
+        assert_record(data[name]["output"][0], g)
+
+
+class _ClampNoGradThenUse(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            x.clamp_(-1.0, 1.0)
+        return x * 3
+
+
+def test_leaf_written_under_no_grad_and_used(tmp_path):
+    """The call writes a leaf under no_grad and uses it: the ``output`` slot holds the
+    leaf's gradient (it was null: a leaf has no node to move the hook to)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _ClampNoGradThenUse()})
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    data = _record(tmp_path, lambda: net["c"](p).square().sum().backward(), "mix", net)
+    h = p.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad((h * 3).square().sum(), h)
+    entry = data["Module.c._ClampNoGradThenUse.backward.0"]
+    assert_record(entry["input"][0], 2 * 3 * h.detach())
+    assert_record(entry["output"][0], g)
+
+
+def test_view_written_under_no_grad_and_handed_back_nested(tmp_path):
+    """The caller's tensor is its own view (``u = h.view_as(h)``, of a non-leaf or of a
+    leaf): a no_grad write makes autograd rebuild the view's node, which later uses read;
+    the entry's hooks go there (the one over a leaf had a null ``output``). Nested in a
+    module that hands its input back, the inner entry's hooks move with the outer's."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _ClampNoGrad(), "w": _Wrap(_ClampNoGrad()), "lin": nn.Linear(4, 2)})
+    x = torch.randn(3, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+
+    def run():
+        h = x * 2
+        net["lin"](net["c"](h.view_as(h))).square().sum().backward()
+        net["lin"](net["c"](p.view_as(p))).square().sum().backward()
+        net["lin"](net["w"](x * 2)).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net, at_stop=True)
+    lin = net["lin"]
+    clamped = (x.detach() * 2).clamp(-1.0, 1.0)
+    for names, value in ((["Module.c._ClampNoGrad.backward.0"], clamped),
+                         (["Module.c._ClampNoGrad.backward.1"], p.detach()),
+                         (["Module.w._Wrap.backward.0", "Module.w.inner._ClampNoGrad.backward.0"], clamped)):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.linear(h, lin.weight.detach(), lin.bias.detach()).square().sum(), h)
+        for name in names:
+            assert name in data, sorted(data)
+            assert_record(data[name]["input"][0], g)
+            assert_record(data[name]["output"][0], g)
+
+
+class _MulInPlace(nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x
+
+
+def test_part_of_a_larger_tensor_written_in_place(tmp_path):
+    """The input is a part of a larger tensor (``h[1:3]``, ``p[0:2]``), written in place by
+    a recorded op, or under no_grad, and handed back: the write rebases the whole tensor,
+    so the part's own node leaves the graph; the ``output`` slot holds the part of the
+    whole tensor's gradient taken where it was produced (it was null)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"m": _MulInPlace(), "c": _ClampNoGrad(), "lin": nn.Linear(4, 2)})
+    x = torch.randn(4, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    lin = net["lin"]
+
+    def head(t):
+        return F.linear(t, lin.weight.detach(), lin.bias.detach()).square().sum()
+
+    def run():
+        h = x * 2
+        (net["lin"](net["m"](h[1:3])).square().sum() + h.sum()).backward()
+        h = x * 2
+        net["lin"](net["c"](h.t()[1:3])).square().sum().backward()
+        net["lin"](net["c"](p[0:2])).square().sum().backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    # 1) h[1:3].mul_(2): the loss reads y = 2 * h[1:3] through the head and h.sum()
+    u = (x.detach() * 2)[1:3].clone().requires_grad_()
+    y = u * 2
+    (gu,) = torch.autograd.grad(head(y) + y.sum(), u)
+    yy = y.detach().requires_grad_()
+    (gy,) = torch.autograd.grad(head(yy) + yy.sum(), yy)
+    for name in ("Module.m._MulInPlace.backward.0", "Tensor.mul_.0.backward"):
+        assert name in data, sorted(data)
+        assert_record(data[name]["input"][0], gy)
+        assert_record(data[name]["output"][0], gu)
+    # 2) and 3) clamped under no_grad: identities for autograd (a non-contiguous part; a leaf's part)
+    for n, value in ((0, (x.detach() * 2).t()[1:3].clamp(-1.0, 1.0)), (1, p.detach()[0:2])):
+        h = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(head(h), h)
+        entry = data[f"Module.c._ClampNoGrad.backward.{n}"]
+        assert_record(entry["input"][0], g)
+        assert_record(entry["output"][0], g)
+
+
+def test_part_of_a_transposed_tensor_written_in_place(tmp_path):
+    """The whole tensor's layout differs from its gradient's (a transposed copy; its
+    gradient is row-major): the part is cut from the gradient laid out as the tensor; the recorder's own
+    tensor operations on the gradient are not recorded as calls."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 4, requires_grad=True)
+    m = torch.randn(16)
+
+    def run():
+        h = x.mT.clone()  # strides (1, 4), not a view
+        assert h.stride() == (1, 4) and not h._is_view()
+        h[1:3].mul_(3)
+        (h.reshape(-1) * m).square().sum().backward()  # h's gradient comes row-major
+
+    data = _record(tmp_path, run, at_stop=True)
+    assert sorted(data) == ["Tensor.__getitem__.0.forward", "Tensor.__mul__.0.backward",
+                            "Tensor.__mul__.0.forward", "Tensor.mul_.0.backward", "Tensor.mul_.0.forward",
+                            "Tensor.reshape.0.backward", "Tensor.reshape.0.forward",
+                            "Tensor.square.0.backward", "Tensor.square.0.forward", "Tensor.sum.0.backward",
+                            "Tensor.sum.0.forward"]
+    h0 = x.detach().mT.clone()
+    u = h0[1:3].clone().requires_grad_()
+    def loss(part):
+        return (torch.cat([h0[:1], part, h0[3:]]).reshape(-1) * m).square().sum()
+
+    (gu,) = torch.autograd.grad(loss(u * 3), u)
+    y = (u.detach() * 3).requires_grad_()
+    (gy,) = torch.autograd.grad(loss(y), y)
+    entry = data["Tensor.mul_.0.backward"]
+    assert_record(entry["input"][0], gy)
+    assert_record(entry["output"][0], gu)

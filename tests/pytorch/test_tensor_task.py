@@ -279,3 +279,53 @@ def test_payload_write_failure_stops_recording_not_training(tmp_path, caplog):
         dbg.close()
     assert torch.equal(z, torch.ones(3))
     assert dbg.session.failed and "recording stopped" in caplog.text
+
+
+def _shard_keys(dump_path: Path) -> list[str]:
+    keys = []
+    for shard in sorted((dump_path / ".msprobe" / "payload").glob("*.safetensors")):
+        raw = shard.read_bytes()
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        keys += [k for k in header if k != "__metadata__"]
+    return keys
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("xxhash_missing", [False, True])
+def test_same_bytes_other_dtype_or_shape_and_export_from_shards(tmp_path, monkeypatch, xxhash_missing):
+    """Tensors whose bytes are equal but dtype or shape differ get their own payloads; the
+    files ``msprobe export`` rebuilds from the shards alone (step directories deleted) are
+    bit-identical to the tensors, also from a shard written with SHA-256 keys (no xxhash)
+    exported by a process that has xxhash (the keys are verified)."""
+    import store.payload_writer as pw
+
+    z = torch.zeros(16, dtype=torch.uint8)
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    tensors = [torch.zeros(4), torch.zeros(2, 2), torch.zeros(2, dtype=torch.float64), z, z.view(torch.bool),
+               z.view(torch.int8), z.view(torch.bfloat16), z.view(torch.complex64), z.view(4, 4), z[:1].reshape(()),
+               torch.empty(0), torch.empty(0, 3), torch.empty(0, dtype=torch.int64), torch.tensor(-0.0),
+               torch.tensor([-0.0]), torch.tensor([1.0, -2.0]).to(torch.complex32), base[:, 1::2], base.t(),
+               torch.tensor([1.0, 2.0]).expand(3, 2)]
+    if xxhash_missing:
+        monkeypatch.setattr(pw, "_xxh3_128", None)
+    dump_path = tmp_path / "dump"
+    dbg = PrecisionDebugger(dump_path=str(dump_path), level="L1", task="tensor")
+    dbg.start()
+    for t in tensors:
+        torch.flatten(t)
+    dbg.stop()
+    dbg.close()
+    monkeypatch.undo()
+    expected = {(str(x.dtype), tuple(x.shape), x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                for t in tensors for x in (t, torch.flatten(t))}
+    keys = _shard_keys(dump_path)
+    assert len(keys) == len(set(keys)) == len(expected)
+    assert {len(k) for k in keys} == ({64} if xxhash_missing else {33})
+    shutil.rmtree(dump_path / "step0")
+    assert cli_main(["export", str(dump_path)]) == 0
+    data = json.loads((dump_path / "step0" / "rank" / "dump.json").read_text())["data"]
+    tdir = dump_path / "step0" / "rank" / "dump_tensor_data"
+    for n, t in enumerate(tensors):
+        entry = data[f"Torch.flatten.{n}.forward"]
+        for record, want in ((entry["input_args"][0], t), (entry["output"][0], torch.flatten(t))):
+            assert bits_equal(torch.load(tdir / record["data_name"], weights_only=True), want), (n, record)
