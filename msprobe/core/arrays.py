@@ -69,12 +69,12 @@ def array_stats(a: np.ndarray) -> TensorStats:
     f = None
     if kind is not None:  # one pass, sums in float64 (msprobe._native)
         s.max, s.min, total, squares, s.has_nan, s.has_inf = _native_values(a, kind)
-        s.mean = total / a.size
+        s.mean = total / a.size if a.ndim else s.max  # 0-dim: its value, -0.0 included
         s.norm = math.sqrt(squares) if a.ndim else abs(s.max)
     else:
         f = _as_float64(a).ravel()
         s.max, s.min = float(f.max()), float(f.min())
-        s.mean = float(f.mean())
+        s.mean = float(f.mean()) if a.ndim else s.max
         s.norm = float(np.sqrt(np.dot(f, f))) if a.ndim else abs(s.max)
         s.has_nan = math.isnan(s.max) or math.isnan(s.min)
         s.has_inf = (not s.has_nan) and (math.isinf(s.max) or math.isinf(s.min))
@@ -97,6 +97,6 @@ def array_stats(a: np.ndarray) -> TensorStats:
     scale = rescale_factor(s)  # float64 magnitudes whose sums overflow or squares underflow
     if scale is not None:
         f = (f if f is not None else _as_float64(a).ravel()) / scale
-        s.mean = float(f.sum()) / f.size * scale
+        s.mean = float(f.sum()) / f.size * scale if a.ndim else s.max
         s.norm = float(np.sqrt(np.dot(f, f))) * scale if a.ndim else abs(s.max)
     return s

@@ -212,7 +212,8 @@ def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
     mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm = vals[:WIDTH]
     scale = vals[WIDTH] if len(vals) > WIDTH else 1.0  # float64: Sum and Norm of x / scale
     norm = norm * scale if leaf.shape else abs(mx)
-    fields = dict(max=mx, min=mn, mean=total / leaf.numel * scale, norm=norm,
+    mean = total / leaf.numel * scale if leaf.shape else mx  # 0-dim: its value, -0.0 included
+    fields = dict(max=mx, min=mn, mean=mean, norm=norm,
                   has_nan=math.isnan(mx) or math.isnan(mn), has_inf=nn_max == _INF or nn_min == -_INF)
     if not (math.isfinite(mx) and math.isfinite(mn)):
         if fin_max != -_INF:  # some element is finite

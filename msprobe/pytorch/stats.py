@@ -220,7 +220,8 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             mn, mx = torch.aminmax(x64)
             vals = torch.stack([mx, mn, x64.mean(), torch.linalg.vector_norm(x64)]).tolist()
         s.max, s.min, s.mean, s.norm = vals
-        if x.dim() == 0:
+        if x.dim() == 0:  # its value (spec 3.2: item()), -0.0 included; Norm |x| (section 9)
+            s.mean = s.max
             s.norm = abs(s.max)
         fin_max, fin_min = math.isfinite(s.max), math.isfinite(s.min)
         s.has_nan = math.isnan(s.max) or math.isnan(s.min)
@@ -242,7 +243,7 @@ def _rescaled(t: torch.Tensor, s: TensorStats) -> TensorStats:
     with torch.no_grad():
         x = t.detach()
         y = (x.abs() if x.is_complex() else x).to(_F64) / scale
-        s.mean = float(y.sum()) / y.numel() * scale
+        s.mean = float(y.sum()) / y.numel() * scale if y.dim() else s.max
         s.norm = float(torch.linalg.vector_norm(y)) * scale if y.dim() else abs(s.max)
     return s
 
@@ -270,7 +271,8 @@ def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
     mx, mn, total, squares, has_nan, has_inf = reduced
     s = TensorStats()
     s.max, s.min = mx, mn
-    s.mean = total / t.numel()
+    # a 0-dim tensor reports its value (spec 3.2: item()); a float64 sum from +0.0 would lose -0.0
+    s.mean = total / t.numel() if t.dim() else mx
     s.norm = math.sqrt(squares) if t.dim() else abs(mx)
     s.has_nan, s.has_inf = has_nan, has_inf
     if not (math.isfinite(mx) and math.isfinite(mn)):
@@ -297,7 +299,7 @@ def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:
     a64 = a.astype(np.float64)
     s = TensorStats()
     s.max, s.min = mx, mn
-    s.mean = float(np.add.reduce(a64)) / n
+    s.mean = float(np.add.reduce(a64)) / n if t.dim() else mx  # 0-dim: its value, -0.0 included
     s.norm = math.sqrt(float(np.dot(a64, a64))) if t.dim() else abs(mx)
     s.has_nan = s.has_inf = False
     return s
