@@ -250,12 +250,22 @@ class BackwardTaps:
                 # reads a new node over the base's): as a written input below
                 unchanged[id(view)] = (vnode, paths, view)
                 quiet = quiet or []
-                quiet.append((view, vnode, node, nr, paths))
+                quiet.append((view, vnode, node, nr, paths, None))
             else:  # the view's node left the graph when it was modified
                 # with the hooks of calls nested in this one that handed it back unchanged
-                part = _part_edge(state.originals[id(view)], node, vnode)
+                orig = state.originals[id(view)]
+                part = _part_edge(orig, node, vnode)
                 if part is not None:  # a part of a larger base: its slice of the base's gradient
                     node, nr, part = part
+                    if orig._base.grad_fn is None or orig._base.grad_fn is node:
+                        # the base was not rebased: a write under no_grad (which only
+                        # rebuilt the part's own view node). Handed back, an identity for
+                        # autograd like a whole tensor's; otherwise the part of the base's
+                        # gradient (below)
+                        unchanged[id(view)] = (vnode, paths, view)
+                        quiet = quiet or []
+                        quiet.append((view, vnode, node, nr, paths, part))
+                        continue
                     parts = parts or {}
                     parts[id(view)] = (state.originals[id(view)]._base, part, node)
                 self._adopt(vnode, node, nr, part)
@@ -263,12 +273,12 @@ class BackwardTaps:
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
         returned: dict = {}
         result = self._map_out(pending, out, top, state.originals, 0, unchanged, returned, parts)
-        for view, vnode, node, nr, paths in quiet or ():
+        for view, vnode, node, nr, paths, part in quiet or ():
             if id(view) not in returned:
                 if node is None:  # a leaf: its gradient accumulator
                     node, nr = _edge(vnode)
-                self._adopt(vnode, node, nr)
-                self._move(node, nr, pending, "output", paths, movable=True)
+                self._adopt(vnode, node, nr, part)
+                self._move(node, nr, pending, "output", paths, True, part)
         for vnode, paths, written, node, nr in returned.values():
             # returned unchanged (dropout with p=0, nn.Identity): the caller gets its own
             # tensor back and the view's node leaves the graph, so the gradient w.r.t. this

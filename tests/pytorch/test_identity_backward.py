@@ -583,3 +583,29 @@ def test_part_of_a_transposed_tensor_written_in_place(tmp_path):
     entry = data["Tensor.mul_.0.backward"]
     assert_record(entry["input"][0], gy)
     assert_record(entry["output"][0], gu)
+
+
+def test_part_written_under_no_grad_and_handed_back_with_other_uses(tmp_path):
+    """A part of a larger tensor (``h.t()[1:3]``, ``p[0:2]``) clamped under no_grad and handed
+    back is an identity for autograd (docs/pytorch.md): both slots hold the gradient w.r.t.
+    the returned part, even when the whole tensor has other uses (``5 * h.sum()``). The
+    ``output`` slot held the part of the whole tensor's gradient (those other uses included)."""
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"c": _ClampNoGrad(), "lin": nn.Linear(4, 2)})
+    x = torch.randn(4, 4, requires_grad=True)
+    p = nn.Parameter(torch.randn(3, 4) * 2)
+    lin = net["lin"]
+    p0 = p.detach().clone()
+
+    def run():
+        h = x * 2
+        (net["lin"](net["c"](h.t()[1:3])).square().sum() + 5 * h.sum()).backward()
+        (net["lin"](net["c"](p[0:2])).square().sum() + 5 * p.sum()).backward()
+
+    data = _record(tmp_path, run, "mix", net)
+    for n, value in ((0, (x.detach() * 2).t()[1:3].clamp(-1.0, 1.0)), (1, p0[0:2].clamp(-1.0, 1.0))):
+        u = value.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.linear(u, lin.weight.detach(), lin.bias.detach()).square().sum(), u)
+        entry = data[f"Module.c._ClampNoGrad.backward.{n}"]
+        assert_record(entry["input"][0], g)
+        assert_record(entry["output"][0], g)
