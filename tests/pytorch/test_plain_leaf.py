@@ -55,7 +55,15 @@ CASES = {
     "tiny f64": lambda: torch.tensor([1e-300, 2e-310], dtype=torch.float64),
     "parameter": lambda: torch.nn.Parameter(torch.randn(4, 4)),
     "requires grad": lambda: torch.randn(5, requires_grad=True) * 2,
+    "negative zero 0-dim": lambda: torch.tensor(-0.0),
+    "offset part": lambda: torch.randn(10)[3:7],
+    "inference mode": lambda: _inference(),
 }
+
+
+def _inference() -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.randn(6)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -114,3 +122,46 @@ def test_plain_path_not_taken_for_crc_payload_or_noncontiguous():
     leaf = LeafBuilder(md5=False).tensor_leaf("output", (0,), neg)
     a = neg.resolve_neg().numpy().astype(np.float64)
     assert leaf.max == float(a.max()) and leaf.min == float(a.min())
+
+
+def _spy(monkeypatch) -> list:
+    """Count the calls of the plain path (``LeafBuilder._plain_leaf``)."""
+    calls = []
+    real = LeafBuilder._plain_leaf
+
+    def spy(self, *args):
+        calls.append(args[2])
+        return real(self, *args)
+
+    monkeypatch.setattr(LeafBuilder, "_plain_leaf", spy)
+    return calls
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plain_path_is_taken(monkeypatch, case):
+    """The cases compared above do go through the plain path (else the comparison with the
+    general path proves nothing)."""
+    calls = _spy(monkeypatch)
+    LeafBuilder(md5=False).tensor_leaf("output", (0,), CASES[case]())
+    assert len(calls) == 1
+
+
+def test_plain_path_not_taken_for_other_tensors(monkeypatch):
+    """CRC-32, payload capture, negative-bit views, channels_last, transposed, empty,
+    freed-storage, integer and Parameter-subclass tensors take the general path."""
+    calls = _spy(monkeypatch)
+    x = torch.randn(4, 4)
+    LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
+    LeafBuilder(md5=False, capture=lambda t: "shard:key").tensor_leaf("output", (0,), x)
+    freed = torch.randn(8)
+    freed.untyped_storage().resize_(0)
+
+    class Sub(torch.nn.Parameter):
+        pass
+
+    others = [torch.randn(3, dtype=torch.complex64).conj().imag,
+              torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), x.t(), torch.empty(0),
+              freed, torch.arange(6), Sub(torch.randn(3))]
+    for t in others:
+        LeafBuilder(md5=False).tensor_leaf("output", (0,), t)
+    assert calls == []
