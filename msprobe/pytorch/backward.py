@@ -240,7 +240,7 @@ class BackwardTaps:
         # not written where autograd sees it
         unchanged: dict = {}
         quiet: Optional[list] = None  # views written where autograd does not see it (no_grad)
-        parts: Optional[dict] = None  # id(view) -> (base, part, base's node before the call)
+        parts: Optional[dict] = None  # id(view) -> (base, part) of parts whose base a write rebased
         for view, vnode, node, nr, version, paths in state.views:
             if view._version == version:
                 unchanged[id(view)] = (vnode, paths, None)
@@ -267,7 +267,7 @@ class BackwardTaps:
                         quiet.append((view, vnode, node, nr, paths, part))
                         continue
                     parts = parts or {}
-                    parts[id(view)] = (state.originals[id(view)]._base, part, node)
+                    parts[id(view)] = (orig._base, part)
                 self._adopt(vnode, node, nr, part)
                 self._move(node, nr, pending, "output", paths, True, part)
         top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
@@ -318,10 +318,8 @@ class BackwardTaps:
                 # base's node after the write (the part's own node sees only its own uses)
                 node, nr, part = orig.grad_fn, orig.output_nr, None
                 written = parts.get(id(value)) if parts else None
-                if written is not None:
-                    base_node = written[0].grad_fn
-                    if base_node is not None and base_node is not written[2]:  # autograd saw the write
-                        node, nr, part = base_node, written[0].output_nr, written[1]
+                if written is not None:  # autograd saw the write (tap_outputs): the base's node after it
+                    node, nr, part = written[0].grad_fn, written[0].output_nr, written[1]
                 if value.grad_fn is not None and node is not None:
                     self._adopt(value.grad_fn, node, nr, part)
                 self._hook_written(pending, orig, path, node, nr, part)
