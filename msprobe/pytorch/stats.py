@@ -66,7 +66,9 @@ _ROW = 256  # elements per partial norm in _norm32
 #: tensor types whose memory the fast path may read directly (subclasses such as DTensor or
 #: FakeTensor may override data access, so they take the general path)
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+#: public name of ``_PLAIN_TYPES`` (the leaf builder's plain path tests ``type(t) in PLAIN_TYPES``)
 PLAIN_TYPES = _PLAIN_TYPES
+#: dtype -> kind code of the native pass (``NATIVE.reduce_at(ptr, n, kind)``) for the dtypes it reads
 NATIVE_KIND = _NATIVE_KIND
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
@@ -267,7 +269,18 @@ def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
     :func:`_native_reduce`): Max/Min exact, Mean = sum / n and Norm = sqrt(sum of squares)
     accumulated in float64 over the source values; the rare non-finite case fills the
     ``*_except_inf_nan`` fields with :func:`_except_inf_nan`, and magnitudes whose float64
-    sums overflow or underflow are rescaled (:func:`_rescaled`)."""
+    sums overflow or underflow are rescaled (:func:`_rescaled`). Spec 3.4 and section 9
+    (a 0-dim tensor: Max = Min = Mean = its value, Norm = ``|value|``).
+
+    Args:
+        t: the tensor ``reduced`` was computed over (any shape; read again only in the rare
+            non-finite or rescaled case).
+        reduced: ``(max, min, sum, sumsq, has_nan, has_inf)``: floats (sums in float64 over
+            the source values) and bools.
+
+    Example: ``torch.tensor([1.0, -3.0])`` reduced to ``(1.0, -3.0, -2.0, 10.0, False, False)``
+    gives Max 1.0, Min -3.0, Mean -1.0, Norm sqrt(10) = 3.1623; ``torch.tensor(-0.0)``
+    gives Mean -0.0 (its value; the float64 sum from +0.0 is +0.0). Raises nothing."""
     mx, mn, total, squares, has_nan, has_inf = reduced
     s = TensorStats()
     s.max, s.min = mx, mn
