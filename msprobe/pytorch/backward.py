@@ -120,7 +120,9 @@ def _rebased(orig: torch.Tensor, node) -> bool:
     new autograd node: False when ``node``, the one that produced it before the call, still
     does (the write ran under ``torch.no_grad``: for autograd the call handed ``orig`` back
     unchanged) or ``orig`` is a leaf (autograd refuses in-place writes to a leaf that
-    requires grad, so only a no_grad write can have changed it)."""
+    requires grad, so only a no_grad write can have changed it). A part of a larger base
+    (``h[1:3]``) written under no_grad gives True (autograd rebuilt its own view node);
+    :meth:`BackwardTaps.tap_outputs` tells it apart by its base's node, left unchanged."""
     return node is not None and _producer(orig).grad_fn is not node
 
 
