@@ -25,19 +25,19 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-_STRIDED = torch.strided
-
 from msprobe.core.arrays import array_stats
 from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
-from msprobe.pytorch.stats import NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque, tensor_stats
+from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque,
+                                   tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf
 
 _NDARRAY = "ndarray"  # private walk kind: a numpy array argument (stored as a tensor leaf)
+_STRIDED = torch.strided
 
 
 def value_record(obj: Any) -> dict:
