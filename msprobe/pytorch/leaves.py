@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from msprobe.core.arrays import array_stats
+from msprobe.core.statistics import TensorStats
 from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
@@ -156,14 +157,7 @@ class LeafBuilder:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                         requires_grad=bool(t.requires_grad), payload=payload)
-        return Leaf(
-            io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
-            dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-            max=st.max, min=st.min, mean=st.mean, norm=st.norm,
-            max_finite=st.max_finite, min_finite=st.min_finite,
-            crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
-            payload=payload,
-        )
+        return _stats_leaf(io, path, t, t.numel(), st, crc, payload)
 
     def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Leaf:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
@@ -181,14 +175,7 @@ class LeafBuilder:
         else:
             st = native_stats(t, NATIVE.reduce_at(t.data_ptr(), n, kind))
             memo.put_at(key, t, (st, None), keep=keep)
-        return Leaf(
-            io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
-            dtype=str(t.dtype), shape=tuple(t.shape), numel=n,
-            max=st.max, min=st.min, mean=st.mean, norm=st.norm,
-            max_finite=st.max_finite, min_finite=st.min_finite,
-            crc32=None, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
-            payload=None,
-        )
+        return _stats_leaf(io, path, t, n, st, None, None)
 
     def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:
         """The leaf of one ``numpy.ndarray`` argument (spec 3.3): numpy dtype name, shape and
@@ -245,6 +232,20 @@ class LeafBuilder:
         """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
         for k, v in values.items():
             self.leaves(io, v, out, (str(k),))
+
+
+def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorStats, crc: Optional[str],
+                payload: Optional[str]) -> Leaf:
+    """The tensor leaf of ``t`` (``numel`` elements) with statistics ``st``, CRC-32 ``crc``
+    (8 hex digits or None) and payload reference ``payload`` (or None)."""
+    return Leaf(
+        io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+        dtype=str(t.dtype), shape=tuple(t.shape), numel=numel,
+        max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+        max_finite=st.max_finite, min_finite=st.min_finite,
+        crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
+        payload=payload,
+    )
 
 
 def _leaf_kind(value: Any) -> Optional[str]:
