@@ -20,8 +20,9 @@ accumulator then takes the place of the node). An input the call
 modified in place takes its gradient from the node that produced it (the view's own node
 has left the graph); an input that is a part of a larger tensor (``h[0:2]``, ``x.t()[1]``),
 whose write rebases that whole tensor, takes its part of the whole tensor's gradient, at
-the node that produced the whole tensor (``output``) and at the write's node (``input``). An input handed back unchanged takes, in both slots, the gradient
-w.r.t. the returned tensor, hooked on the edge the view read from: the node that produced
+the node that produced the whole tensor (``output``) and at the write's node (``input``).
+An input handed back unchanged takes, in both slots, the gradient w.r.t. the returned
+tensor, hooked on the edge the view read from: the node that produced
 the caller's tensor (the caller's own view node for a user view such as ``x.view_as(x)``
 or ``x.t()``), or the gradient accumulator of a leaf. When that node is itself the view
 node of an enclosing call that hands the tensor back unchanged too (``nn.Dropout(0.0)``
@@ -53,6 +54,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe.pytorch.leaves import is_structseq
+from msprobe.pytorch.stats import PLAIN_TYPES
 from store import schema
 from store.records import Call, Leaf
 
@@ -130,7 +132,10 @@ def _rebased(orig: torch.Tensor, node) -> bool:
 #: not through the API wrapper that ``support_wrap_ops.yaml`` puts on ``torch.Tensor.view_as``
 #: (which would only see the busy flag and pass the call on; ~1.7 µs per view saved)
 _VIEW_AS = torch._C.TensorBase.view_as
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: the C functions that cut a part out of a base's gradient (:func:`_on_part`)
+_AS_STRIDED = torch._C.TensorBase.as_strided
+_COPY = torch._C.TensorBase.copy_
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 
 _MOVABLE = "msprobe.movable"  # Node.metadata key: hooks to move when the node leaves the graph
 
@@ -212,7 +217,7 @@ class BackwardTaps:
             if known is not None:
                 known[5].append(path)
                 return known[0]
-            view = _VIEW_AS(value, value) if type(value) in _PLAIN else value.view_as(value)
+            view = _VIEW_AS(value, value) if type(value) in PLAIN_TYPES else value.view_as(value)
             paths = [path]
             src = _producer(value)
             vnode = view.grad_fn
@@ -468,10 +473,6 @@ def _on_part(on_grad, part: tuple, pending: PendingBackward, side: str, paths: l
                 grad = _AS_STRIDED(grad, size, stride, grad.storage_offset() + offset)
     on_grad(pending, side, paths, grad)
 
-
-_AS_STRIDED = torch._C.TensorBase.as_strided
-_COPY = torch._C.TensorBase.copy_
-_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 
 
 def _weak_prehook(on_grad, ref: "weakref.ref[PendingBackward]", side: str, paths: list, index: int,
