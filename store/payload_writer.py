@@ -492,7 +492,9 @@ class PayloadReader:
         self._verify = bool(verify)
         self._stage_dir = Path(stage[0]) if stage is not None else None
         self._stage_ext = stage[1] if stage is not None else None
-        self._moved: OrderedDict[str, Path] = OrderedDict()  # key -> where take_staged put its file
+        # "{stage directory}/" as text: take_staged runs once per tensor file of a live export
+        self._stage_prefix = os.path.join(os.fspath(stage[0]), "") if stage is not None else ""
+        self._moved: OrderedDict[str, str] = OrderedDict()  # key -> where take_staged put its file
         self._headers: dict[str, tuple[int, dict]] = {}
 
     def _header(self, shard: str) -> tuple[int, dict]:
@@ -525,25 +527,24 @@ class PayloadReader:
         if not sep or not key or "/" in key or "\\" in key or key.startswith("."):
             return False
         try:
-            os.replace(self._stage_dir / f"{key}.{self._stage_ext}", target)
+            os.replace(f"{self._stage_prefix}{key}.{self._stage_ext}", target)
         except OSError:
             return False
-        self._moved[key] = Path(target)
+        self._moved[key] = os.fspath(target)
         self._moved.move_to_end(key)
         if len(self._moved) > _MOVED_KEEP:
             self._moved.popitem(last=False)
         return True
 
-    def earlier_file(self, ref: str) -> Optional[Path]:
-        """The file a recent :meth:`take_staged` of ``ref`` moved into place, if it still
-        exists (the live exporter hard-links a later file of the same payload to it, in
-        this step or a later one); None without ``stage``."""
+    def earlier_file(self, ref: str) -> Optional[str]:
+        """The path of the file a recent :meth:`take_staged` of ``ref`` moved into place
+        (the live exporter hard-links a later file of the same payload to it, in this step
+        or a later one); None when there is none, and always without ``stage``. The file
+        may have been removed since: the caller's link then fails and it falls back to
+        the payload (not checked here: one ``stat`` per duplicate file of every step)."""
         if self._stage_ext is None:
             return None
-        path = self._moved.get(ref.partition(":")[2])
-        if path is None or not path.exists():
-            return None
-        return path
+        return self._moved.get(ref.partition(":")[2])
 
     def read(self, ref: str) -> Payload:
         """The payload of ``ref`` (``"{shard}:{key}"``).

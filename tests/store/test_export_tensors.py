@@ -66,3 +66,59 @@ def test_missing_shard_is_skipped(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         assert export_tensors(rows, PayloadReader(tmp_path), write_raw, tmp_path / "out") == []
     assert "unreadable" in caplog.text
+
+
+def test_export_over_existing_files_replaces_them_with_links(tmp_path):
+    """A second export into the same directory (a re-run, ``msprobe export`` over a live
+    dump) replaces stale files: the duplicate becomes a link to the new first file."""
+    with PayloadWriter(tmp_path, rank=0) as pw:
+        refs = [pw.put(b"ab", "torch.uint8", (2,))] * 2
+    rows = make_rows(tmp_path, refs)
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(2):
+        (out / f"Torch.x.0.forward.output.{i}.pt").write_bytes(b"stale")
+    assert len(export_tensors(rows, PayloadReader(tmp_path), write_raw, out)) == 2
+    a, b = out / "Torch.x.0.forward.output.0.pt", out / "Torch.x.0.forward.output.1.pt"
+    assert a.read_bytes() == b.read_bytes() == b"torch.uint8|[2]|ab"
+    assert os.path.samefile(a, b)
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_link_source_removed_falls_back_to_the_payload(tmp_path):
+    """The file an earlier live export moved into place was deleted since: the next file
+    of that payload is written from the shard instead of failing."""
+    import pyarrow as pa
+
+    with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
+        ref = w.put(b"\x03" * 4, "torch.int32", (1,))
+        w.flush()
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
+
+        def rows(name):
+            return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref}],
+                                        schema=S.LOG_SCHEMA)
+
+        assert export_tensors(rows("a.raw"), reader, write_raw, tmp_path / "s0") == ["a.raw"]
+        (tmp_path / "s0" / "a.raw").unlink()
+        assert reader.earlier_file(ref) == os.fspath(tmp_path / "s0" / "a.raw")
+        assert export_tensors(rows("b.raw"), reader, write_raw, tmp_path / "s1") == ["b.raw"]
+    assert (tmp_path / "s1" / "b.raw").read_bytes() == b"torch.int32|[1]|" + b"\x03" * 4
+
+
+def test_copy_replaces_an_existing_file_when_links_fail(tmp_path, monkeypatch):
+    with PayloadWriter(tmp_path, rank=0) as pw:
+        refs = [pw.put(b"cd", "torch.uint8", (2,))] * 2
+    rows = make_rows(tmp_path, refs)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "Torch.x.0.forward.output.1.pt").write_bytes(b"stale")
+
+    def no_link(*a, **k):
+        raise PermissionError("links not allowed here")
+
+    monkeypatch.setattr(os, "link", no_link)
+    export_tensors(rows, PayloadReader(tmp_path), write_raw, out)
+    b = out / "Torch.x.0.forward.output.1.pt"
+    assert b.read_bytes() == b"torch.uint8|[2]|cd" and oct(b.stat().st_mode & 0o777) == oct(0o640)
+    assert sorted(p.name for p in out.iterdir()) == ["Torch.x.0.forward.output.0.pt", "Torch.x.0.forward.output.1.pt"]
