@@ -115,8 +115,9 @@ class LeafBuilder:
         and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md).
         ``keep``: ``t`` lives on anyway (a parameter's ``.grad``): the memo may hold it
         until its next clear, like a parameter."""
-        # the common case (see _plain_leaf): statistics only, a plain contiguous CPU tensor
-        if (type(t) in PLAIN_TYPES and self.defer is None and self.capture is None and not self.md5
+        # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
+        # plain contiguous CPU tensor
+        if (type(t) in PLAIN_TYPES and self.defer is None and not self.md5
                 and self.with_data and not self.defer_all and NATIVE is not None and self.memo.layout_free
                 and t.is_cpu and t.layout is _STRIDED and not t.is_neg() and t.is_contiguous()):
             kind = NATIVE_KIND.get(t.dtype)
@@ -161,10 +162,11 @@ class LeafBuilder:
 
     def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Leaf:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
-        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32 or
-        payload: the same memo, statistics and leaf as the general path, with the memo key
-        computed once and no per-step helper calls (each costs microseconds with the caches
-        a training step leaves behind: ``benchmarks/cold_python.py``)."""
+        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32:
+        the same payload (task tensor), memo, statistics and leaf as the general path, with
+        the memo key computed once and no per-step helper calls (each costs microseconds
+        with the caches a training step leaves behind: ``benchmarks/cold_python.py``)."""
+        payload = self.capture(t) if self.capture is not None else None
         memo = self.memo
         key = (t.data_ptr(), t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
         hit = memo.get_at(key, t)
@@ -175,7 +177,7 @@ class LeafBuilder:
         else:
             st = native_stats(t, NATIVE.reduce_at(t.data_ptr(), n, kind))
             memo.put_at(key, t, (st, None), keep=keep)
-        return _stats_leaf(io, path, t, n, st, None, None)
+        return _stats_leaf(io, path, t, n, st, None, payload)
 
     def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:
         """The leaf of one ``numpy.ndarray`` argument (spec 3.3): numpy dtype name, shape and

@@ -1,4 +1,4 @@
-"""The plain-tensor path of ``LeafBuilder.tensor_leaf`` (``_plain_leaf``: statistics only, a
+"""The plain-tensor path of ``LeafBuilder.tensor_leaf`` (``_plain_leaf``: statistics and payload, a
 plain contiguous CPU float tensor) gives the leaf the general path gives, and shares the
 statistics memo with it. Values are checked against numpy float64 over the same data."""
 from __future__ import annotations
@@ -109,14 +109,10 @@ def test_plain_and_general_paths_share_the_memo():
     assert changed.max == float(x.max())
 
 
-def test_plain_path_not_taken_for_crc_payload_or_noncontiguous():
+def test_plain_path_not_taken_for_crc_or_noncontiguous():
     x = torch.randn(4, 4)
     md5 = LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
     assert md5.crc32 is not None  # CRC-32 needs the general path
-    captured = []
-    builder = LeafBuilder(md5=False, capture=lambda t: captured.append(t) or "shard:key")
-    leaf = builder.tensor_leaf("output", (0,), x)
-    assert leaf.payload == "shard:key" and len(captured) == 1
     neg = torch.randn(3, dtype=torch.complex64).conj().imag  # a negative-bit view
     assert neg.is_neg()
     leaf = LeafBuilder(md5=False).tensor_leaf("output", (0,), neg)
@@ -146,13 +142,34 @@ def test_plain_path_is_taken(monkeypatch, case):
     assert len(calls) == 1
 
 
+def test_plain_path_with_payload_capture(monkeypatch):
+    """Task tensor: the plain path captures every record's payload (memo hits too) and
+    gives the statistics of the general path (numpy float64 here)."""
+    calls = _spy(monkeypatch)
+    captured = []
+    builder = LeafBuilder(md5=False, capture=lambda t: captured.append(t) or f"shard:{len(captured)}")
+    x = torch.randn(64, 33, dtype=torch.float32)
+    first = builder.tensor_leaf("output", (0,), x)
+    again = builder.tensor_leaf("input_args", (0,), x)  # memo hit: statistics reused, payload captured
+    assert len(calls) == 2 and builder.memo.hits == 1
+    assert [c is x for c in captured] == [True, True]
+    assert (first.payload, again.payload) == ("shard:1", "shard:2")
+    a = x.numpy().astype(np.float64)
+    for leaf in (first, again):
+        assert (leaf.max, leaf.min) == (float(a.max()), float(a.min()))
+        assert leaf.mean == pytest.approx(a.mean(), rel=1e-12)
+        assert leaf.norm == pytest.approx(np.sqrt((a * a).sum()), rel=1e-12)
+        assert (leaf.dtype, leaf.shape, leaf.numel) == ("torch.float32", (64, 33), 64 * 33)
+    none = LeafBuilder(md5=False, capture=lambda t: None).tensor_leaf("output", (0,), x)
+    assert none.payload is None and none.max == float(a.max())  # unreadable payload: statistics stay
+
+
 def test_plain_path_not_taken_for_other_tensors(monkeypatch):
-    """CRC-32, payload capture, negative-bit views, channels_last, transposed, empty,
-    freed-storage, integer and Parameter-subclass tensors take the general path."""
+    """CRC-32, negative-bit views, channels_last, transposed, empty, freed-storage,
+    integer and Parameter-subclass tensors take the general path."""
     calls = _spy(monkeypatch)
     x = torch.randn(4, 4)
     LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
-    LeafBuilder(md5=False, capture=lambda t: "shard:key").tensor_leaf("output", (0,), x)
     freed = torch.randn(8)
     freed.untyped_storage().resize_(0)
 
