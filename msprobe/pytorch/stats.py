@@ -339,8 +339,8 @@ def fused_stats_crc(t: torch.Tensor, kind: int) -> tuple[TensorStats, str]:
             the caller checks this (memory is read at ``t.data_ptr()``).
         kind: ``NATIVE_KIND[t.dtype]``.
 
-    Returns ``(TensorStats, 8 lowercase hex digits)``. Needs :data:`FUSED_CRC` (not None).
-    Raises ValueError (from the extension) for a bad ``kind`` or a None address.
+    Returns ``(TensorStats, 8 lowercase hex digits)``. Raises ValueError when :data:`FUSED_CRC`
+    is None (no fused pass here), and (from the extension) for a ``kind`` outside 0-3.
     """
     if FUSED_CRC is None:
         raise ValueError("fused statistics + CRC-32 unavailable (FUSED_CRC is None): use tensor_stats and crc32_hex")
