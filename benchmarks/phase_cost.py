@@ -4,7 +4,10 @@ per call). Unlike cProfile it adds ~1 µs per wrapped call, not per Python funct
 unlike microbenchmarks it measures the code with the cache state of a training step
 (the same Python runs 3-5x slower there than in a tight loop). Not a test.
 
-    python benchmarks/phase_cost.py [--config l1_stats] [--threads 1] [--steps 6]
+    python benchmarks/phase_cost.py [--config l1_stats] [--threads 1] [--steps 6] [--no-fused]
+
+--no-fused: summary_mode md5 with the two-pass statistics + CRC-32 (``stats.FUSED_CRC = None``,
+the path without isal or the extension), to compare with the fused pass.
 """
 import argparse
 import collections
@@ -22,6 +25,7 @@ p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", default="l1_stats", help="a recording configuration of benchmarks/workloads.py")
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--steps", type=int, default=6)
+p.add_argument("--no-fused", action="store_true", help="md5: two passes (stats.FUSED_CRC = None)")
 args = p.parse_args()
 import torch  # noqa: E402
 torch.set_num_threads(args.threads)
@@ -43,6 +47,12 @@ for cls, name in [(R.Recorder, "record_api"), (R.Recorder, "_api_before"), (R.Re
                   (L.LeafBuilder, "tensor_leaf"), (ST.StackInterner, "capture"), (S.Session, "stop"), (S.Session, "start"),
                   (S.Session, "end_step"), (R.Recorder, "parameter_grad")]:
     wrap(cls, name, f"{cls.__name__}.{name}")
+if args.no_fused:
+    STT.FUSED_CRC = None
+# the statistics / CRC-32 entry points as the leaf builder calls them (module attributes)
+for mod, name in [(L, "tensor_stats"), (L, "crc32_hex"), (STT, "fused_stats_crc")]:
+    if hasattr(mod, name):
+        wrap(mod, name, name)
 orig = STT._native_reduce
 def nr(x):
     t = time.perf_counter()

@@ -264,6 +264,38 @@ def test_bad_arguments(native):
     assert native.isa() in ("avx2", "generic")
 
 
+def test_reduce_crc_at_present_and_chained_per_block(native):
+    """The module in use (installed, else built now) has ``reduce_crc_at``: an installed build
+    older than fused_stats.c fails here (rebuild: ``python setup.py build_ext --inplace``).
+    With a CRC function written in Python (a ctypes callback around ``zlib.crc32``) the kernel
+    calls it once per block of 4096 elements and once for the tail, chaining the value, and
+    returns zlib's CRC of all the bytes; bfloat16 blocks arrive as float32 bytes."""
+    import ctypes
+    import zlib
+    assert hasattr(native, "reduce_crc_at"), "stale msprobe._native.fused_stats build: rebuild the extension"
+    lengths = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)
+    def crc(init, buf, n):
+        lengths.append(n)
+        return zlib.crc32(ctypes.string_at(buf, n), init)
+
+    address = ctypes.cast(crc, ctypes.c_void_p).value
+    rng = np.random.default_rng(11)
+    n = 3 * BLOCK + 21
+    a = rng.standard_normal(n).astype(np.float32)
+    bits = (a.view(np.uint32) >> 16).astype(np.uint16)
+    for portable in _kernels(native):
+        for buf, kind, data, width in ((a, KIND_F32, a.tobytes(), 4), (a.astype(np.float64), KIND_F64, None, 8),
+                                       (bits, KIND_BF16, (bits.astype(np.uint32) << 16).tobytes(), 4),
+                                       (a.astype(np.float16), KIND_F16, None, 2)):
+            lengths.clear()
+            got = native.reduce_crc_at(buf.ctypes.data, n, kind, address, portable)
+            assert got[:6] == native.reduce_at(buf.ctypes.data, n, kind, portable)
+            assert got[6] == zlib.crc32(data if data is not None else buf.tobytes())
+            assert lengths[:3] == [BLOCK * width] * 3 and sum(lengths) == n * width  # blocks, then the tail
+
+
 @settings(max_examples=150, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(1, 80),
                   elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)))

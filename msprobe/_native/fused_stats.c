@@ -19,9 +19,24 @@
  * with __builtin_cpu_supports; elsewhere the portable C kernels (auto-vectorised for the
  * baseline instruction set: SSE2 on x86-64, NEON on aarch64) run.
  *
+ * Fused CRC-32 (summary_mode md5): reduce_crc_at runs the same kernels (same arithmetic, same
+ * order, so the six statistics are bit-identical to reduce_at's) and, right after each block
+ * of BLOCK elements has been reduced (while it is still in L1/L2 cache), feeds that block's
+ * bytes to a caller-supplied CRC function, then the tail elements': memory is read once.
+ * The CRC function has zlib crc32 chaining semantics,
+ *   uint32_t crc(uint32_t init, const unsigned char *buf, uint64_t len)   (crc(crc(0, a), b) == crc32(a + b))
+ * (ISA-L's crc32_gzip_refl; Python passes its address). float32/float64/float16 are CRC'ed
+ * over their raw bytes; bfloat16 over the float32 values (bits << 16, 4 bytes per element in
+ * native byte order, little-endian on x86-64/aarch64), converted block by block into a small
+ * buffer: the bytes of the tensor converted to float32, as spec 3.5 asks.
+ *
  * Python API (METH_FASTCALL, no argument parsing beyond integers):
  *   reduce_at(address: int, n: int, kind: int[, portable]) -> (max, min, sum, sumsq, has_nan, has_inf)
+ *   reduce_crc_at(address: int, n: int, kind: int, crc_fn_address: int[, portable])
+ *       -> (max, min, sum, sumsq, has_nan, has_inf, crc)   crc: int in [0, 2**32), CRC from 0
  *   reduce(buffer, kind: int[, portable]) -> the same, over a C- or F-contiguous buffer
+ * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0.
+ * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
  * kind: 0 float32, 1 float64, 2 bfloat16, 3 float16 (2-byte kinds: uint16 bit patterns). n >= 1.
  * isa() -> "avx2" or "generic": the kernels in use.
@@ -44,7 +59,18 @@ typedef struct {
     double max, min, sum, sumsq;
 } acc_t;
 
-typedef void (*kernel_fn)(const void *p, size_t n, acc_t *out);
+/* CRC-32 with zlib chaining semantics (ISA-L crc32_gzip_refl) */
+typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
+
+/* running CRC of the bytes of a buffer of elements of one kind; NULL: no CRC (reduce_at) */
+typedef struct {
+    crc_fn fn;
+    uint32_t crc;
+    int kind;
+} crc_ctx;
+
+/* cc: NULL for the plain reduction; else the CRC of elements [0, n) is chained into cc->crc */
+typedef void (*kernel_fn)(const void *p, size_t n, acc_t *out, crc_ctx *cc);
 
 static inline float bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -66,19 +92,42 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* Chain the bytes of elements [start, end) of p into cc->crc (bfloat16: as float32 values,
+ * converted BLOCK elements at a time into a 16 KiB stack buffer). Called by the kernels after
+ * each block and once for the tail, in element order; never touches the statistics. */
+static void crc_span(crc_ctx *cc, const void *p, size_t start, size_t end) {
+    if (start >= end) return;
+    if (cc->kind == KIND_BF16) {
+        const uint16_t *h = (const uint16_t *)p + start;
+        uint32_t buf[BLOCK];
+        size_t left = end - start;
+        while (left) {
+            size_t m = left < BLOCK ? left : BLOCK;
+            for (size_t k = 0; k < m; k++) buf[k] = (uint32_t)h[k] << 16;
+            cc->crc = cc->fn(cc->crc, (const unsigned char *)buf, (uint64_t)m * 4u);
+            h += m;
+            left -= m;
+        }
+        return;
+    }
+    size_t w = cc->kind == KIND_F64 ? 8 : cc->kind == KIND_F32 ? 4 : 2;
+    cc->crc = cc->fn(cc->crc, (const unsigned char *)p + start * w, (uint64_t)(end - start) * w);
+}
+
 /* ---------------------------------------------------------------- portable kernels */
 
 #define LANES 8
 
 /* T: element type; M: type of Max/Min (float for float32/bfloat16: exact, half the width) */
 #define GENERIC_KERNEL(NAME, T, M, LOAD)                                                \
-    static void NAME(const void *vp, size_t n, acc_t *out) {                            \
+    static void NAME(const void *vp, size_t n, acc_t *out, crc_ctx *cc) {               \
         const T *p = (const T *)vp;                                                     \
         M mx[LANES], mn[LANES];                                                         \
         double tot = 0.0, totq = 0.0;                                                   \
         for (int j = 0; j < LANES; j++) { mx[j] = -INFINITY; mn[j] = INFINITY; }        \
         size_t i = 0;                                                                   \
         while (i + LANES <= n) {                                                        \
+            size_t start = i;                                                           \
             size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % LANES;              \
             double s[LANES], q[LANES];                                                  \
             for (int j = 0; j < LANES; j++) { s[j] = 0.0; q[j] = 0.0; }                 \
@@ -96,12 +145,14 @@ static inline float f16_to_f32(uint16_t h) {
             for (int j = 0; j < LANES; j++) { bs += s[j]; bq += q[j]; }                 \
             tot += bs;                                                                  \
             totq += bq;                                                                 \
+            if (cc) crc_span(cc, p, start, end); /* the block is still in cache */      \
         }                                                                               \
         M m1 = -INFINITY, m2 = INFINITY;                                                \
         for (int j = 0; j < LANES; j++) {                                               \
             m1 = mx[j] > m1 ? mx[j] : m1;                                               \
             m2 = mn[j] < m2 ? mn[j] : m2;                                               \
         }                                                                               \
+        if (cc) crc_span(cc, p, i, n); /* the tail */                                   \
         for (; i < n; i++) {                                                            \
             M f = LOAD(p[i]);                                                           \
             m1 = f > m1 ? f : m1;                                                       \
@@ -168,13 +219,14 @@ static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
 }
 
 #define NARROW_KERNEL(NAME, T, LOAD8, LOAD1)                                                   \
-    static AVX2 void NAME(const void *vp, size_t n, acc_t *out) {                              \
+    static AVX2 void NAME(const void *vp, size_t n, acc_t *out, crc_ctx *cc) {                 \
         const T *p = (const T *)vp;                                                            \
         __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;                                     \
         __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0;                                      \
         __m256d tot = _mm256_setzero_pd(), totq = tot;                                         \
         size_t i = 0;                                                                          \
         while (i + 16 <= n) {                                                                  \
+            size_t start = i;                                                                  \
             size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % 16;                        \
             __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;                       \
             __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;                                        \
@@ -185,9 +237,11 @@ static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
             }                                                                                  \
             tot = _mm256_add_pd(tot, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3))); \
             totq = _mm256_add_pd(totq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3))); \
+            if (cc) crc_span(cc, p, start, end); /* the block is still in cache */             \
         }                                                                                      \
         float m1 = hmax8(_mm256_max_ps(mx0, mx1)), m2 = hmin8(_mm256_min_ps(mn0, mn1));        \
         double t = hsum4(tot), tq = hsum4(totq);                                               \
+        if (cc) crc_span(cc, p, i, n); /* the tail */                                          \
         for (; i < n; i++) {                                                                   \
             float f = LOAD1(p[i]);                                                             \
             m1 = f > m1 ? f : m1;                                                              \
@@ -208,13 +262,14 @@ NARROW_KERNEL(f32_avx2, float, LOAD_F32X8, LOAD_PLAIN)
 NARROW_KERNEL(bf16_avx2, uint16_t, load_bf16x8, bf16_to_f32)
 NARROW_KERNEL(f16_avx2, uint16_t, load_f16x8, f16_to_f32)
 
-static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
+static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out, crc_ctx *cc) {
     const double *p = (const double *)vp;
     __m256d mx0 = _mm256_set1_pd(-INFINITY), mx1 = mx0;
     __m256d mn0 = _mm256_set1_pd(INFINITY), mn1 = mn0;
     __m256d tot = _mm256_setzero_pd(), totq = tot;
     size_t i = 0;
     while (i + 8 <= n) {
+        size_t start = i;
         size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % 8;
         __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
         for (; i < end; i += 8) {
@@ -230,6 +285,7 @@ static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
         }
         tot = _mm256_add_pd(tot, _mm256_add_pd(s0, s1));
         totq = _mm256_add_pd(totq, _mm256_add_pd(q0, q1));
+        if (cc) crc_span(cc, p, start, end); /* the block is still in cache */
     }
     double a[4], b[4];
     _mm256_storeu_pd(a, _mm256_max_pd(mx0, mx1));
@@ -240,6 +296,7 @@ static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out) {
         m2 = b[j] < m2 ? b[j] : m2;
     }
     double t = hsum4(tot), tq = hsum4(totq);
+    if (cc) crc_span(cc, p, i, n); /* the tail */
     for (; i < n; i++) {
         double v = p[i];
         m1 = v > m1 ? v : m1;
@@ -271,7 +328,9 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
     *has_inf = inf;
 }
 
-static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable) {
+/* The reduction of n elements of one kind at p, with the CRC-32 of their bytes chained into
+ * cc->crc when cc is not NULL; NULL with ValueError for a bad kind or n. */
+static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_ctx *cc) {
     if (kind < 0 || kind >= NKINDS) {
         PyErr_Format(PyExc_ValueError,
                      "kind must be 0 (float32), 1 (float64), 2 (bfloat16) or 3 (float16), got %ld", kind);
@@ -284,15 +343,19 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable) {
     acc_t acc;
     int has_nan = 0, has_inf = 0;
     kernel_fn kernel = portable ? PORTABLE[kind] : KERNELS[kind];
+    if (cc) cc->kind = (int)kind;
     if (n >= GIL_FREE_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        kernel(p, (size_t)n, &acc);
+        kernel(p, (size_t)n, &acc, cc);
         if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
         Py_END_ALLOW_THREADS
     } else {
-        kernel(p, (size_t)n, &acc);
+        kernel(p, (size_t)n, &acc, cc);
         if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
     }
+    if (cc)
+        return Py_BuildValue("(ddddNNk)", acc.max, acc.min, acc.sum, acc.sumsq, PyBool_FromLong(has_nan),
+                             PyBool_FromLong(has_inf), (unsigned long)cc->crc);
     return Py_BuildValue("(ddddNN)", acc.max, acc.min, acc.sum, acc.sumsq,
                          PyBool_FromLong(has_nan), PyBool_FromLong(has_inf));
 }
@@ -314,7 +377,40 @@ static PyObject *reduce_at(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (kind == -1 && PyErr_Occurred()) return NULL;
     int portable = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
     if (portable < 0) return NULL;
-    return run(p, n, kind, portable);
+    return run(p, n, kind, portable, NULL);
+}
+
+static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "reduce_crc_at(address, n, kind, crc_fn_address[, portable]) takes 4 or 5 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "address is 0");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    long kind = PyLong_AsLong(args[2]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    void *fn = PyLong_AsVoidPtr(args[3]);
+    if (fn == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "crc_fn_address is 0: need the address of a C function "
+                                              "uint32_t crc(uint32_t, const unsigned char *, uint64_t)");
+        return NULL;
+    }
+    int portable = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (portable < 0) return NULL;
+    crc_ctx cc;
+    /* a data pointer cannot portably be cast to a function pointer: copy the bits */
+    memcpy(&cc.fn, &fn, sizeof cc.fn);
+    cc.crc = 0;
+    cc.kind = (int)kind;
+    return run(p, n, kind, portable, &cc);
 }
 
 static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -336,7 +432,7 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
                      view.len, width);
         res = NULL;
     } else {
-        res = run(view.buf, view.len / width, kind, portable);
+        res = run(view.buf, view.len / width, kind, portable, NULL);
     }
     PyBuffer_Release(&view);
     return res;
@@ -353,6 +449,13 @@ static PyMethodDef METHODS[] = {
      "reduce_at(address, n, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "Reduce n contiguous elements at a raw address (the caller keeps the memory alive).\n"
      "kind: 0 float32, 1 float64, 2 bfloat16, 3 float16. Sums in float64."},
+    {"reduce_crc_at", (PyCFunction)(void (*)(void))reduce_crc_at, METH_FASTCALL,
+     "reduce_crc_at(address, n, kind, crc_fn_address, portable=False)\n"
+     "    -> (max, min, sum, sumsq, has_nan, has_inf, crc)\n\n"
+     "reduce_at's statistics (bit-identical) and, in the same pass over memory, the CRC-32 of\n"
+     "the elements' bytes (bfloat16: of their float32 values) computed with the C function at\n"
+     "crc_fn_address, uint32_t crc(uint32_t init, const unsigned char *buf, uint64_t len) with\n"
+     "zlib crc32 chaining semantics (ISA-L crc32_gzip_refl). crc: int, from init 0."},
     {"reduce", (PyCFunction)(void (*)(void))reduce_buffer, METH_FASTCALL,
      "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"
@@ -363,7 +466,8 @@ static PyMethodDef METHODS[] = {
 
 static struct PyModuleDef MODULE = {
     PyModuleDef_HEAD_INIT, "fused_stats",
-    "One-pass Max, Min, sum and sum of squares (float64) of float32/float64/bfloat16/float16 buffers.",
+    "One-pass Max, Min, sum and sum of squares (float64) of float32/float64/bfloat16/float16 buffers,\n"
+    "optionally with the CRC-32 of their bytes in the same pass.",
     -1, METHODS, NULL, NULL, NULL, NULL,
 };
 

@@ -29,6 +29,7 @@ from msprobe.core.arrays import array_stats
 from msprobe.core.statistics import TensorStats
 from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
+from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque,
@@ -81,7 +82,10 @@ class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
     Args:
-        md5: also compute CRC-32 (summary_mode md5).
+        md5: also compute CRC-32 (summary_mode md5). A plain contiguous CPU float32/float64/
+            bfloat16/float16 tensor gets its statistics and CRC-32 from one read of its memory
+            (:func:`msprobe.pytorch.stats.fused_stats_crc`) when ``stats.FUSED_CRC`` is set;
+            other tensors, or without it, two passes (``tensor_stats``, ``crc32_hex``).
         with_data: compute statistics (False for task ``structure``).
         capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
             the tensor's values; the reference goes to the leaf's ``payload``.
@@ -146,12 +150,16 @@ class LeafBuilder:
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
-                st = tensor_stats(t)
-                if self.md5:
-                    try:
-                        crc = crc32_hex(t)
-                    except Exception:
-                        crc = None
+                kind = _fused_kind(t) if self.md5 else None
+                if kind is not None:  # statistics and CRC-32 in one pass over the memory
+                    st, crc = _stats.fused_stats_crc(t, kind)
+                else:
+                    st = tensor_stats(t)
+                    if self.md5:
+                        try:
+                            crc = crc32_hex(t)
+                        except Exception:
+                            crc = None
                 if remember:
                     memo.put(t, (st, crc), keep=keep)
         if st is None:
@@ -234,6 +242,20 @@ class LeafBuilder:
         """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
         for k, v in values.items():
             self.leaves(io, v, out, (str(k),))
+
+
+def _fused_kind(t: torch.Tensor) -> Optional[int]:
+    """The native ``kind`` code of ``t`` when its statistics and CRC-32 may take the fused
+    pass (:func:`msprobe.pytorch.stats.fused_stats_crc`): :data:`~msprobe.pytorch.stats.FUSED_CRC`
+    available and ``t`` a plain (``torch.Tensor``/``nn.Parameter``) C-contiguous CPU tensor,
+    not a neg/conj view, non-empty, with data, of a dtype in ``NATIVE_KIND``; else None."""
+    if (_stats.FUSED_CRC is None or _stats.NATIVE is None or type(t) not in PLAIN_TYPES or not t.is_cpu
+            or t.layout is not _STRIDED or t.is_neg() or t.is_conj() or not t.is_contiguous()):
+        return None
+    kind = NATIVE_KIND.get(t.dtype)
+    if kind is None or not t.numel() or not t.untyped_storage().nbytes():
+        return None
+    return kind
 
 
 def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorStats, crc: Optional[str],

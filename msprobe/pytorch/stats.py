@@ -27,19 +27,26 @@ Min and the float64 sum and sum of squares (Mean = sum / n, Norm = sqrt(sum of s
 Without it (or with ``MSPROBE_NO_NATIVE_STATS=1``) numpy and torch compute them
 (``_small_f32_stats``, ``_host_stats``).
 
+summary_mode md5 needs both the statistics and the CRC-32: for those tensors (plain,
+contiguous, with data) :func:`fused_stats_crc` gets both from one read of the memory
+(``NATIVE.reduce_crc_at`` with ISA-L's C CRC function, :data:`FUSED_CRC`); the statistics are
+bit-identical to :func:`native_stats` over ``reduce_at`` and the CRC to :func:`crc32_hex`.
+Without ``isal`` (or the extension) :data:`FUSED_CRC` is None and the two passes run.
+
 Example: ``torch.tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.7417.
 """
 from __future__ import annotations
 
 import ctypes
 import math
+import zlib
 from typing import Optional
 
 import numpy as np
 import torch
 
 from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64, load_fused_stats
-from msprobe.core.checksum import crc32
+from msprobe.core.checksum import C_CRC32, crc32
 from msprobe.core.statistics import RESCALE_BIG as _BIG
 from msprobe.core.statistics import RESCALE_SMALL as _SMALL
 from msprobe.core.statistics import TensorStats, rescale_factor
@@ -47,6 +54,29 @@ from msprobe.core.statistics import TensorStats, rescale_factor
 #: the compiled one-pass statistics (``msprobe._native.fused_stats``), or None when it is
 #: not built or ``MSPROBE_NO_NATIVE_STATS=1``: then numpy/torch compute them (see ``_host_stats``)
 NATIVE = load_fused_stats()
+
+
+def _fused_crc_address() -> Optional[int]:
+    """:data:`msprobe.core.checksum.C_CRC32` when :data:`NATIVE` has ``reduce_crc_at`` and a
+    self-test through it (300 float32 values: CRC against ``zlib.crc32``, statistics against
+    ``reduce_at``) passes; else None."""
+    if NATIVE is None or C_CRC32 is None or not hasattr(NATIVE, "reduce_crc_at"):
+        return None
+    a = np.random.default_rng(5).standard_normal(300).astype(np.float32)
+    try:
+        got = NATIVE.reduce_crc_at(a.ctypes.data, a.size, KIND_F32, C_CRC32)
+        plain = NATIVE.reduce_at(a.ctypes.data, a.size, KIND_F32)
+    except (TypeError, ValueError):  # pragma: no cover - an incompatible build
+        return None
+    if len(got) != 7 or got[6] != zlib.crc32(a.tobytes()) or tuple(got[:6]) != tuple(plain):
+        return None
+    return C_CRC32
+
+
+#: address of the C CRC-32 function :func:`fused_stats_crc` passes to ``NATIVE.reduce_crc_at``,
+#: or None (no extension, an old build without ``reduce_crc_at``, no ``isal``, or a failed
+#: self-test): summary_mode md5 then computes statistics and CRC-32 in two passes
+FUSED_CRC = _fused_crc_address()
 
 _F64 = torch.float64
 _F32 = torch.float32
@@ -295,6 +325,27 @@ def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
     if amx < _BIG and amn < _BIG and (amx > _SMALL or amn > _SMALL):  # NaN, inf: compare False
         return s
     return _rescaled(t, s)
+
+
+def fused_stats_crc(t: torch.Tensor, kind: int) -> tuple[TensorStats, str]:
+    """Statistics and CRC-32 of ``t`` in one pass over its memory (summary_mode md5, issue 5):
+    ``(native_stats(t, ...), crc)``, equal to ``(tensor_stats(t), crc32_hex(t))``: the
+    statistics bit for bit (the same kernels as :func:`_native_reduce`), the CRC over the same
+    bytes (bfloat16 as float32; spec 3.5).
+
+    Args:
+        t: a plain (:data:`PLAIN_TYPES`) C-contiguous CPU tensor, not a neg/conj view, with at
+            least one element and data (:func:`has_data`), of a dtype in :data:`NATIVE_KIND`;
+            the caller checks this (memory is read at ``t.data_ptr()``).
+        kind: ``NATIVE_KIND[t.dtype]``.
+
+    Returns ``(TensorStats, 8 lowercase hex digits)``. Raises ValueError when :data:`FUSED_CRC`
+    is None (no fused pass here), and (from the extension) for a ``kind`` outside 0-3.
+    """
+    if FUSED_CRC is None:
+        raise ValueError("fused statistics + CRC-32 unavailable (FUSED_CRC is None): use tensor_stats and crc32_hex")
+    reduced = NATIVE.reduce_crc_at(t.data_ptr(), t.numel(), kind, FUSED_CRC)
+    return native_stats(t, reduced[:6]), format(reduced[6] & 0xFFFFFFFF, "08x")
 
 
 def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:

@@ -27,3 +27,27 @@ def test_accelerated_when_isal_installed():
         assert checksum.ACCELERATED is False
     else:
         assert checksum.ACCELERATED is True
+
+
+def test_c_crc32_address_matches_zlib():
+    """C_CRC32 is ISA-L's crc32_gzip_refl with zlib semantics (whole and chained), or None without isal."""
+    import ctypes
+    if not checksum.ACCELERATED:
+        assert checksum.C_CRC32 is None
+        return
+    assert isinstance(checksum.C_CRC32, int) and checksum.C_CRC32 != 0
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint64)(checksum.C_CRC32)
+    data = np.random.default_rng(1).integers(0, 256, 10007, dtype=np.uint8).tobytes()
+    assert fn(0, data, len(data)) == zlib.crc32(data)
+    assert fn(fn(0, data[:4097], 4097), data[4097:], len(data) - 4097) == zlib.crc32(data)
+
+
+def test_c_crc32_address_guards(monkeypatch):
+    """No isal module, or a library without the symbol: None (the two-pass CRC stays)."""
+    import types
+    monkeypatch.setattr(checksum, "_isal_zlib", None)
+    assert checksum._c_crc32_address() is None
+    monkeypatch.setattr(checksum, "_isal_zlib", types.SimpleNamespace(__file__=zlib.__spec__.origin or "/nonexistent"))
+    assert checksum._c_crc32_address() is None
+    monkeypatch.setattr(checksum, "_isal_zlib", types.SimpleNamespace(__file__="/nonexistent/libnothing.so"))
+    assert checksum._c_crc32_address() is None
