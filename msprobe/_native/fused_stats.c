@@ -360,21 +360,30 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_c
                          PyBool_FromLong(has_nan), PyBool_FromLong(has_inf));
 }
 
+/* args[0:3] = (address, n, kind) of reduce_at and reduce_crc_at; -1 with an exception set */
+static int parse_span(PyObject *const *args, void **p, Py_ssize_t *n, long *kind) {
+    *p = PyLong_AsVoidPtr(args[0]);
+    if (*p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "address is 0");
+        return -1;
+    }
+    *n = PyLong_AsSsize_t(args[1]);
+    if (*n == -1 && PyErr_Occurred()) return -1;
+    *kind = PyLong_AsLong(args[2]);
+    if (*kind == -1 && PyErr_Occurred()) return -1;
+    return 0;
+}
+
 static PyObject *reduce_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 3 && nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "reduce_at(address, n, kind[, portable]) takes 3 or 4 arguments");
         return NULL;
     }
-    void *p = PyLong_AsVoidPtr(args[0]);
-    if (p == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "address is 0");
-        return NULL;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    long kind = PyLong_AsLong(args[2]);
-    if (kind == -1 && PyErr_Occurred()) return NULL;
+    void *p;
+    Py_ssize_t n;
+    long kind;
+    if (parse_span(args, &p, &n, &kind) < 0) return NULL;
     int portable = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
     if (portable < 0) return NULL;
     return run(p, n, kind, portable, NULL);
@@ -387,15 +396,10 @@ static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t
                         "reduce_crc_at(address, n, kind, crc_fn_address[, portable]) takes 4 or 5 arguments");
         return NULL;
     }
-    void *p = PyLong_AsVoidPtr(args[0]);
-    if (p == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "address is 0");
-        return NULL;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    long kind = PyLong_AsLong(args[2]);
-    if (kind == -1 && PyErr_Occurred()) return NULL;
+    void *p;
+    Py_ssize_t n;
+    long kind;
+    if (parse_span(args, &p, &n, &kind) < 0) return NULL;
     void *fn = PyLong_AsVoidPtr(args[3]);
     if (fn == NULL) {
         if (!PyErr_Occurred())
