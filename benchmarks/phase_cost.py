@@ -7,12 +7,15 @@ unlike microbenchmarks it measures the code with the cache state of a training s
     python benchmarks/phase_cost.py [--config l1_stats] [--threads 1] [--steps 6] [--no-fused]
 
 --no-fused: summary_mode md5 with the two-pass statistics + CRC-32 (``stats.FUSED_CRC = None``,
-the path without isal or the extension), to compare with the fused pass.
+the path without isal or the extension), to compare with the fused pass. With
+``--config l1_tensor`` the payload capture (snapshot copy, content key), the waits for the
+payload writer thread and the moving/linking of the tensor files are listed too.
 """
 import argparse
 import collections
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -53,6 +56,16 @@ if args.no_fused:
 for mod, name in [(L, "tensor_stats"), (L, "crc32_hex"), (STT, "fused_stats_crc")]:
     if hasattr(mod, name):
         wrap(mod, name, name)
+# task tensor: the payload capture (snapshot copy, content key, queue) and where the step
+# waits for the payload writer thread (flush at stop()/step()) and moves/links its files
+from msprobe.pytorch import payload as P  # noqa: E402
+from store import export as E, payload_writer as PW  # noqa: E402
+for obj, name, label in [(P.PayloadCapture, "__call__", "PayloadCapture (task tensor)"),
+                         (P, "tensor_bytes", "tensor_bytes (snapshot copy)"),
+                         (PW.PayloadWriter, "put", "PayloadWriter.put"), (PW, "content_key", "content_key (XXH3-128)"),
+                         (PW.PayloadWriter, "flush", "PayloadWriter.flush (waits for the writer)"),
+                         (E, "export_tensors", "export_tensors (move/link files)")]:
+    wrap(obj, name, label)
 orig = STT._native_reduce
 def nr(x):
     t = time.perf_counter()
@@ -71,3 +84,4 @@ for i in range(N): step()
 print(f"{args.config}, {args.threads} thread(s): recorded step {(time.perf_counter()-t)/N*1e3:.1f} ms (inclusive times; nested phases overlap)")
 for k in sorted(acc, key=acc.get, reverse=True): print(f"{k:30s} {acc[k]/N*1e3:7.2f} ms/step  {cnt[k]/N:6.0f} calls/step  {acc[k]/max(cnt[k],1)*1e6:7.1f} us/call")
 dbg.close()
+shutil.rmtree(scratch, ignore_errors=True)
