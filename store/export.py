@@ -425,6 +425,12 @@ def _write_one(prefix: str, name: str, file_name: str, ref: str, first: dict[str
         return False
     tmp = prefix + tmp_name(file_name, limit)
     try:
+        # a leftover temporary may be a hard link to another tensor file (a link interrupted
+        # before its rename): write_tensor truncates what it opens, so never open that inode
+        os.unlink(tmp)
+    except OSError:
+        pass
+    try:
         write_tensor(Path(tmp), payload)
         os.chmod(tmp, 0o640)
         os.replace(tmp, target)
@@ -473,7 +479,14 @@ def _link_or_copy(source: Union[str, os.PathLike], target: Union[str, os.PathLik
     except OSError:
         shutil.copyfile(source, tmp)
         os.chmod(tmp, 0o640)
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except BaseException:  # leave no temporary link behind (a later write would go through it)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return True
 
 

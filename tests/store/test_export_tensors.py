@@ -122,3 +122,45 @@ def test_copy_replaces_an_existing_file_when_links_fail(tmp_path, monkeypatch):
     b = out / "Torch.x.0.forward.output.1.pt"
     assert b.read_bytes() == b"torch.uint8|[2]|cd" and oct(b.stat().st_mode & 0o777) == oct(0o640)
     assert sorted(p.name for p in out.iterdir()) == ["Torch.x.0.forward.output.0.pt", "Torch.x.0.forward.output.1.pt"]
+
+
+def test_leftover_temporary_link_is_not_written_through(tmp_path):
+    """A temporary name left behind as a hard link to another tensor file (a process killed
+    between ``os.link(source, tmp)`` and ``os.replace(tmp, target)`` of a duplicate) must not
+    be opened for writing: truncating it would rewrite that other file's bytes in place."""
+    with PayloadWriter(tmp_path, rank=0) as pw:
+        ref = pw.put(b"cd", "torch.uint8", (2,))
+    out = tmp_path / "out"
+    out.mkdir()
+    other = out / "Torch.x.0.forward.output.0.pt"  # exported earlier (not in these rows)
+    other.write_bytes(b"torch.uint8|[2]|ab")
+    os.link(other, out / ".Torch.x.0.forward.output.1.pt.tmp")
+    leaf = Leaf(io="output", path=(1,), leaf_kind=S.LEAF_TENSOR, type="torch.Tensor", dtype="torch.uint8",
+                shape=(2,), payload=ref, data_name="Torch.x.0.forward.output.1.pt")
+    with LogWriter(tmp_path, rank=0) as w:
+        w.append(Call(step=0, kind=S.API_FORWARD, name="Torch.x.0.forward", api_type="Torch",
+                      keys=("output",), leaves=(leaf,)))
+        rows = w.take_step(0)
+    assert export_tensors(rows, PayloadReader(tmp_path), write_raw, out) == ["Torch.x.0.forward.output.1.pt"]
+    assert (out / "Torch.x.0.forward.output.1.pt").read_bytes() == b"torch.uint8|[2]|cd"
+    assert other.read_bytes() == b"torch.uint8|[2]|ab"  # untouched
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_failed_rename_of_a_temporary_link_leaves_nothing(tmp_path, monkeypatch):
+    """_link_or_copy over an existing file: when the rename fails, the temporary link is
+    removed (and the error raised), so no hard link to the source stays under a temporary name."""
+    from store import export as export_mod
+
+    source, target = tmp_path / "a.pt", tmp_path / "b.pt"
+    source.write_bytes(b"new")
+    target.write_bytes(b"old")
+
+    def no_replace(*a, **k):
+        raise OSError("rename refused")
+
+    monkeypatch.setattr(os, "replace", no_replace)
+    with pytest.raises(OSError, match="rename refused"):
+        export_mod._link_or_copy(source, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt"]
+    assert source.stat().st_nlink == 1 and target.read_bytes() == b"old"
