@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,47 @@ def assert_record(rec: dict, t: torch.Tensor, rel: float = 1e-6) -> None:
 def quickstart():
     torch.manual_seed(0)
     return ModuleOP()
+
+
+def _inference_tensor() -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.randn(6)
+
+
+#: plain CPU float tensors with data that the native statistics pass reads (contiguous,
+#: one per dtype and the odd values: 0-dim, -0.0, NaN/Inf, float64 extremes, a parameter,
+#: a tensor with autograd history, an offset part of a larger tensor, an inference tensor);
+#: name -> factory. Shared by the tests of the plain leaf path and of the fused md5 pass.
+PLAIN_FLOAT_CASES = {
+    "f32": lambda: torch.randn(3, 5),
+    "f64": lambda: torch.randn(17, dtype=torch.float64),
+    "bf16": lambda: torch.randn(9).to(torch.bfloat16),
+    "f16": lambda: (torch.randn(33) * 100).to(torch.float16),
+    "zero-dim": lambda: torch.tensor(-2.5),
+    "negative zero 0-dim": lambda: torch.tensor(-0.0),
+    "nan-inf": lambda: torch.tensor([1.0, float("nan"), float("inf"), -3.0]),
+    "inf only": lambda: torch.tensor([float("-inf"), 2.0]),
+    "huge f64": lambda: torch.tensor([1e300, -2e300, 3e299], dtype=torch.float64),
+    "tiny f64": lambda: torch.tensor([1e-300, 2e-310], dtype=torch.float64),
+    "parameter": lambda: torch.nn.Parameter(torch.randn(4, 4)),
+    "requires grad": lambda: torch.randn(5, requires_grad=True) * 2,
+    "offset part": lambda: torch.randn(10)[3:7],
+    "inference mode": _inference_tensor,
+}
+
+
+#: the fields of a ``store.records.Leaf`` that the leaf tests compare
+LEAF_FIELDS = ("io", "path", "leaf_kind", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm",
+               "max_finite", "min_finite", "crc32", "requires_grad", "has_nan", "has_inf", "data_name",
+               "payload", "value_json")
+
+
+def assert_same_leaf(a, b) -> None:
+    """Assert that the leaves ``a`` and ``b`` agree in every :data:`LEAF_FIELDS` field
+    (NaN equals NaN; floats compared exactly)."""
+    for field in LEAF_FIELDS:
+        x, y = getattr(a, field), getattr(b, field)
+        if isinstance(x, float) and math.isnan(x):
+            assert isinstance(y, float) and math.isnan(y), field
+        else:
+            assert x == y, (field, x, y)

@@ -29,7 +29,7 @@ from msprobe.pytorch import PrecisionDebugger
 from msprobe.pytorch import leaves as leaves_mod
 from msprobe.pytorch import stats as stats_mod
 from msprobe.pytorch.leaves import LeafBuilder
-from pt_helpers import load_dump
+from pt_helpers import PLAIN_FLOAT_CASES, assert_same_leaf, load_dump
 
 NATIVE = stats_mod.NATIVE
 pytestmark = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "reduce_crc_at") or C_CRC32 is None,
@@ -147,32 +147,10 @@ def test_fused_stats_crc_without_address(monkeypatch):
 
 # ------------------------------------------------------------------ the leaf builder
 
-LEAF_FIELDS = ("io", "path", "leaf_kind", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm",
-               "max_finite", "min_finite", "crc32", "requires_grad", "has_nan", "has_inf", "payload")
 
-
-def _inference() -> torch.Tensor:
-    with torch.inference_mode():
-        return torch.randn(6)
-
-
-FUSED_CASES = {
-    "f32": lambda: torch.randn(3, 5),
-    "f32 large": lambda: torch.randn(70001),
-    "f64": lambda: torch.randn(17, dtype=torch.float64),
-    "bf16": lambda: torch.randn(4099).to(torch.bfloat16),
-    "f16": lambda: (torch.randn(33) * 100).to(torch.float16),
-    "zero-dim": lambda: torch.tensor(-2.5),
-    "negative zero 0-dim": lambda: torch.tensor(-0.0),
-    "nan-inf": lambda: torch.tensor([1.0, float("nan"), float("inf"), -3.0]),
-    "inf only": lambda: torch.tensor([float("-inf"), 2.0]),
-    "huge f64": lambda: torch.tensor([1e300, -2e300, 3e299], dtype=torch.float64),
-    "tiny f64": lambda: torch.tensor([1e-300, 2e-310], dtype=torch.float64),
-    "parameter": lambda: torch.nn.Parameter(torch.randn(4, 4)),
-    "requires grad": lambda: torch.randn(5, requires_grad=True) * 2,
-    "offset part": lambda: torch.randn(10)[3:7],
-    "inference mode": _inference,
-}
+FUSED_CASES = {**PLAIN_FLOAT_CASES,
+               "f32 large": lambda: torch.randn(70001),   # crosses the GIL-free threshold
+               "bf16 blocks": lambda: torch.randn(4099).to(torch.bfloat16)}  # a block and a tail
 GENERAL_CASES = {  # not fused: the two-pass path
     "transposed": lambda: torch.randn(4, 6).t(),
     "strided": lambda: torch.randn(20)[::3],
@@ -198,15 +176,6 @@ def spy(monkeypatch):
     return calls
 
 
-def _same_leaf(a, b) -> None:
-    for field in LEAF_FIELDS:
-        x, y = getattr(a, field), getattr(b, field)
-        if isinstance(x, float) and math.isnan(x):
-            assert isinstance(y, float) and math.isnan(y), field
-        else:
-            assert x == y, (field, x, y)
-
-
 def _crc_of(t: torch.Tensor) -> str:
     """zlib CRC-32 of the C-order bytes, bfloat16 as float32 bit patterns (numpy only)."""
     t = t.detach().resolve_neg().contiguous()
@@ -228,7 +197,7 @@ def test_leaf_equals_two_pass_leaf(case, spy, monkeypatch):
     monkeypatch.setattr(stats_mod, "FUSED_CRC", None)
     two_pass = LeafBuilder(md5=True).tensor_leaf("output", (0,), t)
     assert len(spy) == (1 if case in FUSED_CASES else 0)
-    _same_leaf(fused, two_pass)
+    assert_same_leaf(fused, two_pass)
 
 
 def test_memo_and_capture_kept(spy):

@@ -11,12 +11,9 @@ import torch
 
 from msprobe.pytorch import stats as stats_mod
 from msprobe.pytorch.leaves import LeafBuilder
+from pt_helpers import PLAIN_FLOAT_CASES, assert_same_leaf
 
 pytestmark = pytest.mark.skipif(stats_mod.NATIVE is None, reason="native statistics pass not built")
-
-LEAF_FIELDS = ("io", "path", "leaf_kind", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm",
-               "max_finite", "min_finite", "crc32", "requires_grad", "has_nan", "has_inf", "data_name",
-               "payload", "value_json")
 
 
 def _general(t: torch.Tensor):
@@ -42,28 +39,7 @@ def _expected(t: torch.Tensor) -> dict:
     return out
 
 
-CASES = {
-    "f32": lambda: torch.randn(3, 5),
-    "f64": lambda: torch.randn(17, dtype=torch.float64),
-    "bf16": lambda: torch.randn(9).to(torch.bfloat16),
-    "f16": lambda: (torch.randn(33) * 100).to(torch.float16),
-    "zeros": lambda: torch.zeros(6),
-    "zero-dim": lambda: torch.tensor(-2.5),
-    "nan-inf": lambda: torch.tensor([1.0, float("nan"), float("inf"), -3.0]),
-    "inf only": lambda: torch.tensor([float("-inf"), 2.0]),
-    "huge f64": lambda: torch.tensor([1e300, -2e300, 3e299], dtype=torch.float64),
-    "tiny f64": lambda: torch.tensor([1e-300, 2e-310], dtype=torch.float64),
-    "parameter": lambda: torch.nn.Parameter(torch.randn(4, 4)),
-    "requires grad": lambda: torch.randn(5, requires_grad=True) * 2,
-    "negative zero 0-dim": lambda: torch.tensor(-0.0),
-    "offset part": lambda: torch.randn(10)[3:7],
-    "inference mode": lambda: _inference(),
-}
-
-
-def _inference() -> torch.Tensor:
-    with torch.inference_mode():
-        return torch.randn(6)
+CASES = {**PLAIN_FLOAT_CASES, "zeros": lambda: torch.zeros(6)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -72,12 +48,7 @@ def test_plain_leaf_equals_general_leaf(case):
     t = CASES[case]()
     fast = LeafBuilder(md5=False).tensor_leaf("output", (0,), t)
     slow = _general(t)
-    for field in LEAF_FIELDS:
-        a, b = getattr(fast, field), getattr(slow, field)
-        if isinstance(a, float) and math.isnan(a):
-            assert isinstance(b, float) and math.isnan(b), field
-        else:
-            assert a == b, (field, a, b)
+    assert_same_leaf(fast, slow)
     for field, value in _expected(t).items():
         got = getattr(fast, field)
         if isinstance(value, float) and math.isnan(value):
