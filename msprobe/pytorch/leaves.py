@@ -83,9 +83,10 @@ class LeafBuilder:
 
     Args:
         md5: also compute CRC-32 (summary_mode md5). A plain contiguous CPU float32/float64/
-            bfloat16/float16 tensor gets its statistics and CRC-32 from one read of its memory
-            (:func:`msprobe.pytorch.stats.fused_stats_crc`) when ``stats.FUSED_CRC`` is set;
-            other tensors, or without it, two passes (``tensor_stats``, ``crc32_hex``).
+            bfloat16/float16 tensor (:func:`_native_kind`) gets its statistics and CRC-32
+            from one read of its memory (:func:`msprobe.pytorch.stats.fused_stats_crc`) when
+            ``stats.FUSED_CRC`` is set; other tensors, or without it, two passes
+            (``tensor_stats``, ``crc32_hex``).
         with_data: compute statistics (False for task ``structure``).
         capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
             the tensor's values; the reference goes to the leaf's ``payload``.
@@ -121,13 +122,11 @@ class LeafBuilder:
         until its next clear, like a parameter."""
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
-        if (type(t) in PLAIN_TYPES and self.defer is None and not self.md5
-                and self.with_data and not self.defer_all and NATIVE is not None and self.memo.layout_free
-                and t.is_cpu and t.layout is _STRIDED and not t.is_neg() and t.is_contiguous()):
-            kind = NATIVE_KIND.get(t.dtype)
-            n = t.numel()
-            if kind is not None and n and t.untyped_storage().nbytes():
-                return self._plain_leaf(io, path, t, keep, kind, n)
+        if (self.defer is None and not self.md5 and self.with_data and not self.defer_all
+                and NATIVE is not None and self.memo.layout_free):
+            kind = _native_kind(t)
+            if kind is not None:
+                return self._plain_leaf(io, path, t, keep, kind, t.numel())
         t = local_shard(t)
         if self.defer is not None:
             return self.defer(io, path, t)
@@ -150,7 +149,7 @@ class LeafBuilder:
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
-                kind = _fused_kind(t) if self.md5 else None
+                kind = _native_kind(t) if self.md5 and _stats.FUSED_CRC is not None else None
                 if kind is not None:  # statistics and CRC-32 in one pass over the memory
                     st, crc = _stats.fused_stats_crc(t, kind)
                 else:
@@ -244,13 +243,15 @@ class LeafBuilder:
             self.leaves(io, v, out, (str(k),))
 
 
-def _fused_kind(t: torch.Tensor) -> Optional[int]:
-    """The native ``kind`` code of ``t`` when its statistics and CRC-32 may take the fused
-    pass (:func:`msprobe.pytorch.stats.fused_stats_crc`): :data:`~msprobe.pytorch.stats.FUSED_CRC`
-    available and ``t`` a plain (``torch.Tensor``/``nn.Parameter``) C-contiguous CPU tensor,
-    not a neg/conj view, non-empty, with data, of a dtype in ``NATIVE_KIND``; else None."""
-    if (_stats.FUSED_CRC is None or _stats.NATIVE is None or type(t) not in PLAIN_TYPES or not t.is_cpu
-            or t.layout is not _STRIDED or t.is_neg() or t.is_conj() or not t.is_contiguous()):
+def _native_kind(t: torch.Tensor) -> Optional[int]:
+    """The native pass's ``kind`` code (:data:`~msprobe.pytorch.stats.NATIVE_KIND`) of ``t``
+    when the pass may read its memory directly: a plain (``torch.Tensor``/``nn.Parameter``)
+    C-contiguous, non-empty CPU tensor with data, not a negative-bit view, of a dtype the
+    pass reads (real floats: never a conjugate view); else None. The plain leaf path and the
+    fused statistics + CRC-32 pass (:func:`msprobe.pytorch.stats.fused_stats_crc`) take such
+    tensors."""
+    if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.layout is not _STRIDED or t.is_neg()
+            or not t.is_contiguous()):
         return None
     kind = NATIVE_KIND.get(t.dtype)
     if kind is None or not t.numel() or not t.untyped_storage().nbytes():

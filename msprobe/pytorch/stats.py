@@ -85,8 +85,8 @@ _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                            torch.int32, torch.int64, torch.uint8})
 #: dtypes the native pass reads, and their ``kind`` codes
-_NATIVE_KIND = {torch.float32: KIND_F32, torch.float64: KIND_F64, torch.bfloat16: KIND_BF16,
-                torch.float16: KIND_F16}
+NATIVE_KIND = {torch.float32: KIND_F32, torch.float64: KIND_F64, torch.bfloat16: KIND_BF16,
+               torch.float16: KIND_F16}
 _CHUNK = 1 << 20  # elements converted to float64 at a time on the host path
 #: CPU float tensors up to this many elements get float64-accumulated Mean/Norm (numpy);
 #: larger float32 ones take PyTorch's fused float32 reductions (see ``_host_stats``)
@@ -95,11 +95,7 @@ _TINY = 2.0 ** -56  # below this |max|, _norm32's float32 squares lose precision
 _ROW = 256  # elements per partial norm in _norm32
 #: tensor types whose memory the fast path may read directly (subclasses such as DTensor or
 #: FakeTensor may override data access, so they take the general path)
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-#: public name of ``_PLAIN_TYPES`` (the leaf builder's plain path tests ``type(t) in PLAIN_TYPES``)
-PLAIN_TYPES = _PLAIN_TYPES
-#: dtype -> kind code of the native pass (``NATIVE.reduce_at(ptr, n, kind)``) for the dtypes it reads
-NATIVE_KIND = _NATIVE_KIND
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMPY_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
              torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
              torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -217,13 +213,13 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     """
     if not has_data(t):
         return TensorStats()
-    if NATIVE is not None and t.dtype in _NATIVE_KIND and t.is_cpu and type(t) in _PLAIN_TYPES:
+    if NATIVE is not None and t.dtype in NATIVE_KIND and t.is_cpu and type(t) in PLAIN_TYPES:
         return native_stats(t, _native_reduce(t))
     if opaque(t):
         return TensorStats()
     if t.is_quantized:
         t = computable(t)
-    if t.dtype is _F32 and t.is_cpu and type(t) in _PLAIN_TYPES:
+    if t.dtype is _F32 and t.is_cpu and type(t) in PLAIN_TYPES:
         fast = _small_f32_stats(t)
         if fast is not None:
             return fast
@@ -281,7 +277,7 @@ def _rescaled(t: torch.Tensor, s: TensorStats) -> TensorStats:
 
 
 def _native_reduce(x: torch.Tensor) -> tuple:
-    """``NATIVE`` over a non-empty real CPU tensor of a dtype in ``_NATIVE_KIND``, read in
+    """``NATIVE`` over a non-empty real CPU tensor of a dtype in ``NATIVE_KIND``, read in
     memory order (a dense view such as ``x.t()`` without a copy, any other view copied):
     ``(max, min, sum, sumsq, has_nan, has_inf)``, sums in float64."""
     if x.is_neg() or not (x.is_contiguous() or is_dense(x)):
@@ -290,7 +286,7 @@ def _native_reduce(x: torch.Tensor) -> tuple:
             x = x.contiguous()
     # a dense tensor's lowest address is its element [0, ..., 0] (strides are >= 0); x holds
     # the memory until the call returns
-    return NATIVE.reduce_at(x.data_ptr(), x.numel(), _NATIVE_KIND[x.dtype])
+    return NATIVE.reduce_at(x.data_ptr(), x.numel(), NATIVE_KIND[x.dtype])
 
 
 def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
@@ -393,7 +389,7 @@ def _host_stats(x: torch.Tensor) -> list[float]:
     """
     if x.is_complex():
         x = x.abs()
-    if NATIVE is not None and x.dtype in _NATIVE_KIND:
+    if NATIVE is not None and x.dtype in NATIVE_KIND:
         mx, mn, total, squares, _, _ = _native_reduce(x)
         return [mx, mn, total / x.numel(), math.sqrt(squares)]
     if x.dtype in (torch.float16, torch.bfloat16):

@@ -292,11 +292,15 @@ def test_recorded_step_md5_and_statistics(tmp_path, spy, monkeypatch):
 def test_leaves_reads_the_stats_module_switch(monkeypatch, spy):
     """leaves.py looks FUSED_CRC up on the stats module at call time (tests and the
     fallback switch it there)."""
+    real = stats_mod.FUSED_CRC
     monkeypatch.setattr(stats_mod, "FUSED_CRC", None)
-    assert leaves_mod._fused_kind(torch.ones(3)) is None
-    monkeypatch.undo()
-    assert leaves_mod._fused_kind(torch.ones(3)) == KIND_F32
-    assert leaves_mod._fused_kind(torch.ones(3, dtype=torch.int32)) is None
+    LeafBuilder(md5=True).tensor_leaf("output", (0,), torch.ones(3))
+    assert spy == []
+    monkeypatch.setattr(stats_mod, "FUSED_CRC", real)
+    LeafBuilder(md5=True).tensor_leaf("output", (0,), torch.ones(3))
+    assert len(spy) == 1
+    assert leaves_mod._native_kind(torch.ones(3)) == KIND_F32
+    assert leaves_mod._native_kind(torch.ones(3, dtype=torch.int32)) is None
 
 
 def test_self_test_guards(monkeypatch):
