@@ -38,7 +38,7 @@ from store.entries import (  # noqa: F401  (build_entries, entry_values: public 
 )
 from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
-from store.fileutil import atomic_write_text, make_dirs
+from store.fileutil import atomic_write_text, make_dirs, replace_from
 from store.record_text import records_encoder
 from store.log_reader import Skipped, read_log
 from store.payload_writer import Payload, PayloadReader
@@ -423,23 +423,13 @@ def _write_one(prefix: str, name: str, file_name: str, ref: str, first: dict[str
     except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
         logger.warning("msprobe: tensor %s not exported: payload %s unreadable (%s)", name[:300], ref, exc)
         return False
-    tmp = prefix + tmp_name(file_name, limit)
-    try:
-        # a leftover temporary may be a hard link to another tensor file (a link interrupted
-        # before its rename): write_tensor truncates what it opens, so never open that inode
-        os.unlink(tmp)
-    except OSError:
-        pass
-    try:
+
+    def fill(tmp: str) -> bool:
         write_tensor(Path(tmp), payload)
         os.chmod(tmp, 0o640)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        return True
+
+    _via_temporary(target, limit, fill)
     first[ref] = target
     return True
 
@@ -463,31 +453,34 @@ def _link_or_copy(source: Union[str, os.PathLike], target: Union[str, os.PathLik
     except OSError:
         if not os.path.exists(source):
             return False
-    target = os.fspath(target)
+
+    def fill(tmp: str) -> bool:
+        try:
+            os.link(source, tmp)
+        except FileNotFoundError:
+            if not os.path.exists(source):
+                return False
+            raise
+        except OSError:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o640)
+        return True
+
+    return _via_temporary(os.fspath(target), limit, fill)
+
+
+def _via_temporary(target: str, limit: int, fill: Callable[[str], bool]) -> bool:
+    """:func:`store.fileutil.replace_from` through the temporary name :func:`tmp_name` gives
+    ``target``, after removing a leftover temporary of that name: it may be a hard link to
+    another tensor file (a link interrupted before its rename), and ``fill`` may truncate
+    what it opens."""
     head, tail = os.path.split(target)
     tmp = os.path.join(head, tmp_name(tail, limit))
     try:
         os.unlink(tmp)
     except OSError:
         pass
-    try:
-        os.link(source, tmp)
-    except FileNotFoundError:
-        if not os.path.exists(source):
-            return False
-        raise
-    except OSError:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, 0o640)
-    try:
-        os.replace(tmp, target)
-    except BaseException:  # leave no temporary link behind (a later write would go through it)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return True
+    return replace_from(tmp, target, fill)
 
 
 def export_debug(

@@ -10,7 +10,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Callable, Union
 
 DIR_MODE = 0o750
 FILE_MODE = 0o640
@@ -76,13 +76,32 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> N
     """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
+
+    def fill(_: PathLike) -> bool:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), FILE_MODE)
             handle.write(data)
             handle.flush()
             if fsync:
                 os.fsync(handle.fileno())
+        return True
+
+    replace_from(tmp, target, fill)
+
+
+def replace_from(tmp: PathLike, target: PathLike, fill: Callable[[PathLike], bool]) -> bool:
+    """Write ``target`` atomically through the temporary file ``tmp`` (same directory):
+    ``fill(tmp)`` writes the temporary file, which then replaces ``target`` with
+    :func:`os.replace`, so a reader sees the old file or the new one, never a part.
+
+    Returns:
+        True; False when ``fill`` returned False (it wrote nothing; ``target`` untouched).
+    Raises:
+        whatever ``fill`` or the rename raised, after removing ``tmp``.
+    """
+    try:
+        if not fill(tmp):
+            return False
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -90,6 +109,7 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> N
         except OSError:
             pass
         raise
+    return True
 
 
 def atomic_write_text(path: PathLike, text: str, *, fsync: bool = False) -> None:

@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional, Union
 
 from store import schema as S
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
-from store.fileutil import FILE_MODE, make_dirs
+from store.fileutil import FILE_MODE, make_dirs, replace_from
 
 try:  # a declared dependency; without it new keys are SHA-256 (about 5x slower to compute)
     from xxhash import xxh3_128 as _xxh3_128
@@ -429,37 +429,35 @@ class PayloadWriter:
         write_file, ext = self._stage
         target = self._stage_dir / f"{key}.{ext}"
         tmp = self._stage_dir / f".{key}.{ext}.tmp"
+
+        def fill(path: Path) -> bool:
+            write_file(path, payload)
+            os.chmod(path, FILE_MODE)
+            return True
+
         try:
             make_dirs(self._stage_dir)
-            write_file(tmp, payload)
-            os.chmod(tmp, FILE_MODE)
-            os.replace(tmp, target)
+            replace_from(tmp, target, fill)  # removes tmp on failure
             self._staged.append(target)
         except Exception:  # noqa: BLE001 - staging is an optimisation only
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            pass
 
     def _write_shard(self, index: int, items: list) -> None:
         make_dirs(self._dir)
         target = self._dir / self.shard_name(index)
         tmp = target.with_name(f".{target.name}.tmp")
         head, pieces = _encode_shard(items)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        try:
+
+        def fill(path: Path) -> bool:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             with os.fdopen(fd, "wb") as fh:
                 os.fchmod(fh.fileno(), FILE_MODE)
                 fh.write(head)
                 for piece in pieces:
                     fh.write(piece)
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            return True
+
+        replace_from(tmp, target, fill)
 
 
 def _unlink_all(paths: list[Path]) -> None:

@@ -85,27 +85,6 @@ def test_export_over_existing_files_replaces_them_with_links(tmp_path):
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temporary left
 
 
-def test_link_source_removed_falls_back_to_the_payload(tmp_path):
-    """The file an earlier live export moved into place was deleted since: the next file
-    of that payload is written from the shard instead of failing."""
-    import pyarrow as pa
-
-    with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
-        ref = w.put(b"\x03" * 4, "torch.int32", (1,))
-        w.flush()
-        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
-
-        def rows(name):
-            return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref}],
-                                        schema=S.LOG_SCHEMA)
-
-        assert export_tensors(rows("a.raw"), reader, write_raw, tmp_path / "s0") == ["a.raw"]
-        (tmp_path / "s0" / "a.raw").unlink()
-        assert reader.earlier_file(ref) == os.fspath(tmp_path / "s0" / "a.raw")
-        assert export_tensors(rows("b.raw"), reader, write_raw, tmp_path / "s1") == ["b.raw"]
-    assert (tmp_path / "s1" / "b.raw").read_bytes() == b"torch.int32|[1]|" + b"\x03" * 4
-
-
 def test_copy_replaces_an_existing_file_when_links_fail(tmp_path, monkeypatch):
     with PayloadWriter(tmp_path, rank=0) as pw:
         refs = [pw.put(b"cd", "torch.uint8", (2,))] * 2

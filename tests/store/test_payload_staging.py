@@ -25,6 +25,12 @@ def staged_files(root):
     return sorted(p.name for p in d.rglob("*") if p.is_file()) if d.exists() else []
 
 
+def payload_rows(ref, *names):
+    """Log rows of tensor leaves named ``names`` (data_name), all holding payload ``ref``."""
+    return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref} for name in names],
+                                schema=S.LOG_SCHEMA)
+
+
 def test_staged_file_holds_the_payload_and_is_moved_once(tmp_path):
     threads = []
 
@@ -92,10 +98,8 @@ def test_failing_stager_leaves_nothing_and_the_export_writes_the_file(tmp_path):
         ref = w.put(b"\x00\x00\x80\x3f", "torch.float32", (1,))
         w.flush()
         assert staged_files(tmp_path) == []
-        rows = pa.Table.from_pylist(
-            [{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: "x.raw", S.PAYLOAD: ref}], schema=S.LOG_SCHEMA)
         reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
-        assert export_tensors(rows, reader, write_raw, tmp_path / "out") == ["x.raw"]
+        assert export_tensors(payload_rows(ref, "x.raw"), reader, write_raw, tmp_path / "out") == ["x.raw"]
     assert (tmp_path / "out" / "x.raw").read_bytes() == b"torch.float32|[1]|\x00\x00\x80\x3f"
 
 
@@ -103,11 +107,8 @@ def test_export_moves_the_staged_file_and_links_duplicates(tmp_path):
     with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
         ref = w.put(b"\x07" * 4, "torch.int32", (1,))
         w.flush()
-        rows = pa.Table.from_pylist(
-            [{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref} for name in ("a.raw", "b.raw")],
-            schema=S.LOG_SCHEMA)
         reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
-        assert export_tensors(rows, reader, write_raw, tmp_path / "out") == ["a.raw", "b.raw"]
+        assert export_tensors(payload_rows(ref, "a.raw", "b.raw"), reader, write_raw, tmp_path / "out") == ["a.raw", "b.raw"]
         assert staged_files(tmp_path) == []
     a, b = tmp_path / "out" / "a.raw", tmp_path / "out" / "b.raw"
     assert a.read_bytes() == b.read_bytes() == b"torch.int32|[1]|" + b"\x07" * 4
@@ -121,18 +122,27 @@ def test_later_export_links_to_the_file_moved_earlier_without_reading_the_shard(
         ref = w.put(b"\x05" * 8, "torch.int64", (1,))
         w.flush()
         reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
-
-        def rows(name):
-            return pa.Table.from_pylist([{S.ROW: S.ROW_LEAF, S.SEQ: 0, S.DATA_NAME: name, S.PAYLOAD: ref}],
-                                        schema=S.LOG_SCHEMA)
-
-        assert export_tensors(rows("fwd.raw"), reader, write_raw, tmp_path / "step0") == ["fwd.raw"]
+        assert export_tensors(payload_rows(ref, "fwd.raw"), reader, write_raw, tmp_path / "step0") == ["fwd.raw"]
         for shard in (tmp_path / ".msprobe" / "payload").iterdir():
             shard.unlink()
-        assert export_tensors(rows("bwd.raw"), reader, write_raw, tmp_path / "step0") == ["bwd.raw"]
-        assert export_tensors(rows("next.raw"), reader, write_raw, tmp_path / "step1") == ["next.raw"]
+        assert export_tensors(payload_rows(ref, "bwd.raw"), reader, write_raw, tmp_path / "step0") == ["bwd.raw"]
+        assert export_tensors(payload_rows(ref, "next.raw"), reader, write_raw, tmp_path / "step1") == ["next.raw"]
     first = tmp_path / "step0" / "fwd.raw"
     assert first.read_bytes() == b"torch.int64|[1]|" + b"\x05" * 8
     assert os.path.samefile(first, tmp_path / "step0" / "bwd.raw")
     assert os.path.samefile(first, tmp_path / "step1" / "next.raw")
     assert PayloadReader(tmp_path).earlier_file(ref) is None  # offline reader: never
+
+
+def test_link_source_removed_falls_back_to_the_payload(tmp_path):
+    """The file an earlier live export moved into place was deleted since: the next file
+    of that payload is written from the shard instead of failing."""
+    with PayloadWriter(tmp_path, rank=0, stage=(write_raw, "raw")) as w:
+        ref = w.put(b"\x03" * 4, "torch.int32", (1,))
+        w.flush()
+        reader = PayloadReader(tmp_path, verify=False, stage=w.staging)
+        assert export_tensors(payload_rows(ref, "a.raw"), reader, write_raw, tmp_path / "s0") == ["a.raw"]
+        (tmp_path / "s0" / "a.raw").unlink()
+        assert reader.earlier_file(ref) == os.fspath(tmp_path / "s0" / "a.raw")
+        assert export_tensors(payload_rows(ref, "b.raw"), reader, write_raw, tmp_path / "s1") == ["b.raw"]
+    assert (tmp_path / "s1" / "b.raw").read_bytes() == b"torch.int32|[1]|" + b"\x03" * 4
