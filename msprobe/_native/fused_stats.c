@@ -413,7 +413,6 @@ static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t
     /* a data pointer cannot portably be cast to a function pointer: copy the bits */
     memcpy(&cc.fn, &fn, sizeof cc.fn);
     cc.crc = 0;
-    cc.kind = (int)kind;
     return run(p, n, kind, portable, &cc);
 }
 
