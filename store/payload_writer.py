@@ -20,8 +20,13 @@ tensor bytes captured per step of the encoder benchmark, that is ~0.1 s against 
 a 128-bit non-cryptographic hash is enough here: the store dedupes the process's own
 tensors, nobody chooses their bytes to collide) and hands them to one background thread through a
 bounded queue (back-pressure: a full queue blocks the caller instead of growing memory).
-The background thread collects a shard in memory and writes it atomically (temporary
-name, then rename) when it exceeds ``shard_bytes`` or at :meth:`PayloadWriter.flush`.
+The background thread collects a shard in memory and seals it when it exceeds
+``shard_bytes`` or at :meth:`PayloadWriter.flush`; a second thread writes sealed shards
+atomically (temporary name, then rename), around the page cache (``O_DIRECT``,
+:mod:`store.direct_io`) where the file system allows, so that the device writes one shard
+while the next payloads are staged. ``flush(shards=False)`` returns once the staged files
+are written (the live export runs meanwhile) and :meth:`PayloadWriter.wait_written` waits
+for the shards; the readers of a live session wait for them before reading a shard.
 A shard not yet written when the process dies is lost; references to it are reported by
 the exporter as missing payloads.
 
@@ -58,6 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from store import schema as S
+from store.direct_io import DirectFileWriter
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs, replace_from
 
@@ -209,7 +215,8 @@ class PayloadWriter:
             queue blocks :meth:`put`. Must be >= 1.
         shard_bytes: a shard is written once its data exceeds this size (unit: bytes).
             Must be >= 1. With ``pending_bytes`` it bounds the writer's memory: at most
-            about ``pending_bytes + shard_bytes`` of payload bytes are held at a time.
+            about ``pending_bytes + 3 * shard_bytes`` of payload bytes are held at a time
+            (a shard being filled, one waiting for the shard thread, one being written).
         pending_bytes: bound of the bytes queued and not yet taken by the background
             thread (unit: bytes); :meth:`put` blocks while it would be exceeded (one
             payload larger than the bound is still accepted when nothing else is
@@ -272,8 +279,17 @@ class PayloadWriter:
         self._closed = False
         self.stored_bytes = 0      #: unique payload bytes handed to the writer (unit: bytes)
         self.referenced_bytes = 0  #: bytes of every put, duplicates included (unit: bytes)
+        self._files = DirectFileWriter()  # the shard thread's
+        # sealed shards go from the writer thread to the shard thread (one waits while
+        # another is written): the device writes a shard while the next payloads are staged
+        self._shard_queue: queue.Queue = queue.Queue(maxsize=1)
+        self._written = threading.Condition()
+        self._flushes = 0       # flush() calls so far (caller side)
+        self._flushes_done = 0  # of those, how many have their shards on disk (shard thread)
         self._thread = threading.Thread(target=self._run, name="msprobe-payload-writer", daemon=True)
+        self._shard_thread = threading.Thread(target=self._run_shards, name="msprobe-payload-shards", daemon=True)
         self._thread.start()
+        self._shard_thread.start()
 
     # --- caller side -----------------------------------------------------------------
     @property
@@ -328,23 +344,43 @@ class PayloadWriter:
                 self._queue.put(("seal", shard, None))
         return ref
 
-    def flush(self) -> None:
+    def flush(self, *, shards: bool = True) -> None:
         """Write the current shard and wait until every payload put so far is on disk.
 
+        Args:
+            shards: False: return as soon as the staged tensor files of every payload put
+                so far are written (what the live export reads) while the shards are still
+                being written on the shard thread; :meth:`wait_written` waits for those.
+
         Raises:
-            StoreWriteError: a shard could not be written.
+            StoreWriteError: a shard or the writer failed.
         """
         if self._closed:
             self._raise_if_failed()
             return
-        done = threading.Event()
+        staged, done = threading.Event(), threading.Event()
         with self._lock:
             shard = self._shard
             if self._shard_fill:
                 self._shard += 1
                 self._shard_fill = 0
-            self._queue.put(("seal", shard, done))
-        done.wait()
+            with self._written:
+                self._flushes += 1
+            self._queue.put(("seal", shard, (staged, done)))
+        (done if shards else staged).wait()
+        self._raise_if_failed()
+
+    def wait_written(self) -> None:
+        """Wait until the shards of every :meth:`flush` so far are on disk (returns at once
+        after a :meth:`flush` that waited for them).
+
+        Raises:
+            StoreWriteError: a shard or the writer failed.
+        """
+        with self._written:
+            target = self._flushes
+            while self._flushes_done < target and self._error is None:
+                self._written.wait(0.5)
         self._raise_if_failed()
 
     def close(self) -> None:
@@ -360,7 +396,9 @@ class PayloadWriter:
         finally:
             self._closed = True
             self._queue.put(("stop", -1, None))
-            self._thread.join()
+            self._thread.join()  # it stops the shard thread after its last shard
+            self._shard_thread.join()
+            self._files.close()
             for paths in self._staged_old + [self._staged]:  # staged files the exporter did not move
                 _unlink_all(paths)
             self._staged_old, self._staged = [], []
@@ -389,6 +427,7 @@ class PayloadWriter:
             item = self._queue.get()
             op = item[0]
             if op == "stop":
+                self._shard_queue.put(None)
                 return
             if op == "put":
                 _, shard, key, dtype, shape, data = item
@@ -401,8 +440,8 @@ class PayloadWriter:
                         self._pending -= len(data)
                         self._drained.notify_all()
                 continue
-            _, shard, done = item
-            if done is not None:
+            _, shard, flush = item
+            if flush is not None:
                 # a flush: the caller waits, then exports. Files staged before the last
                 # _STAGE_KEEP flushes were offered to the exports that followed them (a
                 # step's stop() and step(): backward entries are emitted at step());
@@ -412,15 +451,30 @@ class PayloadWriter:
                 self._staged = []
                 if len(self._staged_old) > _STAGE_KEEP:
                     _unlink_all(self._staged_old.pop(0))
+            for index in sorted(k for k in shards if k <= shard):
+                self._shard_queue.put((index, shards.pop(index), None))
+            if flush is not None:
+                staged, done = flush
+                staged.set()  # every payload put before the flush is staged
+                self._shard_queue.put((None, None, done))
+
+    def _run_shards(self) -> None:
+        """The shard thread: writes sealed shards in order; a flush's marker after them."""
+        while True:
+            item = self._shard_queue.get()
+            if item is None:
+                return
+            index, items, done = item
             try:
-                for index in sorted(k for k in shards if k <= shard):
-                    items = shards.pop(index)
-                    if self._error is None:
-                        self._write_shard(index, items)
-            except BaseException as exc:  # reported to the caller by put/flush
+                if items is not None and self._error is None:
+                    self._write_shard(index, items)
+            except BaseException as exc:  # reported to the caller by put/flush/wait_written
                 self._error = exc
             finally:
                 if done is not None:
+                    with self._written:
+                        self._flushes_done += 1
+                        self._written.notify_all()
                     done.set()
 
     def _stage_file(self, key: str, payload: "Payload") -> None:
@@ -449,12 +503,7 @@ class PayloadWriter:
         head, pieces = _encode_shard(items)
 
         def fill(path: Path) -> bool:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), FILE_MODE)
-                fh.write(head)
-                for piece in pieces:
-                    fh.write(piece)
+            self._files.write(path, [head, *pieces])  # around the page cache where possible
             return True
 
         replace_from(tmp, target, fill)
@@ -479,14 +528,18 @@ class PayloadReader:
         stage: ``(directory, extension)`` of the live session's staged tensor files
             (:attr:`PayloadWriter.staging`): :meth:`take_staged` looks for them there
             (None: never).
+        before_read: called before a shard is opened (the live session passes
+            :meth:`PayloadWriter.wait_written`: its last shard may still be being written).
 
     Example: ``PayloadReader(dump).read("rank0.1.2.00000.safetensors:ab…")`` →
     ``Payload(data=b"…", dtype="torch.float32", shape=(2, 3))``.
     """
 
     def __init__(self, dump_path: Union[str, os.PathLike], *, verify: bool = True,
-                 stage: Optional[tuple[Union[str, os.PathLike], str]] = None) -> None:
+                 stage: Optional[tuple[Union[str, os.PathLike], str]] = None,
+                 before_read: Optional[Callable[[], None]] = None) -> None:
         self._dir = payload_dir(dump_path)
+        self._before_read = before_read
         self._verify = bool(verify)
         self._stage_dir = Path(stage[0]) if stage is not None else None
         self._stage_ext = stage[1] if stage is not None else None
@@ -498,6 +551,8 @@ class PayloadReader:
     def _header(self, shard: str) -> tuple[int, dict]:
         cached = self._headers.get(shard)
         if cached is None:
+            if self._before_read is not None:
+                self._before_read()
             if "/" in shard or "\\" in shard or shard.startswith("."):
                 raise StoreError(f"payload shard: got {shard!r}; allowed: a shard file name")
             with open(self._dir / shard, "rb") as fh:

@@ -189,7 +189,8 @@ class Session:
                 self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0,
                                                stage=(self._write_tensor, self._tensor_ext))
                 self._payload_reader = PayloadReader(self.config.dump_path, verify=False,
-                                                     stage=self._payloads.staging)
+                                                     stage=self._payloads.staging,
+                                                     before_read=self._payloads.wait_written)
             first_start = self._opened_step != self.step
             self._opened_step = self.step
             self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
@@ -315,9 +316,14 @@ class Session:
         if table is None:
             return
         self._step_export.add(table)
-        if self._payloads is not None:
-            self._guard(self._payloads.flush)
+        if self._payloads is None:
+            self._guard(self._export_step, self._step_export)
+            return
+        # the export reads the staged tensor files; the shards are written meanwhile, and
+        # are on disk when stop()/step() returns
+        self._guard(functools.partial(self._payloads.flush, shards=False))
         self._guard(self._export_step, self._step_export)
+        self._guard(self._payloads.wait_written)
 
     def _export_step(self, step_export: StepExporter) -> None:
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)

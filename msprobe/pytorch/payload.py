@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.pytorch.ptfile import save_tensor
+from msprobe.pytorch.ptfile import save_values
 from msprobe.pytorch.stats import OPAQUE_DTYPES
 from store.payload_writer import Payload
 
@@ -197,10 +197,6 @@ def from_payload(payload: Payload) -> torch.Tensor:
 
 def write_pt(path: Path | str, payload: Payload) -> None:
     """Exporter callback: write the tensor of ``payload`` to ``path`` in ``torch.save``'s
-    format (:func:`msprobe.pytorch.ptfile.save_tensor`; loads with
+    format (:func:`msprobe.pytorch.ptfile.save_values`; loads with
     ``torch.load(path, weights_only=True)``)."""
-    # the tensor only gives the pickle its dtype, shape and storage size: an uninitialised
-    # one (no copy of the bytes; large allocations are not even touched) serves
-    dtype = torch_dtype(payload.dtype)
-    save_tensor(path, torch.empty(tuple(payload.shape), dtype=dtype), payload.data)
-
+    save_values(path, torch_dtype(payload.dtype), tuple(payload.shape), payload.data)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from msprobe.pytorch.payload import write_pt
-from msprobe.pytorch.ptfile import save_tensor
+from msprobe.pytorch import ptfile
+from msprobe.pytorch.ptfile import _values_records, save_tensor, save_values
 from store.payload_writer import Payload
 
 
@@ -116,3 +117,41 @@ def test_fallbacks_with_data_write_the_data_not_the_placeholder(tmp_path, monkey
     base = torch.zeros(2, 4)
     save_tensor(tmp_path / "b.pt", base.t(), raw(torch.arange(8.0).reshape(4, 2)))  # non-contiguous placeholder
     assert torch.equal(torch.load(tmp_path / "b.pt", weights_only=True), torch.arange(8.0).reshape(4, 2))
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (3, 5)), (torch.bfloat16, (7,)), (torch.int64, ()),
+                                         (torch.float16, (0, 4)), (torch.complex64, (2, 2)), (torch.bool, (9,))])
+def test_save_values_writes_the_same_file_as_save_tensor(tmp_path, dtype, shape):
+    """save_values (the exporter's path, pickle made once per dtype and shape) writes the
+    bytes save_tensor writes for a tensor holding the values, every time."""
+    t = (torch.randn(shape, dtype=torch.float64) * 100).to(dtype)
+    data = raw(t)
+    save_tensor(tmp_path / "ref.pt", t.clone())
+    for i in range(2):  # the second file comes from the cached pickle
+        save_values(tmp_path / f"v{i}.pt", dtype, shape, data)
+        assert (tmp_path / f"v{i}.pt").read_bytes() == (tmp_path / "ref.pt").read_bytes()
+    got = torch.load(tmp_path / "v1.pt", weights_only=True)
+    assert got.dtype == dtype and got.shape == shape and raw(got) == data
+
+
+def test_save_values_pickles_once_per_dtype_and_shape(tmp_path, monkeypatch):
+    _values_records.cache_clear()
+    pickled = []
+    real = ptfile._records_before
+    monkeypatch.setattr(ptfile, "_records_before", lambda t: pickled.append((t.dtype, tuple(t.shape))) or real(t))
+    for i in range(3):
+        save_values(tmp_path / f"a{i}.pt", torch.float32, (2, 3), bytes(24))
+        save_values(tmp_path / f"b{i}.pt", torch.float32, (3, 2), bytes(24))
+    assert pickled == [(torch.float32, (2, 3)), (torch.float32, (3, 2))]
+    assert torch.equal(torch.load(tmp_path / "b2.pt", weights_only=True), torch.zeros(3, 2))
+
+
+def test_save_values_refuses_a_wrong_length_and_falls_back_where_it_cannot_pickle(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="24 bytes"):
+        save_values(tmp_path / "x.pt", torch.float32, (2, 3), bytes(23))
+    _values_records.cache_clear()
+    monkeypatch.setattr(ptfile, "_records_before", lambda t: (_ for _ in ()).throw(pickle.PicklingError("no")))
+    values = torch.tensor([1.5, -2.0])
+    save_values(tmp_path / "f.pt", torch.float32, (2,), raw(values))  # through torch.save
+    assert torch.equal(torch.load(tmp_path / "f.pt", weights_only=True), values)
+    _values_records.cache_clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 import numpy as np
 import pytest
@@ -127,3 +128,54 @@ def test_forgotten_key_is_stored_again_and_the_shard_stays_valid(tmp_path):
 def test_bad_memory_bounds(tmp_path, kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         PayloadWriter(tmp_path, rank=0, **kw)
+
+
+def test_flush_without_shards_returns_while_the_shard_is_written(tmp_path, monkeypatch):
+    """flush(shards=False) returns once the payloads are staged, while the shard thread is
+    still writing; wait_written (and a reader given it as before_read) waits for the shard;
+    the reader then reads the bytes that were put."""
+    release, writing = threading.Event(), threading.Event()
+    real = PayloadWriter._write_shard
+
+    def slow_write(self, index, items):
+        writing.set()
+        assert release.wait(10)
+        real(self, index, items)
+
+    monkeypatch.setattr(PayloadWriter, "_write_shard", slow_write)
+    staged = []
+    w = PayloadWriter(tmp_path, rank=0, stage=(lambda path, p: staged.append(bytes(p.data)) or path.write_bytes(b""), "raw"))
+    a = np.arange(10, dtype=np.float64)
+    ref = w.put(a.tobytes(), "torch.float64", (10,))
+    w.flush(shards=False)
+    assert staged == [a.tobytes()]               # staged before flush returned
+    assert writing.wait(10)
+    shard_dir = payload_dir(tmp_path)              # the shard is not written yet
+    assert not shard_dir.exists() or not any(p.name.endswith(".safetensors") for p in shard_dir.iterdir())
+    reader = PayloadReader(tmp_path, verify=True, before_read=w.wait_written)
+    got = []
+    t = threading.Thread(target=lambda: got.append(reader.read(ref)))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and not got              # the reader waits for the shard
+    release.set()
+    t.join(10)
+    assert np.array_equal(np.frombuffer(got[0].data, np.float64), a)
+    w.wait_written()                             # returns: the shard is on disk
+    w.close()
+
+
+def test_shard_thread_failure_is_reported_by_wait_written_and_put(tmp_path, monkeypatch):
+    def failing(self, index, items):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PayloadWriter, "_write_shard", failing)
+    w = PayloadWriter(tmp_path, rank=0)
+    w.put(b"\x00" * 8, "torch.float64", (1,))
+    with pytest.raises(StoreWriteError, match="No space left"):
+        w.flush(shards=False)  # raises here when the shard thread failed already
+        w.wait_written()
+    with pytest.raises(StoreWriteError, match="No space left"):
+        w.put(b"\x01" * 8, "torch.float64", (1,))
+    with pytest.raises(StoreWriteError):
+        w.close()

@@ -1,0 +1,164 @@
+"""store/direct_io.py: files written around the page cache hold exactly the pieces' bytes,
+whatever their lengths against the alignment and the buffer; a file system that refuses
+O_DIRECT gets the same file written the ordinary way; real write errors propagate."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import store.direct_io as dio
+from store.direct_io import ALIGN, DirectFileWriter
+from store.payload_writer import PayloadReader, PayloadWriter, payload_dir
+
+needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
+
+
+def _pieces(rng, lengths):
+    return [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+
+
+CHUNK = 4 * ALIGN
+LENGTHS = [
+    [1], [ALIGN - 1], [ALIGN], [ALIGN + 1], [CHUNK - 1], [CHUNK], [CHUNK + 1],
+    [3, ALIGN - 3], [CHUNK - 7, 7, 1], [2 * CHUNK + 123], [0, 5, 0, ALIGN * 3 + 17, 0],
+    [1000] * 37,
+]
+
+
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda ls: "+".join(map(str, ls)))
+def test_file_holds_exactly_the_pieces(tmp_path, lengths):
+    rng = np.random.default_rng(sum(lengths))
+    pieces = _pieces(rng, lengths)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    path = tmp_path / "f.bin"
+    w.write(path, pieces)
+    data = path.read_bytes()
+    assert len(data) == sum(lengths)
+    assert data == b"".join(pieces)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    # where the file system takes O_DIRECT, it was used; elsewhere the writer gave up on it
+    assert (w.direct_files == 1) == w.direct
+    # an existing longer file is truncated, not left with a tail
+    path.write_bytes(b"\xff" * (sum(lengths) + 3 * ALIGN))
+    w.write(path, pieces)
+    assert path.read_bytes() == b"".join(pieces)
+    w.close()
+    w.close()
+
+
+def test_memoryview_and_bytearray_pieces(tmp_path):
+    a = np.arange(5000, dtype=np.float32)
+    pieces = [memoryview(a), bytearray(b"head"), memoryview(a.tobytes())[3:1003]]
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    w.write(tmp_path / "g.bin", pieces)
+    assert (tmp_path / "g.bin").read_bytes() == a.tobytes() + b"head" + a.tobytes()[3:1003]
+
+
+def test_small_files_are_written_buffered(tmp_path, monkeypatch):
+    flags = []
+    real_open = os.open
+    monkeypatch.setattr(dio.os, "open", lambda p, f, *a: flags.append(f) or real_open(p, f, *a))
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=100)
+    w.write(tmp_path / "s.bin", [b"x" * 99])
+    assert (tmp_path / "s.bin").read_bytes() == b"x" * 99
+    assert w.direct_files == 0 and not any(f & getattr(os, "O_DIRECT", 0) for f in flags)
+
+
+@needs_o_direct
+@pytest.mark.parametrize("err", [errno.EINVAL, errno.EOPNOTSUPP])
+def test_refused_o_direct_falls_back_once_and_for_all(tmp_path, monkeypatch, err):
+    real_open = os.open
+    tries = []
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            tries.append(path)
+            raise OSError(err, "not on this file system")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(dio.os, "open", refusing_open)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    pieces = _pieces(np.random.default_rng(1), [CHUNK + 5, 77])
+    w.write(tmp_path / "a", pieces)
+    w.write(tmp_path / "b", pieces)
+    assert (tmp_path / "a").read_bytes() == b"".join(pieces) == (tmp_path / "b").read_bytes()
+    assert not w.direct and w.direct_files == 0 and len(tries) == 1  # not tried again
+
+
+@needs_o_direct
+def test_refusal_in_the_middle_rewrites_the_file_from_the_start(tmp_path, monkeypatch):
+    real_write = os.write
+    calls = []
+
+    def write_then_refuse(fd, data):
+        calls.append(len(data))
+        if len(calls) == 2:
+            raise OSError(errno.EINVAL, "refused after one chunk")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(dio.os, "write", write_then_refuse)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    pieces = _pieces(np.random.default_rng(2), [3 * CHUNK + 11])
+    w.write(tmp_path / "m", pieces)
+    assert (tmp_path / "m").read_bytes() == b"".join(pieces) and not w.direct
+
+
+@needs_o_direct
+def test_other_write_errors_propagate(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dio.os, "write", full)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    with pytest.raises(OSError) as info:
+        w.write(tmp_path / "n", [b"y" * 10])
+    assert info.value.errno == errno.ENOSPC and w.direct  # not mistaken for a refusal
+
+
+@needs_o_direct
+def test_short_unaligned_write_is_a_refusal(tmp_path, monkeypatch):
+    real_write = os.write
+    monkeypatch.setattr(dio.os, "write", lambda fd, data: real_write(fd, data[:100]) if len(data) > 100 else real_write(fd, data))
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    pieces = _pieces(np.random.default_rng(3), [CHUNK])
+    monkeypatch.setattr(dio, "write_buffered", lambda path, ps: _plain(path, ps))
+    w.write(tmp_path / "u", pieces)
+    assert (tmp_path / "u").read_bytes() == b"".join(pieces) and not w.direct
+
+
+def _plain(path, pieces):
+    with open(path, "wb") as fh:
+        for p in pieces:
+            fh.write(p)
+
+
+@pytest.mark.parametrize("kw", [{"chunk_bytes": 0}, {"chunk_bytes": ALIGN + 1}, {"chunk_bytes": -ALIGN},
+                                {"min_direct_bytes": -1}])
+def test_bad_arguments(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        DirectFileWriter(**kw)
+
+
+def test_payload_shards_written_direct_read_back_by_safetensors(tmp_path):
+    """Shards large enough for O_DIRECT: the reader and the safetensors library read back
+    every tensor's values (float64 sums over them checked against numpy's own)."""
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (300_000, 1, 4097, 250_001)]
+    with PayloadWriter(tmp_path, rank=0, shard_bytes=1 << 30) as w:
+        refs = [w.put(a.tobytes(), "torch.float32", a.shape) for a in arrays]
+        files = w._files
+    shards = sorted(payload_dir(tmp_path).iterdir())
+    assert len(shards) == 1
+    assert (files.direct_files == 1) == files.direct  # direct where the file system allows it
+    loaded = load_file(str(shards[0]))
+    r = PayloadReader(tmp_path)
+    for a, ref in zip(arrays, refs):
+        back = np.frombuffer(r.read(ref).data, np.float32)
+        assert np.array_equal(back, a) and np.array_equal(loaded[ref.split(":")[1]], a)
+        assert back.astype(np.float64).sum() == a.astype(np.float64).sum()
+    assert os.path.getsize(shards[0]) == 8 + int.from_bytes(shards[0].read_bytes()[:8], "little") + sum(a.nbytes for a in arrays)
