@@ -2,7 +2,6 @@
 reader and through the safetensors library itself."""
 from __future__ import annotations
 
-import os
 import stat
 import threading
 
