@@ -24,6 +24,8 @@ import mmap
 import os
 from typing import Iterable, Union
 
+import numpy as np
+
 from store.fileutil import FILE_MODE, PathLike
 
 __all__ = ["ALIGN", "CHUNK_BYTES", "DirectFileWriter", "write_buffered"]
@@ -89,6 +91,7 @@ class DirectFileWriter:
         self._chunk = int(chunk_bytes)
         self._min = int(min_direct_bytes)
         self._buffer = None  # mmap: page-aligned, made at the first direct write
+        self._array = None   # numpy uint8 view of it: copies into it release the GIL
         self.direct = hasattr(os, "O_DIRECT")
         self.direct_files = 0
 
@@ -115,35 +118,38 @@ class DirectFileWriter:
     def close(self) -> None:
         """Release the aligned buffer (a later :meth:`write` makes a new one)."""
         if self._buffer is not None:
+            self._array = None  # the view first: an exported mmap cannot close
             self._buffer.close()
             self._buffer = None
 
     def _write_direct(self, path: PathLike, pieces: list[Bytes], total: int) -> None:
         if self._buffer is None:
             self._buffer = mmap.mmap(-1, self._chunk)  # anonymous: page-aligned
-        buf = memoryview(self._buffer)
+            self._array = np.frombuffer(self._buffer, dtype=np.uint8)
+        buf = self._array
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, FILE_MODE)
         try:
             os.fchmod(fd, FILE_MODE)
             fill = 0
             for piece in pieces:
-                src = memoryview(piece).cast("B")
-                while len(src):
-                    n = min(len(src), self._chunk - fill)
-                    buf[fill:fill + n] = src[:n]
+                # numpy copies without holding the GIL (a 16 MiB memoryview copy holds it
+                # for ~9 ms, stalling the training thread)
+                src = np.frombuffer(memoryview(piece).cast("B"), dtype=np.uint8)
+                while src.size:
+                    n = min(src.size, self._chunk - fill)
+                    np.copyto(buf[fill:fill + n], src[:n])
                     fill += n
                     src = src[n:]
                     if fill == self._chunk:
-                        _write_all(fd, buf)
+                        _write_all(fd, memoryview(buf))
                         fill = 0
             if fill:
                 padded = -(-fill // ALIGN) * ALIGN
-                buf[fill:padded] = bytes(padded - fill)
-                _write_all(fd, buf[:padded])
+                buf[fill:padded] = 0
+                _write_all(fd, memoryview(buf[:padded]))
                 if padded != fill:
                     os.ftruncate(fd, total)
         finally:
-            buf.release()
             os.close(fd)
 
 
