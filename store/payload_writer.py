@@ -332,7 +332,7 @@ class PayloadWriter:
             if len(self._index) > self._index_size:
                 self._index.popitem(last=False)
             self.stored_bytes += len(data)
-            self._shard_fill += len(data)
+            self._shard_fill += len(data) or 1  # an empty payload, too, makes flush() seal the shard
             item = ("put", self._shard, key, dtype, shape, bytes(data))
             seal = self._shard_fill >= self._shard_bytes
             shard = self._shard

@@ -178,3 +178,20 @@ def test_shard_thread_failure_is_reported_by_wait_written_and_put(tmp_path, monk
         w.put(b"\x01" * 8, "torch.float64", (1,))
     with pytest.raises(StoreWriteError):
         w.close()
+
+
+def test_shard_holding_only_an_empty_payload_is_not_overwritten_later(tmp_path):
+    """An empty tensor (0 bytes) is the only payload before a flush: its shard is written
+    then, and payloads put after the flush go to a new shard, so that both references stay
+    readable (a later shard of the same name would replace the file without the key)."""
+    b = np.arange(4, dtype=np.float32)
+    with PayloadWriter(tmp_path, rank=0) as w:
+        empty_ref = w.put(b"", "torch.float32", (0, 3))
+        w.flush()
+        ref = w.put(b.tobytes(), "torch.float32", (4,))
+        w.flush()
+    r = PayloadReader(tmp_path)
+    got = r.read(empty_ref)
+    assert (bytes(got.data), got.dtype, got.shape) == (b"", "torch.float32", (0, 3))
+    assert np.array_equal(np.frombuffer(r.read(ref).data, np.float32), b)
+    assert empty_ref.split(":")[0] != ref.split(":")[0]
