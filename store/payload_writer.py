@@ -267,7 +267,8 @@ class PayloadWriter:
         self._stage = stage
         self._staged: list[Path] = []            # staged since the last flush (background thread)
         self._staged_old: list[list[Path]] = []  # staged before it, newest last (at most _STAGE_KEEP)
-        self._stem = f"rank{int(rank)}.{os.getpid()}.{time.time_ns()}"
+        self._pid = os.getpid()  # a forked child has none of the threads (see close)
+        self._stem = f"rank{int(rank)}.{self._pid}.{time.time_ns()}"
         self._stage_dir = stage_dir(dump_path) / self._stem
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
@@ -384,12 +385,17 @@ class PayloadWriter:
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush and stop the background thread (idempotent).
+        """Flush and stop the background thread (idempotent). In a process forked from
+        the one that made the writer (the threads are not there) it only marks the writer
+        closed: the shards and staged files are the parent's.
 
         Raises:
             StoreWriteError: the final write failed.
         """
         if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._closed = True
             return
         try:
             self.flush()

@@ -2,8 +2,11 @@
 reader and through the safetensors library itself."""
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -195,3 +198,39 @@ def test_shard_holding_only_an_empty_payload_is_not_overwritten_later(tmp_path):
     assert (bytes(got.data), got.dtype, got.shape) == (b"", "torch.float32", (0, 3))
     assert np.array_equal(np.frombuffer(r.read(ref).data, np.float32), b)
     assert empty_ref.split(":")[0] != ref.split(":")[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_close_in_a_forked_child_returns_and_leaves_the_parents_files(tmp_path):
+    """A child forked while the writer runs (a user's fork; the interpreter exit runs
+    PrecisionDebugger's atexit close there) has no writer threads: close() returns at once
+    instead of waiting for them forever, and removes none of the parent's staged files."""
+    stage = (lambda path, p: path.write_bytes(bytes(p.data)), "raw")
+    w = PayloadWriter(tmp_path, rank=0, stage=stage)
+    a = np.arange(8, dtype=np.float64)
+    ref = w.put(a.tobytes(), "torch.float64", (8,))
+    w.flush(shards=False)  # staged
+    staged = sorted(p for p in (tmp_path / ".msprobe" / "stage").rglob("*.raw"))
+    assert len(staged) == 1
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            w.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 5
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("close() in the forked child hung")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert staged[0].read_bytes() == a.tobytes()  # the parent's staged file is still there
+    w.close()
+    assert np.array_equal(np.frombuffer(PayloadReader(tmp_path).read(ref).data, np.float64), a)
