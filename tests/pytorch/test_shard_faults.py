@@ -89,3 +89,42 @@ def test_shard_write_fault_logs_one_error_and_keeps_earlier_steps(tmp_path, monk
         assert "Module.0.Linear.forward.0.output.0.pt" in names, names
         for name in names:
             assert (out / f"step{step}" / "rank" / "dump_tensor_data" / name).read_bytes() == (live / name).read_bytes()
+
+
+@pytest.mark.parametrize("at", ["stop", "step"])
+def test_shards_are_on_disk_when_stop_and_step_return(tmp_path, monkeypatch, at):
+    """The shard thread is slow (a busy disk): stop() and step() still return only once the
+    step's shards are written, so an offline export right after them (no close()) rebuilds
+    every tensor file byte for byte."""
+    import time
+
+    from store.payload_writer import PayloadWriter
+
+    real = PayloadWriter._write_shard
+
+    def slow(self, index, items):
+        time.sleep(0.3)
+        real(self, index, items)
+
+    monkeypatch.setattr(PayloadWriter, "_write_shard", slow)
+    dump = tmp_path / "d"
+    dbg = PrecisionDebugger(dump_path=str(dump), level="L1", task="tensor")
+    x = torch.randn(512, 1024)
+    for step in range(2):
+        dbg.start()
+        y = torch.relu(x)
+        torch.mul(y, float(step + 2))
+        dbg.stop()
+        if at == "step":
+            dbg.step()
+        out = tmp_path / f"offline{step}"
+        export_log(dump, out, tensor_writers={"pytorch": write_pt})
+        live = dump / f"step{step}" / "rank" / "dump_tensor_data"
+        names = sorted(p.name for p in live.iterdir())
+        assert len(names) == 4, names
+        for name in names:
+            assert (out / f"step{step}" / "rank" / "dump_tensor_data" / name).read_bytes() == (live / name).read_bytes()
+        if at == "stop":
+            dbg.step()
+        x = x + 1
+    dbg.close()
