@@ -373,7 +373,7 @@ class PayloadWriter:
 
     def wait_written(self) -> None:
         """Wait until the shards of every :meth:`flush` so far are on disk (returns at once
-        after a :meth:`flush` that waited for them).
+        after a :meth:`flush` that waited for them, and after :meth:`close`).
 
         Raises:
             StoreWriteError: a shard or the writer failed.
@@ -382,7 +382,8 @@ class PayloadWriter:
             target = self._flushes
             while self._flushes_done < target and self._error is None:
                 self._written.wait(0.5)
-        self._raise_if_failed()
+        if self._error is not None:  # not "closed": after close() every shard is on disk
+            self._raise_if_failed()
 
     def close(self) -> None:
         """Flush and stop the background thread (idempotent). In a process forked from

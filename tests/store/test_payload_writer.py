@@ -234,3 +234,44 @@ def test_close_in_a_forked_child_returns_and_leaves_the_parents_files(tmp_path):
     assert staged[0].read_bytes() == a.tobytes()  # the parent's staged file is still there
     w.close()
     assert np.array_equal(np.frombuffer(PayloadReader(tmp_path).read(ref).data, np.float64), a)
+
+
+def test_close_while_shards_queue_behind_a_slow_write_writes_them_all(tmp_path, monkeypatch):
+    """Many sealed shards wait behind a slow shard write (the shard queue full, the writer
+    thread blocked on it) when close() is called, with flush(shards=False) in between and
+    a wait_written on another thread: close() returns once every shard is written, in
+    order, and every reference reads back its values."""
+    real = PayloadWriter._write_shard
+    order = []
+
+    def slow(self, index, items):
+        time.sleep(0.02)
+        order.append(index)
+        real(self, index, items)
+
+    monkeypatch.setattr(PayloadWriter, "_write_shard", slow)
+    w = PayloadWriter(tmp_path, rank=0, shard_bytes=1000, queue_size=2, pending_bytes=3000)
+    arrays = [np.full(300, i, np.float64) for i in range(20)]  # 2400 bytes each: one shard per put
+    refs = []
+    for i, a in enumerate(arrays):
+        refs.append(w.put(a.tobytes(), "torch.float64", a.shape))
+        if i % 7 == 0:
+            w.flush(shards=False)
+    waiter_errors = []
+
+    def waiter():
+        try:
+            w.wait_written()
+        except StoreWriteError as exc:
+            waiter_errors.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    w.close()
+    t.join(10)
+    assert not t.is_alive() and waiter_errors == []
+    w.wait_written()  # after close(): every shard is on disk, nothing failed
+    assert order == sorted(order) == list(range(20))
+    r = PayloadReader(tmp_path)
+    for ref, a in zip(refs, arrays):
+        assert np.array_equal(np.frombuffer(r.read(ref).data, np.float64), a)
