@@ -150,6 +150,9 @@ class DirectFileWriter:
                 if padded != fill:
                     os.ftruncate(fd, total)
         finally:
+            # an error's traceback keeps this frame: a view of the buffer in it would keep
+            # the mmap exported (close() then fails with BufferError) while the error is kept
+            del buf
             os.close(fd)
 
 
@@ -164,7 +167,5 @@ def _write_all(fd: int, view: memoryview) -> None:
                 raise OSError(errno.EINVAL, f"O_DIRECT write of {len(view)} bytes wrote {n}")
             view = view[n:]
     except BaseException:
-        # the error's traceback keeps this frame: a live slice in it would pin the buffer
-        # (mmap.close() then fails with BufferError) for as long as the error is kept
-        view.release()
+        view.release()  # the error's traceback keeps this frame (see _write_direct)
         raise

@@ -184,9 +184,10 @@ class _FullDisk:
 
 
 @needs_o_direct
-@pytest.mark.parametrize("lengths,n", [([CHUNK + 10], 2), ([ALIGN + 1], 1)], ids=["after-a-chunk", "last-chunk-only"])
+@pytest.mark.parametrize("lengths,n", [([CHUNK + 10], 1), ([CHUNK + 10], 2), ([ALIGN + 1], 1)],
+                         ids=["first-chunk", "after-a-chunk", "last-chunk-only"])
 def test_failed_padded_write_leaves_the_buffer_closable(tmp_path, monkeypatch, lengths, n):
-    """A write error in the padded last chunk, its exception kept (PayloadWriter keeps the
+    """A write error in a full chunk or the padded last one, its exception kept (PayloadWriter keeps the
     shard thread's error, traceback and all): close() still releases the buffer instead of
     failing with BufferError, and a later write works."""
     disk = _FullDisk(n)
