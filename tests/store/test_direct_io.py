@@ -196,8 +196,7 @@ def test_failed_padded_write_leaves_the_buffer_closable(tmp_path, monkeypatch, l
     pieces = _pieces(np.random.default_rng(5), lengths)
     with pytest.raises(OSError) as info:
         w.write(tmp_path / "f", pieces)
-    kept = info.value  # noqa: F841 - held like PayloadWriter._error
-    assert info.value.errno == errno.ENOSPC and disk.calls == n and w.direct
+    assert info.value.errno == errno.ENOSPC and disk.calls == n and w.direct  # info keeps the error
     w.close()
     monkeypatch.setattr(dio, "os", os)
     w.write(tmp_path / "g", pieces)
