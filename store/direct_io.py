@@ -150,15 +150,22 @@ class DirectFileWriter:
                 if padded != fill:
                     os.ftruncate(fd, total)
         finally:
+            # an error's traceback keeps this frame: a view of the buffer in it would keep
+            # the mmap exported (close() then fails with BufferError) while the error is kept
+            del buf
             os.close(fd)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
     """Write all of ``view`` (aligned, a multiple of :data:`ALIGN` long) to ``fd``."""
-    while len(view):
-        n = os.write(fd, view)
-        if n <= 0:  # pragma: no cover - write(2) returns >= 1 or raises for regular files
-            raise OSError(errno.EIO, "write returned 0")
-        if n % ALIGN:  # a short direct write that leaves the offset unaligned: give up on it
-            raise OSError(errno.EINVAL, f"O_DIRECT write of {len(view)} bytes wrote {n}")
-        view = view[n:]
+    try:
+        while len(view):
+            n = os.write(fd, view)
+            if n <= 0:  # pragma: no cover - write(2) returns >= 1 or raises for regular files
+                raise OSError(errno.EIO, "write returned 0")
+            if n % ALIGN:  # a short direct write that leaves the offset unaligned: give up on it
+                raise OSError(errno.EINVAL, f"O_DIRECT write of {len(view)} bytes wrote {n}")
+            view = view[n:]
+    except BaseException:
+        view.release()  # the error's traceback keeps this frame (see _write_direct)
+        raise

@@ -267,7 +267,8 @@ class PayloadWriter:
         self._stage = stage
         self._staged: list[Path] = []            # staged since the last flush (background thread)
         self._staged_old: list[list[Path]] = []  # staged before it, newest last (at most _STAGE_KEEP)
-        self._stem = f"rank{int(rank)}.{os.getpid()}.{time.time_ns()}"
+        self._pid = os.getpid()  # a forked child has none of the threads (see close)
+        self._stem = f"rank{int(rank)}.{self._pid}.{time.time_ns()}"
         self._stage_dir = stage_dir(dump_path) / self._stem
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
@@ -332,7 +333,7 @@ class PayloadWriter:
             if len(self._index) > self._index_size:
                 self._index.popitem(last=False)
             self.stored_bytes += len(data)
-            self._shard_fill += len(data)
+            self._shard_fill += len(data) or 1  # an empty payload, too, makes flush() seal the shard
             item = ("put", self._shard, key, dtype, shape, bytes(data))
             seal = self._shard_fill >= self._shard_bytes
             shard = self._shard
@@ -372,7 +373,7 @@ class PayloadWriter:
 
     def wait_written(self) -> None:
         """Wait until the shards of every :meth:`flush` so far are on disk (returns at once
-        after a :meth:`flush` that waited for them).
+        after a :meth:`flush` that waited for them, and after :meth:`close`).
 
         Raises:
             StoreWriteError: a shard or the writer failed.
@@ -381,15 +382,21 @@ class PayloadWriter:
             target = self._flushes
             while self._flushes_done < target and self._error is None:
                 self._written.wait(0.5)
-        self._raise_if_failed()
+        if self._error is not None:  # not "closed": after close() every shard is on disk
+            self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush and stop the background thread (idempotent).
+        """Flush and stop the background thread (idempotent). In a process forked from
+        the one that made the writer (the threads are not there) it only marks the writer
+        closed: the shards and staged files are the parent's.
 
         Raises:
             StoreWriteError: the final write failed.
         """
         if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._closed = True
             return
         try:
             self.flush()

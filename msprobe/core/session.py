@@ -251,7 +251,8 @@ class Session:
                 try:
                     self._payloads.close()
                 except Exception as exc:
-                    logger.error("msprobe: closing the tensor payload store failed: %s", exc)
+                    if not self.failed:  # the failure that stopped recording was logged then
+                        logger.error("msprobe: closing the tensor payload store failed: %s", exc)
                 self._payloads = None
 
     # --- tensor payloads (task tensor) --------------------------------------------------

@@ -125,7 +125,7 @@ def _holding(t: torch.Tensor, data: Optional[Union[bytes, bytearray, memoryview]
     if len(raw) != t.numel() * t.element_size():
         raise ValueError(f"data: got {len(raw)} bytes; allowed: the tensor's {t.numel() * t.element_size()} bytes")
     if not raw:
-        return torch.empty(tuple(t.shape), dtype=t.dtype)
+        return torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
     return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).reshape(tuple(t.shape))
 
 
@@ -180,7 +180,7 @@ def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[
     shape = tuple(int(d) for d in shape)
     records = _values_records(dtype, shape) if sys.byteorder == "little" else None
     if records is None:
-        save_tensor(path, torch.empty(shape, dtype=dtype), data)
+        save_tensor(path, torch.empty(shape, dtype=dtype, device="cpu"), data)
         return
     payload = memoryview(data).cast("B")
     nbytes = math.prod(shape) * dtype.itemsize
@@ -195,7 +195,8 @@ def _values_records(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tupl
     ``shape`` (its pickle depends on nothing else); None where this writer cannot pickle
     it (:func:`save_values` then takes :func:`save_tensor`'s fallback)."""
     try:
-        return tuple(_records_before(torch.empty(shape, dtype=dtype)))
+        # on the CPU whatever the calling thread's default device (torch.set_default_device)
+        return tuple(_records_before(torch.empty(shape, dtype=dtype, device="cpu")))
     except (pickle.PicklingError, AttributeError, KeyError, TypeError):
         return None
 

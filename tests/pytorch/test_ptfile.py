@@ -6,6 +6,7 @@ torch.save."""
 from __future__ import annotations
 
 import ctypes
+import math
 import pickle
 import struct
 import zipfile
@@ -155,3 +156,25 @@ def test_save_values_refuses_a_wrong_length_and_falls_back_where_it_cannot_pickl
     save_values(tmp_path / "f.pt", torch.float32, (2,), raw(values))  # through torch.save
     assert torch.equal(torch.load(tmp_path / "f.pt", weights_only=True), values)
     _values_records.cache_clear()
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["pickle", "torch.save"])
+@pytest.mark.parametrize("shape", [(2, 3), (0, 3)])
+def test_save_values_ignores_the_callers_default_device(tmp_path, monkeypatch, shape, fallback):
+    """A training script may make another device the default (``torch.set_default_device``,
+    ``with torch.device(...)``); the exporter then runs under it in the training thread. The
+    file still holds a CPU tensor with the values (the cached pickle is made from a CPU
+    tensor, whichever thread and device context asks first; so is torch.save's tensor)."""
+    values = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) * 1.5 - 2
+    if fallback:
+        monkeypatch.setattr(ptfile, "_records_before", lambda t: (_ for _ in ()).throw(pickle.PicklingError("no")))
+    _values_records.cache_clear()
+    try:
+        with torch.device("meta"):
+            save_values(tmp_path / "m.pt", torch.float32, shape, raw(values))
+        save_values(tmp_path / "c.pt", torch.float32, shape, raw(values))  # from the cache
+    finally:
+        _values_records.cache_clear()
+    for name in ("m.pt", "c.pt"):
+        got = torch.load(tmp_path / name, weights_only=True)
+        assert got.device.type == "cpu" and got.shape == shape and torch.equal(got, values), name

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 
 import store.direct_io as dio
 from store.direct_io import ALIGN, DirectFileWriter
+from store.errors import StoreWriteError
 from store.payload_writer import PayloadReader, PayloadWriter, payload_dir
 
 needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
@@ -162,3 +163,58 @@ def test_payload_shards_written_direct_read_back_by_safetensors(tmp_path):
         assert np.array_equal(back, a) and np.array_equal(loaded[ref.split(":")[1]], a)
         assert back.astype(np.float64).sum() == a.astype(np.float64).sum()
     assert os.path.getsize(shards[0]) == 8 + int.from_bytes(shards[0].read_bytes()[:8], "little") + sum(a.nbytes for a in arrays)
+
+
+class _FullDisk:
+    """``os`` for store.direct_io whose ``write`` fails with ENOSPC from the ``n``-th call on
+    (other modules keep the real ``os.write``)."""
+
+    def __init__(self, n: int) -> None:
+        self.calls = 0
+        self.n = n
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        self.calls += 1
+        if self.calls >= self.n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+
+@needs_o_direct
+@pytest.mark.parametrize("lengths,n", [([CHUNK + 10], 1), ([CHUNK + 10], 2), ([ALIGN + 1], 1)],
+                         ids=["first-chunk", "after-a-chunk", "last-chunk-only"])
+def test_failed_padded_write_leaves_the_buffer_closable(tmp_path, monkeypatch, lengths, n):
+    """A write error in a full chunk or the padded last one, its exception kept (PayloadWriter keeps the
+    shard thread's error, traceback and all): close() still releases the buffer instead of
+    failing with BufferError, and a later write works."""
+    disk = _FullDisk(n)
+    monkeypatch.setattr(dio, "os", disk)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    pieces = _pieces(np.random.default_rng(5), lengths)
+    with pytest.raises(OSError) as info:
+        w.write(tmp_path / "f", pieces)
+    assert info.value.errno == errno.ENOSPC and disk.calls == n and w.direct  # info keeps the error
+    w.close()
+    monkeypatch.setattr(dio, "os", os)
+    w.write(tmp_path / "g", pieces)
+    assert (tmp_path / "g").read_bytes() == b"".join(pieces)
+    w.close()
+
+
+@needs_o_direct
+def test_payload_writer_with_full_disk_closes_with_the_write_error(tmp_path, monkeypatch):
+    """The shard thread's O_DIRECT write fails (disk full): close() reports that error as a
+    StoreWriteError (not the buffer's BufferError) and still removes the staging directory."""
+    monkeypatch.setattr(dio, "os", _FullDisk(1))
+    stage = (lambda path, p: path.write_bytes(bytes(p.data)), "raw")
+    w = PayloadWriter(tmp_path, rank=0, stage=stage)
+    w.put(b"\x01" * (2 << 20), "torch.uint8", (2 << 20,))
+    with pytest.raises(StoreWriteError, match="No space left"):
+        w.flush()
+    with pytest.raises(StoreWriteError, match="No space left"):
+        w.close()
+    assert not (tmp_path / ".msprobe" / "stage").exists() or list((tmp_path / ".msprobe" / "stage").iterdir()) == []
+    assert not payload_dir(tmp_path).exists() or list(payload_dir(tmp_path).iterdir()) == []

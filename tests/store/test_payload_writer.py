@@ -2,8 +2,11 @@
 reader and through the safetensors library itself."""
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -178,3 +181,97 @@ def test_shard_thread_failure_is_reported_by_wait_written_and_put(tmp_path, monk
         w.put(b"\x01" * 8, "torch.float64", (1,))
     with pytest.raises(StoreWriteError):
         w.close()
+
+
+def test_shard_holding_only_an_empty_payload_is_not_overwritten_later(tmp_path):
+    """An empty tensor (0 bytes) is the only payload before a flush: its shard is written
+    then, and payloads put after the flush go to a new shard, so that both references stay
+    readable (a later shard of the same name would replace the file without the key)."""
+    b = np.arange(4, dtype=np.float32)
+    with PayloadWriter(tmp_path, rank=0) as w:
+        empty_ref = w.put(b"", "torch.float32", (0, 3))
+        w.flush()
+        ref = w.put(b.tobytes(), "torch.float32", (4,))
+        w.flush()
+    r = PayloadReader(tmp_path)
+    got = r.read(empty_ref)
+    assert (bytes(got.data), got.dtype, got.shape) == (b"", "torch.float32", (0, 3))
+    assert np.array_equal(np.frombuffer(r.read(ref).data, np.float32), b)
+    assert empty_ref.split(":")[0] != ref.split(":")[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_close_in_a_forked_child_returns_and_leaves_the_parents_files(tmp_path):
+    """A child forked while the writer runs (a user's fork; the interpreter exit runs
+    PrecisionDebugger's atexit close there) has no writer threads: close() returns at once
+    instead of waiting for them forever, and removes none of the parent's staged files."""
+    stage = (lambda path, p: path.write_bytes(bytes(p.data)), "raw")
+    w = PayloadWriter(tmp_path, rank=0, stage=stage)
+    a = np.arange(8, dtype=np.float64)
+    ref = w.put(a.tobytes(), "torch.float64", (8,))
+    w.flush(shards=False)  # staged
+    staged = sorted(p for p in (tmp_path / ".msprobe" / "stage").rglob("*.raw"))
+    assert len(staged) == 1
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            w.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 5
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("close() in the forked child hung")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert staged[0].read_bytes() == a.tobytes()  # the parent's staged file is still there
+    w.close()
+    assert np.array_equal(np.frombuffer(PayloadReader(tmp_path).read(ref).data, np.float64), a)
+
+
+def test_close_while_shards_queue_behind_a_slow_write_writes_them_all(tmp_path, monkeypatch):
+    """Many sealed shards wait behind a slow shard write (the shard queue full, the writer
+    thread blocked on it) when close() is called, with flush(shards=False) in between and
+    a wait_written on another thread: close() returns once every shard is written, in
+    order, and every reference reads back its values."""
+    real = PayloadWriter._write_shard
+    order = []
+
+    def slow(self, index, items):
+        time.sleep(0.02)
+        order.append(index)
+        real(self, index, items)
+
+    monkeypatch.setattr(PayloadWriter, "_write_shard", slow)
+    w = PayloadWriter(tmp_path, rank=0, shard_bytes=1000, queue_size=2, pending_bytes=3000)
+    arrays = [np.full(300, i, np.float64) for i in range(20)]  # 2400 bytes each: one shard per put
+    refs = []
+    for i, a in enumerate(arrays):
+        refs.append(w.put(a.tobytes(), "torch.float64", a.shape))
+        if i % 7 == 0:
+            w.flush(shards=False)
+    waiter_errors = []
+
+    def waiter():
+        try:
+            w.wait_written()
+        except StoreWriteError as exc:
+            waiter_errors.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    w.close()
+    t.join(10)
+    assert not t.is_alive() and waiter_errors == []
+    w.wait_written()  # after close(): every shard is on disk, nothing failed
+    assert order == sorted(order) == list(range(20))
+    r = PayloadReader(tmp_path)
+    for ref, a in zip(refs, arrays):
+        assert np.array_equal(np.frombuffer(r.read(ref).data, np.float64), a)
