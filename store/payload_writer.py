@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+import numpy as np
+
 from store import schema as S
 from store.direct_io import DirectFileWriter
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
@@ -167,12 +169,14 @@ def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str,
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """One stored tensor: C-order ``data`` bytes, ``dtype`` string, ``shape`` tuple.
+    """One stored tensor: C-order ``data`` bytes (any bytes-like object: ``bytes``,
+    ``bytearray``, or the read-only uint8 array of :func:`_kept`), ``dtype`` string,
+    ``shape`` tuple.
 
     :meth:`PayloadReader.read` returns ``data`` as a fresh ``bytearray`` owned by the caller
     (writable: a tensor can wrap it without another copy)."""
 
-    data: Union[bytes, bytearray]
+    data: Union[bytes, bytearray, "np.ndarray"]
     dtype: str
     shape: tuple[int, ...]
 
@@ -307,8 +311,10 @@ class PayloadWriter:
         """Store one tensor; returns its reference ``"{shard}:{key}"``.
 
         Args:
-            data: the tensor's C-order bytes (copied before return is not required: the
-                writer keeps ``bytes(data)``).
+            data: the tensor's C-order bytes. The writer keeps ``data`` itself when nobody
+                can change it (``bytes``, or a read-only 1-D uint8 numpy array that owns its
+                memory: the caller gives such an array up, as
+                :func:`msprobe.pytorch.payload.tensor_bytes` does), else ``bytes(data)``.
             dtype: the framework's dtype string (``"torch.float16"``).
             shape: the tensor's shape (``()`` for 0-dim).
 
@@ -334,7 +340,7 @@ class PayloadWriter:
                 self._index.popitem(last=False)
             self.stored_bytes += len(data)
             self._shard_fill += len(data) or 1  # an empty payload, too, makes flush() seal the shard
-            item = ("put", self._shard, key, dtype, shape, bytes(data))
+            item = ("put", self._shard, key, dtype, shape, _kept(data))
             seal = self._shard_fill >= self._shard_bytes
             shard = self._shard
             if seal:
@@ -514,6 +520,17 @@ class PayloadWriter:
             return True
 
         replace_from(tmp, target, fill)
+
+
+def _kept(data: Union[bytes, bytearray, memoryview, "np.ndarray"]) -> Union[bytes, "np.ndarray"]:
+    """``data`` when nobody can change it any more (``bytes``; a read-only 1-D uint8 numpy
+    array owning its memory, which its maker hands over); else a ``bytes`` copy."""
+    if type(data) is bytes:
+        return data
+    if (type(data) is np.ndarray and data.base is None and not data.flags.writeable
+            and data.dtype == np.uint8 and data.ndim == 1):
+        return data
+    return bytes(data)
 
 
 def _unlink_all(paths: list[Path]) -> None:

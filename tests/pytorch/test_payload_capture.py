@@ -4,13 +4,14 @@ change, other dtype over the same memory, a cleared window) is snapshotted again
 stored bytes always equal the tensor's values at capture time."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 
 import numpy as np
 import pytest
 import torch
 
-from msprobe.pytorch.payload import PayloadCapture, from_payload
+from msprobe.pytorch.payload import PayloadCapture, from_payload, tensor_bytes
 from store.payload_writer import Payload, PayloadReader, PayloadWriter
 
 
@@ -143,3 +144,57 @@ def test_from_payload_wraps_a_bytearray_without_copy_and_copies_bytes():
     u = from_payload(Payload(data=frozen, dtype="torch.float32", shape=()))
     u.add_(1)
     assert u.item() == 2.5 and frozen == b"\x00\x00\xc0\x3f"
+
+
+NON_CONTIGUOUS = {
+    "transposed_f32": lambda: torch.randn(8, 16, 4).transpose(0, 1),
+    "strided_bf16": lambda: torch.randn(6, 10).to(torch.bfloat16)[:, ::3],
+    "expanded_f64": lambda: torch.tensor([[1.5], [-0.0], [float("nan")]], dtype=torch.float64).expand(3, 4),
+    "permuted_bool": lambda: (torch.randn(2, 3, 4) > 0).permute(2, 0, 1),
+    "transposed_complex": lambda: torch.randn(3, 5, dtype=torch.complex64).t(),
+    "neg_view_f16": lambda: torch.randn(4, 6).to(torch.float16).t()._neg_view(),
+    "channels_last_i32": lambda: torch.arange(2 * 3 * 4 * 5, dtype=torch.int32).reshape(2, 3, 4, 5)
+    .contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("make", list(NON_CONTIGUOUS.values()), ids=list(NON_CONTIGUOUS))
+def test_non_contiguous_snapshot_is_one_copy_in_c_order(make):
+    """A non-contiguous tensor's snapshot: torch writes its C-order bytes straight into a
+    read-only numpy byte array; the bytes equal those of an independent C-order copy
+    (numpy's own ascontiguousarray of the values), and later writes to the tensor do not
+    reach them."""
+    t = make()
+    assert not t.is_contiguous()
+    data, dtype, shape = tensor_bytes(t)
+    expected = t.resolve_neg().contiguous()
+    assert dtype == str(t.dtype) and shape == tuple(t.shape)
+    assert isinstance(data, np.ndarray) and data.dtype == np.uint8 and not data.flags.writeable
+    assert bytes(data) == ctypes.string_at(expected.data_ptr(), expected.numel() * expected.element_size())
+    if t.dtype not in (torch.bfloat16, torch.bool) and not t.is_neg():
+        values = np.ascontiguousarray(t.numpy())
+        assert bytes(data) == values.tobytes()
+    before = bytes(data)
+    if t.dtype != torch.bool and not t.is_neg() and t.stride()[-1] != 0 and 0 not in t.stride():
+        t.add_(1)
+        assert bytes(data) == before
+
+
+def test_put_keeps_a_handed_over_array_and_copies_anything_else(tmp_path):
+    t = torch.randn(64, 32).t()
+    data, dtype, shape = tensor_bytes(t)
+    with PayloadWriter(tmp_path, rank=0) as w:
+        kept = []
+        real = w._queue.put
+        w._queue.put = lambda item, *a, **k: kept.append(item) or real(item, *a, **k)
+        ref = w.put(data, dtype, shape)
+        writable = bytearray(b"\x01" * 16)
+        w.put(writable, "torch.uint8", (16,))
+        mine = np.frombuffer(bytes(range(8)), np.uint8).copy()  # writable array: copied
+        w.put(mine, "torch.uint8", (8,))
+    items = [i for i in kept if i[0] == "put"]
+    assert items[0][5] is data                      # the read-only array itself, no copy
+    assert type(items[1][5]) is bytes and type(items[2][5]) is bytes
+    back = PayloadReader(tmp_path).read(ref)
+    assert back.data == ctypes.string_at(t.contiguous().data_ptr(), 64 * 32 * 4)
+    assert torch.equal(from_payload(back), t)
