@@ -229,7 +229,7 @@ class PayloadWriter:
             payloads; the oldest are forgotten first, so a payload seen again after that
             is stored again). Must be >= 1.
         stage: ``(write_file, ext)``: also write each new payload as a staged tensor file
-            (see the module docstring); ``write_file(path, payload)`` is called on the
+            (see the module docstring); ``write_file(path, payload)`` (path: text) is called on the
             background thread.
 
     Raises:
@@ -253,7 +253,7 @@ class PayloadWriter:
         shard_bytes: int = 32 << 20,
         pending_bytes: int = 64 << 20,
         index_size: int = 1 << 16,
-        stage: Optional[tuple[Callable[[Path, "Payload"], None], str]] = None,
+        stage: Optional[tuple[Callable[[str, "Payload"], None], str]] = None,
     ) -> None:
         if int(queue_size) < 1:
             raise ValueError(f"queue_size: got {queue_size!r}; allowed: an int >= 1")
@@ -269,11 +269,13 @@ class PayloadWriter:
         self._index_size = int(index_size)
         self._dir = payload_dir(dump_path)
         self._stage = stage
-        self._staged: list[Path] = []            # staged since the last flush (background thread)
-        self._staged_old: list[list[Path]] = []  # staged before it, newest last (at most _STAGE_KEEP)
+        self._staged: list[str] = []             # staged since the last flush (background thread)
+        self._staged_old: list[list[str]] = []   # staged before it, newest last (at most _STAGE_KEEP)
         self._pid = os.getpid()  # a forked child has none of the threads (see close)
         self._stem = f"rank{int(rank)}.{self._pid}.{time.time_ns()}"
         self._stage_dir = stage_dir(dump_path) / self._stem
+        self._stage_prefix = os.path.join(os.fspath(self._stage_dir), "")  # text: once per payload
+        self._stage_made = False
         self._shard_bytes = int(shard_bytes)
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._lock = threading.Lock()
@@ -494,20 +496,25 @@ class PayloadWriter:
         """Write the staged tensor file of ``key`` (temporary name, then rename); on any
         failure leave nothing behind (the exporter then writes the file itself)."""
         write_file, ext = self._stage
-        target = self._stage_dir / f"{key}.{ext}"
-        tmp = self._stage_dir / f".{key}.{ext}.tmp"
+        # text paths, the directory made once: this runs for every new payload, holding the
+        # GIL the training thread waits for
+        prefix = self._stage_prefix
+        target = f"{prefix}{key}.{ext}"
+        tmp = f"{prefix}.{key}.{ext}.tmp"
 
-        def fill(path: Path) -> bool:
+        def fill(path: str) -> bool:
             write_file(path, payload)
             os.chmod(path, FILE_MODE)
             return True
 
         try:
-            make_dirs(self._stage_dir)
+            if not self._stage_made:
+                make_dirs(self._stage_dir)
+                self._stage_made = True
             replace_from(tmp, target, fill)  # removes tmp on failure
             self._staged.append(target)
         except Exception:  # noqa: BLE001 - staging is an optimisation only
-            pass
+            self._stage_made = False  # made again next time (it may have been removed)
 
     def _write_shard(self, index: int, items: list) -> None:
         make_dirs(self._dir)
@@ -533,7 +540,7 @@ def _kept(data: Union[bytes, bytearray, memoryview, "np.ndarray"]) -> Union[byte
     return bytes(data)
 
 
-def _unlink_all(paths: list[Path]) -> None:
+def _unlink_all(paths: list[str]) -> None:
     for path in paths:
         try:
             os.unlink(path)

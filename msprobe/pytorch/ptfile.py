@@ -52,6 +52,9 @@ _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
 _EOCD = struct.Struct("<IHHHHIIH")
 _EOCD64 = struct.Struct("<IQHHIIQQQQ")
 _LOCATOR = struct.Struct("<IIQI")
+_CRC = struct.Struct("<I")
+_LOCAL_CRC_AT = 14    # byte offset of the CRC-32 in a local file header (_LOCAL)
+_CENTRAL_CRC_AT = 16  # ... in a central directory header (_CENTRAL)
 
 
 class _Pickler(pickle.Pickler):
@@ -163,33 +166,45 @@ def save_tensor(path: Union[str, os.PathLike], t: torch.Tensor, data: Optional[U
         payload = memoryview(data).cast("B")
         if len(payload) != nbytes:
             raise ValueError(f"data: got {len(payload)} bytes; allowed: the tensor's {nbytes} bytes")
-    _write_archive(path, records, payload, force_zip64)
+    _write_archive(path, _template(records, nbytes, force_zip64), payload)
 
 
 def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[int, ...],
                 data: Union[bytes, bytearray, memoryview]) -> None:
     """Write the tensor of ``dtype`` and ``shape`` whose C-order bytes are ``data`` to
     ``path`` (what :func:`save_tensor` writes for a new tensor holding ``data``), with the
-    pickle made once per ``(dtype, shape)`` (:func:`_values_records`: about 0.2 ms each,
-    ~200 files per step of the encoder benchmark's tensor task).
+    pickle and the zip records around the data made once per ``(dtype, shape)``
+    (:func:`_values_template`; the pickle alone took about 0.2 ms a file, ~200 files per
+    step of the encoder benchmark's tensor task, on the payload writer thread, which holds
+    the GIL the training thread waits for while it runs Python).
 
     Raises:
         OSError: the file could not be written.
         ValueError: ``data`` is not ``numel * element size`` bytes.
     """
     shape = tuple(int(d) for d in shape)
-    records = _values_records(dtype, shape) if sys.byteorder == "little" else None
-    if records is None:
+    template = _values_template(dtype, shape) if sys.byteorder == "little" else None
+    if template is None:
         save_tensor(path, torch.empty(shape, dtype=dtype, device="cpu"), data)
         return
     payload = memoryview(data).cast("B")
     nbytes = math.prod(shape) * dtype.itemsize
     if len(payload) != nbytes:
         raise ValueError(f"data: got {len(payload)} bytes; allowed: the tensor's {nbytes} bytes")
-    _write_archive(path, records, payload, False)
+    _write_archive(path, template, payload)
 
 
 @functools.lru_cache(maxsize=1024)
+def _values_template(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tuple[bytes, bytes, int, int]]:
+    """:func:`_template` of a new contiguous tensor of ``dtype`` and ``shape`` (made once:
+    only the data's CRC-32 differs between two such files); None where this writer cannot
+    pickle it."""
+    records = _values_records(dtype, shape)
+    if records is None:
+        return None
+    return _template(records, math.prod(shape) * dtype.itemsize, False)
+
+
 def _values_records(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tuple[tuple[str, bytes], ...]]:
     """The archive records before the data of a new contiguous tensor of ``dtype`` and
     ``shape`` (its pickle depends on nothing else); None where this writer cannot pickle
@@ -201,10 +216,12 @@ def _values_records(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tupl
         return None
 
 
-def _write_archive(path: Union[str, os.PathLike], records, payload: memoryview, force_zip64: bool) -> None:
-    """Write the archive of the module docstring: ``records`` (name, bytes) before the data,
-    then ``payload`` (the storage bytes) as ``data/0``, then ``version``."""
-    nbytes = len(payload)
+def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, int, int]:
+    """The archive of the module docstring around ``nbytes`` of data, with the data's CRC-32
+    left 0: ``(head, tail, head_crc_at, tail_crc_at)``; ``head`` holds ``records`` (name,
+    bytes) and the data's local header, ``tail`` the ``version`` record, the central
+    directory and its end; the data's CRC goes at ``head[head_crc_at:+4]`` (its local
+    header) and ``tail[tail_crc_at:+4]`` (its central header), little-endian."""
     head = bytearray()
     central = bytearray()
     for rec, blob in records:
@@ -214,10 +231,11 @@ def _write_archive(path: Union[str, os.PathLike], records, payload: memoryview, 
         head += _local_header(name, crc, len(blob), len(head), False, False)
         head += blob
     name = (_PREFIX + "data/0").encode()
-    crc = crc32(payload)  # ISA-L where installed: the one pass over the data here
     big = force_zip64 or nbytes >= _U32
-    central += _central_header(name, crc, nbytes, len(head), big)
-    head += _local_header(name, crc, nbytes, len(head), True, big)
+    central_crc_at = len(central) + _CENTRAL_CRC_AT
+    central += _central_header(name, 0, nbytes, len(head), big)
+    head_crc_at = len(head) + _LOCAL_CRC_AT
+    head += _local_header(name, 0, nbytes, len(head), True, big)
     offset = len(head) + nbytes
     tail = bytearray()
     name = (_PREFIX + "version").encode()
@@ -225,6 +243,7 @@ def _write_archive(path: Union[str, os.PathLike], records, payload: memoryview, 
     central += _central_header(name, crc, len(_FILE_FORMAT_VERSION), offset)
     tail += _local_header(name, crc, len(_FILE_FORMAT_VERSION), offset, False, False) + _FILE_FORMAT_VERSION
     cd_offset = offset + len(tail)
+    tail_crc_at = len(tail) + central_crc_at
     count = len(records) + 2
     tail += central
     if big or cd_offset >= _U32:
@@ -234,6 +253,17 @@ def _write_archive(path: Union[str, os.PathLike], records, payload: memoryview, 
         tail += _EOCD.pack(0x06054B50, 0, 0, count, count, len(central), min(cd_offset, _U32), 0)
     else:
         tail += _EOCD.pack(0x06054B50, 0, 0, count, count, len(central), cd_offset, 0)
+    return bytes(head), bytes(tail), head_crc_at, tail_crc_at
+
+
+def _write_archive(path: Union[str, os.PathLike], template: tuple[bytes, bytes, int, int], payload: memoryview) -> None:
+    """Write :func:`_template`'s archive with ``payload`` (the storage bytes) as ``data/0``
+    and its CRC-32 filled in."""
+    head_t, tail_t, head_crc_at, tail_crc_at = template
+    crc = crc32(payload)  # ISA-L where installed: the one pass over the data here
+    head, tail = bytearray(head_t), bytearray(tail_t)
+    _CRC.pack_into(head, head_crc_at, crc)
+    _CRC.pack_into(tail, tail_crc_at, crc)
     fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
         for piece in (memoryview(head), payload, memoryview(tail)):

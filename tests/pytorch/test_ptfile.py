@@ -10,13 +10,14 @@ import math
 import pickle
 import struct
 import zipfile
+import zlib
 
 import pytest
 import torch
 
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch import ptfile
-from msprobe.pytorch.ptfile import _values_records, save_tensor, save_values
+from msprobe.pytorch.ptfile import _values_template, save_tensor, save_values
 from store.payload_writer import Payload
 
 
@@ -128,7 +129,7 @@ def test_save_values_writes_the_same_file_as_save_tensor(tmp_path, dtype, shape)
     t = (torch.randn(shape, dtype=torch.float64) * 100).to(dtype)
     data = raw(t)
     save_tensor(tmp_path / "ref.pt", t.clone())
-    for i in range(2):  # the second file comes from the cached pickle
+    for i in range(2):  # the second file comes from the cached pickle and zip records
         save_values(tmp_path / f"v{i}.pt", dtype, shape, data)
         assert (tmp_path / f"v{i}.pt").read_bytes() == (tmp_path / "ref.pt").read_bytes()
     got = torch.load(tmp_path / "v1.pt", weights_only=True)
@@ -136,7 +137,7 @@ def test_save_values_writes_the_same_file_as_save_tensor(tmp_path, dtype, shape)
 
 
 def test_save_values_pickles_once_per_dtype_and_shape(tmp_path, monkeypatch):
-    _values_records.cache_clear()
+    _values_template.cache_clear()
     pickled = []
     real = ptfile._records_before
     monkeypatch.setattr(ptfile, "_records_before", lambda t: pickled.append((t.dtype, tuple(t.shape))) or real(t))
@@ -150,12 +151,12 @@ def test_save_values_pickles_once_per_dtype_and_shape(tmp_path, monkeypatch):
 def test_save_values_refuses_a_wrong_length_and_falls_back_where_it_cannot_pickle(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="24 bytes"):
         save_values(tmp_path / "x.pt", torch.float32, (2, 3), bytes(23))
-    _values_records.cache_clear()
+    _values_template.cache_clear()
     monkeypatch.setattr(ptfile, "_records_before", lambda t: (_ for _ in ()).throw(pickle.PicklingError("no")))
     values = torch.tensor([1.5, -2.0])
     save_values(tmp_path / "f.pt", torch.float32, (2,), raw(values))  # through torch.save
     assert torch.equal(torch.load(tmp_path / "f.pt", weights_only=True), values)
-    _values_records.cache_clear()
+    _values_template.cache_clear()
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["pickle", "torch.save"])
@@ -168,13 +169,28 @@ def test_save_values_ignores_the_callers_default_device(tmp_path, monkeypatch, s
     values = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) * 1.5 - 2
     if fallback:
         monkeypatch.setattr(ptfile, "_records_before", lambda t: (_ for _ in ()).throw(pickle.PicklingError("no")))
-    _values_records.cache_clear()
+    _values_template.cache_clear()
     try:
         with torch.device("meta"):
             save_values(tmp_path / "m.pt", torch.float32, shape, raw(values))
         save_values(tmp_path / "c.pt", torch.float32, shape, raw(values))  # from the cache
     finally:
-        _values_records.cache_clear()
+        _values_template.cache_clear()
     for name in ("m.pt", "c.pt"):
         got = torch.load(tmp_path / name, weights_only=True)
         assert got.device.type == "cpu" and got.shape == shape and torch.equal(got, values), name
+
+
+def test_save_values_files_of_one_shape_with_other_values(tmp_path):
+    """Files of one dtype and shape share the cached zip records; each still carries its own
+    data CRC-32 (zipfile checks it against zlib) and equals save_tensor's file."""
+    _values_template.cache_clear()
+    for i in range(3):
+        t = torch.randn(33, 5) * (i + 1)
+        save_values(tmp_path / f"v{i}.pt", torch.float32, (33, 5), raw(t))
+        save_tensor(tmp_path / f"r{i}.pt", t)
+        assert (tmp_path / f"v{i}.pt").read_bytes() == (tmp_path / f"r{i}.pt").read_bytes()
+        with zipfile.ZipFile(tmp_path / f"v{i}.pt") as z:
+            assert z.testzip() is None
+            assert z.getinfo("archive/data/0").CRC == zlib.crc32(raw(t))
+        assert torch.equal(torch.load(tmp_path / f"v{i}.pt", weights_only=True), t)

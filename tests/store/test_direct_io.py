@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,7 +210,7 @@ def test_payload_writer_with_full_disk_closes_with_the_write_error(tmp_path, mon
     """The shard thread's O_DIRECT write fails (disk full): close() reports that error as a
     StoreWriteError (not the buffer's BufferError) and still removes the staging directory."""
     monkeypatch.setattr(dio, "os", _FullDisk(1))
-    stage = (lambda path, p: path.write_bytes(bytes(p.data)), "raw")
+    stage = (lambda path, p: Path(path).write_bytes(bytes(p.data)), "raw")
     w = PayloadWriter(tmp_path, rank=0, stage=stage)
     w.put(b"\x01" * (2 << 20), "torch.uint8", (2 << 20,))
     with pytest.raises(StoreWriteError, match="No space left"):

@@ -7,6 +7,7 @@ import signal
 import stat
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,7 +147,7 @@ def test_flush_without_shards_returns_while_the_shard_is_written(tmp_path, monke
 
     monkeypatch.setattr(PayloadWriter, "_write_shard", slow_write)
     staged = []
-    w = PayloadWriter(tmp_path, rank=0, stage=(lambda path, p: staged.append(bytes(p.data)) or path.write_bytes(b""), "raw"))
+    w = PayloadWriter(tmp_path, rank=0, stage=(lambda path, p: staged.append(bytes(p.data)) or Path(path).write_bytes(b""), "raw"))
     a = np.arange(10, dtype=np.float64)
     ref = w.put(a.tobytes(), "torch.float64", (10,))
     w.flush(shards=False)
@@ -205,7 +206,7 @@ def test_close_in_a_forked_child_returns_and_leaves_the_parents_files(tmp_path):
     """A child forked while the writer runs (a user's fork; the interpreter exit runs
     PrecisionDebugger's atexit close there) has no writer threads: close() returns at once
     instead of waiting for them forever, and removes none of the parent's staged files."""
-    stage = (lambda path, p: path.write_bytes(bytes(p.data)), "raw")
+    stage = (lambda path, p: Path(path).write_bytes(bytes(p.data)), "raw")
     w = PayloadWriter(tmp_path, rank=0, stage=stage)
     a = np.arange(8, dtype=np.float64)
     ref = w.put(a.tobytes(), "torch.float64", (8,))
