@@ -1,10 +1,8 @@
-"""Build hook for the optional C extensions ``msprobe._native.fused_stats`` and
-``msprobe._native.file_io`` (issue 5).
+"""Build hook for the optional C extension ``msprobe._native.fused_stats`` (issue 5).
 
 All metadata lives in pyproject.toml. The extension is optional: without a C compiler (or
 if compiling fails) ``pip install`` still succeeds and msprobe computes the statistics with
-torch/numpy instead (``msprobe.pytorch.stats.NATIVE`` is then None) and writes ``.pt`` files
-from Python.
+torch/numpy instead (``msprobe.pytorch.stats.NATIVE`` is then None).
 """
 import sys
 
@@ -14,10 +12,5 @@ from setuptools import Extension, setup
 # the AVX2 kernels are selected at run time (see fused_stats.c).
 _ARGS = [] if sys.platform == "win32" else ["-O3", "-fno-strict-aliasing"]
 
-_EXTENSIONS = [Extension("msprobe._native.fused_stats", ["msprobe/_native/fused_stats.c"],
-                         extra_compile_args=_ARGS, optional=True)]
-if sys.platform != "win32":  # POSIX open/writev: the staged .pt files (msprobe.pytorch.ptfile)
-    _EXTENSIONS.append(Extension("msprobe._native.file_io", ["msprobe/_native/file_io.c"],
-                                 extra_compile_args=_ARGS, optional=True))
-
-setup(ext_modules=_EXTENSIONS)
+setup(ext_modules=[Extension("msprobe._native.fused_stats", ["msprobe/_native/fused_stats.c"],
+                             extra_compile_args=_ARGS, optional=True)])

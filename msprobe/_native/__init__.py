@@ -8,9 +8,6 @@ bytes in the same pass, through a C CRC function passed by address, for summary_
 :func:`load_fused_stats` returns it, or None when
 it was not built or ``MSPROBE_NO_NATIVE_STATS=1`` is set (the pure numpy/torch statistics,
 for comparisons and as an escape hatch).
-
-``file_io`` (``file_io.c``, POSIX): writes a staged ``.pt`` file in one call that releases
-the GIL once (:func:`load_file_io`).
 """
 from __future__ import annotations
 
@@ -42,22 +39,3 @@ def load_fused_stats() -> Optional[ModuleType]:
     except ImportError:
         return None
     return fused_stats
-
-
-def load_file_io() -> Optional[ModuleType]:
-    """The compiled ``file_io`` module (``file_io.c``), or None (not built: Windows, no C
-    compiler; or failed to load).
-
-    Module API: ``write_patched(path, mode, head, data, tail, head_crc_at, tail_crc_at,
-    crc_fn_address) -> crc`` creates or truncates ``path`` (permission bits ``mode``, umask
-    applied) holding ``head + data + tail`` with ``crc = crc_fn(0, data)`` (the C function at
-    ``crc_fn_address``, ``msprobe.core.checksum.C_CRC32``) written little-endian at
-    ``head_crc_at`` in the head and ``tail_crc_at`` in the tail, releasing the GIL once for
-    all of it. Raises ValueError for offsets outside their piece or an address of 0, OSError
-    (with the file name) when the file cannot be written.
-    """
-    try:
-        from msprobe._native import file_io
-    except ImportError:
-        return None
-    return file_io

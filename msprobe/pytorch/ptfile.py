@@ -39,8 +39,7 @@ from typing import Optional, Union
 
 import torch
 
-from msprobe._native import load_file_io
-from msprobe.core.checksum import C_CRC32, crc32
+from msprobe.core.checksum import crc32
 
 __all__ = ["save_tensor", "save_values"]
 
@@ -54,7 +53,6 @@ _EOCD = struct.Struct("<IHHHHIIH")
 _EOCD64 = struct.Struct("<IQHHIIQQQQ")
 _LOCATOR = struct.Struct("<IIQI")
 _CRC = struct.Struct("<I")
-_FILE_IO = load_file_io()  # None: not built (the Python writes below)
 _LOCAL_CRC_AT = 14    # byte offset of the CRC-32 in a local file header (_LOCAL)
 _CENTRAL_CRC_AT = 16  # ... in a central directory header (_CENTRAL)
 
@@ -260,13 +258,8 @@ def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, in
 
 def _write_archive(path: Union[str, os.PathLike], template: tuple[bytes, bytes, int, int], payload: memoryview) -> None:
     """Write :func:`_template`'s archive with ``payload`` (the storage bytes) as ``data/0``
-    and its CRC-32 filled in: in one native call where built (``msprobe._native.file_io``:
-    the payload writer thread then gives the GIL back once per file, not at each of ~8
-    calls; the training thread waits for it at every torch call), else the same in Python."""
+    and its CRC-32 filled in."""
     head_t, tail_t, head_crc_at, tail_crc_at = template
-    if _FILE_IO is not None and C_CRC32 is not None:
-        _FILE_IO.write_patched(path, 0o640, head_t, payload, tail_t, head_crc_at, tail_crc_at, C_CRC32)
-        return
     crc = crc32(payload)  # ISA-L where installed: the one pass over the data here
     head, tail = bytearray(head_t), bytearray(tail_t)
     _CRC.pack_into(head, head_crc_at, crc)
