@@ -98,3 +98,29 @@ def assert_same_leaf(a, b) -> None:
             assert isinstance(y, float) and math.isnan(y), field
         else:
             assert x == y, (field, x, y)
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, dbg, steps: int, make_input,
+                on_step=None) -> list[torch.Tensor]:
+    """Run ``steps`` optimizer steps on the loss ``model(make_input()).pow(2).mean()``,
+    recorded between ``dbg.start(model)`` and ``dbg.stop()``/``dbg.step()`` when ``dbg``
+    (a PrecisionDebugger) is given, which is closed at the end; ``on_step(step)`` runs before
+    each step's input is made. Returns the detached losses."""
+    losses = []
+    for step in range(steps):
+        if on_step:
+            on_step(step)
+        x = make_input()
+        if dbg:
+            dbg.start(model)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        if dbg:
+            dbg.stop()
+            dbg.step()
+    if dbg:
+        dbg.close()
+    return losses

@@ -21,6 +21,7 @@ from store.export import export_log
 from store.log_reader import read_log
 from store.log_writer import LogWriter, _open_private
 from msprobe.pytorch import PrecisionDebugger
+from pt_helpers import train_steps
 
 STEPS = 4
 
@@ -64,23 +65,7 @@ def train(dump_path=None, on_step=None):
     model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     dbg = PrecisionDebugger(dump_path=str(dump_path), level="mix") if dump_path else None
-    losses = []
-    for step in range(STEPS):
-        if on_step:
-            on_step(step)
-        x = torch.randn(4, 6)
-        if dbg:
-            dbg.start(model)
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-        if dbg:
-            dbg.stop()
-            dbg.step()
-    if dbg:
-        dbg.close()
+    losses = train_steps(model, opt, dbg, STEPS, lambda: torch.randn(4, 6), on_step)
     return losses, [p.detach().clone() for p in model.parameters()]
 
 

@@ -16,6 +16,7 @@ import store.direct_io as dio
 from store.export import export_log
 from msprobe.pytorch import PrecisionDebugger
 from msprobe.pytorch.payload import write_pt
+from pt_helpers import train_steps
 
 STEPS = 4
 
@@ -40,23 +41,12 @@ def train(dump_path=None, disk=None):
     model = nn.Sequential(nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 1))  # 2 MiB weight: a direct shard
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dbg = PrecisionDebugger(dump_path=str(dump_path), level="L0", task="tensor") if dump_path else None
-    losses = []
-    for step in range(STEPS):
+
+    def fill_disk(step):
         if disk is not None and step == 2:
             disk.full = True
-        x = torch.randn(4, 1024)
-        if dbg:
-            dbg.start(model)
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-        if dbg:
-            dbg.stop()
-            dbg.step()
-    if dbg:
-        dbg.close()
+
+    losses = train_steps(model, opt, dbg, STEPS, lambda: torch.randn(4, 1024), fill_disk)
     return losses + [p.detach().clone() for p in model.parameters()]
 
 
