@@ -198,3 +198,15 @@ def test_put_keeps_a_handed_over_array_and_copies_anything_else(tmp_path):
     back = PayloadReader(tmp_path).read(ref)
     assert back.data == ctypes.string_at(t.contiguous().data_ptr(), 64 * 32 * 4)
     assert torch.equal(from_payload(back), t)
+
+
+def test_from_payload_takes_the_read_only_array_of_a_non_contiguous_snapshot():
+    """A Payload may hold tensor_bytes' read-only uint8 array (Payload's docstring): from_payload
+    rebuilds the values from it (a copy: the array stays read-only and unchanged)."""
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
+    data, dtype, shape = tensor_bytes(t)
+    assert isinstance(data, np.ndarray)
+    got = from_payload(Payload(data=data, dtype=dtype, shape=shape))
+    assert torch.equal(got, t) and got.is_contiguous()
+    got.add_(1)
+    assert not data.flags.writeable and bytes(data) == np.ascontiguousarray(t.numpy()).tobytes()

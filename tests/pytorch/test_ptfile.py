@@ -62,6 +62,9 @@ def test_loads_bit_exact_with_weights_only(tmp_path, case, zip64):
         head = fh.read(30)
         name_len, extra_len = struct.unpack("<HH", head[26:30])
     assert (info.header_offset + 30 + name_len + extra_len) % 64 == 0
+    # zipfile checks the central directory's CRC-32; the local header's (filled in at a
+    # fixed offset of the cached template) must be the same: zlib of the stored bytes
+    assert struct.unpack("<I", head[14:18])[0] == info.CRC == zlib.crc32(raw(t))
     for mmap in (False, True):
         got = torch.load(path, weights_only=True, mmap=mmap)
         assert got.dtype == t.dtype and got.shape == t.shape and not got.requires_grad
