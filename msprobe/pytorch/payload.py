@@ -110,7 +110,8 @@ class PayloadCapture:
     """Task ``tensor``: store a tensor's values as a payload; returns its reference.
 
     Args:
-        put: ``put(bytes, dtype string, shape) -> reference or None`` (the session's
+        put: ``put(data, dtype string, shape) -> reference or None``, ``data`` as
+            :func:`tensor_bytes` makes it (``bytes``, or a read-only uint8 array) (the session's
             :meth:`msprobe.core.session.Session.put_payload`).
         window_bytes: bytes of recent snapshots kept to recognise a tensor whose memory
             still holds them (unit: bytes; 0 turns the shortcut off). Must be >= 0.
@@ -130,7 +131,8 @@ class PayloadCapture:
 
     __slots__ = ("_put", "_window", "_recent", "_held", "_lock", "hits", "hit_bytes")
 
-    def __init__(self, put: Callable[[bytes, str, tuple], Optional[str]], *, window_bytes: int = 32 << 20) -> None:
+    def __init__(self, put: Callable[[Union[bytes, np.ndarray], str, tuple], Optional[str]], *,
+                 window_bytes: int = 32 << 20) -> None:
         if int(window_bytes) < 0:
             raise ValueError(f"window_bytes: got {window_bytes!r}; allowed: an int >= 0")
         self._put = put
