@@ -317,14 +317,13 @@ class Session:
         if table is None:
             return
         self._step_export.add(table)
-        if self._payloads is None:
-            self._guard(self._export_step, self._step_export)
-            return
         # the export reads the staged tensor files; the shards are written meanwhile, and
         # are on disk when stop()/step() returns
-        self._guard(functools.partial(self._payloads.flush, shards=False))
+        if self._payloads is not None:
+            self._guard(functools.partial(self._payloads.flush, shards=False))
         self._guard(self._export_step, self._step_export)
-        self._guard(self._payloads.wait_written)
+        if self._payloads is not None:
+            self._guard(self._payloads.wait_written)
 
     def _export_step(self, step_export: StepExporter) -> None:
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)

@@ -196,24 +196,16 @@ def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[
 
 @functools.lru_cache(maxsize=1024)
 def _values_template(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tuple[bytes, bytes, int, int]]:
-    """:func:`_template` of a new contiguous tensor of ``dtype`` and ``shape`` (made once:
-    only the data's CRC-32 differs between two such files); None where this writer cannot
-    pickle it."""
-    records = _values_records(dtype, shape)
-    if records is None:
-        return None
-    return _template(records, math.prod(shape) * dtype.itemsize, False)
-
-
-def _values_records(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tuple[tuple[str, bytes], ...]]:
-    """The archive records before the data of a new contiguous tensor of ``dtype`` and
-    ``shape`` (its pickle depends on nothing else); None where this writer cannot pickle
-    it (:func:`save_values` then takes :func:`save_tensor`'s fallback)."""
+    """:func:`_template` of a new contiguous tensor of ``dtype`` and ``shape`` (its pickle
+    depends on nothing else, so it is made once: only the data's CRC-32 differs between two
+    such files); None where this writer cannot pickle it (:func:`save_values` then takes
+    :func:`save_tensor`'s fallback)."""
     try:
         # on the CPU whatever the calling thread's default device (torch.set_default_device)
-        return tuple(_records_before(torch.empty(shape, dtype=dtype, device="cpu")))
+        records = _records_before(torch.empty(shape, dtype=dtype, device="cpu"))
     except (pickle.PicklingError, AttributeError, KeyError, TypeError):
         return None
+    return _template(records, math.prod(shape) * dtype.itemsize, False)
 
 
 def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, int, int]:
