@@ -276,7 +276,7 @@ class Session:
             return
         if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
             call = dataclasses.replace(call, leaves=tuple(
-                dataclasses.replace(leaf, data_name=tensor_file_name(
+                leaf.replace(data_name=tensor_file_name(
                     call.name, call.kind, leaf.io, leaf.path, self._tensor_ext))
                 if leaf.payload is not None and leaf.data_name is None else leaf
                 for leaf in call.leaves))

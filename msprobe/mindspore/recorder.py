@@ -319,7 +319,7 @@ class Recorder:
             if isinstance(grad, Tensor):
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
-                    grads[p] = first if p == paths[0] else dataclasses.replace(first, path=p)
+                    grads[p] = first if p == paths[0] else first.replace(path=p)
         except Exception as exc:
             self.internal_error(exc)
         finally:

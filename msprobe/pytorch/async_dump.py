@@ -113,4 +113,4 @@ class AsyncGatherer:
                 snap = tensor_bytes(d.clone)
                 if snap is not None:
                     fields["payload"] = self._put(*snap)
-        return dataclasses.replace(leaf, **fields) if fields else leaf
+        return leaf.replace(**fields) if fields else leaf

@@ -208,7 +208,7 @@ class DeferredStats:
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
     """``leaf`` with the statistics of its gathered vector ``vals`` (layout above)."""
     if leaf.dtype in schema.BOOL_DTYPES:
-        return replace(leaf, max=vals[0], min=vals[1], has_nan=False, has_inf=False)
+        return leaf.replace(max=vals[0], min=vals[1], has_nan=False, has_inf=False)
     mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm = vals[:WIDTH]
     scale = vals[WIDTH] if len(vals) > WIDTH else 1.0  # float64: Sum and Norm of x / scale
     norm = norm * scale if leaf.shape else abs(mx)
@@ -222,4 +222,4 @@ def _fill(leaf: Leaf, vals: list[float]) -> Leaf:
             fields.update(max_finite=nn_max, min_finite=nn_min)
         else:  # all NaN
             fields.update(max_finite=math.nan, min_finite=math.nan)
-    return replace(leaf, **fields)
+    return leaf.replace(**fields)

@@ -36,10 +36,11 @@ from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, 
                                    tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
-from store.records import Leaf
+from store.records import Leaf, make_leaf
 
 _NDARRAY = "ndarray"  # private walk kind: a numpy array argument (stored as a tensor leaf)
 _STRIDED = torch.strided
+_TENSOR = schema.LEAF_TENSOR
 
 
 def value_record(obj: Any) -> dict:
@@ -263,14 +264,10 @@ def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorSta
                 payload: Optional[str]) -> Leaf:
     """The tensor leaf of ``t`` (``numel`` elements) with statistics ``st``, CRC-32 ``crc``
     (8 hex digits or None) and payload reference ``payload`` (or None)."""
-    return Leaf(
-        io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
-        dtype=str(t.dtype), shape=tuple(t.shape), numel=numel,
-        max=st.max, min=st.min, mean=st.mean, norm=st.norm,
-        max_finite=st.max_finite, min_finite=st.min_finite,
-        crc32=crc, requires_grad=bool(t.requires_grad), has_nan=st.has_nan, has_inf=st.has_inf,
-        payload=payload,
-    )
+    # make_leaf: the fields in LEAF_FIELDS order, without keyword parsing (hot path)
+    return make_leaf((io, path, _TENSOR, "torch.Tensor", str(t.dtype), tuple(t.shape), numel, st.max, st.min,
+                      st.mean, st.norm, st.max_finite, st.min_finite, crc, bool(t.requires_grad), st.has_nan,
+                      st.has_inf, None, payload, None))
 
 
 def _leaf_kind(value: Any) -> Optional[str]:

@@ -12,7 +12,6 @@ they never propagate into the training script.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import torch
@@ -226,7 +225,7 @@ class Recorder:
             memo.clear()
 
     def _api_before(self, family: str, key: str, args: tuple, kwargs: dict) -> Optional[_ApiPlan]:
-        s, dm = self.session, self.dm
+        s = self.session
         n = s.api_counter.next(key)
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
@@ -257,7 +256,7 @@ class Recorder:
         return plan
 
     def _api_after(self, plan: _ApiPlan, out: Any) -> Any:
-        s, dm = self.session, self.dm
+        s = self.session
         result = out
         if plan.pending is not None:
             result = self.taps.tap_outputs(plan.pending, out, plan.originals)
@@ -503,8 +502,8 @@ class Recorder:
 
 def _with_path(leaf, path: tuple):
     if isinstance(leaf, PendingLeaf):
-        return PendingLeaf(dataclasses.replace(leaf.leaf, path=path), leaf.vector)
-    return dataclasses.replace(leaf, path=path)
+        return PendingLeaf(leaf.leaf.replace(path=path), leaf.vector)
+    return leaf.replace(path=path)
 
 
 def _as_list(out: Any) -> list:
