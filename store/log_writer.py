@@ -97,6 +97,7 @@ def _leaf_values(leaves: list[Leaf]) -> tuple[list, list]:
 
     Raises:
         ValueError: ``leaves`` holds something of another length than a :class:`Leaf`.
+        TypeError: ``leaves`` holds something that is not iterable.
     """
     if not leaves:
         return [], [[] for _ in _LEAF_COLUMN_INDEX]
@@ -238,7 +239,13 @@ class LogWriter:
 
         Raises:
             StoreWriteError: a flush triggered by this append failed (once per writer).
+            TypeError: ``call.leaves`` is one :class:`Leaf` (itself a tuple of its fields)
+                instead of a tuple of leaves; nothing is recorded.
         """
+        leaves = call.leaves
+        if leaves.__class__ is Leaf:
+            raise TypeError(f"log writer: call {call.name!r}: leaves is one Leaf, not a tuple of leaves "
+                            "(write leaves=(leaf,))")
         with self._lock:
             if self._failed or self._closed:
                 return -1
@@ -247,7 +254,6 @@ class LogWriter:
             index = len(self._calls)
             self._calls.append(call)
             self._call_seqs.append(seq)
-            leaves = call.leaves
             if leaves:
                 self._leaves.extend(leaves)
                 self._leaf_owner.extend([index] * len(leaves))

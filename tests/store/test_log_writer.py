@@ -335,3 +335,23 @@ def test_leaf_path_given_as_a_list_is_written_like_a_tuple(tmp_path):
                            keys=("input_args",), leaves=leaves))
     rows = [row for row in rows_of(writer.path) if row[S.ROW] == "leaf"]
     assert [(row[S.PATH], row[S.ARG]) for row in rows] == [('[0,"k"]', "0.k")] * 2
+
+
+def test_one_leaf_given_as_the_leaves_is_rejected_at_append(tmp_path):
+    """A Leaf is a tuple of its 20 fields: ``leaves=leaf`` (a missing comma) must not be
+    taken as 20 leaves. append raises at once, records nothing and the writer keeps working."""
+    with LogWriter(tmp_path, 0) as writer:
+        bad = Call(step=0, kind="api_forward", name="Torch.neg.0.forward", api_type="Torch", keys=("output",),
+                   leaves=NULL)
+        with pytest.raises(TypeError, match="one Leaf"):
+            writer.append(bad)
+        assert not writer.failed
+        good = Call(step=0, kind="api_forward", name="Torch.neg.1.forward", api_type="Torch", keys=("output",),
+                    leaves=(NULL,))
+        assert writer.append(good) == 0  # the rejected call took no seq
+        writer.flush()
+        path = writer.path
+    rows = rows_of(path)
+    assert [(r[S.ROW], r[S.NAME], r[S.SEQ]) for r in rows] == [
+        (S.ROW_CALL, "Torch.neg.1.forward", 0), (S.ROW_LEAF, "Torch.neg.1.forward", 0)]
+    assert rows[1][S.IO] == "output" and rows[1][S.PATH] == "[]" and rows[1][S.LEAF_KIND] == "none"
