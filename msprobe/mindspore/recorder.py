@@ -17,7 +17,6 @@ recording; they never propagate into the training script.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
 from mindspore import Tensor
