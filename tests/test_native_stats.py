@@ -247,6 +247,43 @@ def test_unaligned_and_read_only_buffers(native):
     _check(native.reduce(fortran, KIND_F32), fortran.astype(np.float64).ravel())
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through ctypes: Linux")
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 255, 256, 257, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17])
+def test_buffer_ending_at_an_unreadable_page(native, n):
+    """Each kernel reads exactly its buffer: data that ends where an inaccessible page
+    begins is reduced correctly (the AVX2 kernels prefetch up to 512 bytes past the
+    element they read; a prefetch never faults, an over-read would crash here)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    data_pages = -(-n * 8 // page)
+    region = mmap.mmap(-1, (data_pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    guard = base + data_pages * page
+    assert libc.mprotect(guard, page, 0) == 0, os.strerror(ctypes.get_errno())
+    try:
+        end = data_pages * page  # offset of the guard page
+        rng = np.random.default_rng(n)
+        for values, dtype, kind, as64 in (
+            (rng.standard_normal(n) * 3, np.float32, KIND_F32, None),
+            (rng.standard_normal(n) * 1e3, np.float64, KIND_F64, None),
+            (rng.standard_normal(n) * 100, np.float16, KIND_F16, None),
+            (_bf16_bits(rng.standard_normal(n) * 7), np.uint16, KIND_BF16, _bf16_values),
+        ):
+            itemsize = np.dtype(dtype).itemsize
+            a = np.frombuffer(region, dtype=dtype, count=n, offset=end - n * itemsize)
+            a[:] = values.astype(dtype)
+            expected = as64(a) if as64 is not None else a.astype(np.float64)
+            for portable in _kernels(native):
+                _check(native.reduce_at(a.ctypes.data, n, kind, portable), expected)
+            del a
+    finally:
+        libc.mprotect(guard, page, mmap.PROT_READ | mmap.PROT_WRITE)  # PROT_NONE is 0 (not in the mmap module)
+
+
 def test_bad_arguments(native):
     a = np.zeros(3, np.float32)
     with pytest.raises(ValueError, match="at least one element"):

@@ -177,6 +177,13 @@ GENERIC_KERNEL(f16_generic, uint16_t, float, f16_to_f32)
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Bytes ahead of the loads that each iteration of the AVX2 kernels prefetches (into all cache
+ * levels, as the loads would): the pass over a tensor that another operation has just written
+ * waits less for memory. Inside recorded training steps (encoder, L1, two torch threads) it took
+ * the leaf path from ~39 to ~34 ms per step (median of four runs each); the non-temporal hint
+ * was no better and may evict the tensor the next operation reads. A prefetch never faults and
+ * never changes a value: the statistics are those of the plain loads. */
+#define PREFETCH_AHEAD 512
 
 static inline AVX2 double hsum4(__m256d v) {
     __m128d lo = _mm256_castpd256_pd128(v), hi = _mm256_extractf128_pd(v, 1);
@@ -231,6 +238,7 @@ static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
             __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;                       \
             __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;                                        \
             for (; i < end; i += 16) {                                                         \
+                _mm_prefetch((const char *)(p + i) + PREFETCH_AHEAD, _MM_HINT_T0);            \
                 __m256 a = LOAD8(p + i), b = LOAD8(p + i + 8);                                 \
                 F32_STEP(a, mx0, mn0, s0, s1, q0, q1);                                         \
                 F32_STEP(b, mx1, mn1, s2, s3, q2, q3);                                         \
@@ -273,6 +281,7 @@ static AVX2 void f64_avx2(const void *vp, size_t n, acc_t *out, crc_ctx *cc) {
         size_t end = i + BLOCK <= n ? i + BLOCK : n - (n - i) % 8;
         __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
         for (; i < end; i += 8) {
+            _mm_prefetch((const char *)(p + i) + PREFETCH_AHEAD, _MM_HINT_T0);
             __m256d a = _mm256_loadu_pd(p + i), b = _mm256_loadu_pd(p + i + 4);
             mx0 = _mm256_max_pd(a, mx0);
             mx1 = _mm256_max_pd(b, mx1);
