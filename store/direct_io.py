@@ -95,14 +95,15 @@ class DirectFileWriter:
         self.direct = hasattr(os, "O_DIRECT")
         self.direct_files = 0
 
-    def write(self, path: PathLike, pieces: list[Bytes]) -> None:
+    def write(self, path: PathLike, pieces: Iterable[Bytes]) -> None:
         """Create or truncate ``path`` (mode ``0o640``) holding the concatenation of
-        ``pieces`` (each a bytes-like object of bytes).
+        ``pieces`` (each a bytes-like object of bytes; any iterable, read once).
 
         Raises:
             OSError: the file could not be opened or written (an ``O_DIRECT`` refusal is
                 not an error: the file is then written buffered).
         """
+        pieces = list(pieces)  # counted, then written: a generator would be empty by then
         total = sum(memoryview(p).nbytes for p in pieces)
         if self.direct and total >= self._min:
             try:

@@ -183,7 +183,12 @@ def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[
         ValueError: ``data`` is not ``numel * element size`` bytes.
     """
     shape = tuple(int(d) for d in shape)
-    template = _values_template(dtype, shape) if sys.byteorder == "little" else None
+    template = None
+    if sys.byteorder == "little":
+        try:
+            template = _values_template(dtype, shape)
+        except _UNPICKLABLE:
+            template = None  # not cached: a later file of this dtype and shape tries again
     if template is None:
         save_tensor(path, torch.empty(shape, dtype=dtype, device="cpu"), data)
         return
@@ -195,17 +200,24 @@ def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[
 
 
 @functools.lru_cache(maxsize=1024)
-def _values_template(dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[tuple[bytes, bytes, int, int]]:
+def _values_template(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes, bytes, int, int]:
     """:func:`_template` of a new contiguous tensor of ``dtype`` and ``shape`` (its pickle
     depends on nothing else, so it is made once: only the data's CRC-32 differs between two
-    such files); None where this writer cannot pickle it (:func:`save_values` then takes
-    :func:`save_tensor`'s fallback)."""
-    try:
-        # on the CPU whatever the calling thread's default device (torch.set_default_device)
-        records = _records_before(torch.empty(shape, dtype=dtype, device="cpu"))
-    except (pickle.PicklingError, AttributeError, KeyError, TypeError):
-        return None
+    such files).
+
+    Raises:
+        pickle.PicklingError, AttributeError, KeyError, TypeError (:data:`_UNPICKLABLE`):
+            this writer cannot pickle it here (say under a fake-tensor mode);
+            :func:`save_values` then takes :func:`save_tensor`'s fallback. A failure is not
+            cached (``lru_cache`` keeps results only), so a later call tries again.
+    """
+    # on the CPU whatever the calling thread's default device (torch.set_default_device)
+    records = _records_before(torch.empty(shape, dtype=dtype, device="cpu"))
     return _template(records, math.prod(shape) * dtype.itemsize, False)
+
+
+#: what making a template may raise where the tensor cannot be pickled here
+_UNPICKLABLE = (pickle.PicklingError, AttributeError, KeyError, TypeError)
 
 
 def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, int, int]:

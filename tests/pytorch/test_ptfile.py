@@ -162,6 +162,37 @@ def test_save_values_refuses_a_wrong_length_and_falls_back_where_it_cannot_pickl
     _values_template.cache_clear()
 
 
+def test_a_failed_template_is_not_kept(tmp_path, monkeypatch):
+    """A template that could not be made (pickling failed, say under a fake-tensor mode) is
+    made again for the next file of that dtype and shape, which then gets the fast path;
+    both files hold the values."""
+    _values_template.cache_clear()
+    real = ptfile._records_before
+    calls = []
+
+    def flaky(t):
+        calls.append(tuple(t.shape))
+        if len(calls) == 1:
+            raise pickle.PicklingError("not here")
+        return real(t)
+
+    monkeypatch.setattr(ptfile, "_records_before", flaky)
+    fallback = []
+    real_save_tensor = ptfile.save_tensor
+    monkeypatch.setattr(ptfile, "save_tensor", lambda *a, **k: fallback.append(1) or real_save_tensor(*a, **k))
+    first, second = torch.tensor([1.5, -2.0, 3.25]), torch.tensor([-0.5, 8.0, 0.125])
+    try:
+        save_values(tmp_path / "a.pt", torch.float32, (3,), raw(first))   # fails: torch.save's fallback
+        save_values(tmp_path / "b.pt", torch.float32, (3,), raw(second))  # tried again: the template
+        save_values(tmp_path / "c.pt", torch.float32, (3,), raw(first))   # from the cache
+    finally:
+        _values_template.cache_clear()
+    # the failed template, torch.save's own pickle for a.pt, the template made for b.pt (kept for c.pt)
+    assert calls == [(3,), (3,), (3,)] and fallback == [1]
+    for name, values in (("a.pt", first), ("b.pt", second), ("c.pt", first)):
+        assert torch.equal(torch.load(tmp_path / name, weights_only=True), values), name
+
+
 @pytest.mark.parametrize("fallback", [False, True], ids=["pickle", "torch.save"])
 @pytest.mark.parametrize("shape", [(2, 3), (0, 3)])
 def test_save_values_ignores_the_callers_default_device(tmp_path, monkeypatch, shape, fallback):

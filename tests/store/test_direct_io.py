@@ -61,6 +61,17 @@ def test_memoryview_and_bytearray_pieces(tmp_path):
     assert (tmp_path / "g.bin").read_bytes() == a.tobytes() + b"head" + a.tobytes()[3:1003]
 
 
+@pytest.mark.parametrize("min_direct", [0, 1 << 30], ids=["direct", "buffered"])
+def test_pieces_from_a_generator(tmp_path, min_direct):
+    """Pieces may come from any iterable, read once (the writer counts them first)."""
+    rng = np.random.default_rng(5)
+    pieces = _pieces(rng, [ALIGN + 3, 17, CHUNK])
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=min_direct)
+    w.write(tmp_path / "gen.bin", (p for p in pieces))
+    assert (tmp_path / "gen.bin").read_bytes() == b"".join(pieces)
+    w.close()
+
+
 def test_small_files_are_written_buffered(tmp_path, monkeypatch):
     flags = []
     real_open = os.open
