@@ -334,7 +334,8 @@ class PayloadWriter:
             size = len(data)
             with self._drained:  # back-pressure by bytes (the queue bounds the count)
                 while self._pending and self._pending + size > self._pending_limit and self._error is None:
-                    self._drained.wait(0.5)
+                    if not self._drained.wait(0.5) and self._lost():
+                        break
                 self._pending += size
             ref = f"{self.shard_name(self._shard)}:{key}"
             self._index[key] = ref
@@ -376,7 +377,10 @@ class PayloadWriter:
             with self._written:
                 self._flushes += 1
             self._queue.put(("seal", shard, (staged, done)))
-        (done if shards else staged).wait()
+        event = done if shards else staged
+        while not event.wait(0.5):
+            if self._lost():
+                break
         self._raise_if_failed()
 
     def wait_written(self) -> None:
@@ -389,7 +393,8 @@ class PayloadWriter:
         with self._written:
             target = self._flushes
             while self._flushes_done < target and self._error is None:
-                self._written.wait(0.5)
+                if not self._written.wait(0.5) and self._lost():
+                    break
         if self._error is not None:  # not "closed": after close() every shard is on disk
             self._raise_if_failed()
 
@@ -429,6 +434,16 @@ class PayloadWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _lost(self) -> bool:
+        """True (and the writer failed) when a background thread has ended while the writer
+        is open: an unexpected error killed it, or this is a forked child, which has none.
+        Waiters check it instead of waiting for ever."""
+        if self._closed or (self._thread.is_alive() and self._shard_thread.is_alive()):
+            return False
+        if self._error is None:
+            self._error = RuntimeError("a payload writer thread stopped unexpectedly")
+        return True
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise StoreWriteError(f"payload writer failed: {self._error}") from self._error
@@ -437,6 +452,14 @@ class PayloadWriter:
 
     # --- background thread ----------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._run_items()
+        except BaseException as exc:  # reported to the caller by put/flush/wait_written
+            if self._error is None:
+                self._error = exc
+            self._shard_queue.put(None)  # the shard thread ends too (close() joins it)
+
+    def _run_items(self) -> None:
         shards: dict[int, list] = {}
         while True:
             item = self._queue.get()

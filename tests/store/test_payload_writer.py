@@ -276,3 +276,69 @@ def test_close_while_shards_queue_behind_a_slow_write_writes_them_all(tmp_path, 
     r = PayloadReader(tmp_path)
     for ref, a in zip(refs, arrays):
         assert np.array_equal(np.frombuffer(r.read(ref).data, np.float64), a)
+
+
+def _in_thread(fn, timeout=20.0):
+    """Run ``fn`` on a helper thread; ``(finished, exception)`` after at most ``timeout`` s
+    (a hang fails the test instead of the whole suite)."""
+    out = {}
+
+    def body():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["exc"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive(), out.get("exc")
+
+
+class _FailingQueue:
+    """The shard queue of a writer whose staging thread dies handing over its first shard."""
+
+    def __init__(self, real):
+        self.real, self.failed = real, False
+
+    def put(self, item):
+        if item is not None and not self.failed:
+            self.failed = True
+            raise RuntimeError("staging thread killed")
+        self.real.put(item)
+
+    def get(self):
+        return self.real.get()
+
+
+def test_a_dead_staging_thread_fails_flush_and_close_instead_of_hanging(tmp_path):
+    w = PayloadWriter(tmp_path, rank=0)
+    w._shard_queue = _FailingQueue(w._shard_queue)
+    w.put(np.arange(4, dtype=np.float32).tobytes(), "torch.float32", (4,))
+    finished, exc = _in_thread(w.flush)
+    assert finished, "flush() hung after the writer's thread died"
+    assert isinstance(exc, StoreWriteError) and "staging thread killed" in str(exc)
+    finished, exc = _in_thread(lambda: w.put(b"x" * 8, "torch.uint8", (8,)))
+    assert finished and isinstance(exc, StoreWriteError)
+    finished, exc = _in_thread(w.wait_written)
+    assert finished and isinstance(exc, StoreWriteError)
+    finished, exc = _in_thread(w.close)
+    assert finished, "close() hung after the writer's thread died"
+    assert isinstance(exc, StoreWriteError)
+    assert not w._thread.is_alive() and not w._shard_thread.is_alive()
+
+
+def test_flush_in_a_process_without_the_threads_fails_instead_of_hanging(tmp_path):
+    """A forked child has the writer object but not its threads: waiting would never end.
+    Here the threads are stopped under the writer (it still believes itself open)."""
+    w = PayloadWriter(tmp_path, rank=0)
+    w._queue.put(("stop", -1, None))
+    w._thread.join(10)
+    w._shard_thread.join(10)
+    assert not w._thread.is_alive() and not w._shard_thread.is_alive()
+    w.put(np.ones(3, dtype=np.float32).tobytes(), "torch.float32", (3,))
+    finished, exc = _in_thread(w.flush)
+    assert finished, "flush() hung without the writer's threads"
+    assert isinstance(exc, StoreWriteError) and "stopped unexpectedly" in str(exc)
+    finished, exc = _in_thread(w.close)
+    assert finished and isinstance(exc, StoreWriteError)
