@@ -188,7 +188,7 @@ def save_values(path: Union[str, os.PathLike], dtype: torch.dtype, shape: tuple[
         try:
             template = _values_template(dtype, shape)
         except _UNPICKLABLE:
-            template = None  # not cached: a later file of this dtype and shape tries again
+            pass  # torch.save's fallback below; not cached: a later file of this dtype and shape tries again
     if template is None:
         save_tensor(path, torch.empty(shape, dtype=dtype, device="cpu"), data)
         return
