@@ -76,6 +76,33 @@ def safe_component(text: str, limit: int = 200) -> str:
     return cleaned[:limit] or "_"
 
 
+def unique_file_names(names: list[str]) -> list[str]:
+    """``names`` (tensor file names of one entry, in leaf order) made distinct: sanitising
+    can give two leaves the same name (dict keys ``"a/b"`` and ``"a_b"`` both become
+    ``a_b``), and then one file would hold the other leaf's tensor. A name that an
+    earlier leaf already has gets ``-{n}`` before its extension, with the smallest
+    ``n >= 2`` that no other name of the entry has (``x.a_b.pt``, ``x.a_b-2.pt``).
+    Distinct names come back unchanged."""
+    if len(set(names)) == len(names):
+        return names
+    taken = set(names)
+    seen: set = set()
+    out: list[str] = []
+    for name in names:
+        if name in seen:
+            stem, dot, ext = name.rpartition(".")
+            if not dot:
+                stem, ext = name, ""
+            n = 2
+            while f"{stem}-{n}{dot}{ext}" in taken:
+                n += 1
+            name = f"{stem}-{n}{dot}{ext}"
+            taken.add(name)
+        seen.add(name)
+        out.append(name)
+    return out
+
+
 #: dump.json top-level key → file-name category (spec 2.2).
 _CATEGORY = {"input_args": "input", "input_kwargs": "kwargs", "output": "output",
              "parameters": "parameters", "input": "input"}

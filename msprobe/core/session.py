@@ -33,7 +33,7 @@ from typing import Callable, Optional
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
 from msprobe.core.guard import INSIDE
-from msprobe.core.naming import CallCounter, tensor_file_name
+from msprobe.core.naming import CallCounter, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
 from store.export import StepExporter, TensorFileWriter, export_debug
@@ -275,11 +275,7 @@ class Session:
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
         if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
-            call = dataclasses.replace(call, leaves=tuple(
-                leaf.replace(data_name=tensor_file_name(
-                    call.name, call.kind, leaf.io, leaf.path, self._tensor_ext))
-                if leaf.payload is not None and leaf.data_name is None else leaf
-                for leaf in call.leaves))
+            call = dataclasses.replace(call, leaves=self._named(call))
         with self._lock:
             for sid, frames in self.stacks.drain():
                 self._stacks[sid] = frames
@@ -287,6 +283,19 @@ class Session:
             self._guard(self._writer.append, call)
             self._dirty = True
             self._emitted = True
+
+    def _named(self, call: Call) -> tuple:
+        """``call.leaves`` with a ``data_name`` (spec 2.2) on each leaf that holds a payload
+        and has none yet, distinct within the entry (:func:`unique_file_names`)."""
+        leaves = list(call.leaves)
+        todo = [i for i, leaf in enumerate(leaves) if leaf.payload is not None and leaf.data_name is None]
+        named = [leaf.data_name for leaf in leaves if leaf.data_name is not None]  # kept as they are
+        names = unique_file_names(
+            named + [tensor_file_name(call.name, call.kind, leaves[i].io, leaves[i].path, self._tensor_ext)
+                     for i in todo])[len(named):]
+        for i, name in zip(todo, names):
+            leaves[i] = leaves[i].replace(data_name=name)
+        return tuple(leaves)
 
     def meta(self) -> dict:
         step_dir = self.step_dir()

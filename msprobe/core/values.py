@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -81,6 +81,47 @@ def value_record(obj: Any, part: Callable[[Any], Any] = slice_part) -> dict:
 MAX_DEPTH = 10
 
 
+def key_text(key: Any) -> str:
+    """The text of one dict key in a leaf path: the key itself for a ``str``, else
+    ``str(key)`` cut to :data:`MAX_TEXT` characters (``"<{type} object>"`` when ``str``
+    raises); never raises."""
+    if type(key) is str:
+        return key
+    try:
+        text = str(key)
+    except Exception:
+        return f"<{qualname(key)} object>"
+    if type(text) is not str:  # a str subclass from a user __str__
+        text = "".join(text)
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def object_keys(keys: Iterable[Any]) -> list[str]:
+    """The path components of a dict's keys, in the dict's order: :func:`key_text` of each,
+    made distinct within the dict. Keys of different types can have the same text (``1``
+    and ``"1"``, ``None`` and ``"None"``); a JSON object holds each text once, so a key
+    whose text an earlier key already took is written ``"{text}~{n}"`` with the smallest
+    ``n >= 2`` still free (``{1: a, "1": b}`` → ``["1", "1~2"]``): every value keeps its own
+    leaf and its own tensor file. Every recorder path (forward leaves, backward slots,
+    ``save``) uses this, so the same dict always gives the same keys."""
+    texts = [key_text(k) for k in keys]
+    if len(set(texts)) == len(texts):
+        return texts
+    taken = set(texts)  # a suffixed text must not take a later key's own text either
+    out: list[str] = []
+    seen: set = set()
+    for text in texts:
+        if text in seen:
+            n = 2
+            while f"{text}~{n}" in taken:
+                n += 1
+            text = f"{text}~{n}"
+            taken.add(text)
+        seen.add(text)
+        out.append(text)
+    return out
+
+
 def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Callable[[Any], dict],
          as_list: Callable[[Any], bool] = lambda v: False, path: tuple = (),
          depth: int = 0) -> Iterator[tuple[tuple, Any, str]]:
@@ -118,7 +159,7 @@ def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Calla
         else:
             items, empty = list(enumerate(value)), schema.LEAF_EMPTY_LIST
     elif isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
+        items = list(zip(object_keys(value), value.values()))
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
     if items is not None:

@@ -53,6 +53,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe.core.values import object_keys
 from msprobe.pytorch.leaves import is_structseq
 from msprobe.pytorch.stats import PLAIN_TYPES
 from store import schema
@@ -337,7 +338,7 @@ class BackwardTaps:
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
-                keys = [str(k) for k in value]
+                keys = object_keys(value)
                 vals = list(value.values())
             else:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)

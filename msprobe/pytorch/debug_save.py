@@ -18,6 +18,7 @@ import torch
 
 from msprobe.core.errors import ConfigError
 from msprobe.core.naming import CallCounter
+from msprobe.core.values import object_keys
 from msprobe.pytorch.leaves import MAX_DEPTH
 from store import schema
 from store.records import Call, Leaf
@@ -107,5 +108,5 @@ def _tensors(value: Any, path: tuple, depth: int = 0) -> Iterator[tuple[tuple, t
             for i, v in enumerate(value):
                 yield from _tensors(v, path + (i,), depth + 1)
         elif isinstance(value, dict):
-            for key, v in value.items():
-                yield from _tensors(v, path + (str(key),), depth + 1)
+            for key, v in zip(object_keys(value), value.values()):
+                yield from _tensors(v, path + (key,), depth + 1)
