@@ -251,7 +251,7 @@ def test_unaligned_and_read_only_buffers(native):
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 255, 256, 257, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17])
 def test_buffer_ending_at_an_unreadable_page(native, n):
     """Each kernel reads exactly its buffer: data that ends where an inaccessible page
-    begins is reduced correctly (the AVX2 kernels prefetch up to 512 bytes past the
+    begins is reduced correctly (the AVX2 kernels prefetch up to 4096 bytes past the
     element they read; a prefetch never faults, an over-read would crash here)."""
     import ctypes
     import mmap
