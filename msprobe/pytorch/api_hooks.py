@@ -25,6 +25,7 @@ from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
+from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
 from msprobe.pytorch.stats_memo import StatsMemo
 
 logger = logging.getLogger("msprobe")
@@ -69,6 +70,7 @@ def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
 def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals."""
     group = HandleGroup()
+    prepare_builtin_table()  # before any wrapper is in place (see msprobe.pytorch.jit_compat)
     session = recorder.session
     dist_calls = None
     wrapped: set[tuple[int, str]] = set()
@@ -100,7 +102,25 @@ def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGr
         setattr(owner, name, wrapper)
     except (AttributeError, TypeError):
         return
-    group.add(CallbackHandle(functools.partial(restore_attribute, owner, name, wrapper, original if own else None)))
+    restore = functools.partial(restore_attribute, owner, name, wrapper, original if own else None)
+    group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
+
+
+def with_script_original(restore: Callable[[], None], wrapper: Any, original: Any) -> Callable[[], None]:
+    """Make TorchScript take ``wrapper`` for ``original``
+    (:func:`msprobe.pytorch.jit_compat.script_as_original`); returns ``restore`` extended to
+    undo that too."""
+    undo = script_as_original(wrapper, original)
+    if undo is None:
+        return restore
+
+    def restore_both() -> None:
+        try:
+            restore()
+        finally:
+            undo()
+
+    return restore_both
 
 
 #: in-place spellings that write no tensor memory

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
-from msprobe.pytorch.api_hooks import restore_attribute
+from msprobe.pytorch.api_hooks import restore_attribute, with_script_original
+from msprobe.pytorch.jit_compat import prepare_builtin_table
 
 
 def _seed(outputs: Any, grads: Any) -> Any:
@@ -37,12 +38,14 @@ def install_autograd_guard(session: Any, after: Optional[Callable[[], None]] = N
     ``after``: called when a backward pass returns (or raises), e.g. to forget statistics of
     gradients that code outside Python may have written during it (DDP's bucket allreduce)."""
     group = HandleGroup()
+    prepare_builtin_table()  # before any wrapper is in place (see msprobe.pytorch.jit_compat)
     for name, grads_pos, grads_kw, outputs_kw in (("backward", 1, "grad_tensors", "tensors"),
                                                   ("grad", 2, "grad_outputs", "outputs")):
         original = getattr(torch.autograd, name)
         wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw, after)
         setattr(torch.autograd, name, wrapper)
-        group.add(CallbackHandle(functools.partial(restore_attribute, torch.autograd, name, wrapper, original)))
+        restore = functools.partial(restore_attribute, torch.autograd, name, wrapper, original)
+        group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
     return group
 
 

@@ -79,6 +79,33 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
         return to_local()
 
 
+_FUNCTORCH = getattr(torch._C, "_functorch", None)
+_is_wrapped = getattr(_FUNCTORCH, "is_functorch_wrapped_tensor", None)
+
+
+def functorch_value(t: torch.Tensor) -> "tuple[bool, Optional[torch.Tensor]]":
+    """``(wrapped, value)`` of a tensor met inside ``torch.func`` transforms.
+
+    Inside ``torch.func.grad``/``vjp``/``jvp`` (and ``functionalize``) the arguments are
+    wrappers whose memory cannot be read (``untyped_storage()`` raises): ``value`` is the
+    tensor they wrap, unwrapped level by level: the same values, dtype and shape.
+    Inside ``torch.func.vmap`` a batched tensor holds every sample of the batch: there is no
+    one tensor of the call's shape to summarise, and ``value`` is None (the leaf gets null
+    statistics). ``wrapped`` is False (and ``value`` is ``t``) for an ordinary tensor."""
+    if _is_wrapped is None or not _is_wrapped(t):
+        return False, t
+    for _ in range(64):  # nested transforms: one wrapper per level
+        if not _is_wrapped(t):
+            return True, t
+        if _FUNCTORCH.is_batchedtensor(t):
+            return True, None
+        try:
+            t = _FUNCTORCH.get_unwrapped(t)
+        except RuntimeError:
+            return True, None
+    return True, None
+
+
 class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
@@ -129,6 +156,17 @@ class LeafBuilder:
             if kind is not None:
                 return self._plain_leaf(io, path, t, keep, kind, t.numel())
         t = local_shard(t)
+        wrapped, value = functorch_value(t)
+        if wrapped:  # inside torch.func transforms
+            if value is None:  # vmap: no one tensor of this shape holds the values
+                return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                            dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                            requires_grad=bool(t.requires_grad))
+            requires_grad = bool(t.requires_grad)
+            t = value
+            if requires_grad != bool(t.requires_grad):  # the wrapper's own flag is the one to record
+                leaf = self.tensor_leaf(io, path, t, keep)
+                return leaf.replace(requires_grad=requires_grad) if isinstance(leaf, Leaf) else leaf
         if self.defer is not None:
             return self.defer(io, path, t)
         payload = self.capture(t) if self.capture is not None and self.with_data else None
@@ -255,7 +293,12 @@ def _native_kind(t: torch.Tensor) -> Optional[int]:
             or not t.is_contiguous()):
         return None
     kind = NATIVE_KIND.get(t.dtype)
-    if kind is None or not t.numel() or not t.untyped_storage().nbytes():
+    if kind is None or not t.numel():
+        return None
+    try:
+        if not t.untyped_storage().nbytes():
+            return None
+    except (RuntimeError, NotImplementedError):  # no storage to read: a torch.func wrapper
         return None
     return kind
 
