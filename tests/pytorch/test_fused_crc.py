@@ -151,9 +151,14 @@ def test_fused_stats_crc_without_address(monkeypatch):
 FUSED_CASES = {**PLAIN_FLOAT_CASES,
                "f32 large": lambda: torch.randn(70001),   # crosses the GIL-free threshold
                "bf16 blocks": lambda: torch.randn(4099).to(torch.bfloat16)}  # a block and a tail
-GENERAL_CASES = {  # not fused: the two-pass path
+#: not contiguous: copied in C order into the leaf builder's scratch buffer, then fused
+SCRATCH_CASES = {
     "transposed": lambda: torch.randn(4, 6).t(),
     "strided": lambda: torch.randn(20)[::3],
+    "transposed bf16": lambda: torch.randn(70, 40).to(torch.bfloat16).t(),
+    "transposed large": lambda: torch.randn(300, 400).t(),  # 480 KB: crosses the GIL-free threshold
+}
+GENERAL_CASES = {  # not fused: the two-pass path
     "neg view": lambda: torch._neg_view(torch.randn(5)),
     "int64": lambda: torch.arange(7),
     "empty": lambda: torch.empty(0, 3),
@@ -184,6 +189,43 @@ def _crc_of(t: torch.Tensor) -> str:
     else:
         data = t.numpy().tobytes()
     return format(zlib.crc32(data) & 0xFFFFFFFF, "08x")
+
+
+@pytest.mark.parametrize("case", sorted(SCRATCH_CASES))
+def test_non_contiguous_leaf_fused_on_c_order_copy(case, spy, monkeypatch):
+    """A non-contiguous view is copied in C order into a reused scratch buffer and reduced by
+    the fused pass: its CRC-32 is that of its C-order bytes, Max/Min equal the two-pass
+    leaf's exactly, Mean/Norm to the last bits (the two-pass statistics of a dense view sum
+    in memory order, the fused pass in C order), and numpy float64 agrees."""
+    torch.manual_seed(0)
+    t = SCRATCH_CASES[case]()
+    assert not t.is_contiguous()
+    builder = LeafBuilder(md5=True)
+    fused = builder.tensor_leaf("output", (0,), t)
+    assert len(spy) == 1
+    assert fused.crc32 == _crc_of(t)
+    monkeypatch.setattr(stats_mod, "FUSED_CRC", None)
+    two_pass = LeafBuilder(md5=True).tensor_leaf("output", (0,), t)
+    for field in ("dtype", "shape", "numel", "max", "min", "crc32", "has_nan", "has_inf", "requires_grad"):
+        assert getattr(fused, field) == getattr(two_pass, field), field
+    a = t.detach().to(torch.float64).numpy()
+    for field, exp in (("mean", a.mean()), ("norm", np.sqrt((a * a).sum()))):
+        assert getattr(fused, field) == pytest.approx(getattr(two_pass, field), rel=1e-14)
+        assert getattr(fused, field) == pytest.approx(float(exp), rel=1e-12)
+    # the buffer is reused: a second view of another shape reads its own values
+    u = torch.arange(12.0).reshape(3, 4).t()
+    monkeypatch.setattr(stats_mod, "FUSED_CRC", stats_mod._fused_crc_address())
+    again = builder.tensor_leaf("output", (0,), u)
+    assert (again.max, again.min, again.crc32) == (11.0, 0.0, _crc_of(u))
+
+
+def test_scratch_limit_and_odd_views(spy):
+    """Views larger than SCRATCH_BYTES take the two passes; so do neg views (not a kind the
+    pass reads) - and every CRC is still that of the C-order bytes."""
+    big = torch.randn(1100, 1000).t()  # 4.4 MB > 4 MiB
+    leaf = LeafBuilder(md5=True).tensor_leaf("output", (0,), big)
+    assert len(spy) == 0 and leaf.crc32 == _crc_of(big)
+    assert leaf.max == float(big.max()) and leaf.min == float(big.min())
 
 
 @pytest.mark.parametrize("case", sorted(FUSED_CASES) + sorted(GENERAL_CASES))
