@@ -365,9 +365,11 @@ def export_tensors(
 
     The first file of a payload is written by ``write_tensor`` under a temporary name
     and renamed; later files with the same payload (identical bytes) are hard links to
-    it, or copies where links are impossible. Names in ``done`` (updated in place) are
-    skipped: the live session passes the names written at an earlier ``stop()`` of the
-    same step. A payload that cannot be read (its shard was never written because the
+    it, or copies where links are impossible. ``(data_name, payload)`` pairs in ``done``
+    (updated in place) are skipped: the live session passes the files written at an
+    earlier ``stop()`` of the same step. Rows with the same ``data_name`` (one leaf
+    recorded again, whose record the last row replaces) give one file, of the last row's
+    payload. A payload that cannot be read (its shard was never written because the
     process died) is logged and skipped. A ``data_name`` longer than the file-name limit
     is written under a short name recorded in ``mapping.csv``
     (:mod:`store.tensor_names`).
@@ -391,15 +393,20 @@ def export_tensors(
     written: list[str] = []
     mapped: dict[str, str] = {}
     done = done if done is not None else set()
+    # a leaf recorded again in the step (an accumulated parameter gradient) has its
+    # earlier rows' data_name: its file holds the last row's payload, like its record
+    last: dict = {}
+    for name, ref in zip(names, refs):
+        last[name] = ref
     try:
-        for name, ref in zip(names, refs):
-            if not name or name in done or "/" in name or "\\" in name or name.startswith("."):
+        for name, ref in last.items():
+            if not name or (name, ref) in done or "/" in name or "\\" in name or name.startswith("."):
                 continue
             file_name = disk_name(name, limit)
             if _write_one(prefix, name, file_name, ref, first, payloads, write_tensor, limit):
                 if file_name != name:
                     mapped[name] = file_name
-                done.add(name)
+                done.add((name, ref))
                 written.append(name)
     finally:
         update_mapping(directory, mapped)

@@ -11,6 +11,7 @@ Names (separator always ``.``):
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 
 class CallCounter:
@@ -90,17 +91,23 @@ def unique_file_names(names: list[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         if name in seen:
-            stem, dot, ext = name.rpartition(".")
-            if not dot:
-                stem, ext = name, ""
-            n = 2
-            while f"{stem}-{n}{dot}{ext}" in taken:
-                n += 1
-            name = f"{stem}-{n}{dot}{ext}"
+            name = free_file_name(name, taken.__contains__)
             taken.add(name)
         seen.add(name)
         out.append(name)
     return out
+
+
+def free_file_name(name: str, taken: Callable[[str], bool]) -> str:
+    """``name`` with ``-{n}`` before its extension, the smallest ``n >= 2`` for which
+    ``taken`` is False (``x.a_b.pt`` -> ``x.a_b-2.pt``; ``noext`` -> ``noext-2``)."""
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    n = 2
+    while taken(f"{stem}-{n}{dot}{ext}"):
+        n += 1
+    return f"{stem}-{n}{dot}{ext}"
 
 
 #: dump.json top-level key → file-name category (spec 2.2).
@@ -136,7 +143,12 @@ def tensor_file_name(entry: str, kind: str, io: str, path: tuple, ext: str) -> s
         parts = [entry, "tensor", *(str(p) for p in path)]
     else:
         parts = [entry, _CATEGORY.get(io, io), *(str(p) for p in path)]
-    name = ".".join(p for p in parts if p != "") + "." + ext
+    stem = ".".join(p for p in parts if p != "")
     # not shortened: a name over the file-name limit is mapped to a short file name at
-    # export time (store.tensor_names, mapping.csv); dump.json keeps this full name
-    return safe_component(name, limit=len(name))
+    # export time (store.tensor_names, mapping.csv); dump.json keeps this full name.
+    # The stem is sanitised alone: a stem ending in "." (a dict key "v.", a long key cut
+    # to "...") would otherwise meet the extension's dot and "..pt" become "__pt"
+    cleaned = safe_component(stem, limit=len(stem))
+    if cleaned.endswith("."):
+        cleaned = cleaned[:-1] + "_"
+    return cleaned + "." + ext

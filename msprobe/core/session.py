@@ -33,7 +33,7 @@ from typing import Callable, Optional
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
 from msprobe.core.guard import INSIDE
-from msprobe.core.naming import CallCounter, tensor_file_name, unique_file_names
+from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
 from store.export import StepExporter, TensorFileWriter, export_debug
@@ -97,7 +97,11 @@ class Session:
         self._tensor_ext = tensor_ext
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
-        self._tensors_done: set[str] = set()
+        self._tensors_done: set = set()
+        # tensor file names given out in the step (one dump_tensor_data directory): name ->
+        # (entry, io, path) of its leaf, and back (see _named)
+        self._file_owner: dict[str, tuple] = {}
+        self._file_of: dict[tuple, str] = {}
         self._rank_warned = False
         self._flush_hooks: list[Callable[[], None]] = []
         self._dirty = True  # entries arrived since the last export of the step
@@ -228,6 +232,9 @@ class Session:
                 self._guard(functools.partial(self._writer.flush, True, background=True))
             self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
+            if self.config.level != "debug":  # debug level: one directory for the whole run
+                self._file_owner = {}
+                self._file_of = {}
             self._opened_step = None
             self._dirty = True
             self._emitted = False
@@ -274,9 +281,9 @@ class Session:
         get their ``data_name`` (spec 2.2) here."""
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
-        if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
-            call = dataclasses.replace(call, leaves=self._named(call))
         with self._lock:
+            if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
+                call = dataclasses.replace(call, leaves=self._named(call))
             for sid, frames in self.stacks.drain():
                 self._stacks[sid] = frames
                 self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
@@ -286,16 +293,51 @@ class Session:
 
     def _named(self, call: Call) -> tuple:
         """``call.leaves`` with a ``data_name`` (spec 2.2) on each leaf that holds a payload
-        and has none yet, distinct within the entry (:func:`unique_file_names`)."""
+        and has none yet: distinct within the entry (:func:`unique_file_names`) and from
+        the names other leaves of the step got (entries emitted leaf by leaf, such as
+        ``{name}_grad.{k}`` and ``parameters_grad``, and entries whose names sanitise alike,
+        such as modules ``x/y`` and ``x_y``), so that no file holds another leaf's tensor.
+        A leaf recorded again in the step (same entry, io and path: an accumulated
+        parameter gradient) keeps its name; its record and its file are replaced."""
         leaves = list(call.leaves)
         todo = [i for i, leaf in enumerate(leaves) if leaf.payload is not None and leaf.data_name is None]
         named = [leaf.data_name for leaf in leaves if leaf.data_name is not None]  # kept as they are
-        names = unique_file_names(
-            named + [tensor_file_name(call.name, call.kind, leaves[i].io, leaves[i].path, self._tensor_ext)
-                     for i in todo])[len(named):]
+        names = self._file_names(call.name, call.kind, [(leaves[i].io, leaves[i].path) for i in todo], named)
         for i, name in zip(todo, names):
             leaves[i] = leaves[i].replace(data_name=name)
         return tuple(leaves)
+
+    def reserve_file_names(self, entry: str, kind: str, slots: list) -> None:
+        """Give the leaves ``slots`` (``(io, path)`` pairs, in leaf order) of ``entry`` their
+        tensor file names now, for an entry whose leaves arrive one by one later (a debug
+        save's ``{name}_grad.{k}``): they get the names the whole entry would get at once,
+        whatever order they arrive in. A no-op unless tensors are stored."""
+        if self._payloads is None:
+            return
+        with self._lock:
+            self._file_names(entry, kind, slots, [])
+
+    def _file_names(self, entry: str, kind: str, slots: list, named: list) -> list:
+        """The file names of the leaves ``slots`` (``(io, path)``) of ``entry`` (see
+        :meth:`_named`; ``named``: names the entry's other leaves already have), registered
+        for the step."""
+        names = unique_file_names(
+            named + [tensor_file_name(entry, kind, io, path, self._tensor_ext) for io, path in slots])[len(named):]
+        own = set(named).union(names)
+        owner, file_of = self._file_owner, self._file_of
+        out = []
+        for (io, path), name in zip(slots, names):
+            key = (entry, io, tuple(path))
+            known = file_of.get(key)
+            if known is not None:
+                name = known
+            elif owner.get(name, key) != key:  # another leaf of the step has this name
+                name = free_file_name(name, lambda n: n in own or n in owner)
+                own.add(name)
+            owner[name] = key
+            file_of[key] = name
+            out.append(name)
+        return out
 
     def meta(self) -> dict:
         step_dir = self.step_dir()

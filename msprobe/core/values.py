@@ -159,7 +159,9 @@ def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Calla
         else:
             items, empty = list(enumerate(value)), schema.LEAF_EMPTY_LIST
     elif isinstance(value, dict):
-        items = list(zip(object_keys(value), value.values()))
+        pairs = list(value.items())  # keys and values as the dict pairs them (a subclass may
+        # iterate its keys in another order than values())
+        items = list(zip(object_keys(k for k, _ in pairs), (v for _, v in pairs)))
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
     if items is not None:

@@ -377,6 +377,9 @@ class Recorder:
             structure = [Leaf(io="", path=p, leaf_kind=schema.LEAF_NONE) for p, _v, kind in _walk_for_save(variable)
                          if kind == schema.LEAF_TENSOR] or [Leaf(io="", path=(), leaf_kind=schema.LEAF_NONE)]
             s.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=tuple(structure)))
+            # file names of the gradients as the saved tensors', whatever order they arrive in
+            s.reserve_file_names(gname, schema.DEBUG_SAVE, [("", leaf.path) for leaf in leaves
+                                                            if leaf.leaf_kind == schema.LEAF_TENSOR])
             if grad_active():
                 for p, v, kind in _walk_for_save(variable):
                     if kind == schema.LEAF_TENSOR and (v.is_floating_point() or v.is_complex()):
@@ -423,7 +426,8 @@ def _walk_for_save(value: Any, path: tuple = (), depth: int = 0):
         for i, v in enumerate(value):
             yield from _walk_for_save(v, path + (i,), depth + 1)
     elif depth < 10 and isinstance(value, dict) and value:
-        for k, v in zip(object_keys(value), value.values()):
+        pairs = list(value.items())
+        for k, (_, v) in zip(object_keys(k for k, _ in pairs), pairs):
             yield from _walk_for_save(v, path + (k,), depth + 1)
     else:
         yield path, value, schema.LEAF_VALUE

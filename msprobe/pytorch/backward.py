@@ -338,8 +338,9 @@ class BackwardTaps:
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
-                keys = object_keys(value)
-                vals = list(value.values())
+                pairs = list(value.items())
+                keys = object_keys(k for k, _ in pairs)
+                vals = [v for _, v in pairs]
             else:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
@@ -350,9 +351,9 @@ class BackwardTaps:
                 return value
             if isinstance(value, dict):
                 try:
-                    return type(value)(zip(value.keys(), items))
+                    return type(value)(zip((k for k, _ in pairs), items))
                 except Exception:
-                    return dict(zip(value.keys(), items))
+                    return dict(zip((k for k, _ in pairs), items))
             if isinstance(value, list):
                 return items
             if hasattr(value, "_fields") and not is_structseq(value):

@@ -12,14 +12,14 @@ backward reaches it (unused branches stay ``null``). Task ``tensor`` writes
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
 from msprobe.core.errors import ConfigError
 from msprobe.core.naming import CallCounter
-from msprobe.core.values import object_keys
-from msprobe.pytorch.leaves import MAX_DEPTH
+from msprobe.core.values import walk
+from msprobe.pytorch.leaves import is_structseq
 from store import schema
 from store.records import Call, Leaf
 
@@ -69,6 +69,10 @@ class DebugSaver:
             if save_backward:
                 grad_entry = f"{name}_grad.{k}"
                 nulls = tuple(Leaf(io="", path=leaf.path, leaf_kind=schema.LEAF_NONE) for leaf in leaves)
+                # file names of the gradients as the saved tensors' (leaf order), whatever
+                # order backward delivers them in
+                s.reserve_file_names(grad_entry, schema.DEBUG_SAVE,
+                                     [("", leaf.path) for leaf in leaves if leaf.leaf_kind == schema.LEAF_TENSOR])
                 rec.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=grad_entry, api_type="debug", leaves=nulls))
                 for path, t in _tensors(variable, ()):
                     if t.requires_grad:
@@ -98,15 +102,18 @@ class DebugSaver:
         return hook
 
 
-def _tensors(value: Any, path: tuple, depth: int = 0) -> Iterator[tuple[tuple, torch.Tensor]]:
+def _tensors(value: Any, path: tuple) -> Iterator[tuple[tuple, torch.Tensor]]:
     """``(path, tensor)`` of every tensor in ``value``, with the leaf paths of
-    :class:`msprobe.pytorch.leaves.LeafBuilder` (list index int, dict key str)."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif depth < MAX_DEPTH:
-        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            for i, v in enumerate(value):
-                yield from _tensors(v, path + (i,), depth + 1)
-        elif isinstance(value, dict):
-            for key, v in zip(object_keys(value), value.values()):
-                yield from _tensors(v, path + (key,), depth + 1)
+    :class:`msprobe.pytorch.leaves.LeafBuilder` (the same walk: list index int, dict key,
+    namedtuple or dataclass field str), so that each gradient fills its own slot."""
+    for p, v, kind in walk(value, leaf_kind=_tensor_kind, record=_no_record, as_list=is_structseq, path=path):
+        if kind == schema.LEAF_TENSOR:
+            yield p, v
+
+
+def _tensor_kind(value: Any) -> Optional[str]:
+    return schema.LEAF_TENSOR if isinstance(value, torch.Tensor) else None
+
+
+def _no_record(value: Any) -> dict:
+    return {}

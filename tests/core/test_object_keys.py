@@ -67,3 +67,17 @@ def test_unique_file_names():
     assert unique_file_names(["x.a_b.pt", "x.a_b.pt", "x.a_b.pt"]) == ["x.a_b.pt", "x.a_b-2.pt", "x.a_b-3.pt"]
     assert unique_file_names(["x.a_b.pt", "x.a_b.pt", "x.a_b-2.pt"]) == ["x.a_b.pt", "x.a_b-3.pt", "x.a_b-2.pt"]
     assert unique_file_names(["noext", "noext"]) == ["noext", "noext-2"]
+
+
+class _ReversedIter(dict):
+    """A dict subclass whose iteration order differs from values()' order."""
+
+    def __iter__(self):
+        return iter(list(dict.keys(self))[::-1])
+
+
+def test_walk_pairs_each_key_with_its_own_value():
+    # before: keys came from iterating the dict, values from values(): "b" got a's value
+    d = _ReversedIter(a="A", b="B")
+    leaves = list(walk(d, leaf_kind=lambda v: None, record=lambda v: {"type": "str", "value": v}))
+    assert sorted((p, v["value"]) for p, v, _ in leaves) == [(("a",), "A"), (("b",), "B")]

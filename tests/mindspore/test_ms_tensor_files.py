@@ -174,3 +174,35 @@ def test_offline_export_writes_identical_npy_files(tmp_path, capsys, level):
     live_doc = json.loads((dump / rel.parent / json_name).read_text())
     other_doc = json.loads((other / rel.parent / json_name).read_text())
     assert live_doc["data"] == other_doc["data"]
+
+
+def test_save_grad_files_of_sanitised_keys_are_distinct(tmp_path, capsys):
+    """``d_grad.0``'s gradients arrive one by one: keys "a/b" and "a_b" both sanitise to
+    ``a_b``; each gradient gets its own file, named like its saved tensor's (before, both
+    records named ``d_grad.0.tensor.a_b.npy``, holding the gradient that came last)."""
+    dump = tmp_path / "d"
+    dbg = PrecisionDebugger(dump_path=str(dump), level="debug", task="tensor")
+
+    def f(a, b):
+        x, y = a * 1.0, b * 1.0
+        PrecisionDebugger.save({"a/b": x, "a_b": y}, "d")
+        return (3 * x).sum() + (5 * y).sum()
+
+    ms.grad(f, grad_position=(0, 1))(Tensor(np.array([1.0, 2.0], np.float32)),
+                                      Tensor(np.array([3.0, 4.0], np.float32)))
+    dbg.close()
+    rank = dump / "rank"
+    data = json.loads((rank / "debug.json").read_text())["data"]
+    tdir = rank / "dump_tensor_data"
+    expected = {("d.0", "a/b"): ("d.0.tensor.a_b.npy", [1.0, 2.0]),
+                ("d.0", "a_b"): ("d.0.tensor.a_b-2.npy", [3.0, 4.0]),
+                ("d_grad.0", "a/b"): ("d_grad.0.tensor.a_b.npy", [3.0, 3.0]),
+                ("d_grad.0", "a_b"): ("d_grad.0.tensor.a_b-2.npy", [5.0, 5.0])}
+    for (entry, key), (name, values) in expected.items():
+        rec = data[entry][key]
+        assert rec["data_name"] == name
+        assert rec["Max"] == max(values)
+        np.testing.assert_array_equal(np.load(tdir / name), np.array(values, np.float32))
+    assert main(["export", str(dump), "--out", str(tmp_path / "other")]) == 0
+    capsys.readouterr()
+    assert _files(tmp_path / "other" / "rank" / "dump_tensor_data") == _files(tdir)
