@@ -148,9 +148,12 @@ def _wants_grad(t: Any) -> bool:
 class TapState:
     """What :meth:`BackwardTaps.tap_inputs` substituted for one call."""
 
-    __slots__ = ("views", "originals")
+    __slots__ = ("views", "originals", "swaps")
 
     def __init__(self) -> None:
+        # (list, index, view put there, caller's element) of the caller's lists changed in
+        # place (tap_inputs with in_place): BackwardTaps.restore puts the elements back
+        self.swaps: list[tuple] = []
         # (view, view's node, node producing the caller's tensor (or its same-shape base),
         #  its output_nr, version before the call, slot paths)
         self.views: list[tuple] = []
@@ -176,7 +179,7 @@ class BackwardTaps:
                 and not torch._C._are_functorch_transforms_active())
 
     def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict, *,
-                   share: bool) -> tuple[tuple, dict, TapState]:
+                   share: bool, in_place: bool = False) -> tuple[tuple, dict, TapState]:
         """Replace grad-requiring tensors in ``args``/``kwargs`` by views.
 
         Args:
@@ -186,22 +189,27 @@ class BackwardTaps:
                 gradient in both slots (``x * x``: ``2·x·g`` in each). False gives every
                 slot its own view and gradient, for calls known not to test identity.
 
+            in_place: lists (the caller's own objects, which the call may change, such as
+                a module appending to a list it was given) get the views in place, not a
+                copy; :meth:`restore` puts the caller's elements back after the call.
+
         Returns ``(args, kwargs, state)``; containers without substituted tensors are
         returned as the same objects.
         """
         state = TapState()
+        state_swaps = state.swaps if in_place else None
         memo: Optional[dict] = {} if share else None
         new_args = []
         changed = False
         for i, a in enumerate(args):
-            b = self._map_in(pending, a, (i,), memo, state, 0)
+            b = self._map_in(pending, a, (i,), memo, state, 0, state_swaps)
             changed |= b is not a
             new_args.append(b)
         pos = len(args)
         new_kwargs = kwargs
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
-                b = self._map_in(pending, v, (pos,), memo, state, 0)
+                b = self._map_in(pending, v, (pos,), memo, state, 0, state_swaps)
                 pos += 1
                 if b is not v:
                     if new_kwargs is kwargs:
@@ -209,7 +217,7 @@ class BackwardTaps:
                     new_kwargs[k] = b
         return (tuple(new_args) if changed else args), new_kwargs, state
 
-    def _map_in(self, pending, value, path, memo, state, depth):
+    def _map_in(self, pending, value, path, memo, state, depth, swaps=None):
         if isinstance(value, torch.Tensor):
             pending.out_slots.append((path, True))
             if not _wants_grad(value):
@@ -230,12 +238,33 @@ class BackwardTaps:
             self._hook(vnode, 0, pending, "output", paths)
             return view
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
-            items = [self._map_in(pending, v, path + (j,), memo, state, depth + 1) for j, v in enumerate(value)]
+            items = [self._map_in(pending, v, path + (j,), memo, state, depth + 1, swaps)
+                     for j, v in enumerate(value)]
             if all(x is y for x, y in zip(items, value)):
+                return value
+            if swaps is not None and isinstance(value, list):  # the caller's list itself
+                for j, (x, y) in enumerate(zip(items, list(value))):
+                    if x is not y:
+                        value[j] = x
+                        swaps.append((value, j, x, y))
                 return value
             return type(value)(items) if isinstance(value, list) or type(value) is tuple else value
         pending.out_slots.append((path, False))
         return value
+
+    @staticmethod
+    def restore(state: Optional[TapState]) -> None:
+        """Put the caller's elements back into the lists :meth:`tap_inputs` changed in place
+        (where the call left the view in its place); idempotent."""
+        if state is None or not state.swaps:
+            return
+        for lst, j, view, orig in reversed(state.swaps):
+            try:
+                if j < len(lst) and lst[j] is view:
+                    lst[j] = orig
+            except Exception:
+                pass
+        state.swaps.clear()
 
     def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> Any:
         """Hook the autograd nodes that produced the grad-requiring outputs (the outputs

@@ -290,7 +290,9 @@ class Recorder:
             pushed = True
             if type(frame) is not ModuleFrame or frame.pending is None:
                 return None
-            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs, share=True)
+            # in place: a module may change a list it was given (append to it) for its caller
+            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs, share=True,
+                                                                         in_place=True)
             if new_args is args and new_kwargs is kwargs:
                 return None
             return new_args, new_kwargs
@@ -362,6 +364,8 @@ class Recorder:
         if frame.scope_end:
             self.scope.exit(frame.name)
         if not frame.done:
+            if type(frame) is ModuleFrame:
+                self.taps.restore(frame.originals)
             return None  # the forward raised: no entry (its output is unknown)
         prev = getattr(tls, "busy", False)
         tls.busy = True
@@ -390,6 +394,8 @@ class Recorder:
             self.internal_error(exc)
             return None
         finally:
+            if type(frame) is ModuleFrame:
+                self.taps.restore(frame.originals)
             tls.busy = prev
 
     # --- parameter gradients ----------------------------------------------------------------
