@@ -93,9 +93,12 @@ class BackwardTaps:
         return ops.HookBackward(hook)(t)
 
     def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict,
-                   skip_first: bool = False) -> tuple[tuple, dict]:
+                   skip_first: bool = False, swaps: Optional[list] = None) -> tuple[tuple, dict]:
         """Replace floating tensors in ``args`` (and lists/tuples in them) and tensor
         ``kwargs`` by identities; ``skip_first`` leaves ``args[0]`` alone (in-place APIs).
+        With ``swaps`` (a list), the caller's lists get the identities in place, not a copy
+        (a Cell may append to a list it was given, for its caller), and ``(list, index,
+        identity, caller's element)`` is appended to ``swaps`` for :meth:`restore`.
 
         Returns ``(args, kwargs)``; unchanged containers are returned as the same objects.
         """
@@ -107,7 +110,7 @@ class BackwardTaps:
                 b = a
                 pending.out_slots.append((0,))
             else:
-                b = self._map_in(pending, a, (i,), memo, 0)
+                b = self._map_in(pending, a, (i,), memo, 0, swaps)
             changed |= b is not a
             new_args.append(b)
         pos = len(args)
@@ -122,7 +125,21 @@ class BackwardTaps:
                     new_kwargs[k] = b
         return (tuple(new_args) if changed else args), new_kwargs
 
-    def _map_in(self, pending, value, path, memo, depth):
+    @staticmethod
+    def restore(swaps: Optional[list]) -> None:
+        """Put the caller's elements back into the lists :meth:`tap_inputs` changed in place
+        (where the call left the identity in its place); idempotent."""
+        if not swaps:
+            return
+        for lst, j, new, orig in reversed(swaps):
+            try:
+                if j < len(lst) and lst[j] is new:
+                    lst[j] = orig
+            except Exception:
+                pass
+        swaps.clear()
+
+    def _map_in(self, pending, value, path, memo, depth, swaps=None):
         if isinstance(value, Tensor):
             pending.out_slots.append(path)
             if not _is_float(value):
@@ -136,8 +153,14 @@ class BackwardTaps:
             known[1].append(path)
             return known[0]
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
-            items = [self._map_in(pending, v, path + (j,), memo, depth + 1) for j, v in enumerate(value)]
+            items = [self._map_in(pending, v, path + (j,), memo, depth + 1, swaps) for j, v in enumerate(value)]
             if all(x is y for x, y in zip(items, value)):
+                return value
+            if swaps is not None and isinstance(value, list):  # the caller's list itself
+                for j, (x, y) in enumerate(zip(items, list(value))):
+                    if x is not y:
+                        value[j] = x
+                        swaps.append((value, j, x, y))
                 return value
             return type(value)(items)
         pending.out_slots.append(path)

@@ -47,7 +47,7 @@ class _Plan:
 class CellFrame:
     """A Cell forward in progress (the innermost one parents API calls)."""
 
-    __slots__ = ("name", "prefix", "parent", "stack_id", "leaves", "pending", "want_fwd", "inputs")
+    __slots__ = ("name", "prefix", "parent", "stack_id", "leaves", "pending", "want_fwd", "inputs", "swaps")
 
 
 class Recorder:
@@ -197,7 +197,8 @@ class Recorder:
             pushed = True
             if frame is None or frame.pending is None:
                 return None
-            new_args, new_kwargs = self.taps.tap_inputs(frame.pending, args, kwargs)
+            # the caller's lists in place: a Cell may change a list it was given for its caller
+            new_args, new_kwargs = self.taps.tap_inputs(frame.pending, args, kwargs, swaps=frame.swaps)
             if new_args is args and new_kwargs is kwargs:
                 return None
             return new_args, new_kwargs
@@ -222,6 +223,7 @@ class Recorder:
         frame.parent = self.parent()
         frame.stack_id = s.stacks.capture()
         frame.inputs = tuple(args) + tuple(kwargs.values())
+        frame.swaps = []
         leaves: list[Leaf] = []
         if want_fwd:
             if dm.allows("forward", "input"):
@@ -274,6 +276,7 @@ class Recorder:
             self.internal_error(exc)
             return None
         finally:
+            self.taps.restore(frame.swaps)
             tls.busy = prev
 
     # --- parameter gradients ----------------------------------------------------------------
