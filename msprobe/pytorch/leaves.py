@@ -159,6 +159,8 @@ class LeafBuilder:
             kind = _native_kind(t)
             if kind is not None:
                 return self._plain_leaf(io, path, t, keep, kind, t.numel())
+        if t.is_nested:
+            return self._nested_leaf(io, path, t)
         t = local_shard(t)
         wrapped, value = functorch_value(t)
         if wrapped:  # inside torch.func transforms
@@ -216,6 +218,37 @@ class LeafBuilder:
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                         requires_grad=bool(t.requires_grad), payload=payload)
         return _stats_leaf(io, path, t, t.numel(), st, crc, payload)
+
+    def _nested_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
+        """The leaf of a nested tensor (``torch.nested``, strided or jagged layout; the
+        fast path of ``nn.TransformerEncoder`` with a padding mask makes them): its
+        components have different shapes, so the record's ``shape`` is null; ``numel``,
+        the statistics and the CRC-32 (md5) are those of all components' values, each in C
+        order, one after the other. Task tensor writes no file for it. Values that cannot
+        be read give null statistics."""
+        flat = None
+        if self.with_data:
+            try:
+                with torch.no_grad():
+                    parts = [p.detach().reshape(-1) for p in t.unbind()]
+                    flat = torch.cat(parts) if parts else torch.empty(0, dtype=t.dtype)
+            except (RuntimeError, TypeError, NotImplementedError):
+                flat = None
+        requires_grad = bool(t.requires_grad)
+        if flat is None:
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
+                        requires_grad=requires_grad)
+        st = tensor_stats(flat)
+        crc = None
+        if self.md5:
+            try:
+                crc = crc32_hex(flat)
+            except Exception:  # noqa: BLE001 - a missing CRC-32, never a stopped recording
+                crc = None
+        return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
+                    numel=flat.numel(), max=st.max, min=st.min, mean=st.mean, norm=st.norm,
+                    max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc,
+                    requires_grad=requires_grad, has_nan=st.has_nan, has_inf=st.has_inf)
 
     def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Leaf:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
@@ -301,7 +334,7 @@ def _native_kind(t: torch.Tensor, contiguous: bool = True) -> Optional[int]:
     fused statistics + CRC-32 pass (:func:`msprobe.pytorch.stats.fused_stats_crc`) take such
     tensors. ``contiguous=False``: the same for a tensor in any layout (its C-order copy is
     what the pass then reads: :class:`_Scratch`)."""
-    if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.layout is not _STRIDED or t.is_neg()
+    if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.layout is not _STRIDED or t.is_nested or t.is_neg()
             or (contiguous and not t.is_contiguous())):
         return None
     kind = NATIVE_KIND.get(t.dtype)
