@@ -174,3 +174,29 @@ def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Calla
         yield path, record(value), schema.LEAF_VALUE
     except Exception:
         yield path, {"type": qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
+
+
+def swap_in_place(lst: list, items: list, swaps: list) -> list:
+    """Put ``items`` into the caller's list ``lst`` where they differ from its elements
+    (by identity), recording ``(lst, index, new element, caller's element)`` in ``swaps``
+    for :func:`restore_swaps`; returns ``lst``. Backward taps hand a module the caller's
+    own list this way, not a copy: a module that appends to a list it was given must
+    change the caller's list, as it does without msprobe."""
+    for j, (new, old) in enumerate(zip(items, list(lst))):
+        if new is not old:
+            lst[j] = new
+            swaps.append((lst, j, new, old))
+    return lst
+
+
+def restore_swaps(swaps: list) -> None:
+    """Undo :func:`swap_in_place`: put each caller's element back where the call left the
+    substitute in its place (a call that replaced or removed it keeps its change); then
+    empty ``swaps`` (idempotent). Never raises."""
+    for lst, j, new, old in reversed(swaps):
+        try:
+            if j < len(lst) and lst[j] is new:
+                lst[j] = old
+        except Exception:  # noqa: BLE001 - a list subclass refusing the write keeps the substitute
+            pass
+    swaps.clear()

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from mindspore import Tensor, ops
 
+from msprobe.core.values import restore_swaps, swap_in_place
 from store import schema
 from store.records import Call, Leaf
 
@@ -129,15 +130,8 @@ class BackwardTaps:
     def restore(swaps: Optional[list]) -> None:
         """Put the caller's elements back into the lists :meth:`tap_inputs` changed in place
         (where the call left the identity in its place); idempotent."""
-        if not swaps:
-            return
-        for lst, j, new, orig in reversed(swaps):
-            try:
-                if j < len(lst) and lst[j] is new:
-                    lst[j] = orig
-            except Exception:
-                pass
-        swaps.clear()
+        if swaps:
+            restore_swaps(swaps)
 
     def _map_in(self, pending, value, path, memo, depth, swaps=None):
         if isinstance(value, Tensor):
@@ -157,11 +151,7 @@ class BackwardTaps:
             if all(x is y for x, y in zip(items, value)):
                 return value
             if swaps is not None and isinstance(value, list):  # the caller's list itself
-                for j, (x, y) in enumerate(zip(items, list(value))):
-                    if x is not y:
-                        value[j] = x
-                        swaps.append((value, j, x, y))
-                return value
+                return swap_in_place(value, items, swaps)
             return type(value)(items)
         pending.out_slots.append(path)
         return value

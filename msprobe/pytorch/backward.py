@@ -53,7 +53,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.core.values import object_keys
+from msprobe.core.values import object_keys, restore_swaps, swap_in_place
 from msprobe.pytorch.leaves import is_structseq
 from msprobe.pytorch.stats import PLAIN_TYPES
 from store import schema
@@ -243,11 +243,7 @@ class BackwardTaps:
             if all(x is y for x, y in zip(items, value)):
                 return value
             if swaps is not None and isinstance(value, list):  # the caller's list itself
-                for j, (x, y) in enumerate(zip(items, list(value))):
-                    if x is not y:
-                        value[j] = x
-                        swaps.append((value, j, x, y))
-                return value
+                return swap_in_place(value, items, swaps)
             return type(value)(items) if isinstance(value, list) or type(value) is tuple else value
         pending.out_slots.append((path, False))
         return value
@@ -256,15 +252,8 @@ class BackwardTaps:
     def restore(state: Optional[TapState]) -> None:
         """Put the caller's elements back into the lists :meth:`tap_inputs` changed in place
         (where the call left the view in its place); idempotent."""
-        if state is None or not state.swaps:
-            return
-        for lst, j, view, orig in reversed(state.swaps):
-            try:
-                if j < len(lst) and lst[j] is view:
-                    lst[j] = orig
-            except Exception:
-                pass
-        state.swaps.clear()
+        if state is not None and state.swaps:
+            restore_swaps(state.swaps)
 
     def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> Any:
         """Hook the autograd nodes that produced the grad-requiring outputs (the outputs
