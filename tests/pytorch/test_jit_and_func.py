@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from pt_helpers import assert_record, load_dump
 from msprobe.pytorch import PrecisionDebugger
 
+# torch.jit.script is deprecated in PyTorch 2.13 but still used (by PyTorch itself, too)
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 
 def _sin_gelu(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x) + F.gelu(x)  # builtins: torch.sin, torch._C._nn.gelu
