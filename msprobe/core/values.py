@@ -190,13 +190,30 @@ def swap_in_place(lst: list, items: list, swaps: list) -> list:
 
 
 def restore_swaps(swaps: list) -> None:
-    """Undo :func:`swap_in_place`: put each caller's element back where the call left the
-    substitute in its place (a call that replaced or removed it keeps its change); then
-    empty ``swaps`` (idempotent). Never raises."""
-    for lst, j, new, old in reversed(swaps):
-        try:
-            if j < len(lst) and lst[j] is new:
-                lst[j] = old
-        except Exception:  # noqa: BLE001 - a list subclass refusing the write keeps the substitute
-            pass
+    """Undo :func:`swap_in_place`: every place of each list that holds a substitute gets
+    the caller's element back, wherever the call moved it (``insert``, ``pop``,
+    ``reverse``, ``extend`` with itself...); places the call filled with other objects are
+    left as the call left them. A list given twice (``m(hs, hs)``) holds substitutes of
+    substitutes: they are followed back to the caller's element. Then ``swaps`` is emptied
+    (idempotent). Never raises (a list subclass whose ``__setitem__`` raises keeps the
+    substitute)."""
+    done = list(swaps)
     swaps.clear()
+    by_list: dict = {}
+    for lst, _index, new, old in done:
+        by_list.setdefault(id(lst), (lst, {}))[1][id(new)] = (new, old)
+    for lst, subs in by_list.values():
+        try:
+            for k in range(len(lst)):
+                item = lst[k]
+                sub = subs.get(id(item))
+                if sub is None or sub[0] is not item:
+                    continue
+                for _ in range(len(subs)):  # a substitute of a substitute: back to the caller's
+                    item = sub[1]
+                    sub = subs.get(id(item))
+                    if sub is None or sub[0] is not item:
+                        break
+                lst[k] = item
+        except Exception:  # noqa: BLE001 - a user list type: leave it as the call left it
+            pass

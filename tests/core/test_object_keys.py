@@ -94,7 +94,7 @@ def test_swap_in_place_and_restore():
     restore_swaps(swaps)
     assert lst == [a, b, c, "added by the call"] and swaps == []  # ... with its own elements back
     restore_swaps(swaps)  # idempotent
-    # an element the call replaced stays replaced; one it moved is left where it went
+    # an element the call replaced stays replaced; one it moved comes back where it went
     lst = [a, b]
     swaps = []
     swap_in_place(lst, [va, b], swaps)
@@ -105,5 +105,14 @@ def test_swap_in_place_and_restore():
     swaps = []
     swap_in_place(lst, [va, b], swaps)
     lst.insert(0, "first")
+    lst.append(lst[1])  # the substitute twice
     restore_swaps(swaps)
-    assert lst == ["first", va, b]
+    assert lst == ["first", a, b, a]
+    # the same list given twice: the second substitution wraps the first
+    lst = [a]
+    swaps = []
+    swap_in_place(lst, [va], swaps)
+    swap_in_place(lst, [vc], swaps)  # vc substitutes va
+    lst.reverse()
+    restore_swaps(swaps)
+    assert lst == [a]
