@@ -19,6 +19,7 @@ Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any, Callable, Iterator, Optional
@@ -84,6 +85,9 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
 
 _FUNCTORCH = getattr(torch._C, "_functorch", None)
 _is_wrapped = getattr(_FUNCTORCH, "is_functorch_wrapped_tensor", None)
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+#: switches torch.func's transforms off for the block (operations then see plain tensors)
+_no_functorch = getattr(torch._C, "_DisableFuncTorch", contextlib.nullcontext)
 
 
 def functorch_value(t: torch.Tensor) -> "tuple[bool, Optional[torch.Tensor]]":
@@ -158,9 +162,21 @@ class LeafBuilder:
                 and NATIVE is not None and self.memo.layout_free):
             kind = _native_kind(t)
             if kind is not None:
-                return self._plain_leaf(io, path, t, keep, kind, t.numel())
+                leaf = self._plain_leaf(io, path, t, keep, kind, t.numel())
+                if leaf is not None:
+                    return leaf
         if t.is_nested:
             return self._nested_leaf(io, path, t)
+        if _transforms_active():
+            # inside torch.func transforms every operation on a tensor (the detach, copy or
+            # reduction of statistics, CRC-32 and payload) would give a transform's wrapper
+            # without memory: the leaf is built with the transforms switched off
+            with _no_functorch():
+                return self._general_leaf(io, path, t, keep)
+        return self._general_leaf(io, path, t, keep)
+
+    def _general_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool) -> "Leaf | PendingLeaf":
+        """:meth:`tensor_leaf` of any tensor (the path besides :meth:`_plain_leaf`)."""
         t = local_shard(t)
         wrapped, value = functorch_value(t)
         if wrapped:  # inside torch.func transforms
@@ -171,7 +187,7 @@ class LeafBuilder:
             requires_grad = bool(t.requires_grad)
             t = value
             if requires_grad != bool(t.requires_grad):  # the wrapper's own flag is the one to record
-                leaf = self.tensor_leaf(io, path, t, keep)
+                leaf = self._general_leaf(io, path, t, keep)
                 return leaf.replace(requires_grad=requires_grad) if isinstance(leaf, Leaf) else leaf
         if self.defer is not None:
             return self.defer(io, path, t)
@@ -250,22 +266,28 @@ class LeafBuilder:
                     max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc,
                     requires_grad=requires_grad, has_nan=st.has_nan, has_inf=st.has_inf)
 
-    def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Leaf:
+    def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Optional[Leaf]:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
         non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32:
         the same payload (task tensor), memo, statistics and leaf as the general path, with
         the memo key computed once and no per-step helper calls (each costs microseconds
-        with the caches a training step leaves behind: ``benchmarks/cold_python.py``)."""
+        with the caches a training step leaves behind: ``benchmarks/cold_python.py``).
+        None (the caller takes the general path) for a tensor without a data pointer
+        (``torch.func.functionalize``'s wrappers report storage bytes but none), and with a
+        payload to take inside ``torch.func`` transforms (see :meth:`tensor_leaf`)."""
+        ptr = t.data_ptr()
+        if not ptr or (self.capture is not None and _transforms_active()):
+            return None
         payload = self.capture(t) if self.capture is not None else None
         memo = self.memo
-        key = (t.data_ptr(), t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
+        key = (ptr, t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
         hit = memo.get_at(key, t)
         if hit is not None:
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
                 memo.put_at(key, t, hit, keep=True)
         else:
-            st = native_stats(t, NATIVE.reduce_at(t.data_ptr(), n, kind))
+            st = native_stats(t, NATIVE.reduce_at(ptr, n, kind))
             memo.put_at(key, t, (st, None), keep=keep)
         return _stats_leaf(io, path, t, n, st, None, payload)
 

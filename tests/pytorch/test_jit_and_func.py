@@ -113,3 +113,70 @@ def test_func_vmap_and_jvp(tmp_path):
     assert [inside_vmap[k] for k in ("Max", "Min", "Mean", "Norm")] == [None] * 4
     assert_record(data["Torch.sin.1.forward"]["input_args"][0], x)
     assert_record(data["Torch.sin.1.forward"]["output"][0], torch.sin(x))
+
+
+def _config(tmp_path, task, summary_mode="statistics"):
+    import json
+
+    cfg = tmp_path / "config.json"
+    body = {"task": task, "dump_path": str(tmp_path / "d"), "level": "L1"}
+    if task == "statistics":
+        body["statistics"] = {"summary_mode": summary_mode}
+    cfg.write_text(json.dumps(body))
+    return str(cfg)
+
+
+_X = torch.tensor([[0.5, -1.5, 2.0], [3.0, -0.25, 1.0]])
+_INSIDE = {
+    # torch.func.functionalize: its wrappers report storage bytes but a null data pointer
+    "functionalize": lambda x: torch.func.functionalize(lambda v: torch.sin(v))(x),
+    # a transposed view and a plain integer tensor inside grad: statistics, CRC-32 and
+    # payload of tensors the transform did not wrap need operations on them
+    "grad-transposed": lambda x: torch.func.grad(lambda v: torch.sin(v.t()).sum())(x),
+    "grad-plain-int": lambda x: torch.func.grad(lambda v: (v * torch.arange(3)).sum())(x),
+    "grad-f16": lambda x: torch.func.grad(lambda v: torch.sin(v.half()).float().sum())(x),
+}
+
+
+@pytest.mark.parametrize("task,mode", [("statistics", "statistics"), ("statistics", "md5"), ("tensor", None)])
+@pytest.mark.parametrize("case", sorted(_INSIDE))
+def test_func_transforms_keep_recording(tmp_path, case, task, mode):
+    """Calls inside torch.func transforms are recorded with the values they see, for every
+    task and summary mode, and recording goes on after them (before: an internal error
+    stopped it: 'address is 0', 'Cannot access data pointer of Tensor that doesn't have
+    storage')."""
+    x = _X.clone()
+    dbg = PrecisionDebugger(config_path=_config(tmp_path, task, mode or "statistics"))
+    dbg.start()
+    _INSIDE[case](x)
+    after = torch.cos(x)
+    dbg.stop()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert_record(data["Torch.cos.0.forward"]["output"][0], after)
+    if case == "functionalize":
+        assert_record(data["Torch.sin.0.forward"]["input_args"][0], x)
+        assert_record(data["Torch.sin.0.forward"]["output"][0], torch.sin(x))
+    elif case == "grad-transposed":
+        assert_record(data["Tensor.t.0.forward"]["output"][0], x.t())
+        assert_record(data["Torch.sin.0.forward"]["output"][0], torch.sin(x.t()))
+    elif case == "grad-plain-int":
+        assert_record(data["Tensor.__mul__.0.forward"]["input_args"][1], torch.arange(3))
+    else:
+        assert_record(data["Torch.sin.0.forward"]["input_args"][0], x.half())
+    if mode == "md5":  # the CRC-32 of the C-order bytes of each recorded tensor
+        import zlib
+
+        def crc(t):
+            return format(zlib.crc32(t.contiguous().numpy().tobytes()), "08x")
+
+        assert data["Torch.cos.0.forward"]["output"][0]["md5"] == crc(after)
+        if case == "grad-transposed":
+            assert data["Tensor.t.0.forward"]["output"][0]["md5"] == crc(x.t())
+        elif case == "grad-plain-int":
+            assert data["Tensor.__mul__.0.forward"]["input_args"][1]["md5"] == crc(torch.arange(3))
+    if task == "tensor":
+        entry = "Torch.sin.0.forward" if case != "grad-plain-int" else "Tensor.__mul__.0.forward"
+        rec = data[entry]["output"][0]
+        t = torch.load(tmp_path / "d" / "step0" / "rank" / "dump_tensor_data" / rec["data_name"], weights_only=True)
+        assert list(t.shape) == rec["shape"] and float(t.max()) == rec["Max"]
