@@ -420,6 +420,8 @@ def _write_one(prefix: str, name: str, file_name: str, ref: str, first: dict[str
     target = prefix + file_name
     # an earlier file of this payload: in this export, or moved in by an earlier live export
     source = first.get(ref) or payloads.earlier_file(ref)
+    if source != target:  # target is replaced (a leaf recorded again): it no longer holds its old payload
+        payloads.forget_file(target)
     if source is not None and _link_or_copy(source, target, limit):
         return True
     if payloads.take_staged(ref, target):  # written during the step (live export)

@@ -600,6 +600,7 @@ class PayloadReader:
         # "{stage directory}/" as text: take_staged runs once per tensor file of a live export
         self._stage_prefix = os.path.join(os.fspath(stage[0]), "") if stage is not None else ""
         self._moved: OrderedDict[str, str] = OrderedDict()  # key -> where take_staged put its file
+        self._moved_at: dict[str, str] = {}  # and back: file -> key
         self._headers: dict[str, tuple[int, dict]] = {}
 
     def _header(self, shard: str) -> tuple[int, dict]:
@@ -633,15 +634,31 @@ class PayloadReader:
         _, sep, key = ref.partition(":")
         if not sep or not key or "/" in key or "\\" in key or key.startswith("."):
             return False
+        path = os.fspath(target)
         try:
-            os.replace(f"{self._stage_prefix}{key}.{self._stage_ext}", target)
+            os.replace(f"{self._stage_prefix}{key}.{self._stage_ext}", path)
         except OSError:
             return False
-        self._moved[key] = os.fspath(target)
-        self._moved.move_to_end(key)
+        self.forget_file(path)  # the file there before (another payload's) is gone
+        old = self._moved.pop(key, None)
+        if old is not None and self._moved_at.get(old) == key:
+            del self._moved_at[old]
+        self._moved[key] = path
+        self._moved_at[path] = key
         if len(self._moved) > _MOVED_KEEP:
-            self._moved.popitem(last=False)
+            gone_key, gone_path = self._moved.popitem(last=False)
+            if self._moved_at.get(gone_path) == gone_key:
+                del self._moved_at[gone_path]
         return True
+
+    def forget_file(self, target: Union[str, os.PathLike]) -> None:
+        """Forget that ``target`` holds a payload's file: it is being replaced (a tensor file
+        rewritten in its step, whose leaf was recorded again), and :meth:`earlier_file` must
+        not offer it for the payload it held before."""
+        path = os.fspath(target)
+        key = self._moved_at.pop(path, None)
+        if key is not None and self._moved.get(key) == path:
+            del self._moved[key]
 
     def earlier_file(self, ref: str) -> Optional[str]:
         """The path of the file a recent :meth:`take_staged` of ``ref`` moved into place
