@@ -72,3 +72,26 @@ def test_moved_elements_come_back(tmp_path, op):
     g_out = 1 + 2 * (2 * torch.tensor([1.0, 2.0])) if op in ("insert",) else torch.ones(2)
     assert_record(bwd["input"][0], g_out)
     assert_record(bwd["output"][0][0], 2 * g_out)
+
+
+class Twice(torch.nn.Module):
+    def forward(self, xs, ys):
+        out = xs[0] * ys[1]
+        ys.reverse()
+        return out
+
+
+def test_list_given_twice_comes_back(tmp_path):
+    """The same list as two arguments (its elements substituted twice, the second time by
+    substitutes of the first substitutes) gets the caller's own tensors back."""
+    a = torch.ones(2, requires_grad=True)
+    b = torch.full((2,), 3.0, requires_grad=True)
+    hs = [a, b]
+    m = Twice()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    dbg.start(model=m)
+    m(hs, hs).sum().backward()
+    dbg.stop()
+    dbg.close()
+    assert hs[0] is b and hs[1] is a
+    assert a.grad.tolist() == [3.0, 3.0] and b.grad.tolist() == [1.0, 1.0]
