@@ -226,6 +226,10 @@ def test_scratch_limit_and_odd_views(spy):
     leaf = LeafBuilder(md5=True).tensor_leaf("output", (0,), big)
     assert len(spy) == 0 and leaf.crc32 == _crc_of(big)
     assert leaf.max == float(big.max()) and leaf.min == float(big.min())
+    neg = torch._neg_view(torch.randn(6, 5)).t()  # transposed negative-bit view
+    leaf = LeafBuilder(md5=True).tensor_leaf("output", (0,), neg)
+    assert len(spy) == 0 and leaf.crc32 == _crc_of(neg.resolve_neg())
+    assert leaf.max == float(neg.max()) and leaf.min == float(neg.min())
 
 
 @pytest.mark.parametrize("case", sorted(FUSED_CASES) + sorted(GENERAL_CASES))
