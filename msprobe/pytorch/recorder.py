@@ -30,6 +30,8 @@ from store.records import Call, Leaf
 
 
 _current_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+#: True while torch.jit.trace runs the model (nothing is recorded then)
+_is_tracing = getattr(torch._C, "_is_tracing", lambda: False)
 
 
 def in_recompute() -> bool:
@@ -168,7 +170,9 @@ class Recorder:
         backward). Exceptions of ``original`` propagate unchanged."""
         tls = self.session._tls
         memo = self.leaves.memo
-        if self.exclusive is not None:  # module_dump window: no API is recorded
+        if self.exclusive is not None or _is_tracing():
+            # module_dump window: no API is recorded; torch.jit.trace: the trace runs the
+            # model twice and compares the graphs, which the recorder's own views would change
             memo.clear()
             return original(*args, **kwargs)
         tls.busy = True
@@ -276,7 +280,8 @@ class Recorder:
         s = self.session
         tls = s._tls
         stack = self.session.module_stack()
-        if not s.recording or getattr(tls, "busy", False) or (self.exclusive is not None and prefix != self.exclusive):
+        if (not s.recording or getattr(tls, "busy", False) or (self.exclusive is not None and prefix != self.exclusive)
+                or _is_tracing()):
             stack.append(None)
             return None
         tls.busy = True

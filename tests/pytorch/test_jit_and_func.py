@@ -180,3 +180,28 @@ def test_func_transforms_keep_recording(tmp_path, case, task, mode):
         rec = data[entry]["output"][0]
         t = torch.load(tmp_path / "d" / "step0" / "rank" / "dump_tensor_data" / rec["data_name"], weights_only=True)
         assert list(t.shape) == rec["shape"] and float(t.max()) == rec["Max"]
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_jit_trace_while_recording(tmp_path, level):
+    """torch.jit.trace runs the model twice and compares the graphs: nothing is recorded
+    while it traces (the recorder's own views would change the graph); recording goes on
+    for the eager calls. Before: TracingCheckError while recording."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    x = torch.randn(2, 3)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level)
+    dbg.start(model)
+    traced = torch.jit.trace(model, x)
+    y = traced(x)  # runs in the TorchScript interpreter: not recorded either
+    z = model(x)   # eager: recorded
+    dbg.stop()
+    dbg.close()
+    assert torch.equal(y, z)
+    data = load_dump(tmp_path / "d")[0]["data"]
+    # the eager call, and the eager run trace's check makes (check_trace runs the Python
+    # model once more, untraced): same input, same record
+    linear = [k for k in data if k.startswith("Functional.linear.")]
+    assert linear == ["Functional.linear.0.forward", "Functional.linear.1.forward"]
+    for name in linear:
+        assert_record(data[name]["output"][0], model[0](x).detach())
