@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from pt_helpers import assert_record, load_dump
 from msprobe.pytorch import PrecisionDebugger
 
-# torch.jit.script is deprecated in PyTorch 2.13 but still used (by PyTorch itself, too)
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+# torch.jit.script and trace are deprecated in PyTorch 2.13 but still used (script by PyTorch itself, too)
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.trace.*` is deprecated:DeprecationWarning")]
 
 
 def _sin_gelu(x: torch.Tensor) -> torch.Tensor:
