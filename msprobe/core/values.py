@@ -176,21 +176,34 @@ def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Calla
         yield path, {"type": qualname(value), "value": "<unrecordable>"}, schema.LEAF_VALUE
 
 
-def swap_in_place(lst: list, items: list, swaps: list) -> list:
-    """Put ``items`` into the caller's list ``lst`` where they differ from its elements
-    (by identity), recording ``(lst, index, new element, caller's element)`` in ``swaps``
-    for :func:`restore_swaps`; returns ``lst``. Backward taps hand a module the caller's
-    own list this way, not a copy: a module that appends to a list it was given must
-    change the caller's list, as it does without msprobe."""
-    for j, (new, old) in enumerate(zip(items, list(lst))):
-        if new is not old:
-            lst[j] = new
-            swaps.append((lst, j, new, old))
-    return lst
+def swap_in_place(container: Any, items: Any, swaps: list) -> Any:
+    """Put substitutes into the caller's own ``container`` where they differ from its
+    elements (by identity), recording ``(container, index or key, substitute, caller's
+    element)`` in ``swaps`` for :func:`restore_swaps`; returns ``container``.
+
+    Args:
+        container: a list (``items``: the list of substitutes, one per element) or a dict
+            (``items``: a dict of substitutes by the same keys).
+
+    Backward taps hand a module the caller's own list or dict this way, not a copy: a
+    module that appends to a list it was given, or sets a key of a dict, must change the
+    caller's object, as it does without msprobe. Never raises: an element the container
+    refuses to take keeps the caller's object."""
+    pairs = items.items() if isinstance(container, dict) else enumerate(items)
+    for key, new in pairs:
+        try:
+            old = container[key]
+            if new is not old:
+                container[key] = new
+                swaps.append((container, key, new, old))
+        except Exception:  # noqa: BLE001 - a container type refusing the write: that element keeps
+            pass  # the caller's object (its gradient then reaches this call's entry as null)
+    return container
 
 
 def restore_swaps(swaps: list) -> None:
-    """Undo :func:`swap_in_place`: every place of each list that holds a substitute gets
+    """Undo :func:`swap_in_place`: a dict gets the caller's value back under its key where
+    the substitute still is; every place of each list that holds a substitute gets
     the caller's element back, wherever the call moved it (``insert``, ``pop``,
     ``reverse``, ``extend`` with itself...); places the call filled with other objects are
     left as the call left them. A list given twice (``m(hs, hs)``) holds substitutes of
@@ -200,7 +213,14 @@ def restore_swaps(swaps: list) -> None:
     done = list(swaps)
     swaps.clear()
     by_list: dict = {}
-    for lst, _index, new, old in done:
+    for lst, index, new, old in reversed(done):
+        if isinstance(lst, dict):  # a dict's value comes back under its key, if still there
+            try:
+                if index in lst and lst[index] is new:
+                    lst[index] = old
+            except Exception:  # noqa: BLE001 - a user dict type: leave it as the call left it
+                pass
+            continue
         by_list.setdefault(id(lst), (lst, {}))[1][id(new)] = (new, old)
     for lst, subs in by_list.values():
         try:

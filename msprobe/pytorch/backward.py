@@ -245,6 +245,19 @@ class BackwardTaps:
             if swaps is not None and isinstance(value, list):  # the caller's list itself
                 return swap_in_place(value, items, swaps)
             return type(value)(items) if isinstance(value, list) or type(value) is tuple else value
+        if depth < 4 and isinstance(value, dict) and value:
+            # keys as the forward record has them (object_keys), values as the dict pairs them
+            pairs = list(value.items())
+            items = [self._map_in(pending, v, path + (k,), memo, state, depth + 1, swaps)
+                     for k, (_, v) in zip(object_keys(key for key, _ in pairs), pairs)]
+            if all(x is y for x, y in zip(items, (v for _, v in pairs))):
+                return value
+            if swaps is not None:  # the caller's dict itself, its values back after the call
+                return swap_in_place(value, dict(zip((key for key, _ in pairs), items)), swaps)
+            try:
+                return type(value)(zip((key for key, _ in pairs), items))
+            except Exception:  # noqa: BLE001 - a dict type that cannot be built from pairs
+                return dict(zip((key for key, _ in pairs), items))
         pending.out_slots.append((path, False))
         return value
 

@@ -104,3 +104,68 @@ def test_sanitised_file_names_stay_distinct(tmp_path):
     for key, t in ts.items():
         assert rec[key]["Max"] == float(t.max())
         assert torch.equal(torch.load(step / "dump_tensor_data" / rec[key]["data_name"], weights_only=True), t)
+
+
+class DictArg(torch.nn.Module):
+    """Takes {"a": x, 1: y}; writes a new key into the caller's dict, as modules caching
+    intermediate results do."""
+
+    def forward(self, d):
+        d["cache"] = d["a"] * 3
+        return d["a"] * 2 + d[1] ** 2
+
+
+def test_dict_argument_backward_gradients_and_callers_dict(tmp_path):
+    """A dict argument's tensors get their backward gradients under the forward record's
+    keys (before: backward output [null]); the module gets the caller's own dict (its new
+    key reaches the caller) and the caller's tensors are back in it after the call."""
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    y = torch.randn(3, requires_grad=True)
+    m = DictArg()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(model=m)
+    d = {"a": x, 1: y}
+    out = m(d)
+    assert d["a"] is x and d[1] is y  # the caller's tensors back
+    assert torch.equal(d["cache"], x.detach() * 3)  # the module's write reached the caller
+    out.sum().backward()
+    dbg.stop()
+    dbg.close()
+    assert torch.equal(x.grad, torch.full((3,), 2.0)) and torch.allclose(y.grad, 2 * y.detach())
+    data = load_dump(tmp_path / "d")[0]["data"]
+    fwd = data["Module.model.DictArg.forward.0"]
+    assert list(fwd["input_args"][0]) == ["a", "1"]
+    bwd = data["Module.model.DictArg.backward.0"]
+    assert list(bwd["output"][0]) == ["a", "1"]
+    assert_record(bwd["output"][0]["a"], torch.full((3,), 2.0))
+    assert_record(bwd["output"][0]["1"], 2 * y.detach())
+
+
+class _ReadOnlyDict(dict):
+    def __setitem__(self, key, value):
+        raise TypeError("read-only")
+
+
+class SumValues(torch.nn.Module):
+    def forward(self, d):
+        return sum(v.sum() for v in d.values())
+
+
+def test_container_refusing_writes_keeps_recording(tmp_path):
+    """A dict (or list) type whose __setitem__ raises keeps the caller's tensors; recording
+    goes on and the result is unchanged."""
+    x = torch.ones(2, requires_grad=True)
+    m = SumValues()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(model=m)
+    out = m(_ReadOnlyDict({"a": x}))
+    out.backward()
+    after = torch.ones(1) * 5
+    dbg.stop()
+    dbg.close()
+    assert not dbg.session.failed
+    assert float(out.detach()) == 2.0 and torch.equal(x.grad, torch.ones(2))
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert_record(data["Module.model.SumValues.forward.0"]["input_args"][0]["a"], x.detach())
+    assert data["Tensor.__mul__.0.forward"]["output"][0]["Max"] == float(after.max())
