@@ -395,9 +395,7 @@ def export_tensors(
     done = done if done is not None else set()
     # a leaf recorded again in the step (an accumulated parameter gradient) has its
     # earlier rows' data_name: its file holds the last row's payload, like its record
-    last: dict = {}
-    for name, ref in zip(names, refs):
-        last[name] = ref
+    last = dict(zip(names, refs))
     try:
         for name, ref in last.items():
             if not name or (name, ref) in done or "/" in name or "\\" in name or name.startswith("."):

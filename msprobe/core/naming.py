@@ -77,6 +77,40 @@ def safe_component(text: str, limit: int = 200) -> str:
     return cleaned[:limit] or "_"
 
 
+def distinct(texts: list[str], variant: Callable[[str, int], str]) -> list[str]:
+    """``texts`` made distinct, in order: a text that an earlier one already is becomes
+    ``variant(text, n)`` with the smallest ``n >= 2`` that is none of ``texts`` and no
+    variant given before. Distinct texts come back unchanged (the same list).
+
+    Dict keys of different types with one text (``1``, ``"1"``:
+    :func:`msprobe.core.values.object_keys`) and tensor file names that sanitise alike
+    (:func:`unique_file_names`) are made distinct this way."""
+    if len(set(texts)) == len(texts):
+        return texts
+    taken = set(texts)  # a variant must not take a later text's own value either
+    seen: set = set()
+    out: list[str] = []
+    for text in texts:
+        if text in seen:
+            n = 2
+            while variant(text, n) in taken:
+                n += 1
+            text = variant(text, n)
+            taken.add(text)
+        seen.add(text)
+        out.append(text)
+    return out
+
+
+def numbered_file_name(name: str, n: int) -> str:
+    """``name`` with ``-{n}`` before its extension (``x.a_b.pt``, 2 -> ``x.a_b-2.pt``;
+    ``noext``, 2 -> ``noext-2``)."""
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    return f"{stem}-{n}{dot}{ext}"
+
+
 def unique_file_names(names: list[str]) -> list[str]:
     """``names`` (tensor file names of one entry, in leaf order) made distinct: sanitising
     can give two leaves the same name (dict keys ``"a/b"`` and ``"a_b"`` both become
@@ -84,30 +118,16 @@ def unique_file_names(names: list[str]) -> list[str]:
     earlier leaf already has gets ``-{n}`` before its extension, with the smallest
     ``n >= 2`` that no other name of the entry has (``x.a_b.pt``, ``x.a_b-2.pt``).
     Distinct names come back unchanged."""
-    if len(set(names)) == len(names):
-        return names
-    taken = set(names)
-    seen: set = set()
-    out: list[str] = []
-    for name in names:
-        if name in seen:
-            name = free_file_name(name, taken.__contains__)
-            taken.add(name)
-        seen.add(name)
-        out.append(name)
-    return out
+    return distinct(names, numbered_file_name)
 
 
 def free_file_name(name: str, taken: Callable[[str], bool]) -> str:
     """``name`` with ``-{n}`` before its extension, the smallest ``n >= 2`` for which
     ``taken`` is False (``x.a_b.pt`` -> ``x.a_b-2.pt``; ``noext`` -> ``noext-2``)."""
-    stem, dot, ext = name.rpartition(".")
-    if not dot:
-        stem, ext = name, ""
     n = 2
-    while taken(f"{stem}-{n}{dot}{ext}"):
+    while taken(numbered_file_name(name, n)):
         n += 1
-    return f"{stem}-{n}{dot}{ext}"
+    return numbered_file_name(name, n)
 
 
 #: dump.json top-level key → file-name category (spec 2.2).

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from msprobe.core.naming import distinct
 from store import schema
 
 MAX_TEXT = 256
@@ -104,22 +105,19 @@ def object_keys(keys: Iterable[Any]) -> list[str]:
     ``n >= 2`` still free (``{1: a, "1": b}`` → ``["1", "1~2"]``): every value keeps its own
     leaf and its own tensor file. Every recorder path (forward leaves, backward slots,
     ``save``) uses this, so the same dict always gives the same keys."""
-    texts = [key_text(k) for k in keys]
-    if len(set(texts)) == len(texts):
-        return texts
-    taken = set(texts)  # a suffixed text must not take a later key's own text either
-    out: list[str] = []
-    seen: set = set()
-    for text in texts:
-        if text in seen:
-            n = 2
-            while f"{text}~{n}" in taken:
-                n += 1
-            text = f"{text}~{n}"
-            taken.add(text)
-        seen.add(text)
-        out.append(text)
-    return out
+    return distinct([key_text(k) for k in keys], _numbered_key)
+
+
+def _numbered_key(text: str, n: int) -> str:
+    return f"{text}~{n}"
+
+
+def object_items(value: dict) -> list[tuple[str, Any, Any]]:
+    """``(path component, key, value)`` of each item of the dict ``value``, in its order:
+    the components of :func:`object_keys`, with keys and values as the dict pairs them (a
+    subclass may iterate its keys in another order than ``values()``)."""
+    pairs = list(value.items())
+    return [(text, k, v) for text, (k, v) in zip(object_keys(k for k, _ in pairs), pairs)]
 
 
 def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Callable[[Any], dict],
@@ -159,9 +157,7 @@ def walk(value: Any, *, leaf_kind: Callable[[Any], Optional[str]], record: Calla
         else:
             items, empty = list(enumerate(value)), schema.LEAF_EMPTY_LIST
     elif isinstance(value, dict):
-        pairs = list(value.items())  # keys and values as the dict pairs them (a subclass may
-        # iterate its keys in another order than values())
-        items = list(zip(object_keys(k for k, _ in pairs), (v for _, v in pairs)))
+        items = [(text, v) for text, _, v in object_items(value)]
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
     if items is not None:

@@ -25,7 +25,7 @@ from mindspore.graph.api import _pynative_executor
 from msprobe.core.filters import ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
-from msprobe.core.values import object_keys
+from msprobe.core.values import object_items
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
 from msprobe.core.npy_payload import array_bytes
 from msprobe.mindspore.leaves import LeafBuilder
@@ -429,9 +429,8 @@ def _walk_for_save(value: Any, path: tuple = (), depth: int = 0):
         for i, v in enumerate(value):
             yield from _walk_for_save(v, path + (i,), depth + 1)
     elif depth < 10 and isinstance(value, dict) and value:
-        pairs = list(value.items())
-        for k, (_, v) in zip(object_keys(k for k, _ in pairs), pairs):
-            yield from _walk_for_save(v, path + (k,), depth + 1)
+        for text, _, v in object_items(value):
+            yield from _walk_for_save(v, path + (text,), depth + 1)
     else:
         yield path, value, schema.LEAF_VALUE
 

@@ -53,7 +53,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from msprobe.core.values import object_keys, restore_swaps, swap_in_place
+from msprobe.core.values import object_items, restore_swaps, swap_in_place
 from msprobe.pytorch.leaves import is_structseq
 from msprobe.pytorch.stats import PLAIN_TYPES
 from store import schema
@@ -246,18 +246,18 @@ class BackwardTaps:
                 return swap_in_place(value, items, swaps)
             return type(value)(items) if isinstance(value, list) or type(value) is tuple else value
         if depth < 4 and isinstance(value, dict) and value:
-            # keys as the forward record has them (object_keys), values as the dict pairs them
-            pairs = list(value.items())
-            items = [self._map_in(pending, v, path + (k,), memo, state, depth + 1, swaps)
-                     for k, (_, v) in zip(object_keys(key for key, _ in pairs), pairs)]
-            if all(x is y for x, y in zip(items, (v for _, v in pairs))):
+            # paths as the forward record has them (object_items)
+            entries = object_items(value)
+            new = {k: self._map_in(pending, v, path + (text,), memo, state, depth + 1, swaps)
+                   for text, k, v in entries}
+            if all(new[k] is v for _, k, v in entries):
                 return value
             if swaps is not None:  # the caller's dict itself, its values back after the call
-                return swap_in_place(value, dict(zip((key for key, _ in pairs), items)), swaps)
+                return swap_in_place(value, new, swaps)
             try:
-                return type(value)(zip((key for key, _ in pairs), items))
-            except Exception:  # noqa: BLE001 - a dict type that cannot be built from pairs
-                return dict(zip((key for key, _ in pairs), items))
+                return type(value)(new)
+            except Exception:  # noqa: BLE001 - a dict type that cannot be built from a dict
+                return new
         pending.out_slots.append((path, False))
         return value
 
@@ -369,9 +369,9 @@ class BackwardTaps:
             return value
         if depth < 4 and isinstance(value, (list, tuple, dict)):
             if isinstance(value, dict):
-                pairs = list(value.items())
-                keys = object_keys(k for k, _ in pairs)
-                vals = [v for _, v in pairs]
+                entries = object_items(value)
+                keys = [text for text, _, _ in entries]
+                vals = [v for _, _, v in entries]
             else:
                 fields = None if is_structseq(value) else getattr(value, "_fields", None)
                 keys = [str(f) for f in fields] if fields is not None else list(range(len(value)))
@@ -382,9 +382,9 @@ class BackwardTaps:
                 return value
             if isinstance(value, dict):
                 try:
-                    return type(value)(zip((k for k, _ in pairs), items))
+                    return type(value)(zip((k for _, k, _ in entries), items))
                 except Exception:
-                    return dict(zip((k for k, _ in pairs), items))
+                    return dict(zip((k for _, k, _ in entries), items))
             if isinstance(value, list):
                 return items
             if hasattr(value, "_fields") and not is_structseq(value):

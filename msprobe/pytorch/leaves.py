@@ -223,10 +223,7 @@ class LeafBuilder:
                 else:
                     st = tensor_stats(t)
                     if self.md5:
-                        try:
-                            crc = crc32_hex(t)
-                        except Exception:
-                            crc = None
+                        crc = _crc_or_none(t)
                 if remember:
                     memo.put(t, (st, crc), keep=keep)
         if st is None:
@@ -255,12 +252,7 @@ class LeafBuilder:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                         requires_grad=requires_grad)
         st = tensor_stats(flat)
-        crc = None
-        if self.md5:
-            try:
-                crc = crc32_hex(flat)
-            except Exception:  # noqa: BLE001 - a missing CRC-32, never a stopped recording
-                crc = None
+        crc = _crc_or_none(flat) if self.md5 else None
         return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                     numel=flat.numel(), max=st.max, min=st.min, mean=st.mean, norm=st.norm,
                     max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc,
@@ -404,6 +396,15 @@ class _Scratch(threading.local):
 #: the largest non-contiguous tensor (unit: bytes) copied into a thread's scratch buffer in
 #: summary_mode md5; larger ones take the two passes of ``tensor_stats`` and ``crc32_hex``
 SCRATCH_BYTES = 4 << 20
+
+
+def _crc_or_none(t: torch.Tensor) -> Optional[str]:
+    """:func:`~msprobe.pytorch.stats.crc32_hex` of ``t``, None when it fails (a missing
+    CRC-32, never a stopped recording)."""
+    try:
+        return crc32_hex(t)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorStats, crc: Optional[str],
