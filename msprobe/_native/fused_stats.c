@@ -35,6 +35,10 @@
  *   reduce_crc_at(address: int, n: int, kind: int, crc_fn_address: int[, portable])
  *       -> (max, min, sum, sumsq, has_nan, has_inf, crc)   crc: int in [0, 2**32), CRC from 0
  *   reduce(buffer, kind: int[, portable]) -> the same, over a C- or F-contiguous buffer
+ *   snapshot_at(address: int, n: int, kind: int[, crc_fn_address: int[, portable]])
+ *       -> (bytes, reduce_at's tuple, or reduce_crc_at's when crc_fn_address is not 0): a copy of
+ *       the elements' bytes made block by block right after each block is reduced (task tensor:
+ *       the snapshot and the statistics from one read of the source)
  * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0.
  * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
@@ -62,14 +66,17 @@ typedef struct {
 /* CRC-32 with zlib chaining semantics (ISA-L crc32_gzip_refl) */
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
-/* running CRC of the bytes of a buffer of elements of one kind; NULL: no CRC (reduce_at) */
+/* What the kernels do with each block right after reducing it (while it is in cache):
+ * fn != NULL: chain the CRC of its bytes into crc; dst != NULL: copy its bytes to the same
+ * offset of dst (snapshot_at). NULL context: nothing (reduce_at). */
 typedef struct {
     crc_fn fn;
     uint32_t crc;
     int kind;
+    unsigned char *dst;
 } crc_ctx;
 
-/* cc: NULL for the plain reduction; else the CRC of elements [0, n) is chained into cc->crc */
+/* cc: NULL for the plain reduction; else crc_span runs on every element of [0, n) once */
 typedef void (*kernel_fn)(const void *p, size_t n, acc_t *out, crc_ctx *cc);
 
 static inline float bf16_to_f32(uint16_t b) {
@@ -92,11 +99,15 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Chain the bytes of elements [start, end) of p into cc->crc (bfloat16: as float32 values,
- * converted BLOCK elements at a time into a 16 KiB stack buffer). Called by the kernels after
- * each block and once for the tail, in element order; never touches the statistics. */
+/* Copy the bytes of elements [start, end) of p to cc->dst (when set) and chain them into
+ * cc->crc (when cc->fn is set; bfloat16: as float32 values, converted BLOCK elements at a time
+ * into a 16 KiB stack buffer). Called by the kernels after each block and once for the tail, in
+ * element order; never touches the statistics. */
 static void crc_span(crc_ctx *cc, const void *p, size_t start, size_t end) {
     if (start >= end) return;
+    size_t w = cc->kind == KIND_F64 ? 8 : cc->kind == KIND_F32 ? 4 : 2;
+    if (cc->dst) memcpy(cc->dst + start * w, (const unsigned char *)p + start * w, (end - start) * w);
+    if (!cc->fn) return;
     if (cc->kind == KIND_BF16) {
         const uint16_t *h = (const uint16_t *)p + start;
         uint32_t buf[BLOCK];
@@ -110,7 +121,6 @@ static void crc_span(crc_ctx *cc, const void *p, size_t start, size_t end) {
         }
         return;
     }
-    size_t w = cc->kind == KIND_F64 ? 8 : cc->kind == KIND_F32 ? 4 : 2;
     cc->crc = cc->fn(cc->crc, (const unsigned char *)p + start * w, (uint64_t)(end - start) * w);
 }
 
@@ -383,7 +393,7 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_c
         kernel(p, (size_t)n, &acc, cc);
         if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
     }
-    if (cc)
+    if (cc && cc->fn)
         return Py_BuildValue("(ddddNNk)", acc.max, acc.min, acc.sum, acc.sumsq, PyBool_FromLong(has_nan),
                              PyBool_FromLong(has_inf), (unsigned long)cc->crc);
     return Py_BuildValue("(ddddNN)", acc.max, acc.min, acc.sum, acc.sumsq,
@@ -443,7 +453,48 @@ static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t
     /* a data pointer cannot portably be cast to a function pointer: copy the bits */
     memcpy(&cc.fn, &fn, sizeof cc.fn);
     cc.crc = 0;
+    cc.dst = NULL;
     return run(p, n, kind, portable, &cc);
+}
+
+/* snapshot_at(address, n, kind, crc_fn_address=0, portable=False) -> (bytes, reduction) */
+static PyObject *snapshot_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "snapshot_at(address, n, kind[, crc_fn_address[, portable]]) takes 3 to 5 arguments");
+        return NULL;
+    }
+    void *p;
+    Py_ssize_t n;
+    long kind;
+    if (parse_span(args, &p, &n, &kind) < 0) return NULL;
+    crc_ctx cc;
+    cc.fn = NULL;
+    cc.crc = 0;
+    cc.dst = NULL;
+    if (nargs >= 4) {
+        void *fn = PyLong_AsVoidPtr(args[3]);
+        if (fn == NULL && PyErr_Occurred()) return NULL;
+        memcpy(&cc.fn, &fn, sizeof cc.fn); /* 0: no CRC */
+    }
+    int portable = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (portable < 0) return NULL;
+    if (kind < 0 || kind >= NKINDS || n <= 0) return run(p, n, kind, portable, NULL); /* its ValueError */
+    Py_ssize_t w = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    if (n > PY_SSIZE_T_MAX / w) {
+        PyErr_Format(PyExc_ValueError, "n=%zd elements is too many bytes for one bytes object", n);
+        return NULL;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, n * w);
+    if (data == NULL) return NULL;
+    cc.dst = (unsigned char *)PyBytes_AS_STRING(data);
+    PyObject *reduced = run(p, n, kind, portable, &cc);
+    if (reduced == NULL) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", data, reduced);
 }
 
 static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -489,6 +540,12 @@ static PyMethodDef METHODS[] = {
      "the elements' bytes (bfloat16: of their float32 values) computed with the C function at\n"
      "crc_fn_address, uint32_t crc(uint32_t init, const unsigned char *buf, uint64_t len) with\n"
      "zlib crc32 chaining semantics (ISA-L crc32_gzip_refl). crc: int, from init 0."},
+    {"snapshot_at", (PyCFunction)(void (*)(void))snapshot_at, METH_FASTCALL,
+     "snapshot_at(address, n, kind, crc_fn_address=0, portable=False) -> (data, reduction)\n\n"
+     "A copy of the n elements' bytes (data: bytes, n * element size) and their reduction in the\n"
+     "same pass over memory: each block is copied right after it is reduced, while it is in\n"
+     "cache. reduction: reduce_at's tuple (bit-identical), or reduce_crc_at's when\n"
+     "crc_fn_address is not 0."},
     {"reduce", (PyCFunction)(void (*)(void))reduce_buffer, METH_FASTCALL,
      "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"

@@ -34,6 +34,7 @@ from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
+from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque,
                                    tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
@@ -129,7 +130,8 @@ class LeafBuilder:
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
     """
 
-    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch")
+    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+                 "_snapshot")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
@@ -148,6 +150,9 @@ class LeafBuilder:
         # call can hold one and the recorder skips looking for them
         self.pending_made = False
         self._scratch = _Scratch()  # md5: C-order copies of transposed views
+        # task tensor with PayloadCapture and the native pass: copy and statistics in one read
+        self._snapshot = (getattr(capture, "snapshot", None)
+                          if NATIVE is not None and hasattr(NATIVE, "snapshot_at") else None)
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
@@ -191,14 +196,14 @@ class LeafBuilder:
                 return leaf.replace(requires_grad=requires_grad) if isinstance(leaf, Leaf) else leaf
         if self.defer is not None:
             return self.defer(io, path, t)
-        payload = self.capture(t) if self.capture is not None and self.with_data else None
         if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
                 and not opaque(t)):
+            payload = self.capture(t) if self.capture is not None else None
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                                     requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
-        st = crc = None
+        st = crc = payload = None
         if self.with_data:
             memo = self.memo
             # an opaque view (null statistics) has the memo key of its whole tensor when
@@ -206,7 +211,8 @@ class LeafBuilder:
             remember = not opaque(t)
             hit = memo.get(t) if remember else None
             if hit is not None:
-                st, crc = hit
+                st, crc = hit[0], hit[1]
+                payload = self._payload_of(hit, t)
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
@@ -220,12 +226,22 @@ class LeafBuilder:
                         kind = None
                 if kind is not None:  # statistics and CRC-32 in one pass over the memory
                     st, crc = _stats.fused_stats_crc(t if c_order is None else c_order, kind)
+                    payload = self.capture(t) if self.capture is not None else None
+                elif (self._snapshot is not None and not self.md5
+                      and (kind := _native_kind(t, contiguous=False)) is not None):
+                    # task tensor, a transposed view: the statistics are those of its C-order
+                    # copy, read right after the copy is made (what summary_mode md5 reads too)
+                    payload, reduced = self._snapshot(t, lambda: _copy_reduce(t, kind))
+                    st = native_stats(t, reduced) if reduced is not None else tensor_stats(t)
                 else:
+                    payload = self.capture(t) if self.capture is not None else None
                     st = tensor_stats(t)
                     if self.md5:
                         crc = _crc_or_none(t)
                 if remember:
-                    memo.put(t, (st, crc), keep=keep)
+                    memo.put(t, _memo_value(st, crc, payload, t), keep=keep)
+        elif self.capture is not None:  # (the recorder makes no capture without data)
+            payload = self.capture(t)
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
@@ -270,18 +286,39 @@ class LeafBuilder:
         ptr = t.data_ptr()
         if not ptr or (self.capture is not None and _transforms_active()):
             return None
-        payload = self.capture(t) if self.capture is not None else None
         memo = self.memo
         key = (ptr, t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
         hit = memo.get_at(key, t)
         if hit is not None:
+            payload = self._payload_of(hit, t)
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
                 memo.put_at(key, t, hit, keep=True)
         else:
-            st = native_stats(t, NATIVE.reduce_at(ptr, n, kind))
-            memo.put_at(key, t, (st, None), keep=keep)
+            reduced = None
+            if self._snapshot is not None:
+                # task tensor: the payload's copy and the statistics from one read of the memory
+                payload, reduced = self._snapshot(t, lambda: NATIVE.snapshot_at(ptr, n, kind))
+            else:
+                payload = self.capture(t) if self.capture is not None else None
+            st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))
+            memo.put_at(key, t, (st, None) if payload is None else (st, None, payload, tuple(t.shape)), keep=keep)
         return _stats_leaf(io, path, t, n, st, None, payload)
+
+    def _payload_of(self, hit: tuple, t: torch.Tensor) -> Optional[str]:
+        """Task tensor: the payload reference of ``t``, whose memo entry is ``hit``.
+
+        A memo entry is valid only while the memory it was made for still holds the same
+        values (:mod:`msprobe.pytorch.stats_memo`); made from a contiguous tensor of the same
+        shape as ``t`` (``t`` contiguous too), its payload holds ``t``'s C-order bytes
+        exactly, and its reference is returned without a copy or a content hash (a
+        parameter met again in the optimizer's call, an output recorded as the next
+        call's input). Otherwise ``capture(t)``; None without a capture."""
+        if self.capture is None:
+            return None
+        if len(hit) == 4 and hit[3] == tuple(t.shape) and t.is_contiguous():
+            return hit[2]
+        return self.capture(t)
 
     def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:
         """The leaf of one ``numpy.ndarray`` argument (spec 3.3): numpy dtype name, shape and
@@ -396,6 +433,26 @@ class _Scratch(threading.local):
 #: the largest non-contiguous tensor (unit: bytes) copied into a thread's scratch buffer in
 #: summary_mode md5; larger ones take the two passes of ``tensor_stats`` and ``crc32_hex``
 SCRATCH_BYTES = 4 << 20
+
+
+def _memo_value(st: TensorStats, crc: Optional[str], payload: Optional[str], t: torch.Tensor) -> tuple:
+    """What the memo keeps for ``t``: ``(statistics, CRC-32)``, and where ``t`` is contiguous
+    and its payload was stored, ``(statistics, CRC-32, payload reference, shape)``
+    (:meth:`LeafBuilder._payload_of` reuses that reference)."""
+    if payload is None or not t.is_contiguous():
+        return (st, crc)
+    return (st, crc, payload, tuple(t.shape))
+
+
+def _copy_reduce(t: torch.Tensor, kind: int) -> tuple:
+    """``(C-order copy of t's bytes, the native reduction of that copy)`` (task tensor, a
+    non-contiguous ``t`` of native kind ``kind``): the copy is :func:`tensor_bytes`' (a
+    read-only uint8 array), reduced right after it is written; ``(None, None)`` when ``t``
+    cannot be copied."""
+    snap = tensor_bytes(t)
+    if snap is None or not len(snap[0]):
+        return None, None
+    return snap[0], NATIVE.reduce(snap[0], kind)
 
 
 def _crc_or_none(t: torch.Tensor) -> Optional[str]:

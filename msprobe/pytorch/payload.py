@@ -23,7 +23,7 @@ import io
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -117,7 +117,7 @@ class PayloadCapture:
             still holds them (unit: bytes; 0 turns the shortcut off). Must be >= 0.
 
     Calling it with a tensor ``t`` returns ``put(*tensor_bytes(t))``, or None when ``t``'s
-    values cannot be read. Shortcut: for a contiguous CPU tensor whose address, byte size,
+    values cannot be read (:meth:`snapshot`: the same with a copy made by the caller). Shortcut: for a contiguous CPU tensor whose address, byte size,
     dtype and shape match a snapshot still in the window, the memory is compared with that
     snapshot's bytes (``memcmp``); when equal, the earlier reference is returned without a
     copy and without hashing: the payload store is content-addressed, so the store itself
@@ -150,6 +150,22 @@ class PayloadCapture:
             self._held = 0
 
     def __call__(self, t: torch.Tensor) -> Optional[str]:
+        return self.snapshot(t)[0]
+
+    def snapshot(self, t: torch.Tensor, take: Optional[Callable[[], tuple[bytes, Any]]] = None
+                 ) -> tuple[Optional[str], Any]:
+        """``(reference or None, extra)``: what calling the capture with ``t`` returns, and
+        ``take``'s second result.
+
+        Args:
+            t: the tensor to store.
+            take: None (the snapshot is :func:`tensor_bytes`' copy; ``extra`` is None), or
+                ``take() -> (C-order bytes of t, extra)`` (bytes or :func:`tensor_bytes`'
+                read-only array; None: ``t`` cannot be copied) for a CPU tensor whose copy
+                comes with something computed in the same pass over its memory
+                (``msprobe._native.fused_stats.snapshot_at``: the statistics). ``take`` is
+                not called, and ``extra`` is None, when the window shortcut finds ``t``'s
+                bytes (no copy is made then)."""
         key = None
         if (self._window and t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
                 and not t.is_conj() and not t.is_neg() and t.is_contiguous()):
@@ -161,10 +177,17 @@ class PayloadCapture:
                     with self._lock:
                         self.hits += 1
                         self.hit_bytes += nbytes
-                    return known[0]
-        snap = tensor_bytes(t)
-        if snap is None:
-            return None
+                    return known[0], None
+        extra = None
+        if take is None:
+            snap = tensor_bytes(t)
+            if snap is None:
+                return None, None
+        else:
+            data, extra = take()
+            if data is None:
+                return None, extra
+            snap = (data, str(t.dtype), tuple(t.shape))
         ref = self._put(*snap)
         if key is not None and ref is not None:
             with self._lock:
@@ -176,7 +199,7 @@ class PayloadCapture:
                 while self._held > self._window and self._recent:
                     _, (_, data) = self._recent.popitem(last=False)
                     self._held -= len(data)
-        return ref
+        return ref, extra
 
 
 def torch_dtype(name: str) -> torch.dtype:

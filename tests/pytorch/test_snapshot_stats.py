@@ -1,0 +1,180 @@
+"""Task tensor: the payload's copy and the statistics from one read of the memory
+(``fused_stats.snapshot_at``), and payload references reused from the statistics memo.
+
+References are independent: the bytes are compared with ``ctypes.string_at`` of the tensor's
+memory (or numpy's C-order bytes of a view), the statistics with numpy float64 and with the
+separate passes (``reduce_at``, ``reduce_crc_at``) they must equal bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64
+from msprobe.pytorch import stats as stats_mod
+from msprobe.pytorch.leaves import LeafBuilder
+from msprobe.pytorch.payload import PayloadCapture
+
+NATIVE = stats_mod.NATIVE
+pytestmark = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "snapshot_at"),
+                                reason="msprobe._native.fused_stats with snapshot_at is not built")
+BLOCK = 4096
+KINDS = {KIND_F32: torch.float32, KIND_F64: torch.float64, KIND_BF16: torch.bfloat16, KIND_F16: torch.float16}
+
+
+def _kernels():
+    return [False, True] if NATIVE.isa() != "generic" else [False]
+
+
+def _same_tuple(a: tuple, b: tuple) -> bool:
+    """Equal element by element, NaN equal to NaN (bit-identical floats compare equal)."""
+    return len(a) == len(b) and all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+                                    for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 21, 70001])
+def test_snapshot_bytes_and_reduction(kind, n):
+    """The copy is the memory's bytes; the reduction equals reduce_at's bit for bit, and
+    with a CRC function reduce_crc_at's (portable and AVX2 kernels)."""
+    torch.manual_seed(n)
+    t = (torch.randn(n, dtype=torch.float64) * 5).to(KINDS[kind])
+    if n > 20:
+        t[n // 2] = float("nan") if n % 2 else float("inf")
+    nbytes = n * t.element_size()
+    for portable in _kernels():
+        data, reduced = NATIVE.snapshot_at(t.data_ptr(), n, kind, 0, portable)
+        assert type(data) is bytes and data == ctypes.string_at(t.data_ptr(), nbytes)
+        assert _same_tuple(reduced, NATIVE.reduce_at(t.data_ptr(), n, kind, portable))
+        if stats_mod.FUSED_CRC is not None:
+            data2, reduced2 = NATIVE.snapshot_at(t.data_ptr(), n, kind, stats_mod.FUSED_CRC, portable)
+            assert data2 == data
+            assert _same_tuple(reduced2, NATIVE.reduce_crc_at(t.data_ptr(), n, kind, stats_mod.FUSED_CRC, portable))
+
+
+def test_snapshot_independent_of_later_writes():
+    """The copy is a copy: a later in-place change of the tensor does not reach it."""
+    t = torch.arange(10000, dtype=torch.float32)
+    data, reduced = NATIVE.snapshot_at(t.data_ptr(), t.numel(), KIND_F32)
+    t.add_(1.0)
+    assert np.array_equal(np.frombuffer(data, np.float32), np.arange(10000, dtype=np.float32))
+    a = np.arange(10000, dtype=np.float64)
+    assert reduced[:4] == (a.max(), a.min(), math.fsum(a), math.fsum(a * a))
+
+
+def test_snapshot_bad_arguments():
+    a = torch.zeros(3)
+    with pytest.raises(ValueError, match="at least one element"):
+        NATIVE.snapshot_at(a.data_ptr(), 0, KIND_F32)
+    with pytest.raises(ValueError, match="kind"):
+        NATIVE.snapshot_at(a.data_ptr(), 3, 7)
+    with pytest.raises(ValueError, match="address"):
+        NATIVE.snapshot_at(0, 3, KIND_F32)
+    with pytest.raises(ValueError, match="too many bytes"):
+        NATIVE.snapshot_at(a.data_ptr(), 2 ** 62, KIND_F64)
+    with pytest.raises(TypeError):
+        NATIVE.snapshot_at(a.data_ptr(), 3)
+    with pytest.raises(TypeError):
+        NATIVE.snapshot_at(a.data_ptr(), 3, KIND_F32, 0, False, 1)
+
+
+# ------------------------------------------------------------------ leaves with PayloadCapture
+
+class _Store:
+    """A content-addressed stand-in for Session.put_payload: keeps every put."""
+
+    def __init__(self):
+        self.puts = []
+
+    def __call__(self, data, dtype, shape):
+        self.puts.append((bytes(data), dtype, tuple(shape)))
+        return f"shard:{len(self.puts)}"
+
+
+def _builder(window: int = 32 << 20):
+    store = _Store()
+    return LeafBuilder(md5=False, capture=PayloadCapture(store, window_bytes=window)), store
+
+
+def _np_stats(a: np.ndarray) -> tuple:
+    a = a.astype(np.float64).ravel()
+    return float(a.max()), float(a.min()), float(a.mean()), float(np.sqrt((a * a).sum()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_plain_tensor_leaf_payload_and_statistics(dtype):
+    """A contiguous tensor: the stored bytes are its bytes, and the statistics are those of
+    the statistics-only builder exactly (same pass) and of numpy float64."""
+    torch.manual_seed(3)
+    x = (torch.randn(70, 130, dtype=torch.float64) * 4).to(dtype)
+    builder, store = _builder()
+    leaf = builder.tensor_leaf("output", (0,), x)
+    assert leaf.payload == "shard:1"
+    assert store.puts == [(ctypes.string_at(x.data_ptr(), x.numel() * x.element_size()), str(dtype), (70, 130))]
+    plain = LeafBuilder(md5=False).tensor_leaf("output", (0,), x)
+    assert (leaf.max, leaf.min, leaf.mean, leaf.norm) == (plain.max, plain.min, plain.mean, plain.norm)
+    mx, mn, mean, norm = _np_stats(x.double().numpy())
+    assert (leaf.max, leaf.min) == (mx, mn)
+    assert leaf.mean == pytest.approx(mean, rel=1e-12, abs=1e-15)
+    assert leaf.norm == pytest.approx(norm, rel=1e-12)
+
+
+def test_memo_hit_reuses_payload_only_for_the_same_layout():
+    """Recorded again unchanged: no second put (the memo's reference). A transposed view of
+    the same memory (memo hit for the statistics) has other C-order bytes: put again, with
+    them. After an in-place change: put again, with the new bytes. The window is off, so
+    only the memo can skip a put."""
+    x = torch.randn(20, 20)
+    builder, store = _builder(window=0)
+    first = builder.tensor_leaf("output", (0,), x)
+    again = builder.tensor_leaf("input_args", (0,), x.view(20, 20))
+    assert again.payload == first.payload == "shard:1" and len(store.puts) == 1
+    transposed = builder.tensor_leaf("input_args", (1,), x.t())
+    assert transposed.payload == "shard:2" and builder.memo.hits == 2
+    assert store.puts[1][0] == np.ascontiguousarray(x.numpy().T).tobytes()
+    assert (transposed.max, transposed.min) == (first.max, first.min)
+    flat = builder.tensor_leaf("input_args", (2,), x.view(400))  # same memory, other shape
+    assert flat.payload == "shard:3" and store.puts[2][2] == (400,)
+    x.mul_(2.0)
+    changed = builder.tensor_leaf("output", (1,), x)
+    assert changed.payload == "shard:4" and store.puts[3][0] == x.numpy().tobytes()
+    assert changed.max == float(x.max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposed_view_statistics_from_its_copy(dtype):
+    """A non-contiguous view (attention's transposes): its payload is its C-order bytes and
+    its statistics are the native pass over that copy (Max/Min exact, Mean/Norm float64)."""
+    torch.manual_seed(5)
+    base = (torch.randn(8, 128, 64, dtype=torch.float64) * 3).to(dtype)
+    view = base.transpose(0, 1)
+    builder, store = _builder()
+    leaf = builder.tensor_leaf("output", (0,), view)
+    c_order = view.contiguous()
+    assert store.puts == [(ctypes.string_at(c_order.data_ptr(), c_order.numel() * c_order.element_size()),
+                           str(dtype), (128, 8, 64))]
+    kind = stats_mod.NATIVE_KIND[dtype]
+    reduced = NATIVE.reduce_at(c_order.data_ptr(), c_order.numel(), kind)
+    assert (leaf.max, leaf.min) == (reduced[0], reduced[1])
+    assert leaf.mean == reduced[2] / c_order.numel() and leaf.norm == math.sqrt(reduced[3])
+    mx, mn, mean, norm = _np_stats(view.double().numpy())
+    assert (leaf.max, leaf.min) == (mx, mn)
+    assert leaf.mean == pytest.approx(mean, rel=1e-12, abs=1e-15) and leaf.norm == pytest.approx(norm, rel=1e-12)
+
+
+def test_special_values_in_the_fused_path():
+    """NaN and infinity in a captured tensor: the flags, Max/Min NaN rule and the finite
+    Max/Min are those of the statistics-only builder."""
+    x = torch.randn(5000)
+    x[10], x[20] = float("nan"), float("inf")
+    builder, store = _builder()
+    leaf = builder.tensor_leaf("output", (0,), x)
+    plain = LeafBuilder(md5=False).tensor_leaf("output", (0,), x)
+    assert store.puts[0][0] == x.numpy().tobytes()
+    for field in ("has_nan", "has_inf", "max_finite", "min_finite"):
+        assert getattr(leaf, field) == getattr(plain, field)
+    assert math.isnan(leaf.max) and math.isnan(plain.max) and leaf.max_finite == float(x[torch.isfinite(x)].max())
