@@ -211,8 +211,8 @@ class LeafBuilder:
             remember = not opaque(t)
             hit = memo.get(t) if remember else None
             if hit is not None:
-                st, crc = hit[0], hit[1]
-                payload = self._payload_of(hit, t)
+                st, crc = hit
+                payload = self._payload_of(t)
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
@@ -239,7 +239,7 @@ class LeafBuilder:
                     if self.md5:
                         crc = _crc_or_none(t)
                 if remember:
-                    memo.put(t, _memo_value(st, crc, payload, t), keep=keep)
+                    memo.put(t, (st, crc), keep=keep)
         elif self.capture is not None:  # (the recorder makes no capture without data)
             payload = self.capture(t)
         if st is None:
@@ -290,7 +290,7 @@ class LeafBuilder:
         key = (ptr, t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
         hit = memo.get_at(key, t)
         if hit is not None:
-            payload = self._payload_of(hit, t)
+            payload = self._payload_of(t)
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
                 memo.put_at(key, t, hit, keep=True)
@@ -302,22 +302,22 @@ class LeafBuilder:
             else:
                 payload = self.capture(t) if self.capture is not None else None
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))
-            memo.put_at(key, t, (st, None) if payload is None else (st, None, payload, tuple(t.shape)), keep=keep)
+            memo.put_at(key, t, (st, None), keep=keep)
         return _stats_leaf(io, path, t, n, st, None, payload)
 
-    def _payload_of(self, hit: tuple, t: torch.Tensor) -> Optional[str]:
-        """Task tensor: the payload reference of ``t``, whose memo entry is ``hit``.
+    def _payload_of(self, t: torch.Tensor) -> Optional[str]:
+        """Task tensor: the payload reference of ``t`` after a memo hit:
+        ``capture(t)`` (None without a capture).
 
-        A memo entry is valid only while the memory it was made for still holds the same
-        values (:mod:`msprobe.pytorch.stats_memo`); made from a contiguous tensor of the same
-        shape as ``t`` (``t`` contiguous too), its payload holds ``t``'s C-order bytes
-        exactly, and its reference is returned without a copy or a content hash (a
-        parameter met again in the optimizer's call, an output recorded as the next
-        call's input). Otherwise ``capture(t)``; None without a capture."""
+        The memo's reference is not reused as it is: a memo entry proves only what version
+        counters and intercepted calls can see (:mod:`msprobe.pytorch.stats_memo`), and a
+        write through ``x.numpy()``, ``x.untyped_storage()`` or an operator on ``x.data``
+        outside the API list would leave the file with the first record's values (stale
+        statistics are documented there; a tensor file must hold the recorded values, spec
+        1.1). The capture's window proves a reuse by comparing the memory with the
+        snapshot's bytes (no copy, no hash) and snapshots afresh otherwise."""
         if self.capture is None:
             return None
-        if len(hit) == 4 and hit[3] == tuple(t.shape) and t.is_contiguous():
-            return hit[2]
         return self.capture(t)
 
     def ndarray_leaf(self, io: str, path: tuple, a: np.ndarray) -> Leaf:
@@ -433,15 +433,6 @@ class _Scratch(threading.local):
 #: the largest non-contiguous tensor (unit: bytes) copied into a thread's scratch buffer in
 #: summary_mode md5; larger ones take the two passes of ``tensor_stats`` and ``crc32_hex``
 SCRATCH_BYTES = 4 << 20
-
-
-def _memo_value(st: TensorStats, crc: Optional[str], payload: Optional[str], t: torch.Tensor) -> tuple:
-    """What the memo keeps for ``t``: ``(statistics, CRC-32)``, and where ``t`` is contiguous
-    and its payload was stored, ``(statistics, CRC-32, payload reference, shape)``
-    (:meth:`LeafBuilder._payload_of` reuses that reference)."""
-    if payload is None or not t.is_contiguous():
-        return (st, crc)
-    return (st, crc, payload, tuple(t.shape))
 
 
 def _copy_reduce(t: torch.Tensor, kind: int) -> tuple:

@@ -114,19 +114,17 @@ def test_plain_path_is_taken(monkeypatch, case):
 
 
 def test_plain_path_with_payload_capture(monkeypatch):
-    """Task tensor: the plain path captures the payload of the first record; a memo hit
-    reuses the statistics and that payload reference (same memory, same values, same
-    shape: the same bytes); both give the statistics of the general path (numpy float64
-    here)."""
+    """Task tensor: the plain path captures every record's payload (memo hits too) and
+    gives the statistics of the general path (numpy float64 here)."""
     calls = _spy(monkeypatch)
     captured = []
     builder = LeafBuilder(md5=False, capture=lambda t: captured.append(t) or f"shard:{len(captured)}")
     x = torch.randn(64, 33, dtype=torch.float32)
     first = builder.tensor_leaf("output", (0,), x)
-    again = builder.tensor_leaf("input_args", (0,), x)  # memo hit: statistics and payload reused
+    again = builder.tensor_leaf("input_args", (0,), x)  # memo hit: statistics reused, payload captured
     assert len(calls) == 2 and builder.memo.hits == 1
-    assert [c is x for c in captured] == [True]
-    assert (first.payload, again.payload) == ("shard:1", "shard:1")
+    assert [c is x for c in captured] == [True, True]
+    assert (first.payload, again.payload) == ("shard:1", "shard:2")
     a = x.numpy().astype(np.float64)
     for leaf in (first, again):
         assert (leaf.max, leaf.min) == (float(a.max()), float(a.min()))

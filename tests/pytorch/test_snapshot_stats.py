@@ -1,5 +1,5 @@
 """Task tensor: the payload's copy and the statistics from one read of the memory
-(``fused_stats.snapshot_at``), and payload references reused from the statistics memo.
+(``fused_stats.snapshot_at``), and payload references after a statistics memo hit (the capture window, never the memo alone).
 
 References are independent: the bytes are compared with ``ctypes.string_at`` of the tensor's
 memory (or numpy's C-order bytes of a view), the statistics with numpy float64 and with the
@@ -124,12 +124,12 @@ def test_plain_tensor_leaf_payload_and_statistics(dtype):
 
 
 def test_memo_hit_reuses_payload_only_for_the_same_layout():
-    """Recorded again unchanged: no second put (the memo's reference). A transposed view of
-    the same memory (memo hit for the statistics) has other C-order bytes: put again, with
-    them. After an in-place change: put again, with the new bytes. The window is off, so
-    only the memo can skip a put."""
+    """Recorded again unchanged: no second put (the capture window's reference, proven by
+    comparing the memory). A transposed view of the same memory (memo hit for the
+    statistics) has other C-order bytes: put again, with them. After an in-place change:
+    put again, with the new bytes."""
     x = torch.randn(20, 20)
-    builder, store = _builder(window=0)
+    builder, store = _builder()
     first = builder.tensor_leaf("output", (0,), x)
     again = builder.tensor_leaf("input_args", (0,), x.view(20, 20))
     assert again.payload == first.payload == "shard:1" and len(store.puts) == 1
@@ -143,6 +143,18 @@ def test_memo_hit_reuses_payload_only_for_the_same_layout():
     changed = builder.tensor_leaf("output", (1,), x)
     assert changed.payload == "shard:4" and store.puts[3][0] == x.numpy().tobytes()
     assert changed.max == float(x.max())
+
+
+def test_memo_hit_without_window_snapshots_again():
+    """The window off: a memo hit (statistics reused) still snapshots the memory, so a
+    write no version counter sees (through ``x.numpy()``) reaches the stored bytes."""
+    x = torch.randn(20, 20)
+    builder, store = _builder(window=0)
+    first = builder.tensor_leaf("output", (0,), x)
+    x.numpy()[0, 0] = 77.0
+    again = builder.tensor_leaf("input_args", (0,), x)
+    assert builder.memo.hits == 1 and again.payload != first.payload
+    assert store.puts[1][0] == x.numpy().tobytes()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
