@@ -198,7 +198,7 @@ class LeafBuilder:
             return self.defer(io, path, t)
         if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
                 and not opaque(t)):
-            payload = self.capture(t) if self.capture is not None else None
+            payload = self._payload_of(t)
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
@@ -226,7 +226,7 @@ class LeafBuilder:
                         kind = None
                 if kind is not None:  # statistics and CRC-32 in one pass over the memory
                     st, crc = _stats.fused_stats_crc(t if c_order is None else c_order, kind)
-                    payload = self.capture(t) if self.capture is not None else None
+                    payload = self._payload_of(t)
                 elif (self._snapshot is not None and not self.md5
                       and (kind := _native_kind(t, contiguous=False)) is not None):
                     # task tensor, a transposed view: the statistics are those of its C-order
@@ -234,14 +234,12 @@ class LeafBuilder:
                     payload, reduced = self._snapshot(t, lambda: _copy_reduce(t, kind))
                     st = native_stats(t, reduced) if reduced is not None else tensor_stats(t)
                 else:
-                    payload = self.capture(t) if self.capture is not None else None
+                    payload = self._payload_of(t)
                     st = tensor_stats(t)
                     if self.md5:
                         crc = _crc_or_none(t)
                 if remember:
                     memo.put(t, (st, crc), keep=keep)
-        elif self.capture is not None:  # (the recorder makes no capture without data)
-            payload = self.capture(t)
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
@@ -300,7 +298,7 @@ class LeafBuilder:
                 # task tensor: the payload's copy and the statistics from one read of the memory
                 payload, reduced = self._snapshot(t, lambda: NATIVE.snapshot_at(ptr, n, kind))
             else:
-                payload = self.capture(t) if self.capture is not None else None
+                payload = self._payload_of(t)
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))
             memo.put_at(key, t, (st, None), keep=keep)
         return _stats_leaf(io, path, t, n, st, None, payload)
@@ -340,7 +338,7 @@ class LeafBuilder:
             except (TypeError, ValueError, RuntimeError):
                 t = None
             if t is not None:
-                payload = self.capture(t) if self.capture is not None else None
+                payload = self._payload_of(t)
                 crc = crc32_hex(t) if self.md5 else None
         if st is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="numpy.ndarray", dtype=str(a.dtype),
