@@ -56,6 +56,9 @@
 #define KIND_BF16 2
 #define KIND_F16 3
 #define NKINDS 4
+
+/* bytes per element of a kind (2 for the 16-bit kinds; callers check the kind's range) */
+static inline size_t kind_width(long kind) { return kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2; }
 #define BLOCK 4096 /* elements per first-level block (a multiple of every unroll width) */
 #define GIL_FREE_MIN 65536 /* release the GIL for buffers at least this large */
 
@@ -105,7 +108,7 @@ static inline float f16_to_f32(uint16_t h) {
  * element order; never touches the statistics. */
 static void crc_span(crc_ctx *cc, const void *p, size_t start, size_t end) {
     if (start >= end) return;
-    size_t w = cc->kind == KIND_F64 ? 8 : cc->kind == KIND_F32 ? 4 : 2;
+    size_t w = kind_width(cc->kind);
     if (cc->dst) memcpy(cc->dst + start * w, (const unsigned char *)p + start * w, (end - start) * w);
     if (!cc->fn) return;
     if (cc->kind == KIND_BF16) {
@@ -481,7 +484,7 @@ static PyObject *snapshot_at(PyObject *self, PyObject *const *args, Py_ssize_t n
     int portable = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
     if (portable < 0) return NULL;
     if (kind < 0 || kind >= NKINDS || n <= 0) return run(p, n, kind, portable, NULL); /* its ValueError */
-    Py_ssize_t w = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    Py_ssize_t w = (Py_ssize_t)kind_width(kind);
     if (n > PY_SSIZE_T_MAX / w) {
         PyErr_Format(PyExc_ValueError, "n=%zd elements is too many bytes for one bytes object", n);
         return NULL;
@@ -509,7 +512,7 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
     if (kind == -1 && PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_ANY_CONTIGUOUS) != 0) return NULL;
-    Py_ssize_t width = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    Py_ssize_t width = (Py_ssize_t)kind_width(kind);
     PyObject *res;
     if (view.len % width != 0) {
         PyErr_Format(PyExc_ValueError, "buffer of %zd bytes is not a whole number of %zd-byte elements",

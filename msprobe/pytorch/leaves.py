@@ -285,7 +285,8 @@ class LeafBuilder:
         if not ptr or (self.capture is not None and _transforms_active()):
             return None
         memo = self.memo
-        key = (ptr, t.dtype, n, False, False)  # StatsMemo's key of a dense tensor (layout_free)
+        # StatsMemo's key of a dense tensor (layout_free; the count inlined from stats_memo.dense_count)
+        key = (ptr, t.dtype, n if n != 1 or t.dim() else -1, False, False)
         hit = memo.get_at(key, t)
         if hit is not None:
             payload = self._payload_of(t)

@@ -75,6 +75,14 @@ _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), s
             torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
+def dense_count(t: torch.Tensor, n: int) -> int:
+    """The element-count field of the memo key of a dense tensor ``t`` of ``n`` elements:
+    ``n``, but -1 for a 0-dim tensor. A 0-dim tensor reports its value as Mean (-0.0 stays
+    -0.0, spec section 9) while a 1-element tensor over the same memory reports sum / 1
+    (+0.0 for -0.0): the two must not share an entry."""
+    return n if n != 1 or t.dim() else -1
+
+
 class StatsMemo:
     """Statistics of recently recorded tensors, keyed by tensor identity.
 
@@ -127,7 +135,7 @@ class StatsMemo:
     def _key(self, t: torch.Tensor) -> tuple:
         if self.layout_free and is_dense(t):
             # the same block of memory, whatever the shape and the order of the dimensions
-            return (t.data_ptr(), t.dtype, t.numel(), t.is_neg(), t.is_conj())
+            return (t.data_ptr(), t.dtype, dense_count(t, t.numel()), t.is_neg(), t.is_conj())
         return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_neg(), t.is_conj())
 
     def get(self, t: torch.Tensor) -> Optional[Any]:
@@ -142,9 +150,9 @@ class StatsMemo:
         return self.get_at(key, t)
 
     def get_at(self, key: tuple, t: torch.Tensor) -> Optional[Any]:
-        """:meth:`get` with ``t``'s key already computed (``(data_ptr, dtype, numel, is_neg,
-        is_conj)`` for a dense tensor when ``layout_free``, else ``(data_ptr, dtype, shape,
-        stride, is_neg, is_conj)``)."""
+        """:meth:`get` with ``t``'s key already computed (``(data_ptr, dtype,
+        dense_count(t, numel), is_neg, is_conj)`` for a dense tensor when ``layout_free``,
+        else ``(data_ptr, dtype, shape, stride, is_neg, is_conj)``)."""
         try:
             e = self._entries.get(key)
             if e is None:

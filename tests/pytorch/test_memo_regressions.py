@@ -5,6 +5,7 @@ import json
 import math
 import zlib
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -152,3 +153,26 @@ def test_freed_storage_gives_null_statistics():
 def test_memo_limit_is_validated():
     with pytest.raises(ValueError, match="limit"):
         StatsMemo(enabled=True, limit=0)
+
+
+@pytest.mark.parametrize("first_0dim", [False, True])
+def test_0dim_and_1_element_over_one_address_keep_their_means(tmp_path, first_0dim):
+    """A 0-dim tensor reports its value as Mean (-0.0 stays -0.0, spec section 9); a
+    1-element 1-d tensor over the same memory reports sum / 1 = +0.0 (what torch.mean and a
+    float64 numpy sum from +0.0 give). The memo must not hand one's Mean to the other."""
+    x = torch.tensor([-0.0, 2.0])
+    one, zero_dim = x[0:1], x[0]
+    assert one.data_ptr() == zero_dim.data_ptr() and zero_dim.dim() == 0
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    if first_0dim:
+        torch.neg(zero_dim); torch.neg(one)
+    else:
+        torch.neg(one); torch.neg(zero_dim)
+    dbg.stop(); dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    by_shape = {tuple(e["input_args"][0]["shape"]): e["input_args"][0] for e in data.values()}
+    expected_one = float(np.add.reduce(np.array([-0.0]), initial=0.0)) / 1  # +0.0
+    assert math.copysign(1.0, by_shape[(1,)]["Mean"]) == math.copysign(1.0, expected_one) == 1.0
+    assert math.copysign(1.0, by_shape[()]["Mean"]) == -1.0  # its value, -0.0
+    assert by_shape[()]["Max"] == by_shape[()]["Min"] == 0.0
