@@ -29,8 +29,12 @@ import numpy as np
 import torch
 
 from msprobe.pytorch.ptfile import save_values
-from msprobe.pytorch.stats import OPAQUE_DTYPES
+from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense
 from store.payload_writer import Payload
+
+
+#: dense views whose payload reference :class:`PayloadCapture` remembers (a few per layer)
+VIEWS_LIMIT = 256
 
 
 def readable(t: torch.Tensor) -> bool:
@@ -122,14 +126,22 @@ class PayloadCapture:
     snapshot's bytes (``memcmp``); when equal, the earlier reference is returned without a
     copy and without hashing: the payload store is content-addressed, so the store itself
     would have returned that reference for these bytes. Any difference (an in-place change,
-    freed memory reused) takes the normal path. :meth:`clear` empties the window (the
-    recorder calls it at every flush point, so references never outlive a step's store).
+    freed memory reused) takes the normal path. The same for a dense non-contiguous view
+    (``x.transpose(0, 1)``, as ``nn.MultiheadAttention`` makes of a batch-first input and
+    then passes as query, key and value) recorded again: its C-order bytes are a fixed
+    permutation of its memory block, so when that block still equals the window's
+    memory-order snapshot of it (the contiguous tensor recorded before, ``memcmp``) and the
+    view's earlier reference was taken while the block held that very snapshot, the
+    reference is returned without the transposing copy and the hash. :meth:`clear` empties
+    the window (the recorder calls it at every flush point, so references never outlive a
+    step's store).
 
     Raises:
         ValueError: ``window_bytes`` < 0.
     """
 
-    __slots__ = ("_put", "_window", "_recent", "_held", "_lock", "hits", "hit_bytes")
+    __slots__ = ("_put", "_window", "_recent", "_held", "_lock", "_blocks", "_views", "_serial", "hits",
+                 "hit_bytes")
 
     def __init__(self, put: Callable[[Union[bytes, np.ndarray], str, tuple], Optional[str]], *,
                  window_bytes: int = 32 << 20) -> None:
@@ -137,8 +149,14 @@ class PayloadCapture:
             raise ValueError(f"window_bytes: got {window_bytes!r}; allowed: an int >= 0")
         self._put = put
         self._window = int(window_bytes)
-        self._recent: OrderedDict[tuple, tuple[str, bytes]] = OrderedDict()
+        # (address, bytes, dtype, shape) of a contiguous snapshot -> (reference, its bytes, serial)
+        self._recent: OrderedDict[tuple, tuple[str, bytes, int]] = OrderedDict()
         self._held = 0
+        self._blocks: dict[tuple, tuple] = {}  # (address, bytes) -> the newest _recent key over that memory
+        # (address, bytes, dtype, shape, strides) of a dense view -> (reference, _recent key of its
+        # block's snapshot, that snapshot's serial) (at most VIEWS_LIMIT, oldest dropped first)
+        self._views: OrderedDict[tuple, tuple[str, tuple, int]] = OrderedDict()
+        self._serial = 0
         self._lock = threading.Lock()  # autograd may record from its own threads
         self.hits = 0       #: snapshots skipped because the memory held known bytes
         self.hit_bytes = 0  #: bytes neither copied nor hashed thanks to that (unit: bytes)
@@ -147,6 +165,8 @@ class PayloadCapture:
         """Forget every recent snapshot."""
         with self._lock:
             self._recent.clear()
+            self._blocks.clear()
+            self._views.clear()
             self._held = 0
 
     def __call__(self, t: torch.Tensor) -> Optional[str]:
@@ -166,18 +186,20 @@ class PayloadCapture:
                 (``msprobe._native.fused_stats.snapshot_at``: the statistics). ``take`` is
                 not called, and ``extra`` is None, when the window shortcut finds ``t``'s
                 bytes (no copy is made then)."""
-        key = None
+        key = view = None
         if (self._window and t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
-                and not t.is_conj() and not t.is_neg() and t.is_contiguous()):
+                and not t.is_conj() and not t.is_neg()):
             nbytes = t.numel() * t.element_size()
             if 0 < nbytes <= self._window:
-                key = (t.data_ptr(), nbytes, t.dtype, tuple(t.shape))
-                known = self._recent.get(key)
-                if known is not None and _same_bytes(key[0], known[1]):
-                    with self._lock:
-                        self.hits += 1
-                        self.hit_bytes += nbytes
-                    return known[0], None
+                if t.is_contiguous():
+                    key = (t.data_ptr(), nbytes, t.dtype, tuple(t.shape))
+                    known = self._recent.get(key)
+                    if known is not None and _same_bytes(key[0], known[1]):
+                        return self._hit(known[0], nbytes), None
+                elif self._blocks and is_dense(t):
+                    view, ref = self._known_view(t, nbytes)
+                    if ref is not None:
+                        return self._hit(ref, nbytes), None
         extra = None
         if take is None:
             snap = tensor_bytes(t)
@@ -189,17 +211,54 @@ class PayloadCapture:
                 return None, extra
             snap = (data, str(t.dtype), tuple(t.shape))
         ref = self._put(*snap)
-        if key is not None and ref is not None:
+        if ref is not None and key is not None:
+            self._remember(key, ref, snap[0])
+        elif ref is not None and view is not None:
             with self._lock:
-                old = self._recent.pop(key, None)
-                if old is not None:
-                    self._held -= len(old[1])
-                self._recent[key] = (ref, snap[0])
-                self._held += len(snap[0])
-                while self._held > self._window and self._recent:
-                    _, (_, data) = self._recent.popitem(last=False)
-                    self._held -= len(data)
+                self._views.pop(view[0], None)
+                self._views[view[0]] = (ref, view[1], view[2])
+                while len(self._views) > VIEWS_LIMIT:
+                    self._views.popitem(last=False)
         return ref, extra
+
+    def _hit(self, ref: str, nbytes: int) -> str:
+        with self._lock:
+            self.hits += 1
+            self.hit_bytes += nbytes
+        return ref
+
+    def _remember(self, key: tuple, ref: str, data: bytes) -> None:
+        """Keep the snapshot ``data`` of the contiguous tensor ``key`` in the window."""
+        with self._lock:
+            old = self._recent.pop(key, None)
+            if old is not None:
+                self._held -= len(old[1])
+            self._serial += 1
+            self._recent[key] = (ref, data, self._serial)
+            self._blocks[key[:2]] = key
+            self._held += len(data)
+            while self._held > self._window and self._recent:
+                gone, (_, data, _) = self._recent.popitem(last=False)
+                self._held -= len(data)
+                if self._blocks.get(gone[:2]) == gone:
+                    del self._blocks[gone[:2]]
+
+    def _known_view(self, t: torch.Tensor, nbytes: int) -> tuple[Optional[tuple], Optional[str]]:
+        """For a dense non-contiguous ``t`` of ``nbytes`` bytes: ``(view, reference)``.
+        ``reference``: the one taken for the same view while its memory block held the
+        window's snapshot of that block, which it still holds (else None). ``view``: what
+        :meth:`snapshot` remembers with a new reference for ``t`` (its key, the block
+        snapshot's key and serial), when the block holds that snapshot now (else None)."""
+        address = t.data_ptr()
+        block_key = self._blocks.get((address, nbytes))
+        block = self._recent.get(block_key) if block_key is not None else None
+        if block is None or not _same_bytes(address, block[1]):
+            return None, None
+        view_key = (address, nbytes, t.dtype, tuple(t.shape), t.stride())
+        known = self._views.get(view_key)
+        if known is not None and known[1] == block_key and known[2] == block[2]:
+            return None, known[0]
+        return (view_key, block_key, block[2]), None
 
 
 def torch_dtype(name: str) -> torch.dtype:

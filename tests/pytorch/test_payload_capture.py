@@ -210,3 +210,71 @@ def test_from_payload_takes_the_read_only_array_of_a_non_contiguous_snapshot():
     assert torch.equal(got, t) and got.is_contiguous()
     got.add_(1)
     assert not data.flags.writeable and bytes(data) == np.ascontiguousarray(t.numpy()).tobytes()
+
+
+def _c_order(t):
+    return np.ascontiguousarray(t.numpy()).tobytes()
+
+
+def test_transposed_view_of_a_recorded_tensor_recorded_again_is_a_hit():
+    """nn.MultiheadAttention transposes a batch-first input once and passes the view as query,
+    key and value: the second record of the view reuses its reference (no copy, no hash)."""
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    view = x.transpose(0, 1)
+    ref_x = cap(x)
+    ref_v = cap(view)
+    assert cap(view) == cap(x.transpose(0, 1)) == ref_v != ref_x  # a new view object of the same elements too
+    assert cap.hits == 2 and cap.hit_bytes == 2 * 96
+    assert store.puts == [(x.numpy().tobytes(), "torch.float32", (2, 3, 4)),
+                          (_c_order(view), "torch.float32", (3, 2, 4))]
+
+
+@pytest.mark.parametrize("write", ["inplace", "numpy", "rerecorded"])
+def test_transposed_view_after_its_memory_changed_is_snapshotted_again(write):
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    cap(x)
+    first = cap(x.t())
+    if write == "inplace":
+        x.add_(1)
+    elif write == "numpy":  # a write no version counter sees
+        x.numpy()[2, 3] = -7.0
+    else:  # changed and recorded again: the window's snapshot of the block is a new one
+        x.add_(1)
+        cap(x)
+    second = cap(x.t())
+    assert second != first and store.puts[-1] == (_c_order(x.t()), "torch.float32", (4, 3))
+    if write == "rerecorded":
+        third = cap(x.t())  # now remembered against the new snapshot
+        assert third == second and cap.hits == 1
+    else:
+        assert cap.hits == 0
+
+
+def test_view_not_dense_or_not_over_a_recorded_block_takes_the_normal_path():
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    x = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    cap(x)
+    strided = x[:, ::2]          # a gap between elements: not a permutation of x's block
+    part = x[1:].t()             # dense, but over part of x's block only
+    for v in (strided, strided, part, part):
+        assert cap(v) is not None
+    assert cap.hits == 0 and len(store.puts) == 5
+    assert store.puts[-1][0] == _c_order(part)
+
+
+def test_view_memory_changed_back_to_the_same_bytes_is_still_a_hit():
+    """The proof is the bytes themselves: equal memory gives equal C-order bytes."""
+    store = FakeStore()
+    cap = PayloadCapture(store.put)
+    x = torch.randn(5, 7)
+    cap(x)
+    ref = cap(x.t())
+    saved = x.clone()
+    x.mul_(2)
+    x.copy_(saved)
+    assert cap(x.t()) == ref and cap.hits == 1 and len(store.puts) == 2
