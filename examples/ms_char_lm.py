@@ -8,16 +8,24 @@ characters (embedding → Dense → ReLU → LayerNorm → Dense), trained with 
 (task ``statistics``): every MindSpore API, Primitive and Cell forward/backward and every
 parameter gradient of each step is recorded with its Max/Min/Mean/Norm::
 
-    python examples/ms_char_lm.py                       # 8 steps, dump in ./dump_path
+    python examples/ms_char_lm.py                       # 8 steps, dump in ./dump_path_ms
     python examples/ms_char_lm.py --steps 2 --dump-path /tmp/dump
 
 At the end it prints the step directories written and the ten largest parameter-gradient
 norms, found with SQL over the recording (:func:`store.query.query`) — the same query as
-the PyTorch example, over a MindSpore dump.
+the PyTorch example, over a MindSpore dump. Its default dump path, ``./dump_path_ms``,
+differs from the PyTorch example's ``./dump_path``, so running both keeps two dumps.
+
+Each run starts from a clean dump: when the dump path already holds a msprobe recording
+(a ``.msprobe`` directory inside), the example removes that recording first and prints one
+line saying so, so that a rerun never mixes two runs' logs. It never removes anything else:
+a dump path holding other files stops it with a message instead.
 """
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -88,12 +96,58 @@ def build_model(vocab_size: int, seed: int = SEED):
     return net
 
 
-def train(steps: int = 8, dump_path: str = "./dump_path", record: bool = True, *,
+#: Top-level names a msprobe recording consists of (its log and payloads, step directories,
+#: the debug level's rank directories).
+_RECORDING_ENTRY = re.compile(r"\.msprobe|step\d+|rank\d*")
+
+
+def replace_previous_dump(dump_path: str) -> bool:
+    """Remove an earlier msprobe recording from ``dump_path``, so that a new run does not
+    add its log beside the earlier run's (the SQL views would hold both runs).
+
+    Returns True when a recording (a ``.msprobe`` directory inside ``dump_path``) was
+    removed, False when there was none (no such path, or an empty directory).
+
+    Raises:
+        FileExistsError: ``dump_path`` is a file, a non-empty directory that is not a msprobe
+            recording, or a recording with other files beside it; nothing is removed.
+    """
+    path = Path(dump_path)
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise FileExistsError(f"dump path {str(path)!r} exists and is not a directory; "
+                              "choose another --dump-path")
+    entries = sorted(path.iterdir())
+    if not entries:
+        return False
+    if not (path / ".msprobe").is_dir():
+        raise FileExistsError(f"dump path {str(path)!r} is not empty and holds no msprobe recording "
+                              "(no .msprobe directory); not touching it: choose another --dump-path")
+    foreign = [entry.name for entry in entries
+               if entry.is_symlink() or not entry.is_dir() or not _RECORDING_ENTRY.fullmatch(entry.name)]
+    if foreign:
+        raise FileExistsError(f"dump path {str(path)!r} holds a msprobe recording and other files "
+                              f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); not "
+                              "removing it: choose another --dump-path, or delete it yourself")
+    for entry in entries:
+        shutil.rmtree(entry)
+    return True
+
+
+def train(steps: int = 8, dump_path: str = "./dump_path_ms", record: bool = True, *,
           verbose: bool = False) -> list[np.ndarray]:
     """Train for ``steps`` Adam steps; returns each step's loss (0-dim float32 arrays).
 
-    The same ``steps`` give bit-identical losses with and without ``record``.
+    ``dump_path`` is the msprobe output directory (used when ``record``); an earlier msprobe
+    recording there is replaced (:func:`replace_previous_dump`, one line printed). The same
+    ``steps`` give bit-identical losses with and without ``record``.
+
+    Raises:
+        FileExistsError: ``dump_path`` holds something that is not a msprobe recording.
     """
+    if record and replace_previous_dump(dump_path):
+        print(f"replaced the previous msprobe recording in {Path(dump_path).resolve()}", flush=True)
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -141,11 +195,17 @@ def top_grad_norms(dump_path: str):
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
-    parser.add_argument("--dump-path", default="./dump_path", help="msprobe output directory (default ./dump_path)")
+    parser.add_argument("--dump-path", default="./dump_path_ms",
+                        help="msprobe output directory (default ./dump_path_ms); a msprobe recording "
+                             "already there is replaced, a directory holding anything else is left "
+                             "alone and the example stops")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    train(args.steps, args.dump_path, record=True, verbose=True)
+    try:
+        train(args.steps, args.dump_path, record=True, verbose=True)
+    except FileExistsError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     step_dirs = sorted(Path(args.dump_path).glob("step*/*/dump.json"),
                        key=lambda p: int(p.parent.parent.name[len("step"):]))
     print(f"\ndump written to {Path(args.dump_path).resolve()}:")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +28,13 @@ import pyarrow as pa
 
 from store import schema as S
 from store.errors import LogNotFoundError
+from store.log_writer import parse_log_file_name
 
 __all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "read_log"]
 
 _CONTINUATION = 0xFFFFFFFF
 _MAP_AT_LEAST = 16 << 20        # bytes: reads this large are memory-mapped
 _PREFIX = struct.Struct("<Ii")
-_FILE_NAME = re.compile(r"^rank(-?\d+)\.(\d+)\.(\d+)" + re.escape(S.LOG_SUFFIX) + r"$")
 
 
 class Skipped(NamedTuple):
@@ -243,10 +242,10 @@ class LogContents:
 
 
 def _file_order(path: Path) -> tuple:
-    match = _FILE_NAME.match(path.name)
-    if match is None:
+    parsed = parse_log_file_name(path.name)
+    if parsed is None:
         return (1, 0, 0, 0, path.name)
-    rank, pid, time_ns = (int(group) for group in match.groups())
+    rank, pid, time_ns = parsed
     return (0, rank, time_ns, pid, path.name)
 
 

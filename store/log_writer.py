@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ from store.fileutil import FILE_MODE, make_dirs
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
 
 
-__all__ = ["COMPRESSIONS", "LogWriter", "log_file_name"]
+__all__ = ["COMPRESSIONS", "LogWriter", "log_file_name", "parse_log_file_name", "other_process_logs"]
 
 COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -116,6 +117,44 @@ def log_file_name(rank: int, pid: int, time_ns: int) -> str:
     'rank3.4242.17.arrows'
     """
     return f"rank{rank}.{pid}.{time_ns}{S.LOG_SUFFIX}"
+
+
+_LOG_FILE_NAME = re.compile(r"^rank(-?\d+)\.(\d+)\.(\d+)" + re.escape(S.LOG_SUFFIX) + r"$")
+
+
+def parse_log_file_name(name: str) -> Optional[tuple[int, int, int]]:
+    """``(rank, pid, time_ns)`` of a :func:`log_file_name`, or None for any other name.
+
+    >>> parse_log_file_name("rank3.4242.17.arrows")
+    (3, 4242, 17)
+    """
+    match = _LOG_FILE_NAME.match(name)
+    if match is None:
+        return None
+    rank, pid, time_ns = (int(group) for group in match.groups())
+    return rank, pid, time_ns
+
+
+def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optional[int] = None) -> list[str]:
+    """Names of the log files of ``rank`` under ``{dump_path}/.msprobe/log/`` that a process
+    other than ``pid`` (default: this process) wrote, such as an earlier run's.
+
+    One directory listing (names only, no file is opened); an absent or unreadable
+    directory gives ``[]``. Logs of other ranks (the other processes of a distributed
+    run) are not counted.
+    """
+    own = os.getpid() if pid is None else pid
+    try:
+        with os.scandir(Path(dump_path) / S.STORE_DIR / S.LOG_DIR) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        parsed = parse_log_file_name(name)
+        if parsed is not None and parsed[0] == rank and parsed[1] != own:
+            found.append(name)
+    return sorted(found)
 
 
 def _open_private(path: str) -> BinaryIO:

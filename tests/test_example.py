@@ -123,3 +123,53 @@ def test_recording_keeps_losses_bit_identical(run):
     assert len(recorded) == STEPS
     plain = _load_example().train(STEPS, record=False)
     assert plain == recorded  # exact float equality: same bits
+
+
+def _counts(dump_path: Path) -> tuple[int, int]:
+    from store.query import query
+
+    table = query(str(dump_path), "SELECT (SELECT count(*) FROM tensors) AS t, (SELECT count(*) FROM calls) AS c")
+    return table.column("t")[0].as_py(), table.column("c")[0].as_py()
+
+
+def test_rerun_replaces_the_previous_recording(tmp_path, capsys):
+    """Running the example twice into one dump path leaves the second run only: one log,
+    the same rows as one run, no row of the top-ten table printed twice."""
+    example = _load_example()
+    dump_path = tmp_path / "dump"
+    assert example.main(["--steps", "1", "--dump-path", str(dump_path)]) == 0
+    first = capsys.readouterr().out
+    assert "replaced the previous" not in first
+    counts = _counts(dump_path)
+    assert example.main(["--steps", "1", "--dump-path", str(dump_path)]) == 0
+    second = capsys.readouterr().out
+    assert second.splitlines()[0] == f"replaced the previous msprobe recording in {dump_path.resolve()}"
+    assert len(list((dump_path / ".msprobe" / "log").glob("*.arrows"))) == 1
+    assert _counts(dump_path) == counts
+    _, rows = _printed_table(second)
+    assert len(rows) == 10 and len({tuple(row) for row in rows}) == 10
+    assert _printed_table(second) == _printed_table(first)
+
+
+@pytest.mark.parametrize("other", ["notes.txt", None])
+def test_rerun_never_removes_what_is_not_a_recording(tmp_path, capsys, other):
+    """A dump path holding other files (without a recording, or beside one) stops the
+    example with a message; nothing is removed."""
+    example = _load_example()
+    dump_path = tmp_path / "dump"
+    dump_path.mkdir()
+    if other is None:            # a directory of the user's, no msprobe recording
+        (dump_path / "data.bin").write_bytes(b"keep")
+        expected = "is not empty and holds no msprobe recording"
+        kept = dump_path / "data.bin"
+    else:                        # a recording with a file of the user's beside it
+        (dump_path / ".msprobe" / "log").mkdir(parents=True)
+        (dump_path / other).write_text("keep")
+        expected = f"holds a msprobe recording and other files ({other})"
+        kept = dump_path / other
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--steps", "1", "--dump-path", str(dump_path)])
+    assert stopped.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert kept.read_bytes() == b"keep"
+    assert not any(p.name.startswith("step") for p in dump_path.iterdir())

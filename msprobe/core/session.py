@@ -37,11 +37,30 @@ from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, u
 from msprobe.core.stack import StackInterner
 from store import schema
 from store.export import StepExporter, TensorFileWriter, export_debug
-from store.log_writer import LogWriter
+from store.log_writer import LogWriter, other_process_logs
 from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
 
 logger = logging.getLogger("msprobe")
+
+
+def _warn_earlier_logs(dump_path, rank: int) -> None:
+    """Warn once when ``dump_path`` already holds a log of ``rank`` written by another
+    process (an earlier run, or another run pointed at the same path): the log reader
+    joins every log file, so the recordings would mix. One directory listing, when the
+    session opens its log; never raises (an unreadable directory: no warning)."""
+    try:
+        earlier = len(other_process_logs(dump_path, rank))
+    except Exception:  # a check must never stop recording
+        return
+    if earlier:
+        logger.warning(
+            "msprobe: dump_path %r already holds %d earlier log%s of rank %d (written by another "
+            "process, e.g. a previous run); this run's log is added beside %s: the SQL views "
+            "(msprobe query), msprobe export and msprobe compare will include the earlier run's rows, "
+            "while the step directories show only the newest run. Use a new dump_path, or delete the "
+            "old one.",
+            str(dump_path), earlier, "" if earlier == 1 else "s", rank, "it" if earlier == 1 else "them")
 
 
 class Session:
@@ -103,6 +122,7 @@ class Session:
         self._file_owner: dict[str, tuple] = {}
         self._file_of: dict[tuple, str] = {}
         self._rank_warned = False
+        self._rerun_checked = False  # the earlier-run check ran (see _warn_earlier_logs)
         self._flush_hooks: list[Callable[[], None]] = []
         self._dirty = True  # entries arrived since the last export of the step
         self._emitted = False  # a call of this step went to the log since end_step
@@ -186,6 +206,9 @@ class Session:
             return False
         with self._lock:
             if self._writer is None:
+                if not self._rerun_checked:
+                    self._rerun_checked = True
+                    _warn_earlier_logs(self.config.dump_path, self.rank or 0)
                 self._writer = LogWriter(self.config.dump_path, self.rank or 0)
             if self._payloads is None and self._write_tensor is not None:
                 # tensor files are staged by the writer thread while the step runs; the

@@ -3,6 +3,7 @@ dump.json, and recording leaves the losses bit-identical."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from pathlib import Path
 
@@ -42,3 +43,21 @@ def test_example_records_and_queries(tmp_path):
     top = table[0]
     doc = json.loads((dump / f"step{top['step']}" / "rank" / "dump.json").read_text())
     assert doc["data"][top["name"]][top["param"]][0]["Norm"] == top["norm"]
+
+
+def test_rerun_replaces_the_previous_recording(tmp_path, capsys):
+    """Training the example twice into one dump path leaves the second run only (one log,
+    one run's rows); its default dump path is apart from the PyTorch example's."""
+    from store.query import query
+
+    ex = _load_example()
+    assert inspect.signature(ex.train).parameters["dump_path"].default == "./dump_path_ms"
+    dump = tmp_path / "dump"
+    sql = "SELECT (SELECT count(*) FROM tensors) AS t, (SELECT count(*) FROM calls) AS c"
+    ex.train(1, str(dump), record=True)
+    assert "replaced the previous" not in capsys.readouterr().out
+    once = query(str(dump), sql).to_pylist()
+    ex.train(1, str(dump), record=True)
+    assert capsys.readouterr().out == f"replaced the previous msprobe recording in {dump.resolve()}\n"
+    assert len(list((dump / ".msprobe" / "log").glob("*.arrows"))) == 1
+    assert query(str(dump), sql).to_pylist() == once

@@ -279,3 +279,36 @@ def test_offline_export_reproduces_live_files(tmp_path, level):
     assert live and live == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.json"))
     for rel in live:
         assert (tmp_path / "d" / rel).read_bytes() == (tmp_path / "again" / rel).read_bytes(), rel
+
+
+def test_rerun_into_the_same_dump_path_warns_once(tmp_path, caplog):
+    """The MindSpore adapter gets the core session's earlier-run warning: a rank-0 log of
+    another process in the dump path (an earlier run) is named once; a fresh path and this
+    process's own earlier log are not."""
+    import logging
+    import os
+
+    dump = tmp_path / "d"
+    x = make_input()
+
+    def record(steps):
+        dbg = PrecisionDebugger(dump_path=str(dump), level="mix")
+        train_loop(make_net(), x, dbg, steps=steps)
+        dbg.close()
+
+    def warnings():
+        return [r.getMessage() for r in caplog.records if r.name == "msprobe" and r.levelno >= logging.WARNING]
+
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    record(1)
+    record(1)                                    # this process's own log: no earlier run
+    assert warnings() == []
+    for path in (dump / ".msprobe" / "log").glob(f"rank0.{os.getpid()}.*.arrows"):
+        path.rename(path.with_name(path.name.replace(f".{os.getpid()}.", f".{os.getpid() + 1}.", 1)))
+    record(2)
+    assert warnings() == [
+        f"msprobe: dump_path {str(dump)!r} already holds 2 earlier logs of rank 0 (written by another "
+        "process, e.g. a previous run); this run's log is added beside them: the SQL views "
+        "(msprobe query), msprobe export and msprobe compare will include the earlier run's rows, "
+        "while the step directories show only the newest run. Use a new dump_path, or delete the "
+        "old one."]

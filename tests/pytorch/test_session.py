@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import filecmp
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -177,3 +179,65 @@ def test_two_debuggers_share_nothing(tmp_path):
     b.close()
     assert set(load_dump(tmp_path / "a")[0]["data"]) == {"Torch.relu.0.forward"}
     assert set(load_dump(tmp_path / "b")[0]["data"]) == {"Torch.tanh.0.forward"}
+
+
+def _earlier_run_warning(dump: Path, count: int) -> str:
+    logs, beside = ("1 earlier log", "it") if count == 1 else (f"{count} earlier logs", "them")
+    return (f"msprobe: dump_path {str(dump)!r} already holds {logs} of rank 0 (written by another "
+            f"process, e.g. a previous run); this run's log is added beside {beside}: the SQL views "
+            "(msprobe query), msprobe export and msprobe compare will include the earlier run's rows, "
+            "while the step directories show only the newest run. Use a new dump_path, or delete the "
+            "old one.")
+
+
+def _as_written_by(dump: Path, rank: int, pid: int) -> None:
+    """Rename this process's logs under ``dump`` as if process ``pid`` of ``rank`` wrote them."""
+    for path in (dump / ".msprobe" / "log").glob(f"rank0.{os.getpid()}.*.arrows"):
+        time_ns = path.name.split(".")[2]
+        path.rename(path.with_name(f"rank{rank}.{pid}.{time_ns}.arrows"))
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "msprobe" and r.levelno >= logging.WARNING]
+
+
+def test_rerun_into_the_same_dump_path_warns_once(tmp_path, caplog):
+    """A second run (another process) recording rank 0 into a dump path that holds an
+    earlier rank-0 log: one warning naming the path, the count and what mixes."""
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    dump = tmp_path / "d"
+    train(tmp_path, steps=1)
+    assert _warnings(caplog) == []                           # a fresh dump path
+    _as_written_by(dump, 0, os.getpid() + 1)
+    train(tmp_path, steps=2)
+    assert _warnings(caplog) == [_earlier_run_warning(dump, 1)]   # once, not per step
+    caplog.clear()
+    _as_written_by(dump, 0, os.getpid() + 2)
+    train(tmp_path, steps=1)
+    assert _warnings(caplog) == [_earlier_run_warning(dump, 2)]
+
+
+def test_no_earlier_run_warning_for_other_ranks_or_this_process(tmp_path, caplog):
+    """Other ranks' logs (a distributed run shares the dump path) and this process's own
+    earlier log (a debugger closed and created again) are no earlier run."""
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    dump = tmp_path / "d"
+    train(tmp_path, steps=1)
+    _as_written_by(dump, 1, os.getpid() + 1)                 # rank 1 of another process
+    train(tmp_path, steps=1)
+    train(tmp_path, steps=1)                                 # rank 0 of this process
+    assert len(list((dump / ".msprobe" / "log").glob("rank0.*.arrows"))) == 2
+    assert _warnings(caplog) == []
+
+
+def test_earlier_run_check_never_stops_recording(tmp_path, caplog, monkeypatch):
+    import msprobe.core.session as session_mod
+
+    def broken(*_a, **_k):
+        raise OSError("unreadable")
+
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    monkeypatch.setattr(session_mod, "other_process_logs", broken)
+    train(tmp_path, steps=2)
+    assert _warnings(caplog) == []
+    assert "Module.linear_1.Linear.forward.0" in load_dump(tmp_path / "d", step=1)[0]["data"]

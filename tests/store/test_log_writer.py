@@ -13,7 +13,7 @@ import pytest
 from store import schema as S
 from store.errors import StoreWriteError
 from store.log_reader import LogReader, read_log
-from store.log_writer import LogWriter, log_file_name
+from store.log_writer import LogWriter, log_file_name, other_process_logs, parse_log_file_name
 from store.records import Call, Leaf, Marker, Stack
 
 META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
@@ -109,6 +109,43 @@ def test_log_file_name_location_and_modes(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     for directory in (tmp_path / "dump", log_dir.parent, log_dir):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o750
+
+
+def test_other_process_logs_counts_only_this_rank_of_other_processes(tmp_path):
+    """The earlier-run check of the session (one listing, names only): logs of the same
+    rank from other pids count; other ranks, this process's own logs, stray names don't."""
+    dump = tmp_path / "dump"
+    assert other_process_logs(dump, 0) == []            # no dump path yet
+    log_dir = dump / ".msprobe" / "log"
+    log_dir.mkdir(parents=True)
+    assert other_process_logs(dump, 0) == []            # empty log directory
+    me, other = os.getpid(), os.getpid() + 1
+    names = [log_file_name(0, other, 5), log_file_name(0, other + 1, 3), log_file_name(1, other, 4),
+             log_file_name(0, me, 6), "rank0.x.1.arrows", "rank0.7.1.arrows.tmp", "notes.txt"]
+    for name in names:
+        (log_dir / name).write_bytes(b"")
+    assert other_process_logs(dump, 0) == sorted([log_file_name(0, other, 5), log_file_name(0, other + 1, 3)])
+    assert other_process_logs(dump, 1) == [log_file_name(1, other, 4)]
+    assert other_process_logs(dump, 2) == []
+    assert other_process_logs(dump, 0, pid=other) == sorted([log_file_name(0, other + 1, 3), log_file_name(0, me, 6)])
+    assert parse_log_file_name(log_file_name(-1, 12, 34)) == (-1, 12, 34)
+    assert parse_log_file_name("rank0.x.1.arrows") is None
+
+
+def test_other_process_logs_of_an_unreadable_directory_is_empty(tmp_path, monkeypatch):
+    log_dir = tmp_path / "dump" / ".msprobe" / "log"
+    log_dir.mkdir(parents=True)
+    (log_dir / log_file_name(0, os.getpid() + 1, 1)).write_bytes(b"")
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", denied)
+    assert other_process_logs(tmp_path / "dump", 0) == []
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.undo()
+    assert other_process_logs(blocker, 0) == []        # not a directory
 
 
 def test_nothing_is_visible_before_the_flush(tmp_path):
