@@ -21,7 +21,9 @@
         0 no divergence, 1 divergence, 2 bad input
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
-log, a failed export or an invalid query (message on stderr). Imports no deep-learning
+log, a failed export or an invalid query (message on stderr); 141 (128 + SIGPIPE, what a
+shell reports for a process that SIGPIPE ended) without a message when stdout is closed
+early, as by ``msprobe query ... | head``, for every subcommand. Imports no deep-learning
 framework.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -41,9 +44,24 @@ __all__ = ["main"]
 
 FORMATS = ("table", "csv", "json")
 
+#: exit status when stdout is closed before the output is written (``| head``): 128 + SIGPIPE (13)
+EXIT_STDOUT_CLOSED = 141
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that writing help or usage to a closed stdout raises
+    (argparse ignores the error, so ``msprobe --help | true`` would exit 0 or 141 depending
+    on stdout's buffering); the subparsers are of this class too."""
+
+    def _print_message(self, message, file=None):
+        if message and file is sys.stdout:
+            file.write(message)
+            return
+        super()._print_message(message, file)
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="msprobe", description="msprobe precision-debugging dump tools"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -358,12 +376,35 @@ def _run_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): no message, and stdout pointed at
+    devnull so that the interpreter's flush at exit does not fail again on the rest of the
+    buffer (the recipe of Python's signal module docs, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):   # stdout without a file descriptor (captured in a test)
+        pass
+    return EXIT_STDOUT_CLOSED
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the ``msprobe`` command line; returns the exit status (0 ok, 2 error).
+    """Run the ``msprobe`` command line; returns the exit status (0 ok, 2 error, 141 stdout
+    closed early).
 
     Args:
         argv: arguments without the program name; None means ``sys.argv[1:]``.
     """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's flush at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return status
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] in ("-f", "--framework") and argv[1] in ("pytorch", "mindspore"):
@@ -382,6 +423,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "compare":
             return _run_compare(args)
         return _run_query(args)
+    except BrokenPipeError:
+        raise   # stdout closed early: main() ends quietly
     except (StoreError, OSError) as exc:
         print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -158,3 +158,49 @@ def test_cli_imports_no_framework():
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+# --- stdout closed early (``msprobe ... | head``) ----------------------------------------------------
+def _cli(argv, stdout, unbuffered="1"):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    return subprocess.Popen([sys.executable, "-m", "msprobe.cli", *argv], stdout=stdout,
+                            stderr=subprocess.PIPE, env=env, cwd=ROOT)
+
+
+def test_query_into_a_reader_that_closes_early(dump):
+    """``msprobe query ... | head -1``: ~600 kB of output, the reader takes one line and goes."""
+    proc = _cli(["query", str(dump), "SELECT range AS i FROM range(100000)", "--format", "csv"],
+                subprocess.PIPE)
+    assert proc.stdout.readline() == b"i\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "{dump}", "SELECT count(*) AS n FROM calls"],
+    ["compare", "{dump}", "{dump}"],
+    ["compare", "{dump}", "--nan-origin"],
+    ["export", "{dump}", "-o", "{out}"],
+    ["compact", "{dump}", "-o", "{out}"],
+    ["--help"],
+    ["compare", "--help"],
+], ids=["query", "compare", "nan-origin", "export", "compact", "help", "compare-help"])
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_every_subcommand_quiet_on_closed_stdout(dump, tmp_path, argv, unbuffered):
+    """stdout is a pipe whose reader is already gone: exit 141 (128 + SIGPIPE), nothing on
+    stderr (no 'error: [Errno 32] Broken pipe', no 'Exception ignored' at exit), whether
+    stdout is buffered or not (PYTHONUNBUFFERED)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = _cli([a.format(dump=dump, out=tmp_path / "out") for a in argv], write_end, unbuffered)
+    finally:
+        os.close(write_end)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 141, err
+    assert err == ""

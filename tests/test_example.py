@@ -1,11 +1,14 @@
 """examples/char_lm.py end to end: it runs, writes the documented layout, prints the right
-query result, and recording leaves the losses bit-identical."""
+query result, and recording leaves the losses bit-identical. Plus every example query of
+docs/query.md, run on the same recording."""
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +176,59 @@ def test_rerun_never_removes_what_is_not_a_recording(tmp_path, capsys, other):
     assert expected in capsys.readouterr().err
     assert kept.read_bytes() == b"keep"
     assert not any(p.name.startswith("step") for p in dump_path.iterdir())
+
+
+# --- docs/query.md: every documented query, run on this 2-step recording --------------------------
+QUERY_DOC = REPO / "docs" / "query.md"
+QUERY_BLOCKS = re.findall(r"```\n\$ (msprobe query .*?)\n(.*?)```", QUERY_DOC.read_text(encoding="utf-8"),
+                          flags=re.DOTALL)
+#: the prefix docs/query.md writes for the checkout's absolute path in stack frames
+DOC_CHECKOUT = "/path/to/msprobe/"
+_FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def _query_lines(text: str, fmt: str) -> tuple[list[str], list[list[str]]]:
+    """Header and output lines (cells stripped) of one ``msprobe query`` output. A table
+    cell with a newline (a stack frame) continues on the next line, which counts as a line."""
+    if fmt == "csv":
+        header, *rows = csv.reader(text.splitlines())
+        return header, rows
+    lines = text.rstrip("\n").split("\n")
+    assert re.fullmatch(r"-+(-\+-+)*", lines[1]), lines[1]
+    return ([c.strip() for c in lines[0].split(" | ")],
+            [[c.strip() for c in line.split(" | ")] for line in lines[2:]])
+
+
+def _neutral(cells: list[list[str]], checkout: str) -> list[list[str]]:
+    """Floats (they depend on the step count and the build) masked, the checkout prefix neutral."""
+    return [[_FLOAT.sub("<float>", c.replace(checkout, DOC_CHECKOUT)) for c in row] for row in cells]
+
+
+def test_query_doc_has_the_examples():
+    assert len(QUERY_BLOCKS) == 7
+    assert all("/work/" not in out for _, out in QUERY_BLOCKS)   # no machine-specific paths shown
+
+
+@pytest.mark.parametrize("index", range(len(QUERY_BLOCKS)))
+def test_query_doc_example(run, capsys, index):
+    """The doc's outputs are from 8 steps: the same columns; step-0 queries print the same
+    rows (floats aside), the others as many rows as the doc (per-step rows: one per step)."""
+    from msprobe.cli import main as cli
+
+    command, doc_out = QUERY_BLOCKS[index]
+    argv = shlex.split(command)
+    assert argv[:3] == ["msprobe", "query", "dump_path"]
+    dump_path, _ = run
+    fmt = argv[argv.index("--format") + 1] if "--format" in argv else "table"
+    capsys.readouterr()
+    assert cli(["query", str(dump_path)] + argv[3:]) == 0
+    got_header, got = _query_lines(capsys.readouterr().out, fmt)
+    doc_header, doc = _query_lines(doc_out, fmt)
+    assert got_header == doc_header
+    sql = argv[3]
+    if "step = 0" in sql:
+        assert _neutral(got, str(REPO) + os.sep) == _neutral(doc, "\0")
+    elif "LIMIT" in sql:
+        assert len(got) == len(doc)
+    else:
+        assert len(got) == STEPS and len(doc) == 8

@@ -6,6 +6,8 @@ mapping file's sections and its errors (line, key)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +185,10 @@ ignore:
   - Primitive.matmul.MatMul
 """
 
+#: the mapping file README.md shows for the same comparison (its only ```yaml block)
+README_MAPPING = re.search(r"```yaml\n(.*?)```", (Path(__file__).resolve().parents[2] / "README.md")
+                           .read_text(encoding="utf-8"), flags=re.DOTALL).group(1)
+
 
 def _n_paired(r) -> int:
     return r.con.sql("SELECT count(*) FROM alignment WHERE t_name IS NOT NULL AND b_name IS NOT NULL").fetchall()[0][0]
@@ -209,6 +215,16 @@ def test_mix_level_api_leaf_ignore_mapping_pairs_every_call(tmp_path, monkeypatc
     (t_mean,), = r.con.sql("SELECT t_mean FROM tensors WHERE t_call = 'Functional.linear.0.forward' "
                            "AND io = 'output'").fetchall()
     assert t_mean == pytest.approx(h.mean(), rel=1e-5)
+    # README's copy of this file, as a user would paste it, pairs the same way: every call
+    # passes, backward included (linear's input gradients against BiasAdd's)
+    readme = tmp_path / "readme.yaml"
+    readme.write_text(README_MAPPING)
+    r = C.compare(msd, pt, mapping=readme, tol="loose")
+    assert r.summary["ranks"][0]["counts"] == {"pass": 16, "propagated": 0, "origin": 0, "unpaired": 0}
+    assert r.exit_code == 0 and r.summary["unmatched"] == {"target": [], "baseline": []}
+    (n,), = r.con.sql("SELECT count(*) FROM tensors WHERE b_call = 'Functional.linear.1.backward' AND io = 'output' "
+                      "AND t_norm IS NOT NULL AND b_norm IS NOT NULL").fetchall()
+    assert n == 1   # the bias gradient; x's gradient has no MindSpore counterpart
     # no mapping: the built-in table pairs the Dense/Linear modules and ReLU with F.relu (12 of the
     # 16 PyTorch calls); Dense's MatMul + BiasAdd against F.linear need the file above
     r = C.compare(msd, pt, tol="loose")
