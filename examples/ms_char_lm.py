@@ -24,8 +24,6 @@ a dump path holding other files stops it with a message instead.
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -96,58 +94,22 @@ def build_model(vocab_size: int, seed: int = SEED):
     return net
 
 
-#: Top-level names a msprobe recording consists of (its log and payloads, step directories,
-#: the debug level's rank directories).
-_RECORDING_ENTRY = re.compile(r"\.msprobe|step\d+|rank\d*")
-
-
-def replace_previous_dump(dump_path: str) -> bool:
-    """Remove an earlier msprobe recording from ``dump_path``, so that a new run does not
-    add its log beside the earlier run's (the SQL views would hold both runs).
-
-    Returns True when a recording (a ``.msprobe`` directory inside ``dump_path``) was
-    removed, False when there was none (no such path, or an empty directory).
-
-    Raises:
-        FileExistsError: ``dump_path`` is a file, a non-empty directory that is not a msprobe
-            recording, or a recording with other files beside it; nothing is removed.
-    """
-    path = Path(dump_path)
-    if not path.exists():
-        return False
-    if not path.is_dir():
-        raise FileExistsError(f"dump path {str(path)!r} exists and is not a directory; "
-                              "choose another --dump-path")
-    entries = sorted(path.iterdir())
-    if not entries:
-        return False
-    if not (path / ".msprobe").is_dir():
-        raise FileExistsError(f"dump path {str(path)!r} is not empty and holds no msprobe recording "
-                              "(no .msprobe directory); not touching it: choose another --dump-path")
-    foreign = [entry.name for entry in entries
-               if entry.is_symlink() or not entry.is_dir() or not _RECORDING_ENTRY.fullmatch(entry.name)]
-    if foreign:
-        raise FileExistsError(f"dump path {str(path)!r} holds a msprobe recording and other files "
-                              f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); not "
-                              "removing it: choose another --dump-path, or delete it yourself")
-    for entry in entries:
-        shutil.rmtree(entry)
-    return True
-
-
 def train(steps: int = 8, dump_path: str = "./dump_path_ms", record: bool = True, *,
           verbose: bool = False) -> list[np.ndarray]:
     """Train for ``steps`` Adam steps; returns each step's loss (0-dim float32 arrays).
 
     ``dump_path`` is the msprobe output directory (used when ``record``); an earlier msprobe
-    recording there is replaced (:func:`replace_previous_dump`, one line printed). The same
+    recording there is replaced (:func:`store.recording.clear_recording`, one line printed). The same
     ``steps`` give bit-identical losses with and without ``record``.
 
     Raises:
         FileExistsError: ``dump_path`` holds something that is not a msprobe recording.
     """
-    if record and replace_previous_dump(dump_path):
-        print(f"replaced the previous msprobe recording in {Path(dump_path).resolve()}", flush=True)
+    if record:
+        from store.recording import clear_recording
+
+        if clear_recording(dump_path):
+            print(f"replaced the previous msprobe recording in {Path(dump_path).resolve()}", flush=True)
     import mindspore as ms
     from mindspore import Tensor, nn
 
