@@ -66,6 +66,8 @@ def tensor_bytes(t: torch.Tensor) -> Optional[tuple[Union[bytes, np.ndarray], st
         if x.is_neg():
             x = x.resolve_neg()
         x = x.cpu()
+        if x._is_zerotensor():  # no memory (data_ptr 0): its values are zeros
+            x = torch.zeros(x.shape, dtype=x.dtype)
         nbytes = x.numel() * x.element_size()
         if nbytes == 0:
             data = b""
@@ -192,8 +194,10 @@ class PayloadCapture:
             nbytes = t.numel() * t.element_size()
             if 0 < nbytes <= self._window:
                 if t.is_contiguous():
+                    # address 0: a ZeroTensor, without memory to compare (nor to remember)
                     key = (t.data_ptr(), nbytes, t.dtype, tuple(t.shape))
-                    known = self._recent.get(key)
+                    key = key if key[0] else None
+                    known = self._recent.get(key) if key is not None else None
                     if known is not None and _same_bytes(key[0], known[1]):
                         return self._hit(known[0], nbytes), None
                 elif self._blocks and is_dense(t):
@@ -210,6 +214,8 @@ class PayloadCapture:
             if data is None:
                 return None, extra
             snap = (data, str(t.dtype), tuple(t.shape))
+        if view is not None and not self._block_unchanged(view):
+            view = None  # the block changed while t was copied (another thread): the copy proves nothing
         ref = self._put(*snap)
         if ref is not None and key is not None:
             self._remember(key, ref, snap[0])
@@ -243,6 +249,12 @@ class PayloadCapture:
                 if self._blocks.get(gone[:2]) == gone:
                     del self._blocks[gone[:2]]
 
+    def _block_unchanged(self, view: tuple) -> bool:
+        """True if the memory block of ``view`` (what :meth:`_known_view` returned) still
+        holds the window's snapshot it was compared with before the copy."""
+        block = self._recent.get(view[1])
+        return block is not None and block[2] == view[2] and _same_bytes(view[0][0], block[1])
+
     def _known_view(self, t: torch.Tensor, nbytes: int) -> tuple[Optional[tuple], Optional[str]]:
         """For a dense non-contiguous ``t`` of ``nbytes`` bytes: ``(view, reference)``.
         ``reference``: the one taken for the same view while its memory block held the
@@ -250,6 +262,8 @@ class PayloadCapture:
         :meth:`snapshot` remembers with a new reference for ``t`` (its key, the block
         snapshot's key and serial), when the block holds that snapshot now (else None)."""
         address = t.data_ptr()
+        if not address:  # a ZeroTensor: no memory
+            return None, None
         block_key = self._blocks.get((address, nbytes))
         block = self._recent.get(block_key) if block_key is not None else None
         if block is None or not _same_bytes(address, block[1]):
