@@ -35,8 +35,8 @@ from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looke
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
-from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, native_stats, opaque,
-                                   tensor_stats)
+from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
+                                   native_stats, opaque, tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.records import Leaf, make_leaf
@@ -194,6 +194,7 @@ class LeafBuilder:
             if requires_grad != bool(t.requires_grad):  # the wrapper's own flag is the one to record
                 leaf = self._general_leaf(io, path, t, keep)
                 return leaf.replace(requires_grad=requires_grad) if isinstance(leaf, Leaf) else leaf
+        t = materialized(t)  # a ZeroTensor: its zeros (it has no memory to read)
         if self.defer is not None:
             return self.defer(io, path, t)
         if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5

@@ -202,6 +202,18 @@ def has_data(t: torch.Tensor) -> bool:
         return True
 
 
+def materialized(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or for a ZeroTensor (``torch._efficientzerotensor``, which autograd formulas
+    make for gradients known to be zero: no memory, ``data_ptr()`` 0 while its storage
+    reports bytes) a new tensor of the zeros it stands for, same dtype, shape, device and
+    ``requires_grad``. Readers of memory (the native pass, CRC-32, payload copies) must not
+    touch address 0."""
+    is_zero = getattr(t, "_is_zerotensor", None)
+    if is_zero is None or t.layout != torch.strided or not is_zero():
+        return t
+    return torch.zeros(t.shape, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
+
+
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
 
@@ -213,6 +225,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     """
     if not has_data(t):
         return TensorStats()
+    t = materialized(t)
     if NATIVE is not None and t.dtype in NATIVE_KIND and t.is_cpu and type(t) in PLAIN_TYPES:
         return native_stats(t, _native_reduce(t))
     if opaque(t):
