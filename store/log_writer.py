@@ -135,15 +135,24 @@ def parse_log_file_name(name: str) -> Optional[tuple[int, int, int]]:
     return rank, pid, time_ns
 
 
-def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optional[int] = None) -> list[str]:
+#: when this module was imported (ns since the epoch): before any log of this process was
+#: made, so a log with this process's pid and an earlier time is an earlier process's
+_IMPORTED_NS = time.time_ns()
+
+
+def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optional[int] = None,
+                       since_ns: Optional[int] = None) -> list[str]:
     """Names of the log files of ``rank`` under ``{dump_path}/.msprobe/log/`` that a process
-    other than ``pid`` (default: this process) wrote, such as an earlier run's.
+    other than this one wrote, such as an earlier run's: another pid than ``pid`` (default:
+    this process's), or the same pid (a rerun in a container often gets the same one) with
+    a creation time before ``since_ns`` (default: when this module was imported).
 
     One directory listing (names only, no file is opened); an absent or unreadable
     directory gives ``[]``. Logs of other ranks (the other processes of a distributed
     run) are not counted.
     """
     own = os.getpid() if pid is None else pid
+    since = _IMPORTED_NS if since_ns is None else since_ns
     try:
         with os.scandir(Path(dump_path) / S.STORE_DIR / S.LOG_DIR) as entries:
             names = [entry.name for entry in entries]
@@ -152,7 +161,7 @@ def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optio
     found = []
     for name in names:
         parsed = parse_log_file_name(name)
-        if parsed is not None and parsed[0] == rank and parsed[1] != own:
+        if parsed is not None and parsed[0] == rank and (parsed[1] != own or parsed[2] < since):
             found.append(name)
     return sorted(found)
 

@@ -5,6 +5,7 @@ import errno
 import json
 import math
 import os
+import time
 import stat
 import threading
 
@@ -120,14 +121,19 @@ def test_other_process_logs_counts_only_this_rank_of_other_processes(tmp_path):
     log_dir.mkdir(parents=True)
     assert other_process_logs(dump, 0) == []            # empty log directory
     me, other = os.getpid(), os.getpid() + 1
+    mine = log_file_name(0, me, time.time_ns())  # made by this process (after store was imported)
     names = [log_file_name(0, other, 5), log_file_name(0, other + 1, 3), log_file_name(1, other, 4),
-             log_file_name(0, me, 6), "rank0.x.1.arrows", "rank0.7.1.arrows.tmp", "notes.txt"]
+             mine, "rank0.x.1.arrows", "rank0.7.1.arrows.tmp", "notes.txt"]
     for name in names:
         (log_dir / name).write_bytes(b"")
     assert other_process_logs(dump, 0) == sorted([log_file_name(0, other, 5), log_file_name(0, other + 1, 3)])
     assert other_process_logs(dump, 1) == [log_file_name(1, other, 4)]
     assert other_process_logs(dump, 2) == []
-    assert other_process_logs(dump, 0, pid=other) == sorted([log_file_name(0, other + 1, 3), log_file_name(0, me, 6)])
+    assert other_process_logs(dump, 0, pid=other, since_ns=0) == sorted([log_file_name(0, other + 1, 3), mine])
+    # a rerun with this process's pid (common in containers): its log is older than this process
+    earlier_same_pid = log_file_name(0, me, 7)
+    (log_dir / earlier_same_pid).write_bytes(b"")
+    assert earlier_same_pid in other_process_logs(dump, 0) and mine not in other_process_logs(dump, 0)
     assert parse_log_file_name(log_file_name(-1, 12, 34)) == (-1, 12, 34)
     assert parse_log_file_name("rank0.x.1.arrows") is None
 
