@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Optional
 
 import pyarrow as pa
 

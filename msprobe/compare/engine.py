@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import duckdb
 import pyarrow as pa

@@ -133,8 +133,6 @@ def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTable
         CompareInputError: ``xlsx`` requested without openpyxl installed, or over
             Excel's row limit (:mod:`msprobe.compare.xlsx`).
     """
-    from msprobe.compare.errors import CompareInputError
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 import mindspore as ms
-import numpy as np
 from mindspore import nn
 
 from msprobe.core.config import Config, load_config

@@ -26,13 +26,11 @@ Example: ``Tensor([1., -2., 3.])`` → Max 3.0, Min -2.0, Mean 0.6667, Norm 3.74
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from msprobe.core.checksum import crc32
-from msprobe.core.statistics import TensorStats
 
 
 def host_array(t: Any) -> np.ndarray:
@@ -41,7 +39,7 @@ def host_array(t: Any) -> np.ndarray:
 
 
 # moved to msprobe.core.arrays (shared with numpy arguments of the PyTorch recorder)
-from msprobe.core.arrays import _as_float64, array_stats  # noqa: E402,F401
+from msprobe.core.arrays import array_stats  # noqa: E402,F401 - re-exported for msprobe.mindspore.leaves and tests
 
 
 def crc32_hex(a: np.ndarray) -> str:

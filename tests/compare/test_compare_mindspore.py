@@ -5,7 +5,6 @@ onto ReLU) is the first origin; unmapped, the unmatched names are listed. Plus t
 mapping file's sections and its errors (line, key)."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pyarrow.parquet as pq
 import pytest
 
 import msprobe.compare as C
-from msprobe.cli import main
 
 GELU_LINE = "h = F.gelu(h)"
 

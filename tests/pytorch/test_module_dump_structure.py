@@ -2,7 +2,6 @@
 3.1) and lists of models (spec 2.1), on networks with hand-written expected names."""
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from pt_helpers import assert_record, load_dump
@@ -194,7 +193,7 @@ def test_module_outputs_kwargs_generators_and_unprintable_arguments(tmp_path, er
     assert errors() == []
     # a model without submodules is recorded as itself (spec section 9)
     data = load_dump(tmp_path / mode)[0]["data"]
-    root = f"Module.fc.Linear.forward.0"
+    root = "Module.fc.Linear.forward.0"
     assert root in data
     torch.manual_seed(0)
     m = Returns(mode)

@@ -9,7 +9,6 @@ import runpy
 from pathlib import Path
 
 import pytest
-import torch
 
 from test_dump_filters import both
 from test_seed import global_state  # noqa: F401  (fixture: restores what seed_all changes)

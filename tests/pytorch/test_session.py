@@ -1,7 +1,6 @@
 """start/stop/step semantics, the step filter, export and query over a real recording."""
 from __future__ import annotations
 
-import filecmp
 import json
 import logging
 import os

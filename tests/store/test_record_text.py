@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import schema as S
-from store.entries import EntryBuilder, _plain, _put, _tensor_record, build_entries, entry_values
+from store.entries import _plain, _put, _tensor_record, build_entries, entry_values
 from store.export import StepExporter, _dump_text, export_debug, export_step
 from store.json_text import _NotPlainJson, dumps_indent1
 from store.record_text import records_encoder
