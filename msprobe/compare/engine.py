@@ -343,6 +343,12 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
     out_ranks = []
     any_div = False
     for rank in ranks:
+        c = counts_of[rank]
+        paired = c["pass"] + c["propagated"] + c["origin"]
+        if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
+            notes.append(f"rank {rank}: {c['unpaired']} calls found no partner against {paired} paired: the runs "
+                         "differ in structure (another model, level, scope or steps), or a dump path holds the "
+                         "logs of several runs")
         cur = con.execute(_FIRST_SQL, [rank, rank])
         names = [d[0] for d in cur.description]
         first_origin = first_div = None

@@ -113,3 +113,34 @@ def test_bf16_fragile_op_is_first_origin(runs):
     assert first["name"] == "Tensor.__sub__.0.forward"
     assert "var = (z * z).mean() - z.mean() ** 2" in first["stack"][0]
     assert r.summary["ranks"][0]["counts"]["unpaired"] == 0
+
+
+def test_mostly_unpaired_calls_get_a_note(tmp_path):
+    """The verdict speaks for paired calls only: when most calls found no partner (other
+    models, or a dump path holding several runs' logs) the summary says so."""
+    import torch
+
+    from msprobe.compare.outputs import console_summary
+    from msprobe.pytorch import PrecisionDebugger
+
+    def run(path, ops):
+        dbg = PrecisionDebugger(dump_path=str(path), level="L1")
+        dbg.start()
+        x = torch.linspace(0.1, 1.0, 8)
+        for op in ops:  # looked up while recording: the API hooks replace torch's functions
+            x = getattr(torch, op)(x)
+        dbg.stop()
+        dbg.close()
+        return path
+
+    a = run(tmp_path / "a", ["relu", "exp", "sin", "cos", "sqrt"])
+    b = run(tmp_path / "b", ["relu", "tanh", "sigmoid", "abs", "square"])
+    r = C.compare(a, b)
+    counts = r.summary["ranks"][0]["counts"]
+    paired = counts["pass"] + counts["propagated"] + counts["origin"]
+    assert counts["unpaired"] > paired >= 1
+    expected = f"rank 0: {counts['unpaired']} calls found no partner against {paired} paired"
+    assert any(n.startswith(expected) for n in r.summary["notes"])
+    assert "note: " + expected in console_summary(r.summary)
+    same = C.compare(a, a)
+    assert not any("found no partner" in n for n in same.summary["notes"])
