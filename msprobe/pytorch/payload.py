@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from msprobe.pytorch.ptfile import save_values
-from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense
+from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized
 from store.payload_writer import Payload
 
 
@@ -65,9 +65,7 @@ def tensor_bytes(t: torch.Tensor) -> Optional[tuple[Union[bytes, np.ndarray], st
             x = x.resolve_conj()
         if x.is_neg():
             x = x.resolve_neg()
-        x = x.cpu()
-        if x._is_zerotensor():  # no memory (data_ptr 0): its values are zeros
-            x = torch.zeros(x.shape, dtype=x.dtype)
+        x = materialized(x.cpu())  # a ZeroTensor has no memory (data_ptr 0): its zeros
         nbytes = x.numel() * x.element_size()
         if nbytes == 0:
             data = b""
