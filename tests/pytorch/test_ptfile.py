@@ -228,3 +228,79 @@ def test_save_values_files_of_one_shape_with_other_values(tmp_path):
             assert z.testzip() is None
             assert z.getinfo("archive/data/0").CRC == zlib.crc32(raw(t))
         assert torch.equal(torch.load(tmp_path / f"v{i}.pt", weights_only=True), t)
+
+
+# --- files of 1 MiB of data or more: written around the page cache (O_DIRECT) -------------
+@pytest.mark.parametrize("numel", [1 << 18, (1 << 18) + 3, 3 * (1 << 18) + 1021])
+def test_large_files_written_direct_are_the_buffered_bytes(tmp_path, monkeypatch, numel):
+    """A file of >= 1 MiB of data goes through the thread's DirectFileWriter (aligned
+    chunks, padded last chunk, then truncated to its length); its bytes equal the buffered
+    write's, every CRC-32 matches and torch.load returns the values bit for bit."""
+    torch.manual_seed(numel)
+    t = torch.randn(numel)
+    writer = ptfile._direct_writer()
+    before = writer.direct_files
+    save_values(tmp_path / "direct.pt", t.dtype, tuple(t.shape), raw(t))
+    save_tensor(tmp_path / "direct_t.pt", t)
+    if writer.direct:  # the file system does O_DIRECT (ext4, xfs; not tmpfs)
+        assert writer.direct_files == before + 2
+    monkeypatch.setattr(ptfile, "MIN_DIRECT_BYTES", 1 << 62)
+    save_values(tmp_path / "buffered.pt", t.dtype, tuple(t.shape), raw(t))
+    direct = (tmp_path / "direct.pt").read_bytes()
+    assert direct == (tmp_path / "buffered.pt").read_bytes() == (tmp_path / "direct_t.pt").read_bytes()
+    with zipfile.ZipFile(tmp_path / "direct.pt") as zf:
+        assert zf.testzip() is None
+        assert zf.read("archive/data/0") == raw(t)
+    assert raw(torch.load(tmp_path / "direct.pt", weights_only=True)) == raw(t)
+    assert (tmp_path / "direct.pt").stat().st_mode & 0o777 == 0o640
+
+
+def test_large_files_where_o_direct_is_refused_are_written_buffered(tmp_path, monkeypatch):
+    """A file system that answers EINVAL to O_DIRECT (tmpfs): the same file, written the
+    ordinary way, and later files go straight there."""
+    import errno
+    import os as _os
+
+    import store.direct_io as dio
+
+    real_open = _os.open
+    refused = []
+
+    def fake_open(path, flags, *args, **kwargs):
+        if flags & getattr(_os, "O_DIRECT", 0):
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(dio.os, "open", fake_open)
+    monkeypatch.setattr(ptfile._WRITERS, "writer", dio.DirectFileWriter())
+    t = torch.arange(float(1 << 18))
+    for name in ("a.pt", "b.pt"):
+        save_values(tmp_path / name, t.dtype, tuple(t.shape), raw(t))
+        assert raw(torch.load(tmp_path / name, weights_only=True)) == raw(t)
+    assert len(refused) == (1 if hasattr(_os, "O_DIRECT") else 0)  # tried once, then remembered
+    assert ptfile._direct_writer().direct is False
+
+
+def test_each_thread_writes_large_files_with_its_own_buffer(tmp_path):
+    """Threads writing large files at once (the payload writer, an exporter) do not share
+    the aligned buffer: every file holds its own tensor."""
+    import threading
+
+    tensors = [torch.full((1 << 18,), float(i)) + torch.arange(float(1 << 18)) for i in range(4)]
+    writers = []
+
+    def work(i):
+        writers.append(ptfile._direct_writer())
+        for k in range(3):
+            save_values(tmp_path / f"{i}.{k}.pt", torch.float32, (1 << 18,), raw(tensors[i]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len({id(w) for w in writers}) == 4
+    for i in range(4):
+        for k in range(3):
+            assert torch.equal(torch.load(tmp_path / f"{i}.{k}.pt", weights_only=True), tensors[i])
