@@ -65,7 +65,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from store import schema as S
-from store.direct_io import DirectFileWriter
+from store.direct_io import ALIGN as PAGE, DirectFileWriter
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs, replace_from
 
@@ -182,11 +182,20 @@ class Payload:
 
 
 def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple[bytes, list[bytes]]:
-    """Header bytes (length prefix included) and data pieces of a safetensors file."""
+    """Header bytes (length prefix included) and data pieces of a safetensors file.
+
+    Payloads that start on a page in memory and are whole pages long (the page-aligned
+    snapshots of large tensors) come first, and the header is padded with spaces (as
+    safetensors allows) to a whole number of pages: the shard thread then writes their
+    bytes from the payloads' own memory (:class:`store.direct_io.DirectFileWriter`).
+    The order of the data inside a shard means nothing to a reader (the header holds
+    every payload's offsets)."""
     header: dict = {}
     meta: dict[str, str] = {}
     offset = 0
     pieces = []
+    items = sorted(items, key=_page_first)
+    paged = bool(items) and _page_first(items[0]) == 0
     for key, dtype, shape, data in items:
         if key in header:  # put again after the index forgot it: one copy per shard
             continue
@@ -204,8 +213,17 @@ def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple
         pieces.append(data)
     header["__metadata__"] = meta
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    text += b" " * (-(len(text) + 8) % (PAGE if paged else 8))
     return struct.pack("<Q", len(text)) + text, pieces
+
+
+def _page_first(item: tuple) -> int:
+    """Sort key of a shard item: 0 for a payload that starts on a page in memory and is a
+    whole number of pages long, else 1 (``sorted`` keeps put order within each)."""
+    data = item[3]
+    if type(data) is bytes or len(data) < PAGE or len(data) % PAGE:
+        return 1
+    return 0 if np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0] % PAGE == 0 else 1
 
 
 class PayloadWriter:
@@ -314,9 +332,10 @@ class PayloadWriter:
 
         Args:
             data: the tensor's C-order bytes. The writer keeps ``data`` itself when nobody
-                can change it (``bytes``, or a read-only 1-D uint8 numpy array that owns its
-                memory: the caller gives such an array up, as
-                :func:`msprobe.pytorch.payload.tensor_bytes` does), else ``bytes(data)``.
+                can change it (``bytes``, a byte memoryview of a ``bytes`` object, or a
+                read-only 1-D uint8 numpy array that owns its memory: the caller gives such
+                an array up, as :func:`msprobe.pytorch.payload.tensor_bytes` does), else
+                ``bytes(data)``.
             dtype: the framework's dtype string (``"torch.float16"``).
             shape: the tensor's shape (``()`` for 0-dim).
 
@@ -552,10 +571,15 @@ class PayloadWriter:
         replace_from(tmp, target, fill)
 
 
-def _kept(data: Union[bytes, bytearray, memoryview, "np.ndarray"]) -> Union[bytes, "np.ndarray"]:
-    """``data`` when nobody can change it any more (``bytes``; a read-only 1-D uint8 numpy
-    array owning its memory, which its maker hands over); else a ``bytes`` copy."""
+def _kept(data: Union[bytes, bytearray, memoryview, "np.ndarray"]) -> Union[bytes, memoryview, "np.ndarray"]:
+    """``data`` when nobody can change it any more (``bytes``; a contiguous byte-format
+    memoryview of a ``bytes`` object, such as the page-aligned snapshots of
+    ``msprobe._native.fused_stats.snapshot_at``; a read-only 1-D uint8 numpy array owning
+    its memory, which its maker hands over); else a ``bytes`` copy."""
     if type(data) is bytes:
+        return data
+    if (type(data) is memoryview and type(data.obj) is bytes and data.format == "B" and data.ndim == 1
+            and data.contiguous):
         return data
     if (type(data) is np.ndarray and data.base is None and not data.flags.writeable
             and data.dtype == np.uint8 and data.ndim == 1):

@@ -35,11 +35,14 @@
  *   reduce_crc_at(address: int, n: int, kind: int, crc_fn_address: int[, portable])
  *       -> (max, min, sum, sumsq, has_nan, has_inf, crc)   crc: int in [0, 2**32), CRC from 0
  *   reduce(buffer, kind: int[, portable]) -> the same, over a C- or F-contiguous buffer
- *   snapshot_at(address: int, n: int, kind: int[, crc_fn_address: int[, portable]])
+ *   snapshot_at(address: int, n: int, kind: int[, crc_fn_address: int[, portable[, align]]])
  *       -> (bytes, reduce_at's tuple, or reduce_crc_at's when crc_fn_address is not 0): a copy of
  *       the elements' bytes made block by block right after each block is reduced (task tensor:
- *       the snapshot and the statistics from one read of the source)
- * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0.
+ *       the snapshot and the statistics from one read of the source); align (a power of two
+ *       up to 1 MiB, 0: none): the copy is a read-only memoryview starting at a multiple of
+ *       align in memory, inside a bytes object (a tensor file or shard writes its whole pages
+ *       without copying them again: store.direct_io)
+ * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0, align not a power of two.
  * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
  * kind: 0 float32, 1 float64, 2 bfloat16, 3 float16 (2-byte kinds: uint16 bit patterns). n >= 1.
@@ -460,12 +463,14 @@ static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t
     return run(p, n, kind, portable, &cc);
 }
 
-/* snapshot_at(address, n, kind, crc_fn_address=0, portable=False) -> (bytes, reduction) */
+/* snapshot_at(address, n, kind, crc_fn_address=0, portable=False, align=0) -> (data, reduction)
+ * data: bytes; with align > 0 a read-only memoryview of the n * width bytes inside a bytes
+ * object, starting at a multiple of align in memory (the slack is at most align - 1 bytes) */
 static PyObject *snapshot_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs < 3 || nargs > 5) {
+    if (nargs < 3 || nargs > 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "snapshot_at(address, n, kind[, crc_fn_address[, portable]]) takes 3 to 5 arguments");
+                        "snapshot_at(address, n, kind[, crc_fn_address[, portable[, align]]]) takes 3 to 6 arguments");
         return NULL;
     }
     void *p;
@@ -481,21 +486,52 @@ static PyObject *snapshot_at(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (fn == NULL && PyErr_Occurred()) return NULL;
         memcpy(&cc.fn, &fn, sizeof cc.fn); /* 0: no CRC */
     }
-    int portable = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    int portable = nargs >= 5 ? PyObject_IsTrue(args[4]) : 0;
     if (portable < 0) return NULL;
+    Py_ssize_t align = 0;
+    if (nargs == 6) {
+        align = PyLong_AsSsize_t(args[5]);
+        if (align == -1 && PyErr_Occurred()) return NULL;
+        if (align < 0 || align > (1 << 20) || (align & (align - 1)) != 0) {
+            PyErr_Format(PyExc_ValueError, "align=%zd; allowed: 0, or a power of two up to 1 MiB", align);
+            return NULL;
+        }
+    }
     if (kind < 0 || kind >= NKINDS || n <= 0) return run(p, n, kind, portable, NULL); /* its ValueError */
     Py_ssize_t w = (Py_ssize_t)kind_width(kind);
-    if (n > PY_SSIZE_T_MAX / w) {
+    Py_ssize_t slack = align > 1 ? align - 1 : 0;
+    if (n > (PY_SSIZE_T_MAX - slack) / w) {
         PyErr_Format(PyExc_ValueError, "n=%zd elements is too many bytes for one bytes object", n);
         return NULL;
     }
-    PyObject *data = PyBytes_FromStringAndSize(NULL, n * w);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, n * w + slack);
     if (data == NULL) return NULL;
-    cc.dst = (unsigned char *)PyBytes_AS_STRING(data);
+    char *start = PyBytes_AS_STRING(data);
+    Py_ssize_t offset = slack ? (Py_ssize_t)((align - ((uintptr_t)start & (uintptr_t)(align - 1))) & (uintptr_t)(align - 1)) : 0;
+    cc.dst = (unsigned char *)start + offset;
     PyObject *reduced = run(p, n, kind, portable, &cc);
     if (reduced == NULL) {
         Py_DECREF(data);
         return NULL;
+    }
+    if (slack) { /* the aligned part: memoryview(data)[offset:offset + n * w] */
+        PyObject *whole = PyMemoryView_FromObject(data);
+        Py_DECREF(data);
+        if (whole == NULL) {
+            Py_DECREF(reduced);
+            return NULL;
+        }
+        PyObject *lo = PyLong_FromSsize_t(offset), *hi = PyLong_FromSsize_t(offset + n * w);
+        PyObject *range = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        data = range ? PyObject_GetItem(whole, range) : NULL;
+        Py_XDECREF(range);
+        Py_DECREF(whole);
+        if (data == NULL) {
+            Py_DECREF(reduced);
+            return NULL;
+        }
     }
     return Py_BuildValue("(NN)", data, reduced);
 }
@@ -544,8 +580,10 @@ static PyMethodDef METHODS[] = {
      "crc_fn_address, uint32_t crc(uint32_t init, const unsigned char *buf, uint64_t len) with\n"
      "zlib crc32 chaining semantics (ISA-L crc32_gzip_refl). crc: int, from init 0."},
     {"snapshot_at", (PyCFunction)(void (*)(void))snapshot_at, METH_FASTCALL,
-     "snapshot_at(address, n, kind, crc_fn_address=0, portable=False) -> (data, reduction)\n\n"
-     "A copy of the n elements' bytes (data: bytes, n * element size) and their reduction in the\n"
+     "snapshot_at(address, n, kind, crc_fn_address=0, portable=False, align=0) -> (data, reduction)\n\n"
+     "A copy of the n elements' bytes (data: bytes, n * element size; with align, a power of two,\n"
+     "a read-only memoryview of them inside a bytes object, starting at a multiple of align in\n"
+     "memory) and their reduction in the\n"
      "same pass over memory: each block is copied right after it is reduced, while it is in\n"
      "cache. reduction: reduce_at's tuple (bit-identical), or reduce_crc_at's when\n"
      "crc_fn_address is not 0."},

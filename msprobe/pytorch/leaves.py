@@ -20,6 +20,7 @@ Nesting deeper than :data:`MAX_DEPTH` is recorded as a value, never raised.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from typing import Any, Callable, Iterator, Optional
@@ -39,6 +40,7 @@ from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, 
                                    native_stats, opaque, tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
+from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES
 from store.records import Leaf, make_leaf
 
 _copy = torch._C.TensorBase.copy_
@@ -114,6 +116,21 @@ def functorch_value(t: torch.Tensor) -> "tuple[bool, Optional[torch.Tensor]]":
     return True, None
 
 
+_WIDTHS = (4, 8, 2, 2)  # bytes per element of the native kinds 0-3 (msprobe/_native/fused_stats.c)
+
+
+@functools.lru_cache(maxsize=1)
+def _snapshot_aligns() -> bool:
+    """Whether the native ``snapshot_at`` takes ``align`` (an extension built before it had
+    the argument raises TypeError: snapshots are then plain ``bytes``)."""
+    probe = np.zeros(1, dtype=np.float32)
+    try:
+        NATIVE.snapshot_at(probe.ctypes.data, 1, 0, 0, False, PAGE)
+    except TypeError:
+        return False
+    return True
+
+
 class LeafBuilder:
     """Builds the leaves of one recorded argument structure.
 
@@ -131,7 +148,7 @@ class LeafBuilder:
     """
 
     __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
-                 "_snapshot")
+                 "_snapshot", "_page_args")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
@@ -153,6 +170,17 @@ class LeafBuilder:
         # task tensor with PayloadCapture and the native pass: copy and statistics in one read
         self._snapshot = (getattr(capture, "snapshot", None)
                           if NATIVE is not None and hasattr(NATIVE, "snapshot_at") else None)
+        # large snapshots start on a page (a tensor file or shard then writes them without
+        # another copy: store.direct_io); () where the extension predates snapshot_at's align
+        self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
+
+    def _align(self, n: int, kind: int) -> tuple:
+        """snapshot_at's arguments after ``kind`` for ``n`` elements of ``kind``: page-aligned
+        from :data:`store.direct_io.MIN_DIRECT_BYTES` bytes on (those files are written
+        around the page cache), else none."""
+        if self._page_args is not None and n * _WIDTHS[kind] >= MIN_DIRECT_BYTES:
+            return self._page_args
+        return ()
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
         """The leaf of one tensor: a :class:`Leaf`, or a :class:`PendingLeaf` whose
@@ -298,7 +326,7 @@ class LeafBuilder:
             reduced = None
             if self._snapshot is not None:
                 # task tensor: the payload's copy and the statistics from one read of the memory
-                payload, reduced = self._snapshot(t, lambda: NATIVE.snapshot_at(ptr, n, kind))
+                payload, reduced = self._snapshot(t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n, kind)))
             else:
                 payload = self._payload_of(t)
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))

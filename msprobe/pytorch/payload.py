@@ -89,24 +89,33 @@ def savable(dtype: torch.dtype) -> bool:
     return True
 
 
-def _libc_memcmp() -> Optional[Callable[..., int]]:
-    """The C library's ``memcmp`` (pointer, bytes, length), or None where it cannot be found."""
+def _libc_memcmp(second: type) -> Optional[Callable[..., int]]:
+    """The C library's ``memcmp`` (pointer, ``second``, length), or None where it cannot be
+    found. ``second``: ``ctypes.c_char_p`` (a ``bytes`` object) or ``ctypes.c_void_p``
+    (an address)."""
     try:
-        memcmp = ctypes.CDLL(None).memcmp
+        memcmp = ctypes.CDLL(None)["memcmp"]  # a function object of its own: argtypes differ
     except Exception:  # no process-wide C library handle (Windows)
         return None
     memcmp.restype = ctypes.c_int
-    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+    memcmp.argtypes = (ctypes.c_void_p, second, ctypes.c_size_t)
     return memcmp
 
 
-_MEMCMP = _libc_memcmp()
+_MEMCMP = _libc_memcmp(ctypes.c_char_p)
+_MEMCMP_AT = _libc_memcmp(ctypes.c_void_p)
 
 
-def _same_bytes(address: int, data: bytes) -> bool:
-    """True if the ``len(data)`` bytes of memory at ``address`` equal ``data``."""
-    if _MEMCMP is not None:
-        return _MEMCMP(address, data, len(data)) == 0
+def _same_bytes(address: int, data: Union[bytes, memoryview]) -> bool:
+    """True if the ``len(data)`` bytes of memory at ``address`` equal ``data`` (``bytes``,
+    or a byte memoryview such as the page-aligned snapshots of
+    ``msprobe._native.fused_stats.snapshot_at``)."""
+    if type(data) is bytes:
+        if _MEMCMP is not None:
+            return _MEMCMP(address, data, len(data)) == 0
+    elif _MEMCMP_AT is not None:
+        where = np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
+        return _MEMCMP_AT(address, where, len(data)) == 0
     return ctypes.string_at(address, len(data)) == data
 
 

@@ -7,12 +7,15 @@ its own buffers. :func:`save_tensor` writes the same archive layout itself: the 
 the rebuild function, storage type and metadata are whatever this torch version pickles
 for the tensor), CRC-32 of the data from :func:`msprobe.core.checksum.crc32` (ISA-L where
 installed, about 4x zlib), and the data goes to the file in one
-``write`` from the caller's buffer (no copy).
+``write`` from the caller's buffer (no copy); from 1 MiB of data on, around the page cache
+(``O_DIRECT``, :func:`_direct_writer`), from the caller's buffer too where it starts on a
+page (the data record then starts on a page of the file).
 
 Archive (ZIP, stored, no compression; ZIP64 records when the data or an offset passes
 4 GiB): ``archive/data.pkl``, ``archive/.format_version`` (``1``),
 ``archive/.storage_alignment`` (``64``), ``archive/byteorder``, ``archive/data/0`` (its
-first byte at a multiple of 64 in the file, as ``torch.load(mmap=True)`` needs), and
+first byte at a multiple of 64 in the file, as ``torch.load(mmap=True)`` needs; of 4096
+from 1 MiB of data: :func:`_data_alignment`), and
 ``archive/version`` (``3``). ``torch.load(path, weights_only=True)`` returns the tensor
 with its dtype, shape, strides and values (spec 1.1: bf16 stays bf16; section 9: exported
 files load with ``weights_only=True``).
@@ -41,7 +44,7 @@ from typing import Optional, Union
 import torch
 
 from msprobe.core.checksum import crc32
-from store.direct_io import MIN_DIRECT_BYTES, DirectFileWriter
+from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES, DirectFileWriter
 
 __all__ = ["save_tensor", "save_values"]
 
@@ -78,14 +81,14 @@ def _pickle(t: torch.Tensor) -> bytes:
     return out.getvalue()
 
 
-def _local_header(name: bytes, crc: int, size: int, offset: int, align: bool, zip64: bool) -> bytes:
-    """Local file header (with padding so that the data starts at a multiple of 64 when
-    ``align``)."""
+def _local_header(name: bytes, crc: int, size: int, offset: int, align: int, zip64: bool) -> bytes:
+    """Local file header (with padding so that the data starts at a multiple of ``align``
+    bytes when ``align`` is not 0)."""
     extra = b""
     if zip64:
         extra = struct.pack("<HHQQ", 0x0001, 16, size, size)
     if align:
-        pad = -(offset + _LOCAL.size + len(name) + len(extra) + 4) % _ALIGN
+        pad = -(offset + _LOCAL.size + len(name) + len(extra) + 4) % align
         extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # "FB": torch's padding field id
     field = _U32 if zip64 else size
     return _LOCAL.pack(0x04034B50, 45 if zip64 else 20, 0, 0, 0, 0, crc, field, field,
@@ -222,6 +225,15 @@ def _values_template(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes,
 _UNPICKLABLE = (pickle.PicklingError, AttributeError, KeyError, TypeError)
 
 
+def _data_alignment(nbytes: int) -> int:
+    """Where the data record of ``nbytes`` bytes starts: at a multiple of 64 (torch.save's
+    ``.storage_alignment``), and of the page size (:data:`store.direct_io.ALIGN`, itself a
+    multiple of 64) for data written around the page cache, so that a page-aligned payload
+    goes to the device without a copy (:class:`store.direct_io.DirectFileWriter`). At most
+    4 KiB of padding per file of 1 MiB of data or more."""
+    return PAGE if nbytes >= MIN_DIRECT_BYTES else _ALIGN
+
+
 def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, int, int]:
     """The archive of the module docstring around ``nbytes`` of data, with the data's CRC-32
     left 0: ``(head, tail, head_crc_at, tail_crc_at)``; ``head`` holds ``records`` (name,
@@ -234,20 +246,20 @@ def _template(records, nbytes: int, force_zip64: bool) -> tuple[bytes, bytes, in
         name = (_PREFIX + rec).encode()
         crc = zlib.crc32(blob)
         central += _central_header(name, crc, len(blob), len(head))
-        head += _local_header(name, crc, len(blob), len(head), False, False)
+        head += _local_header(name, crc, len(blob), len(head), 0, False)
         head += blob
     name = (_PREFIX + "data/0").encode()
     big = force_zip64 or nbytes >= _U32
     central_crc_at = len(central) + _CENTRAL_CRC_AT
     central += _central_header(name, 0, nbytes, len(head), big)
     head_crc_at = len(head) + _LOCAL_CRC_AT
-    head += _local_header(name, 0, nbytes, len(head), True, big)
+    head += _local_header(name, 0, nbytes, len(head), _data_alignment(nbytes), big)
     offset = len(head) + nbytes
     tail = bytearray()
     name = (_PREFIX + "version").encode()
     crc = zlib.crc32(_FILE_FORMAT_VERSION)
     central += _central_header(name, crc, len(_FILE_FORMAT_VERSION), offset)
-    tail += _local_header(name, crc, len(_FILE_FORMAT_VERSION), offset, False, False) + _FILE_FORMAT_VERSION
+    tail += _local_header(name, crc, len(_FILE_FORMAT_VERSION), offset, 0, False) + _FILE_FORMAT_VERSION
     cd_offset = offset + len(tail)
     tail_crc_at = len(tail) + central_crc_at
     count = len(records) + 2
@@ -294,7 +306,8 @@ def _direct_writer() -> DirectFileWriter:
     one for every page written, in the writing thread. On the 2-core benchmark VM with a
     full cache that made the tensor task's step 778 ms against 557 ms with an empty one; with
     ``O_DIRECT`` it was 641 ms, and 568 ms with an empty cache (``benchmarks/RESULTS.md``,
-    session 14). The file's bytes are the same either way."""
+    session 14). The file's bytes are the same either way. Not shared between threads:
+    the payload writer and an exporter may write at the same time."""
     writer = getattr(_WRITERS, "writer", None)
     if writer is None:
         writer = _WRITERS.writer = DirectFileWriter()

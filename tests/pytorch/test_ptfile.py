@@ -244,13 +244,20 @@ def test_large_files_written_direct_are_the_buffered_bytes(tmp_path, monkeypatch
     save_tensor(tmp_path / "direct_t.pt", t)
     if writer.direct:  # the file system does O_DIRECT (ext4, xfs; not tmpfs)
         assert writer.direct_files == before + 2
-    monkeypatch.setattr(ptfile, "MIN_DIRECT_BYTES", 1 << 62)
+    from store.direct_io import DirectFileWriter
+
+    buffered = DirectFileWriter()
+    buffered.direct = False  # as where the file system refuses O_DIRECT
+    monkeypatch.setattr(ptfile._WRITERS, "writer", buffered)
     save_values(tmp_path / "buffered.pt", t.dtype, tuple(t.shape), raw(t))
     direct = (tmp_path / "direct.pt").read_bytes()
     assert direct == (tmp_path / "buffered.pt").read_bytes() == (tmp_path / "direct_t.pt").read_bytes()
     with zipfile.ZipFile(tmp_path / "direct.pt") as zf:
         assert zf.testzip() is None
         assert zf.read("archive/data/0") == raw(t)
+        info = zf.getinfo("archive/data/0")
+    name_len, extra_len = struct.unpack("<HH", direct[info.header_offset + 26:info.header_offset + 30])
+    assert (info.header_offset + 30 + name_len + extra_len) % 4096 == 0  # the data starts on a page
     assert raw(torch.load(tmp_path / "direct.pt", weights_only=True)) == raw(t)
     assert (tmp_path / "direct.pt").stat().st_mode & 0o777 == 0o640
 

@@ -79,7 +79,62 @@ def test_snapshot_bad_arguments():
     with pytest.raises(TypeError):
         NATIVE.snapshot_at(a.data_ptr(), 3)
     with pytest.raises(TypeError):
-        NATIVE.snapshot_at(a.data_ptr(), 3, KIND_F32, 0, False, 1)
+        NATIVE.snapshot_at(a.data_ptr(), 3, KIND_F32, 0, False, 4096, 1)
+    for align in (-1, 3, 4095, 1 << 21):
+        with pytest.raises(ValueError, match="align"):
+            NATIVE.snapshot_at(a.data_ptr(), 3, KIND_F32, 0, False, align)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("align", [1, 64, 4096])
+@pytest.mark.parametrize("n", [1, BLOCK + 3, (1 << 20) // 2 + 5])
+def test_aligned_snapshot(kind, align, n):
+    """With align: a read-only byte memoryview of a bytes object, starting at a multiple of
+    align in memory, holding the memory's bytes; the reduction is the unaligned call's."""
+    torch.manual_seed(n + align)
+    t = (torch.randn(n, dtype=torch.float64) * 3).to(KINDS[kind])
+    nbytes = n * t.element_size()
+    plain, reduced = NATIVE.snapshot_at(t.data_ptr(), n, kind)
+    data, reduced2 = NATIVE.snapshot_at(t.data_ptr(), n, kind, 0, False, align)
+    if align == 1:
+        assert type(data) is bytes
+    else:
+        assert type(data) is memoryview and type(data.obj) is bytes and data.readonly
+        assert data.format == "B" and data.ndim == 1 and data.contiguous
+        assert np.frombuffer(data, np.uint8).__array_interface__["data"][0] % align == 0
+    assert len(data) == nbytes and bytes(data) == plain == ctypes.string_at(t.data_ptr(), nbytes)
+    assert _same_tuple(reduced2, reduced)
+
+
+def test_large_snapshots_of_leaves_are_page_aligned_and_kept_without_a_copy():
+    """A tensor of 1 MiB or more recorded with task tensor: its snapshot starts on a page
+    (the tensor file and shard write it without another copy), the payload writer keeps that
+    very object, and the values stored are the tensor's."""
+    from store.payload_writer import _kept
+
+    kept = []
+    store = _Store()
+
+    def put(data, dtype, shape):
+        kept.append(_kept(data))
+        return store(data, dtype, shape)
+
+    builder = LeafBuilder(md5=False, capture=PayloadCapture(put))
+    big, small = torch.randn(1 << 18), torch.randn(1000)
+    for t in (big, small):
+        builder.tensor_leaf("output", ("0",), t)
+    assert type(kept[0]) is memoryview and np.frombuffer(kept[0], np.uint8).__array_interface__["data"][0] % 4096 == 0
+    assert type(kept[1]) is bytes
+    assert store.puts[0][0] == ctypes.string_at(big.data_ptr(), big.numel() * 4)
+    assert store.puts[1][0] == ctypes.string_at(small.data_ptr(), small.numel() * 4)
+    # recorded again unchanged: the window compares the memory with the aligned snapshot
+    builder.memo.clear()
+    builder.tensor_leaf("output", ("0",), big)
+    assert builder.capture.hits == 1 and len(store.puts) == 2
+    big.numpy()[-1] += 1.0  # a write no version counter sees
+    builder.memo.clear()
+    builder.tensor_leaf("output", ("0",), big)
+    assert builder.capture.hits == 1 and store.puts[-1][0] == ctypes.string_at(big.data_ptr(), big.numel() * 4)
 
 
 # ------------------------------------------------------------------ leaves with PayloadCapture
