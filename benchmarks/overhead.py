@@ -244,6 +244,23 @@ def machine_line():
         model, avail, os.cpu_count(), platform.platform())
 
 
+def memory_line():
+    """Memory and page-cache state from ``/proc/meminfo`` (Linux; None elsewhere). The tensor
+    task's files are written through the page cache where they are small, and a full cache
+    makes every new page cost a reclaim: the same code measured 557 ms per step right after
+    dropping the caches against 778 ms with 18 of 24 GB cached (benchmarks/RESULTS.md,
+    session 14). Record it beside every result."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+    except (OSError, ValueError, IndexError):
+        return None
+    gib = 1 << 20  # /proc/meminfo counts KiB
+    return "memory: %.1f GiB total, %.1f GiB free, %.1f GiB page cache, %.1f GiB dirty" % (
+        info.get("MemTotal", 0) / gib, info.get("MemFree", 0) / gib, info.get("Cached", 0) / gib,
+        info.get("Dirty", 0) / gib)
+
+
 # --------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------
@@ -291,6 +308,10 @@ def render(raw, meta):
     """The printed/appended text for raw results; meta as saved in the JSON file."""
     header = [
         "machine: %s" % meta["machine"],
+    ]
+    if meta.get("memory"):
+        header.append("%s (at the start)" % meta["memory"])
+    header += [
         "date: %s" % meta["date"],
         "command: `%s`" % meta["command"],
         "workload: %s on %s, %d run(s) x %d timed step(s) after 1 warm-up, torch threads %d, "
@@ -402,6 +423,7 @@ def main(argv=None):
     started = time.time()
     meta = {
         "machine": machine_line(),
+        "memory": memory_line(),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "command": cmd,
         "workload": args.workload, "runs": args.runs, "runs_done": 0, "steps": args.steps,
