@@ -21,11 +21,14 @@ dump works where MindSpore is not installed.
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Union
 
 import numpy as np
+from numpy.lib import format as npformat
 
+from store.direct_io import MIN_DIRECT_BYTES, thread_writer
 from store.payload_writer import Payload
 
 __all__ = ["BF16", "array_bytes", "array_from_payload", "write_npy"]
@@ -83,7 +86,22 @@ def array_from_payload(payload: Payload) -> np.ndarray:
 
 
 def write_npy(path: Union[str, os.PathLike], payload: Payload) -> None:
-    """Exporter callback: ``np.save`` the array of ``payload`` to exactly ``path`` (no
-    ``.npy`` suffix added; the exporter writes a temporary name, then renames)."""
-    with open(path, "wb") as f:
-        np.save(f, array_from_payload(payload), allow_pickle=False)
+    """Exporter callback: write the array of ``payload`` to exactly ``path`` as ``np.save``
+    does (no ``.npy`` suffix added; the exporter writes a temporary name, then renames).
+    From :data:`store.direct_io.MIN_DIRECT_BYTES` bytes of data on, the header
+    (``numpy.lib.format.write_array_header_1_0``, what ``np.save`` writes for such an
+    array) and the data go to the file around the page cache
+    (:func:`store.direct_io.thread_writer`); the bytes are ``np.save``'s either way."""
+    array = array_from_payload(payload)
+    if array.nbytes < MIN_DIRECT_BYTES or array.dtype.hasobject:
+        with open(path, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        return
+    header = io.BytesIO()
+    try:
+        npformat.write_array_header_1_0(header, npformat.header_data_from_array_1_0(array))
+    except ValueError:  # a header too long for format 1.0 (a huge shape): np.save picks 2.0
+        with open(path, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        return
+    thread_writer().write(path, (header.getvalue(), np.ascontiguousarray(array).reshape(-1).view(np.uint8)))

@@ -51,3 +51,39 @@ def test_bad_payloads_raise_clear_errors():
         array_from_payload(Payload(b"\0" * 8, "datetime64[s]", (1,)))
     with pytest.raises(ValueError, match="expected 8"):
         array_from_payload(Payload(b"\0" * 4, "float32", (2,)))
+
+
+@pytest.mark.parametrize("a", [
+    np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32),          # exactly 1 MiB
+    np.random.default_rng(1).standard_normal((513, 1021)),                          # float64, odd length
+    np.random.default_rng(2).standard_normal((3, 1 << 17)).astype(np.complex64),
+    np.random.default_rng(3).integers(0, 2, 1 << 20).astype(bool),
+    np.random.default_rng(4).standard_normal((1 << 18) - 1).astype(np.float32),   # just under: buffered
+])
+def test_large_arrays_written_around_the_page_cache_are_np_saves_bytes(tmp_path, a):
+    """From 1 MiB of data on, write_npy goes through the thread's DirectFileWriter (where the
+    file system takes O_DIRECT); the file is np.save's, byte for byte, and loads back."""
+    from store.direct_io import MIN_DIRECT_BYTES, thread_writer
+
+    writer = thread_writer()
+    before = writer.direct_files
+    data, dtype, shape = array_bytes(a)
+    path = tmp_path / "big.tmp"
+    write_npy(path, Payload(data, dtype, shape))
+    ref = io.BytesIO()
+    np.save(ref, a, allow_pickle=False)
+    assert path.read_bytes() == ref.getvalue()
+    back = np.load(path, allow_pickle=False)
+    assert back.dtype == a.dtype and back.shape == a.shape and back.tobytes() == a.tobytes()
+    direct = writer.direct and a.nbytes >= MIN_DIRECT_BYTES
+    assert writer.direct_files == before + (1 if direct else 0)
+
+
+def test_large_bfloat16_payload_widened_through_the_direct_path(tmp_path):
+    bits = np.random.default_rng(5).integers(0, 1 << 16, 1 << 19, dtype=np.uint16)
+    bits[bits & 0x7F80 == 0x7F80] = 0x3F80  # no NaN/Inf patterns: compare values exactly
+    path = tmp_path / "bf.tmp"
+    write_npy(path, Payload(bits.tobytes(), BF16, (1 << 9, 1 << 10)))
+    back = np.load(path, allow_pickle=False)
+    expected = (bits.astype(np.uint32) << 16).view(np.float32).reshape(1 << 9, 1 << 10)
+    assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), expected.view(np.uint32))
