@@ -8,7 +8,7 @@ the rebuild function, storage type and metadata are whatever this torch version 
 for the tensor), CRC-32 of the data from :func:`msprobe.core.checksum.crc32` (ISA-L where
 installed, about 4x zlib), and the data goes to the file in one
 ``write`` from the caller's buffer (no copy); from 1 MiB of data on, around the page cache
-(``O_DIRECT``, :func:`_direct_writer`), from the caller's buffer too where it starts on a
+(``O_DIRECT``, :func:`store.direct_io.thread_writer`), from the caller's buffer too where it starts on a
 page (the data record then starts on a page of the file).
 
 Archive (ZIP, stored, no compression; ZIP64 records when the data or an offset passes
@@ -36,7 +36,6 @@ import os
 import pickle
 import struct
 import sys
-import threading
 import zlib
 from pathlib import Path
 from typing import Optional, Union
@@ -44,7 +43,7 @@ from typing import Optional, Union
 import torch
 
 from msprobe.core.checksum import crc32
-from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES, DirectFileWriter
+from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES, thread_writer
 
 __all__ = ["save_tensor", "save_values"]
 
@@ -282,8 +281,8 @@ def _write_archive(path: Union[str, os.PathLike], template: tuple[bytes, bytes, 
     head, tail = bytearray(head_t), bytearray(tail_t)
     _CRC.pack_into(head, head_crc_at, crc)
     _CRC.pack_into(tail, tail_crc_at, crc)
-    if len(payload) >= MIN_DIRECT_BYTES:  # around the page cache (see _direct_writer)
-        _direct_writer().write(path, (head, payload, tail))
+    if len(payload) >= MIN_DIRECT_BYTES:  # around the page cache (see store.direct_io.thread_writer)
+        thread_writer().write(path, (head, payload, tail))
         return
     fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
@@ -293,22 +292,3 @@ def _write_archive(path: Union[str, os.PathLike], template: tuple[bytes, bytes, 
     finally:
         os.close(fd)
 
-
-_WRITERS = threading.local()
-
-
-def _direct_writer() -> DirectFileWriter:
-    """The calling thread's :class:`store.direct_io.DirectFileWriter` (made at its first
-    large file): files of 1 MiB of data or more are written around the page cache.
-
-    Why: a buffered ``write`` needs free page-cache pages, and on a machine whose page cache
-    is full (the usual state of a training host: datasets, checkpoints) the kernel reclaims
-    one for every page written, in the writing thread. On the 2-core benchmark VM with a
-    full cache that made the tensor task's step 778 ms against 557 ms with an empty one; with
-    ``O_DIRECT`` it was 641 ms, and 568 ms with an empty cache (``benchmarks/RESULTS.md``,
-    session 14). The file's bytes are the same either way. Not shared between threads:
-    the payload writer and an exporter may write at the same time."""
-    writer = getattr(_WRITERS, "writer", None)
-    if writer is None:
-        writer = _WRITERS.writer = DirectFileWriter()
-    return writer

@@ -18,6 +18,8 @@ import torch
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch import ptfile
 from msprobe.pytorch.ptfile import _values_template, save_tensor, save_values
+import store.direct_io as dio
+from store.direct_io import thread_writer
 from store.payload_writer import Payload
 
 
@@ -238,17 +240,15 @@ def test_large_files_written_direct_are_the_buffered_bytes(tmp_path, monkeypatch
     write's, every CRC-32 matches and torch.load returns the values bit for bit."""
     torch.manual_seed(numel)
     t = torch.randn(numel)
-    writer = ptfile._direct_writer()
+    writer = thread_writer()
     before = writer.direct_files
     save_values(tmp_path / "direct.pt", t.dtype, tuple(t.shape), raw(t))
     save_tensor(tmp_path / "direct_t.pt", t)
     if writer.direct:  # the file system does O_DIRECT (ext4, xfs; not tmpfs)
         assert writer.direct_files == before + 2
-    from store.direct_io import DirectFileWriter
-
-    buffered = DirectFileWriter()
+    buffered = dio.DirectFileWriter()
     buffered.direct = False  # as where the file system refuses O_DIRECT
-    monkeypatch.setattr(ptfile._WRITERS, "writer", buffered)
+    monkeypatch.setattr(dio._THREAD, "writer", buffered)
     save_values(tmp_path / "buffered.pt", t.dtype, tuple(t.shape), raw(t))
     direct = (tmp_path / "direct.pt").read_bytes()
     assert direct == (tmp_path / "buffered.pt").read_bytes() == (tmp_path / "direct_t.pt").read_bytes()
@@ -268,8 +268,6 @@ def test_large_files_where_o_direct_is_refused_are_written_buffered(tmp_path, mo
     import errno
     import os as _os
 
-    import store.direct_io as dio
-
     real_open = _os.open
     refused = []
 
@@ -280,13 +278,13 @@ def test_large_files_where_o_direct_is_refused_are_written_buffered(tmp_path, mo
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(dio.os, "open", fake_open)
-    monkeypatch.setattr(ptfile._WRITERS, "writer", dio.DirectFileWriter())
+    monkeypatch.setattr(dio._THREAD, "writer", dio.DirectFileWriter())
     t = torch.arange(float(1 << 18))
     for name in ("a.pt", "b.pt"):
         save_values(tmp_path / name, t.dtype, tuple(t.shape), raw(t))
         assert raw(torch.load(tmp_path / name, weights_only=True)) == raw(t)
     assert len(refused) == (1 if hasattr(_os, "O_DIRECT") else 0)  # tried once, then remembered
-    assert ptfile._direct_writer().direct is False
+    assert thread_writer().direct is False
 
 
 def test_each_thread_writes_large_files_with_its_own_buffer(tmp_path):
@@ -298,7 +296,7 @@ def test_each_thread_writes_large_files_with_its_own_buffer(tmp_path):
     writers = []
 
     def work(i):
-        writers.append(ptfile._direct_writer())
+        writers.append(thread_writer())
         for k in range(3):
             save_values(tmp_path / f"{i}.{k}.pt", torch.float32, (1 << 18,), raw(tensors[i]))
 
