@@ -46,6 +46,8 @@ MIN_DIRECT_BYTES = 1 << 20
 _UNSUPPORTED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 Bytes = Union[bytes, bytearray, memoryview]
+# mmap flags of the aligned buffer: private (copy-on-write after fork), where mmap has the flag
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 
 
 def write_buffered(path: PathLike, pieces: Iterable[Bytes]) -> None:
@@ -132,7 +134,10 @@ class DirectFileWriter:
 
     def _write_direct(self, path: PathLike, pieces: list[Bytes], total: int) -> None:
         if self._buffer is None:
-            self._buffer = mmap.mmap(-1, self._chunk)  # anonymous: page-aligned
+            # anonymous: page-aligned; private: a process forked later (the per-thread writer of
+            # msprobe.pytorch.ptfile lives on in the forking thread) fills a copy of its own,
+            # where the default MAP_SHARED buffer had parent and child write each other's bytes
+            self._buffer = mmap.mmap(-1, self._chunk, **_PRIVATE)
             self._array = np.frombuffer(self._buffer, dtype=np.uint8)
         buf = self._array
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, FILE_MODE)

@@ -574,13 +574,14 @@ class PayloadWriter:
 def _kept(data: Union[bytes, bytearray, memoryview, "np.ndarray"]) -> Union[bytes, memoryview, "np.ndarray"]:
     """``data`` when nobody can change it any more (``bytes``; a contiguous byte-format
     memoryview of a ``bytes`` object, such as the page-aligned snapshots of
-    ``msprobe._native.fused_stats.snapshot_at``; a read-only 1-D uint8 numpy array owning
+    ``msprobe._native.fused_stats.snapshot_at``, kept as a new view of the same bytes,
+    not the caller's, which the caller may release; a read-only 1-D uint8 numpy array owning
     its memory, which its maker hands over); else a ``bytes`` copy."""
     if type(data) is bytes:
         return data
     if (type(data) is memoryview and type(data.obj) is bytes and data.format == "B" and data.ndim == 1
             and data.contiguous):
-        return data
+        return memoryview(data)  # a view of our own: the caller may release the one it passed
     if (type(data) is np.ndarray and data.base is None and not data.flags.writeable
             and data.dtype == np.uint8 and data.ndim == 1):
         return data

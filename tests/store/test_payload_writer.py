@@ -342,3 +342,21 @@ def test_flush_in_a_process_without_the_threads_fails_instead_of_hanging(tmp_pat
     assert isinstance(exc, StoreWriteError) and "stopped unexpectedly" in str(exc)
     finished, exc = _in_thread(w.close)
     assert finished and isinstance(exc, StoreWriteError)
+
+
+def test_a_memoryview_released_after_put_is_still_written(tmp_path):
+    """The writer keeps a byte memoryview of a ``bytes`` object without copying it, yet
+    the caller may release the view it passed once put() returns (``with memoryview(b) as
+    mv: w.put(mv, ...)``): the shard still holds the bytes and the writer does not fail."""
+    data = bytes(range(256)) * 64
+    with PayloadWriter(tmp_path, rank=0) as w:
+        with memoryview(data) as mv:
+            ref = w.put(mv, "torch.uint8", (len(data),))
+        with memoryview(data) as mv:
+            part = mv[256:]
+            ref2 = w.put(part, "torch.uint8", (len(data) - 256,))
+            part.release()
+        w.flush()
+    r = PayloadReader(tmp_path)
+    assert bytes(r.read(ref).data) == data
+    assert bytes(r.read(ref2).data) == data[256:]
