@@ -170,32 +170,35 @@ def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str,
 @dataclass(frozen=True, slots=True)
 class Payload:
     """One stored tensor: C-order ``data`` bytes (any bytes-like object: ``bytes``,
-    ``bytearray``, or the read-only uint8 array of :func:`_kept`), ``dtype`` string,
-    ``shape`` tuple.
+    ``bytearray``, a byte memoryview of a ``bytes`` object, or the read-only uint8 array of
+    :func:`_kept`), ``dtype`` string, ``shape`` tuple.
 
     :meth:`PayloadReader.read` returns ``data`` as a fresh ``bytearray`` owned by the caller
     (writable: a tensor can wrap it without another copy)."""
 
-    data: Union[bytes, bytearray, "np.ndarray"]
+    data: Union[bytes, bytearray, memoryview, "np.ndarray"]
     dtype: str
     shape: tuple[int, ...]
 
 
-def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple[bytes, list[bytes]]:
+def _encode_shard(items: list[tuple[str, str, tuple[int, ...], Any]]) -> tuple[bytes, list[Any]]:
     """Header bytes (length prefix included) and data pieces of a safetensors file.
 
-    Payloads that start on a page in memory and are whole pages long (the page-aligned
-    snapshots of large tensors) come first, and the header is padded with spaces (as
-    safetensors allows) to a whole number of pages: the shard thread then writes their
-    bytes from the payloads' own memory (:class:`store.direct_io.DirectFileWriter`).
-    The order of the data inside a shard means nothing to a reader (the header holds
-    every payload's offsets)."""
+    Payloads that start on a page in memory come first: those a whole number of pages
+    long, then one that is not (its whole pages still follow at a page-aligned offset), and
+    the header is padded with spaces (as safetensors allows) to a whole number of pages:
+    the shard thread then writes their pages from the payloads' own memory
+    (:class:`store.direct_io.DirectFileWriter`). The order of the data inside a shard
+    means nothing to a reader (the header holds every payload's offsets)."""
     header: dict = {}
     meta: dict[str, str] = {}
     offset = 0
     pieces = []
-    items = sorted(items, key=_page_first)
-    paged = bool(items) and _page_first(items[0]) == 0
+    ranks = [_page_rank(item[3]) for item in items]
+    tail = next((i for i, r in enumerate(ranks) if r == 1), None)  # one aligned, not whole pages
+    order = sorted(range(len(items)), key=lambda i: (0 if ranks[i] == 0 else 1 if i == tail else 2, i))
+    items = [items[i] for i in order]
+    paged = bool(items) and ranks[order[0]] < 2
     for key, dtype, shape, data in items:
         if key in header:  # put again after the index forgot it: one copy per shard
             continue
@@ -217,13 +220,15 @@ def _encode_shard(items: list[tuple[str, str, tuple[int, ...], bytes]]) -> tuple
     return struct.pack("<Q", len(text)) + text, pieces
 
 
-def _page_first(item: tuple) -> int:
-    """Sort key of a shard item: 0 for a payload that starts on a page in memory and is a
-    whole number of pages long, else 1 (``sorted`` keeps put order within each)."""
-    data = item[3]
-    if type(data) is bytes or len(data) < PAGE or len(data) % PAGE:
-        return 1
-    return 0 if np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0] % PAGE == 0 else 1
+def _page_rank(data: Any) -> int:
+    """0: ``data`` starts on a page in memory and is a whole number of pages long; 1: it
+    starts on a page and is at least one page long; 2: anything else (``bytes`` objects
+    never start on a page: their data follows the object's header)."""
+    if type(data) is bytes or len(data) < PAGE:
+        return 2
+    if np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0] % PAGE:
+        return 2
+    return 1 if len(data) % PAGE else 0
 
 
 class PayloadWriter:

@@ -38,10 +38,10 @@
  *   snapshot_at(address: int, n: int, kind: int[, crc_fn_address: int[, portable[, align]]])
  *       -> (bytes, reduce_at's tuple, or reduce_crc_at's when crc_fn_address is not 0): a copy of
  *       the elements' bytes made block by block right after each block is reduced (task tensor:
- *       the snapshot and the statistics from one read of the source); align (a power of two
- *       up to 1 MiB, 0: none): the copy is a read-only memoryview starting at a multiple of
- *       align in memory, inside a bytes object (a tensor file or shard writes its whole pages
- *       without copying them again: store.direct_io)
+ *       the snapshot and the statistics from one read of the source); align (0, or a power
+ *       of two up to 1 MiB): above 1 the copy is a read-only memoryview starting at a
+ *       multiple of align in memory, inside a bytes object (a tensor file or shard writes
+ *       its whole pages without copying them again: store.direct_io); 0 and 1 give bytes
  * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0, align not a power of two.
  * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
@@ -464,7 +464,7 @@ static PyObject *reduce_crc_at(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 /* snapshot_at(address, n, kind, crc_fn_address=0, portable=False, align=0) -> (data, reduction)
- * data: bytes; with align > 0 a read-only memoryview of the n * width bytes inside a bytes
+ * data: bytes; with align > 1 a read-only memoryview of the n * width bytes inside a bytes
  * object, starting at a multiple of align in memory (the slack is at most align - 1 bytes) */
 static PyObject *snapshot_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -581,9 +581,9 @@ static PyMethodDef METHODS[] = {
      "zlib crc32 chaining semantics (ISA-L crc32_gzip_refl). crc: int, from init 0."},
     {"snapshot_at", (PyCFunction)(void (*)(void))snapshot_at, METH_FASTCALL,
      "snapshot_at(address, n, kind, crc_fn_address=0, portable=False, align=0) -> (data, reduction)\n\n"
-     "A copy of the n elements' bytes (data: bytes, n * element size; with align, a power of two,\n"
-     "a read-only memoryview of them inside a bytes object, starting at a multiple of align in\n"
-     "memory) and their reduction in the\n"
+     "A copy of the n elements' bytes (data: bytes, n * element size; with align > 1, a power of\n"
+     "two, a read-only memoryview of them inside a bytes object, starting at a multiple of align\n"
+     "in memory) and their reduction in the\n"
      "same pass over memory: each block is copied right after it is reduced, while it is in\n"
      "cache. reduction: reduce_at's tuple (bit-identical), or reduce_crc_at's when\n"
      "crc_fn_address is not 0."},

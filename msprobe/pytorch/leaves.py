@@ -171,7 +171,7 @@ class LeafBuilder:
         self._snapshot = (getattr(capture, "snapshot", None)
                           if NATIVE is not None and hasattr(NATIVE, "snapshot_at") else None)
         # large snapshots start on a page (a tensor file or shard then writes them without
-        # another copy: store.direct_io); () where the extension predates snapshot_at's align
+        # another copy: store.direct_io); None where the extension predates snapshot_at's align
         self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
 
     def _align(self, n: int, kind: int) -> tuple:
