@@ -78,8 +78,11 @@ class DirectFileWriter:
             ``min_direct_bytes`` < 0.
 
     Attributes:
-        direct: False once ``O_DIRECT`` is known not to work here (then every file is
-            written buffered).
+        direct: False where ``O_DIRECT`` does not exist (or a caller set it False: every
+            file is then written buffered), and once a file system refused it. Refusals are
+            remembered per file system (the ``st_dev`` of the file's directory): files there
+            are written buffered without trying again, files elsewhere still try
+            ``O_DIRECT`` (one writer per thread serves every dump path the thread writes to).
         direct_files: files written with ``O_DIRECT`` so far.
         zero_copy_bytes: bytes written straight from the callers' memory so far (unit:
             bytes): the whole pages of a piece that starts at a page-aligned address where
@@ -100,9 +103,20 @@ class DirectFileWriter:
         self._min = int(min_direct_bytes)
         self._buffer = None  # mmap: page-aligned, made at the first direct write
         self._array = None   # numpy uint8 view of it: copies into it release the GIL
-        self.direct = hasattr(os, "O_DIRECT")
+        self._o_direct = hasattr(os, "O_DIRECT")
+        self._refused: set[int] = set()  # st_dev of the file systems that refused O_DIRECT
         self.direct_files = 0
         self.zero_copy_bytes = 0
+
+    @property
+    def direct(self) -> bool:
+        return self._o_direct and not self._refused
+
+    @direct.setter
+    def direct(self, value: bool) -> None:
+        self._o_direct = bool(value) and hasattr(os, "O_DIRECT")
+        if value:
+            self._refused.clear()
 
     def write(self, path: PathLike, pieces: Iterable[Bytes]) -> None:
         """Create or truncate ``path`` (mode ``0o640``) holding the concatenation of
@@ -114,7 +128,7 @@ class DirectFileWriter:
         """
         pieces = list(pieces)  # counted, then written: a generator would be empty by then
         total = sum(memoryview(p).nbytes for p in pieces)
-        if self.direct and total >= self._min:
+        if self._o_direct and total >= self._min and (not self._refused or _device(path) not in self._refused):
             try:
                 self._write_direct(path, pieces, total)
                 self.direct_files += 1
@@ -122,7 +136,7 @@ class DirectFileWriter:
             except OSError as exc:
                 if exc.errno not in _UNSUPPORTED:
                     raise
-                self.direct = False  # the file is rewritten below, from the start
+                self._refused.add(_device(path))  # the file is rewritten below, from the start
         write_buffered(path, pieces)
 
     def close(self) -> None:
@@ -177,6 +191,15 @@ class DirectFileWriter:
             # the mmap exported (close() then fails with BufferError) while the error is kept
             del buf
             os.close(fd)
+
+
+def _device(path: PathLike) -> int:
+    """``st_dev`` of the directory of ``path`` (-1 where it cannot be read: all such
+    paths count as one file system)."""
+    try:
+        return os.stat(os.path.dirname(os.path.abspath(os.fspath(path)))).st_dev
+    except (OSError, ValueError):
+        return -1
 
 
 def _write_all(fd: int, view: memoryview) -> None:

@@ -347,3 +347,38 @@ def test_a_forked_child_does_not_write_into_the_parents_buffer(tmp_path):
     assert (tmp_path / "child.bin").read_bytes() == b"\xab" * (3 * ALIGN + 5)
     assert bytes(w._array[:4 * ALIGN]) == before  # the child's bytes did not reach the parent
     w.close()
+
+
+@needs_o_direct
+def test_a_refusal_is_remembered_per_file_system(tmp_path, monkeypatch):
+    """One writer serves every dump path of its thread: a file system that refuses O_DIRECT
+    (tmpfs, say) gets buffered files without being asked again, while files on another file
+    system still go around the page cache."""
+    refusing, accepting = tmp_path / "tmpfs", tmp_path / "disk"
+    refusing.mkdir()
+    accepting.mkdir()
+    devices = {str(refusing): 101, str(accepting): 202}
+    monkeypatch.setattr(dio, "_device", lambda path: devices[os.path.dirname(os.path.abspath(path))])
+    real_open = os.open
+    tries = []
+
+    def open_(path, flags, *args):
+        if flags & os.O_DIRECT:
+            tries.append(os.path.dirname(path))
+            if os.path.dirname(path) == str(refusing):
+                raise OSError(errno.EINVAL, "not on this file system")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(dio.os, "open", open_)
+    w = DirectFileWriter(chunk_bytes=CHUNK, min_direct_bytes=0)
+    pieces = _pieces(np.random.default_rng(7), [CHUNK + 9])
+    for name in ("a", "b"):
+        w.write(refusing / name, pieces)
+        w.write(accepting / name, pieces)
+    for d in (refusing, accepting):
+        for name in ("a", "b"):
+            assert (d / name).read_bytes() == b"".join(pieces)
+    assert tries == [str(refusing), str(accepting), str(accepting)]  # the refusing one asked once
+    assert w.direct_files == 2 and not w.direct
+    w.direct = True  # a caller's reset forgets the refusals
+    assert w.direct
