@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
+import numpy as np
 import pyarrow as pa
 
 from store import schema as S
@@ -233,12 +234,16 @@ class LogContents:
         stacks: ``{stack_id: frames}`` (innermost first); the first file holding an id wins.
         skipped: unreadable parts of files.
         files: the log files read, in reading order.
+        row_files: for each row of ``table``, the index in ``files`` of the file it came
+            from (int32; None: unknown, as for a table built by hand). The ``calls`` view
+            keeps the calls of two files apart (two runs pointed at one dump path).
     """
 
     table: pa.Table
     stacks: dict[int, tuple[str, ...]]
     skipped: tuple[Skipped, ...] = ()
     files: tuple[Path, ...] = field(default=())
+    row_files: Optional[pa.Array] = None
 
 
 def _file_order(path: Path) -> tuple:
@@ -286,7 +291,8 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     skipped: list[Skipped] = []
     stacks: dict[int, tuple[str, ...]] = {}
     next_seq: dict[int, int] = {}
-    for path in files:
+    row_files: list[pa.Array] = []
+    for index, path in enumerate(files):
         reader = LogReader(path)
         batches = reader.read_new()
         skipped.extend(reader.skipped)
@@ -295,6 +301,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
         table = _shift_seq(table, next_seq)
         tables.append(table)
+        row_files.append(pa.array(np.full(table.num_rows, index, dtype=np.int32)))
         stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
         for stack_id, frames in zip(
             stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()
@@ -303,9 +310,11 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
                 stacks[stack_id] = tuple(frames or ())
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
+        origin = pa.concat_arrays(row_files)
     else:
         table = S.LOG_SCHEMA.empty_table()
-    return LogContents(table=table, stacks=stacks, skipped=tuple(skipped), files=tuple(files))
+        origin = pa.array([], pa.int32())
+    return LogContents(table=table, stacks=stacks, skipped=tuple(skipped), files=tuple(files), row_files=origin)
 
 
 def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:

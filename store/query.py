@@ -11,6 +11,9 @@ The views are the public contract (design.md, section Store):
     one row per dump.json entry (call rows of one rank, step and name merged, as the
     exporter merges ``parameters_grad`` rows): rank, step, seq (the smallest), name,
     kind, parent, stack_id, is_recompute (each from the first row, by seq, where set).
+    Rows of different log files are not merged: where two runs wrote into one dump path
+    (msprobe warns), each run's calls stay rows of their own, as its tensors do in
+    ``tensors`` (``seq`` tells them apart: a later file's rows come after an earlier one's).
 ``stacks``
     stack_id, depth (0 = innermost frame), frame.
 
@@ -44,6 +47,7 @@ FORWARD = "forward"
 BACKWARD = "backward"
 
 _LOG_TABLE = "msprobe_log"
+_FILE_COLUMN = "msprobe_file"  # index of the log file a row came from (not in any view)
 _STACK_TABLE = "msprobe_stack_frames"
 
 
@@ -74,7 +78,7 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
         f"arg_min({S.STACK_ID}, {S.SEQ}) AS {S.STACK_ID}, "
         f"arg_min({S.IS_RECOMPUTE}, {S.SEQ}) AS {S.IS_RECOMPUTE} "
         f"FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}' "
-        f"GROUP BY {S.RANK}, {S.STEP}, {S.NAME}"
+        f"GROUP BY {S.RANK}, {S.STEP}, {S.NAME}, {_FILE_COLUMN}"
     )
     con.execute(
         f"CREATE VIEW {VIEW_STACKS} AS SELECT {S.STACK_ID}, {DEPTH}, {FRAME} FROM {_STACK_TABLE}"
@@ -115,7 +119,12 @@ def connect(
         contents = read_log(dump_path)
     con = duckdb.connect(":memory:")
     try:
-        for table_name, table in ((_LOG_TABLE, contents.table), (_STACK_TABLE, _stack_table(contents))):
+        log = contents.table
+        files = contents.row_files
+        if files is None or len(files) != log.num_rows:
+            files = pa.array([0] * log.num_rows, pa.int32())
+        log = log.append_column(_FILE_COLUMN, files)
+        for table_name, table in ((_LOG_TABLE, log), (_STACK_TABLE, _stack_table(contents))):
             con.register("msprobe_source", table)
             con.execute(f"CREATE TABLE {table_name} AS SELECT * FROM msprobe_source")
             con.unregister("msprobe_source")

@@ -57,7 +57,7 @@ def _warn_earlier_logs(dump_path, rank: int) -> None:
         logger.warning(
             "msprobe: dump_path %r already holds %d earlier log%s of rank %d (written by another "
             "process, e.g. a previous run); this run's log is added beside %s: the SQL views "
-            "(msprobe query: tensors keeps both runs' rows, calls merges calls of one name), msprobe "
+            "(msprobe query: both runs' rows side by side), msprobe "
             "export and msprobe compare will include the earlier run's rows, "
             "while the step directories show only the newest run. Use a new dump_path, or delete the "
             "old one.",

@@ -309,7 +309,7 @@ def test_rerun_into_the_same_dump_path_warns_once(tmp_path, caplog):
     assert warnings() == [
         f"msprobe: dump_path {str(dump)!r} already holds 2 earlier logs of rank 0 (written by another "
         "process, e.g. a previous run); this run's log is added beside them: the SQL views "
-        "(msprobe query: tensors keeps both runs' rows, calls merges calls of one name), msprobe "
+        "(msprobe query: both runs' rows side by side), msprobe "
         "export and msprobe compare will include the earlier run's rows, "
         "while the step directories show only the newest run. Use a new dump_path, or delete the "
         "old one."]

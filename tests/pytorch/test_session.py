@@ -184,7 +184,7 @@ def _earlier_run_warning(dump: Path, count: int) -> str:
     logs, beside = ("1 earlier log", "it") if count == 1 else (f"{count} earlier logs", "them")
     return (f"msprobe: dump_path {str(dump)!r} already holds {logs} of rank 0 (written by another "
             f"process, e.g. a previous run); this run's log is added beside {beside}: the SQL views "
-            "(msprobe query: tensors keeps both runs' rows, calls merges calls of one name), msprobe "
+            "(msprobe query: both runs' rows side by side), msprobe "
             "export and msprobe compare will include the earlier run's rows, "
             "while the step directories show only the newest run. Use a new dump_path, or delete the "
             "old one.")

@@ -134,3 +134,24 @@ def test_statement_without_result_gives_a_table(dump):
 def test_query_without_log(tmp_path):
     with pytest.raises(LogNotFoundError):
         query(tmp_path, "SELECT 1")
+
+
+def test_two_runs_in_one_dump_path_keep_their_calls_apart(tmp_path, sample):
+    """Two runs that wrote into one dump path (msprobe warns): calls keeps each run's calls
+    as rows of their own, as tensors keeps each run's tensors, while the parameters_grad
+    rows of one run still merge into one call."""
+    one, mixed = tmp_path / "one", tmp_path / "mixed"
+    sample.write_scenario(one, flush_rows=5)
+    sample.write_scenario(mixed, flush_rows=5)
+    sample.write_scenario(mixed, flush_rows=5)
+    for view in ("tensors", "calls"):
+        single = rows(one, f"SELECT count(*) AS n FROM {view}")[0]["n"]
+        assert single > 0 and rows(mixed, f"SELECT count(*) AS n FROM {view}")[0]["n"] == 2 * single
+    assert rows(mixed, "SELECT step, count(*) AS n FROM calls GROUP BY step ORDER BY step") == [
+        {"step": 0, "n": 16}, {"step": 1, "n": 2},
+    ]
+    later = rows(mixed, "SELECT name, seq FROM calls WHERE step = 1 ORDER BY seq")
+    assert later[0]["name"] == later[1]["name"] and later[0]["seq"] < later[1]["seq"]
+    # each run's call joins to its own tensors by (rank, step, name) and the seq range
+    assert rows(mixed, "SELECT count(DISTINCT seq) AS n FROM calls WHERE name = 'Module.fc.Linear.parameters_grad'") \
+        == [{"n": 2}]
