@@ -15,9 +15,10 @@ page-aligned ``mmap`` buffer of :data:`CHUNK_BYTES`, writes it whole each time i
 pads the last chunk up to :data:`ALIGN` bytes and then truncates the file to its real
 length. A piece that starts at a page-aligned address while the file offset is page-aligned
 (what the tensor files and shards of :mod:`store.payload_writer` arrange for their large
-payloads) is not copied: its whole pages are written from the caller's memory. Where ``O_DIRECT`` does not exist (macOS, Windows) or the file system refuses it
-(tmpfs and some network file systems answer ``EINVAL``), it writes the file the ordinary
-way and remembers not to try again. The file's bytes are the same either way.
+payloads) is not copied: its whole pages are written from the caller's memory. Where
+``O_DIRECT`` does not exist (macOS, Windows) or the file system refuses it (tmpfs and some
+network file systems answer ``EINVAL``), it writes the file the ordinary way and
+remembers, per file system, not to try again. The file's bytes are the same either way.
 """
 from __future__ import annotations
 
@@ -148,8 +149,8 @@ class DirectFileWriter:
 
     def _write_direct(self, path: PathLike, pieces: list[Bytes], total: int) -> None:
         if self._buffer is None:
-            # anonymous: page-aligned; private: a process forked later (the per-thread writer of
-            # msprobe.pytorch.ptfile lives on in the forking thread) fills a copy of its own,
+            # anonymous: page-aligned; private: a process forked later (the writer of
+            # thread_writer lives on in the forking thread) fills a copy of its own,
             # where the default MAP_SHARED buffer had parent and child write each other's bytes
             self._buffer = mmap.mmap(-1, self._chunk, **_PRIVATE)
             self._array = np.frombuffer(self._buffer, dtype=np.uint8)

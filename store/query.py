@@ -28,6 +28,7 @@ import os
 from typing import Union
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from store import schema as S
@@ -122,7 +123,7 @@ def connect(
         log = contents.table
         files = contents.row_files
         if files is None or len(files) != log.num_rows:
-            files = pa.array([0] * log.num_rows, pa.int32())
+            files = pa.array(np.zeros(log.num_rows, dtype=np.int32))
         log = log.append_column(_FILE_COLUMN, files)
         for table_name, table in ((_LOG_TABLE, log), (_STACK_TABLE, _stack_table(contents))):
             con.register("msprobe_source", table)

@@ -116,9 +116,6 @@ def functorch_value(t: torch.Tensor) -> "tuple[bool, Optional[torch.Tensor]]":
     return True, None
 
 
-_WIDTHS = (4, 8, 2, 2)  # bytes per element of the native kinds 0-3 (msprobe/_native/fused_stats.c)
-
-
 @functools.lru_cache(maxsize=1)
 def _snapshot_aligns() -> bool:
     """Whether the native ``snapshot_at`` takes ``align`` (an extension built before it had
@@ -174,11 +171,11 @@ class LeafBuilder:
         # another copy: store.direct_io); None where the extension predates snapshot_at's align
         self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
 
-    def _align(self, n: int, kind: int) -> tuple:
-        """snapshot_at's arguments after ``kind`` for ``n`` elements of ``kind``: page-aligned
-        from :data:`store.direct_io.MIN_DIRECT_BYTES` bytes on (those files are written
-        around the page cache), else none."""
-        if self._page_args is not None and n * _WIDTHS[kind] >= MIN_DIRECT_BYTES:
+    def _align(self, nbytes: int) -> tuple:
+        """snapshot_at's arguments after ``kind`` for a snapshot of ``nbytes`` bytes:
+        page-aligned from :data:`store.direct_io.MIN_DIRECT_BYTES` bytes on (those files are
+        written around the page cache), else none."""
+        if self._page_args is not None and nbytes >= MIN_DIRECT_BYTES:
             return self._page_args
         return ()
 
@@ -326,7 +323,8 @@ class LeafBuilder:
             reduced = None
             if self._snapshot is not None:
                 # task tensor: the payload's copy and the statistics from one read of the memory
-                payload, reduced = self._snapshot(t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n, kind)))
+                payload, reduced = self._snapshot(
+                    t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
             else:
                 payload = self._payload_of(t)
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))

@@ -7,9 +7,9 @@ its own buffers. :func:`save_tensor` writes the same archive layout itself: the 
 the rebuild function, storage type and metadata are whatever this torch version pickles
 for the tensor), CRC-32 of the data from :func:`msprobe.core.checksum.crc32` (ISA-L where
 installed, about 4x zlib), and the data goes to the file in one
-``write`` from the caller's buffer (no copy); from 1 MiB of data on, around the page cache
-(``O_DIRECT``, :func:`store.direct_io.thread_writer`), from the caller's buffer too where it starts on a
-page (the data record then starts on a page of the file).
+``write`` from the caller's buffer (no copy); from 1 MiB of data on, around the page
+cache (``O_DIRECT``, :func:`store.direct_io.thread_writer`), from the caller's buffer too
+where it starts on a page (the data record then starts on a page of the file).
 
 Archive (ZIP, stored, no compression; ZIP64 records when the data or an offset passes
 4 GiB): ``archive/data.pkl``, ``archive/.format_version`` (``1``),
