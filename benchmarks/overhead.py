@@ -101,6 +101,22 @@ def dump_stats(dump_path):
     return total, entries
 
 
+def drop_caches():
+    """``sync``, then drop the clean page cache (``/proc/sys/vm/drop_caches``: Linux, root),
+    so that every child starts with the same empty cache (see benchmarks/README.md, "The
+    page cache").
+
+    Raises:
+        SystemExit: the file cannot be written (not Linux, or not root).
+    """
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError as exc:
+        raise SystemExit(f"--drop-caches: cannot write /proc/sys/vm/drop_caches ({exc}); it needs Linux and root")
+
+
 def run_child(python, impl, workload, layers, config, args, scratch_root):
     """Run one measurement in a fresh process; returns a dict (with 'error' on failure)."""
     scratch = tempfile.mkdtemp(prefix="%s-%s-%s-" % (impl, config, layers), dir=scratch_root)
@@ -120,6 +136,8 @@ def run_child(python, impl, workload, layers, config, args, scratch_root):
     ]
     if not args.import_dynamo:
         cmd.append("--no-import-dynamo")
+    if args.drop_caches:
+        drop_caches()
     busy0, ru0 = busy_cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     try:
@@ -293,6 +311,9 @@ def parse_args(argv=None):
     p.add_argument("--scratch", default=None,
                    help="directory for dumps (default: a temporary directory on local disk)")
     p.add_argument("--keep-dumps", action="store_true")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="sync and drop the page cache before every child (Linux, root): runs made at "
+                        "different times then start from the same state")
     p.add_argument("--json", dest="json_out",
                    help="write all raw results as JSON here (rewritten after every process)")
     p.add_argument("--report", metavar="JSON",
