@@ -314,19 +314,21 @@ class LeafBuilder:
         # StatsMemo's key of a dense tensor (layout_free; the count inlined from stats_memo.dense_count)
         key = (ptr, t.dtype, n if n != 1 or t.dim() else -1, False, False)
         hit = memo.get_at(key, t)
-        if hit is not None:
+        reduced = None
+        if self._snapshot is not None:
+            # task tensor: the payload's copy and the statistics from one read of the memory.
+            # After a memo hit too: the window then proves the bytes unchanged (memcmp, no
+            # copy), or the copy comes with fresh statistics that describe the bytes stored
+            # (a write no version counter saw leaves the memo's stale: _payload_of)
+            payload, reduced = self._snapshot(
+                t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
+        else:
             payload = self._payload_of(t)
+        if hit is not None and reduced is None:
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
                 memo.put_at(key, t, hit, keep=True)
         else:
-            reduced = None
-            if self._snapshot is not None:
-                # task tensor: the payload's copy and the statistics from one read of the memory
-                payload, reduced = self._snapshot(
-                    t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
-            else:
-                payload = self._payload_of(t)
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))
             memo.put_at(key, t, (st, None), keep=keep)
         return _stats_leaf(io, path, t, n, st, None, payload)

@@ -42,7 +42,10 @@ alias with its own version counter (a custom C++ or Triton kernel writing throug
 pointer, an operator called on ``x.data`` through ``torch._C``, a write through the numpy
 array of ``x.numpy()`` or through ``x.untyped_storage()``) between two records of the same
 tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
-off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``.
+off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``. With task ``tensor`` a memo
+hit of a contiguous CPU float tensor is checked anyway: the payload capture compares its
+memory with the stored snapshot, and where they differ the fresh copy brings fresh
+statistics (``msprobe.pytorch.leaves.LeafBuilder._plain_leaf``).
 """
 from __future__ import annotations
 

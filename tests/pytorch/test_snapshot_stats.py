@@ -245,3 +245,27 @@ def test_special_values_in_the_fused_path():
     for field in ("has_nan", "has_inf", "max_finite", "min_finite"):
         assert getattr(leaf, field) == getattr(plain, field)
     assert math.isnan(leaf.max) and math.isnan(plain.max) and leaf.max_finite == float(x[torch.isfinite(x)].max())
+
+
+@pytest.mark.parametrize("numel", [1000, 1 << 18])
+def test_memo_hit_after_an_unseen_write_records_the_values_stored(numel):
+    """A tensor recorded twice (a statistics memo hit), written in between through
+    ``.numpy()`` (no version counter sees it): the second record's payload holds the new
+    bytes and its statistics describe them (numpy float64 over the same values), instead
+    of the memo's statistics of the old values."""
+    store = _Store()
+    builder = LeafBuilder(md5=False, capture=PayloadCapture(store))
+    t = torch.zeros(numel)
+    first = builder.tensor_leaf("output", ("0",), t)
+    t.numpy()[5] = 7.0
+    t.numpy()[6] = -2.5
+    second = builder.tensor_leaf("input_args", ("0",), t)
+    assert builder.memo.hits == 1  # the second record was a memo hit
+    values = t.numpy().astype(np.float64)
+    assert (first.max, first.min) == (0.0, 0.0)
+    assert (second.max, second.min) == (values.max(), values.min()) == (7.0, -2.5)
+    assert second.mean == values.mean() and second.norm == float(np.sqrt((values * values).sum()))
+    assert store.puts[-1][0] == ctypes.string_at(t.data_ptr(), numel * 4)
+    # unchanged since: the window proves it, the memo's statistics stand, nothing stored again
+    third = builder.tensor_leaf("output", ("0",), t)
+    assert (third.max, third.min, third.mean) == (second.max, second.min, second.mean) and len(store.puts) == 2
