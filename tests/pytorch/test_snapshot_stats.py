@@ -269,3 +269,50 @@ def test_memo_hit_after_an_unseen_write_records_the_values_stored(numel):
     # unchanged since: the window proves it, the memo's statistics stand, nothing stored again
     third = builder.tensor_leaf("output", ("0",), t)
     assert (third.max, third.min, third.mean) == (second.max, second.min, second.mean) and len(store.puts) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("nbytes", [4096, 33 << 20])  # inside and beyond the 32 MiB capture window
+def test_memo_hit_after_an_unseen_write_dtypes_keep_and_large(dtype, keep, nbytes):
+    """The unseen-write check of a memo hit for every native dtype, for a parameter's
+    ``.grad`` (``keep``: its memo entry stays held like a parameter's) and for a tensor
+    larger than the capture window (every record copies it: the statistics come from that
+    copy): unchanged records give the same statistics bit for bit, a write through the
+    tensor's memory gives those of the new values, and the payload holds the new bytes."""
+    store = _Store()
+    builder = LeafBuilder(md5=False, capture=PayloadCapture(store))
+    t = torch.zeros(nbytes // torch.empty(0, dtype=dtype).element_size(), dtype=dtype)
+    if keep:
+        param = torch.nn.Parameter(torch.zeros_like(t))
+        param.grad = t
+    first = builder.tensor_leaf("output", ("0",), t, keep=keep)
+    again = builder.tensor_leaf("input_args", ("0",), t, keep=keep)
+    assert builder.memo.hits == 1 or (not keep and nbytes > (4 << 20))  # larger ones: no memo
+    assert (again.max, again.min, again.mean, again.norm) == (first.max, first.min, first.mean, first.norm)
+    raw = t.view(torch.uint8).numpy()  # written around every version counter
+    seven = torch.tensor([7.0], dtype=dtype).view(torch.uint8).numpy()
+    raw[5 * t.element_size():6 * t.element_size()] = seven
+    second = builder.tensor_leaf("input_args", ("0",), t, keep=keep)
+    assert (second.max, second.min) == (7.0, 0.0)
+    assert second.mean == 7.0 / t.numel() and second.norm == 7.0
+    assert store.puts[-1][0] == ctypes.string_at(t.data_ptr(), nbytes)
+    if keep:
+        entry = builder.memo.entries[(t.data_ptr(), t.dtype, t.numel(), False, False)]
+        assert entry[4] and entry[2][0] is not first and entry[2][0].max == 7.0  # still held, updated
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation: the memo key ignores the shape, the capture "
+                   "window's key does not; a write no version counter sees, then undone, between records "
+                   "of two shapes of one block leaves the memo's statistics of the other bytes")
+def test_memo_hit_after_an_unseen_write_undone_through_another_shape():
+    store = _Store()
+    builder = LeafBuilder(md5=False, capture=PayloadCapture(store))
+    x = torch.zeros(4, 4)
+    builder.tensor_leaf("output", ("0",), x)
+    x.numpy()[0, 0] = 9.0
+    assert builder.tensor_leaf("output", ("0",), x.view(16)).max == 9.0
+    x.numpy()[0, 0] = 0.0
+    leaf = builder.tensor_leaf("output", ("0",), x)
+    assert store.puts[int(leaf.payload.split(":")[1]) - 1][0] == bytes(64)  # the bytes stored: zeros
+    assert leaf.max == 0.0  # fails: 9.0, the memo's statistics of the bytes the view recorded
