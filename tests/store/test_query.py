@@ -155,3 +155,17 @@ def test_two_runs_in_one_dump_path_keep_their_calls_apart(tmp_path, sample):
     # each run's call joins to its own tensors by (rank, step, name) and the seq range
     assert rows(mixed, "SELECT count(DISTINCT seq) AS n FROM calls WHERE name = 'Module.fc.Linear.parameters_grad'") \
         == [{"n": 2}]
+
+
+def test_one_file_per_rank_gives_the_calls_of_each_rank_as_a_single_rank_run(tmp_path, sample):
+    """A distributed run (one log file per rank): each rank's calls are exactly those of a
+    one-rank run of the same events (the file column splits nothing within a rank)."""
+    one, dist = tmp_path / "one", tmp_path / "dist"
+    sample.write_scenario(one, flush_rows=5)
+    for rank in (0, 1, 2):
+        sample.write_scenario(dist, rank=rank, meta=dict(sample.META_MIX, rank_dir=f"rank{rank}"), flush_rows=5)
+    columns = "step, seq, name, kind, parent, stack_id, is_recompute"
+    single = rows(one, f"SELECT {columns} FROM calls ORDER BY ALL")
+    assert single
+    for rank in (0, 1, 2):
+        assert rows(dist, f"SELECT {columns} FROM calls WHERE rank = {rank} ORDER BY ALL") == single
