@@ -317,9 +317,10 @@ class LeafBuilder:
         reduced = None
         if self._snapshot is not None:
             # task tensor: the payload's copy and the statistics from one read of the memory.
-            # After a memo hit too: the window then proves the bytes unchanged (memcmp, no
-            # copy), or the copy comes with fresh statistics that describe the bytes stored
-            # (a write no version counter saw leaves the memo's stale: _payload_of)
+            # After a memo hit too: the window then proves the bytes unchanged since its
+            # snapshot of this shape (memcmp, no copy), or the copy comes with fresh statistics
+            # that describe the bytes stored (a write no version counter saw leaves the memo's
+            # stale: _payload_of; the limits: msprobe.pytorch.stats_memo)
             payload, reduced = self._snapshot(
                 t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
         else:

@@ -44,8 +44,11 @@ array of ``x.numpy()`` or through ``x.untyped_storage()``) between two records o
 tensor in one step; ``PrecisionDebugger`` users with such kernels can turn the memo
 off with the environment variable ``MSPROBE_NO_STATS_MEMO=1``. With task ``tensor`` a memo
 hit of a contiguous CPU float tensor is checked anyway: the payload capture compares its
-memory with the stored snapshot, and where they differ the fresh copy brings fresh
-statistics (``msprobe.pytorch.leaves.LeafBuilder._plain_leaf``).
+memory with its snapshot of the same address, size and shape, and where they differ the
+fresh copy brings fresh statistics (``msprobe.pytorch.leaves.LeafBuilder._plain_leaf``).
+The check is per shape while a memo entry is not: a write no counter sees, recorded
+through a view of another shape and then undone, still leaves the memo's statistics of
+the written values (``tests/pytorch/test_snapshot_stats.py``, the xfail case).
 """
 from __future__ import annotations
 
