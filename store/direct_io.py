@@ -32,7 +32,7 @@ import numpy as np
 
 from store.fileutil import FILE_MODE, PathLike
 
-__all__ = ["ALIGN", "CHUNK_BYTES", "DirectFileWriter", "thread_writer", "write_buffered"]
+__all__ = ["ALIGN", "CHUNK_BYTES", "DirectFileWriter", "address_of", "thread_writer", "write_buffered"]
 
 #: alignment of buffer, write lengths and offsets (unit: bytes): the page size, a multiple of
 #: every logical block size in use (512 or 4096)
@@ -49,6 +49,13 @@ _UNSUPPORTED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 Bytes = Union[bytes, bytearray, memoryview]
 # mmap flags of the aligned buffer: private (copy-on-write after fork), where mmap has the flag
 _PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+
+
+def address_of(data: Bytes) -> int:
+    """The memory address of the first byte of the contiguous buffer ``data`` (bytes,
+    memoryview, numpy array...; read-only ones too). A piece can go to the device without a
+    copy when this is a multiple of :data:`ALIGN` (see :class:`DirectFileWriter`)."""
+    return np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
 
 
 def write_buffered(path: PathLike, pieces: Iterable[Bytes]) -> None:

@@ -65,7 +65,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from store import schema as S
-from store.direct_io import ALIGN as PAGE, DirectFileWriter
+from store.direct_io import ALIGN as PAGE, DirectFileWriter, address_of
 from store.errors import PayloadDamagedError, StoreError, StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs, replace_from
 
@@ -226,7 +226,7 @@ def _page_rank(data: Any) -> int:
     never start on a page: their data follows the object's header)."""
     if type(data) is bytes or len(data) < PAGE:
         return 2
-    if np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0] % PAGE:
+    if address_of(data) % PAGE:
         return 2
     return 1 if len(data) % PAGE else 0
 

@@ -93,15 +93,20 @@ def write_npy(path: Union[str, os.PathLike], payload: Payload) -> None:
     array) and the data go to the file around the page cache
     (:func:`store.direct_io.thread_writer`); the bytes are ``np.save``'s either way."""
     array = array_from_payload(payload)
-    if array.nbytes < MIN_DIRECT_BYTES or array.dtype.hasobject:
+    header = _npy_header(array) if array.nbytes >= MIN_DIRECT_BYTES and not array.dtype.hasobject else None
+    if header is None:
         with open(path, "wb") as f:
             np.save(f, array, allow_pickle=False)
         return
-    header = io.BytesIO()
+    thread_writer().write(path, (header, np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+
+
+def _npy_header(array: np.ndarray) -> "bytes | None":
+    """The ``.npy`` header ``np.save`` writes for ``array`` in format 1.0; None where that
+    format cannot hold it (a header too long: a huge shape, for which ``np.save`` picks 2.0)."""
+    out = io.BytesIO()
     try:
-        npformat.write_array_header_1_0(header, npformat.header_data_from_array_1_0(array))
-    except ValueError:  # a header too long for format 1.0 (a huge shape): np.save picks 2.0
-        with open(path, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        return
-    thread_writer().write(path, (header.getvalue(), np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        npformat.write_array_header_1_0(out, npformat.header_data_from_array_1_0(array))
+    except ValueError:
+        return None
+    return out.getvalue()

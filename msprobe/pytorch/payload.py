@@ -30,6 +30,7 @@ import torch
 
 from msprobe.pytorch.ptfile import save_values
 from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized
+from store.direct_io import address_of
 from store.payload_writer import Payload
 
 
@@ -114,8 +115,7 @@ def _same_bytes(address: int, data: Union[bytes, memoryview]) -> bool:
         if _MEMCMP is not None:
             return _MEMCMP(address, data, len(data)) == 0
     elif _MEMCMP_AT is not None:
-        where = np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
-        return _MEMCMP_AT(address, where, len(data)) == 0
+        return _MEMCMP_AT(address, address_of(data), len(data)) == 0
     return ctypes.string_at(address, len(data)) == data
 
 

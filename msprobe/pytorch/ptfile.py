@@ -291,4 +291,3 @@ def _write_archive(path: Union[str, os.PathLike], template: tuple[bytes, bytes, 
                 piece = piece[os.write(fd, piece):]
     finally:
         os.close(fd)
-
