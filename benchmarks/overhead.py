@@ -117,8 +117,9 @@ def drop_caches():
         raise SystemExit(f"--drop-caches: cannot write /proc/sys/vm/drop_caches ({exc}); it needs Linux and root")
 
 
-def run_child(python, impl, workload, layers, config, args, scratch_root):
-    """Run one measurement in a fresh process; returns a dict (with 'error' on failure)."""
+def run_child(python, impl, workload, layers, config, args, scratch_root, trash):
+    """Run one measurement in a fresh process; returns a dict (with 'error' on failure).
+    Its scratch directory is handed to ``trash`` (a :class:`Trash`) unless --keep-dumps."""
     scratch = tempfile.mkdtemp(prefix="%s-%s-%s-" % (impl, config, layers), dir=scratch_root)
     # The child runs a copy of workloads.py from the scratch directory, with cwd there, so the
     # repository is not on sys.path (sys.path[0] is the script's directory) unless PYTHONPATH
@@ -170,8 +171,45 @@ def run_child(python, impl, workload, layers, config, args, scratch_root):
     if args.keep_dumps:
         res["scratch"] = scratch
     else:
-        shutil.rmtree(scratch, ignore_errors=True)
+        trash.add(scratch, nbytes)
     return res
+
+
+class Trash:
+    """Child scratch directories to delete at the end of the run, not after each child.
+
+    Why: on an ext4 file system without a journal (the benchmark VM's root file system) the
+    kernel will not reuse an inode freed less than 60 s ago (300 s while its inode-table
+    block is dirty), and every file created meanwhile walks past each such inode
+    (``recently_deleted`` in ``fs/ext4/ialloc.c``): after one tensor child's dump (about a
+    thousand files) is deleted, creating a file took 400 us instead of 15-35 us, which the
+    next children's writers paid (benchmarks/RESULTS.md, session 15). A training run does
+    not delete files while it records, so deletions are put off until the run ends, or
+    until the scratch file system's free space falls below ``reserve`` bytes plus the
+    largest dump seen (then they are deleted at once and counted in ``deleted_early``).
+
+    Args:
+        root: the scratch root (its file system's free space is checked).
+        reserve: bytes to leave free besides the largest dump (unit: bytes).
+    """
+
+    def __init__(self, root, reserve=4 << 30):
+        self.root, self.reserve = root, reserve
+        self.paths, self.largest, self.deleted_early = [], 0, 0
+
+    def add(self, path, nbytes):
+        """Put off deleting ``path`` (a child's scratch directory holding ``nbytes``)."""
+        self.paths.append(path)
+        self.largest = max(self.largest, nbytes)
+        if shutil.disk_usage(self.root).free < self.reserve + 2 * self.largest:
+            self.deleted_early += len(self.paths)
+            self.empty()
+
+    def empty(self):
+        """Delete every directory put off so far."""
+        for path in self.paths:
+            shutil.rmtree(path, ignore_errors=True)
+        self.paths = []
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +380,10 @@ def render(raw, meta):
             "" if meta["runs_done"] == meta["runs"] else " (interrupted: %d of %d rounds complete)" % (
                 meta["runs_done"], meta["runs"])),
     ]
+    if meta.get("deleted_early"):
+        header.append("dumps deleted during the run (scratch disk nearly full): %d; file creation after "
+                      "deletions is slower on some file systems (benchmarks/README.md, \"Deleted dumps\")"
+                      % meta["deleted_early"])
     loads = [r["foreign_cores"] for rs in raw.values() for r in rs if r.get("foreign_cores") is not None]
     if loads:
         header.append("other load on the machine while children ran: median %.2f, max %.2f CPUs busy (%s)" % (
@@ -463,6 +505,7 @@ def main(argv=None):
     signal.signal(signal.SIGINT, interrupt)
     scratch_root = args.scratch or tempfile.mkdtemp(prefix="msprobe-bench-")
     os.makedirs(scratch_root, exist_ok=True)
+    trash = Trash(scratch_root)
     raw = {}  # (impl, layers, config) -> [results]
     skipped_workload = None
     try:
@@ -473,7 +516,7 @@ def main(argv=None):
                     for impl, python, impl_cfgs in impls:
                         if cfg not in impl_cfgs:
                             continue
-                        res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root)
+                        res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root, trash)
                         raw.setdefault((impl, layers, cfg), []).append(res)
                         if "skipped" in res:
                             skipped_workload = res["skipped"]
@@ -503,6 +546,8 @@ def main(argv=None):
         for key in raw:
             raw[key] = raw[key][:meta["runs_done"]]
     finally:
+        meta["deleted_early"] = trash.deleted_early
+        trash.empty()
         if not args.scratch and not args.keep_dumps:
             shutil.rmtree(scratch_root, ignore_errors=True)
     meta["elapsed_s"] = time.time() - started
