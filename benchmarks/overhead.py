@@ -119,8 +119,19 @@ def drop_caches():
 
 def run_child(python, impl, workload, layers, config, args, scratch_root, trash):
     """Run one measurement in a fresh process; returns a dict (with 'error' on failure).
-    Its scratch directory is handed to ``trash`` (a :class:`Trash`) unless --keep-dumps."""
+    Its scratch directory is handed to ``trash`` (a :class:`Trash`) unless --keep-dumps,
+    also when the run is interrupted meanwhile."""
     scratch = tempfile.mkdtemp(prefix="%s-%s-%s-" % (impl, config, layers), dir=scratch_root)
+    try:
+        return _measure(python, impl, workload, layers, config, args, scratch, trash)
+    except BaseException:
+        if not args.keep_dumps:
+            trash.add(scratch, 0, check=False)
+        raise
+
+
+def _measure(python, impl, workload, layers, config, args, scratch, trash):
+    """:func:`run_child` in the scratch directory ``scratch``."""
     # The child runs a copy of workloads.py from the scratch directory, with cwd there, so the
     # repository is not on sys.path (sys.path[0] is the script's directory) unless PYTHONPATH
     # puts it there (ours only).
@@ -179,14 +190,16 @@ class Trash:
     """Child scratch directories to delete at the end of the run, not after each child.
 
     Why: on an ext4 file system without a journal (the benchmark VM's root file system) the
-    kernel will not reuse an inode freed less than 60 s ago (300 s while its inode-table
+    kernel will not reuse an inode freed less than 60 s ago (360 s while its inode-table
     block is dirty), and every file created meanwhile walks past each such inode
     (``recently_deleted`` in ``fs/ext4/ialloc.c``): after one tensor child's dump (about a
-    thousand files) is deleted, creating a file took 400 us instead of 15-35 us, which the
+    thousand files) is deleted, creating a file took 400 us instead of 16-37 us, which the
     next children's writers paid (benchmarks/RESULTS.md, session 15). A training run does
     not delete files while it records, so deletions are put off until the run ends, or
-    until the scratch file system's free space falls below ``reserve`` bytes plus the
-    largest dump seen (then they are deleted at once and counted in ``deleted_early``).
+    until the scratch file system's free space falls below ``reserve`` bytes plus twice the
+    largest dump seen (room for the next child's dump, which may grow larger than any
+    before it; then they are deleted at once and counted in ``deleted_early``). The kept
+    dumps' small files stay in the page cache meanwhile (see benchmarks/README.md).
 
     Args:
         root: the scratch root (its file system's free space is checked).
@@ -197,11 +210,12 @@ class Trash:
         self.root, self.reserve = root, reserve
         self.paths, self.largest, self.deleted_early = [], 0, 0
 
-    def add(self, path, nbytes):
-        """Put off deleting ``path`` (a child's scratch directory holding ``nbytes``)."""
+    def add(self, path, nbytes, check=True):
+        """Put off deleting ``path`` (a child's scratch directory holding ``nbytes`` bytes);
+        ``check``: delete everything put off now if the scratch disk runs short."""
         self.paths.append(path)
         self.largest = max(self.largest, nbytes)
-        if shutil.disk_usage(self.root).free < self.reserve + 2 * self.largest:
+        if check and shutil.disk_usage(self.root).free < self.reserve + 2 * self.largest:
             self.deleted_early += len(self.paths)
             self.empty()
 
@@ -547,9 +561,19 @@ def main(argv=None):
             raw[key] = raw[key][:meta["runs_done"]]
     finally:
         meta["deleted_early"] = trash.deleted_early
+        # from here on a second SIGTERM/SIGINT must not cut the report or the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return _report(raw, meta, args, impls, layer_counts, skipped_workload, started)
+    finally:  # the dumps put off (Trash) go after the report: deleting many GB takes a while
         trash.empty()
         if not args.scratch and not args.keep_dumps:
             shutil.rmtree(scratch_root, ignore_errors=True)
+
+
+def _report(raw, meta, args, impls, layer_counts, skipped_workload, started):
+    """Save and print the results of :func:`main`'s run; returns the exit status."""
     meta["elapsed_s"] = time.time() - started
     if args.json_out:
         save_json(args.json_out, raw, meta)
@@ -571,7 +595,6 @@ def main(argv=None):
     if args.write_results:
         write_results(text, args.workload)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
