@@ -261,6 +261,16 @@ def summarise(runs):
     return s
 
 
+def paired_ratio(runs, base_runs):
+    """Median over rounds of (this configuration's run median step / the uninstrumented run
+    median step of the same round): rounds interleave the configurations, so a round in
+    which the whole machine ran slow cancels out. Rounds in which either run failed are
+    left out; None when no round has both."""
+    ratios = [statistics.median(r["step_times"]) / statistics.median(b["step_times"])
+              for r, b in zip(runs, base_runs) if r.get("step_times") and b.get("step_times")]
+    return statistics.median(ratios) if ratios else None
+
+
 def fmt_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -272,7 +282,8 @@ def table(summaries, impls, configs):
     """Markdown table for one (workload, layers): summaries[(impl, config)] -> summary."""
     head = ["configuration"]
     for impl in impls:
-        head += ["%s step ms" % impl, "%s ratio" % impl, "%s CPU ratio" % impl, "%s peak RSS MiB" % impl,
+        head += ["%s step ms" % impl, "%s ratio" % impl, "%s paired ratio" % impl, "%s CPU ratio" % impl,
+                 "%s peak RSS MiB" % impl,
                  "%s bytes/step" % impl, "%s entries/step" % impl]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cfg in configs:
@@ -282,15 +293,16 @@ def table(summaries, impls, configs):
             base = summaries.get((impl, "none"), {})
             if "step_s" not in s:
                 why = "skipped" if "skipped" in s else ("failed" if "error" in s else "—")
-                row += [why, "", "", "", "", ""]
+                row += [why, "", "", "", "", "", ""]
                 continue
             ms = "%.0f (%.0f–%.0f)" % (s["step_s"] * 1e3, s["step_s_min"] * 1e3, s["step_s_max"] * 1e3)
             ratio = "%.2f" % (s["step_s"] / base["step_s"]) if "step_s" in base else "?"
+            paired = "%.2f" % s["paired"] if s.get("paired") is not None else "?"
             cpu_ratio = "%.2f" % (s["cpu_s"] / base["cpu_s"]) if "cpu_s" in base else "?"
             rss = "%.0f" % s["peak_rss_mib"]
             if "peak_rss_mib" in base and cfg != "none":
                 rss += " (%+.0f%%)" % (100.0 * (s["peak_rss_mib"] / base["peak_rss_mib"] - 1))
-            row += [ms, ratio, cpu_ratio, rss, fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
+            row += [ms, ratio, paired, cpu_ratio, rss, fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
                     "%.0f" % s["entries_per_step"] if cfg != "none" else ""]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -411,6 +423,8 @@ def render(raw, meta):
         for impl, impl_cfgs in meta["impls"]:
             for cfg in impl_cfgs:
                 summaries[(impl, cfg)] = summarise(raw.get((impl, layers, cfg), []))
+                summaries[(impl, cfg)]["paired"] = paired_ratio(raw.get((impl, layers, cfg), []),
+                                                                raw.get((impl, layers, "none"), []))
         title = "%s%s" % (meta["workload"], " (%d layers)" % layers if layers else "")
         notes = []
         for (impl, cfg), s in sorted(summaries.items()):
@@ -426,7 +440,8 @@ def render(raw, meta):
         blocks.append(block)
     text = "\n".join(header) + "\n\n" + "\n\n".join(blocks) + "\n"
     text += ("\nstep ms: median over runs of each run's median step (min–max of the run medians); "
-             "ratio: step time / the same interpreter's uninstrumented step time; CPU ratio: the "
+             "ratio: step time / the same interpreter's uninstrumented step time; paired ratio: median "
+             "over rounds of the run's median step / the uninstrumented run's of the same round; CPU ratio: the "
              "same for process CPU time per step; peak RSS: VmHWM of the child (change vs "
              "uninstrumented); bytes/step: size of dump_path / recorded steps (warm-up included); "
              "entries/step: median number of keys in step*/rank*/dump.json.\n")
