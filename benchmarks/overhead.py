@@ -538,50 +538,50 @@ def main(argv=None):
     raw = {}  # (impl, layers, config) -> [results]
     skipped_workload = None
     try:
-        for run in range(args.runs):
-            for layers in layer_counts:
-                # Interleave: every configuration (and interpreter) once per round.
-                for cfg in configs:
-                    for impl, python, impl_cfgs in impls:
-                        if cfg not in impl_cfgs:
-                            continue
-                        res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root, trash)
-                        raw.setdefault((impl, layers, cfg), []).append(res)
-                        if "skipped" in res:
-                            skipped_workload = res["skipped"]
-                        if not args.quiet:
-                            if "step_times" in res:
-                                msg = "median step %.0f ms" % (statistics.median(res["step_times"]) * 1e3)
-                            else:
-                                msg = res.get("skipped") or res.get("error")
-                            print("[run %d/%d] %-8s layers=%-2s %-12s %s (%.0f s)" % (
-                                run + 1, args.runs, impl, layers or "-", cfg, msg, res["wall_s"]),
-                                file=sys.stderr, flush=True)
-                        meta["elapsed_s"] = time.time() - started
-                        if args.json_out:
-                            save_json(args.json_out, raw, meta)
+        try:
+            for run in range(args.runs):
+                for layers in layer_counts:
+                    # Interleave: every configuration (and interpreter) once per round.
+                    for cfg in configs:
+                        for impl, python, impl_cfgs in impls:
+                            if cfg not in impl_cfgs:
+                                continue
+                            res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root, trash)
+                            raw.setdefault((impl, layers, cfg), []).append(res)
+                            if "skipped" in res:
+                                skipped_workload = res["skipped"]
+                            if not args.quiet:
+                                if "step_times" in res:
+                                    msg = "median step %.0f ms" % (statistics.median(res["step_times"]) * 1e3)
+                                else:
+                                    msg = res.get("skipped") or res.get("error")
+                                print("[run %d/%d] %-8s layers=%-2s %-12s %s (%.0f s)" % (
+                                    run + 1, args.runs, impl, layers or "-", cfg, msg, res["wall_s"]),
+                                    file=sys.stderr, flush=True)
+                            meta["elapsed_s"] = time.time() - started
+                            if args.json_out:
+                                save_json(args.json_out, raw, meta)
+                            if skipped_workload:
+                                break
                         if skipped_workload:
                             break
                     if skipped_workload:
                         break
                 if skipped_workload:
                     break
-            if skipped_workload:
-                break
-            meta["runs_done"] = run + 1
-    except KeyboardInterrupt:
-        print("interrupted; reporting the complete rounds so far", file=sys.stderr)
-        # keep only complete rounds so every configuration has the same number of runs
-        for key in raw:
-            raw[key] = raw[key][:meta["runs_done"]]
-    finally:
-        meta["deleted_early"] = trash.deleted_early
-        # from here on a second SIGTERM/SIGINT must not cut the report or the cleanup short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+                meta["runs_done"] = run + 1
+        except KeyboardInterrupt:
+            print("interrupted; reporting the complete rounds so far", file=sys.stderr)
+            # keep only complete rounds so every configuration has the same number of runs
+            for key in raw:
+                raw[key] = raw[key][:meta["runs_done"]]
+        finally:
+            meta["deleted_early"] = trash.deleted_early
+            # from here on a second SIGTERM/SIGINT must not cut the report or the cleanup short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         return _report(raw, meta, args, impls, layer_counts, skipped_workload, started)
-    finally:  # the dumps put off (Trash) go after the report: deleting many GB takes a while
+    finally:  # after the report (deleting many GB takes a while), and after any error too
         trash.empty()
         if not args.scratch and not args.keep_dumps:
             shutil.rmtree(scratch_root, ignore_errors=True)
@@ -610,6 +610,7 @@ def _report(raw, meta, args, impls, layer_counts, skipped_workload, started):
     if args.write_results:
         write_results(text, args.workload)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
