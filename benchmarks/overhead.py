@@ -119,18 +119,22 @@ def drop_caches():
 
 def run_child(python, impl, workload, layers, config, args, scratch_root, trash):
     """Run one measurement in a fresh process; returns a dict (with 'error' on failure).
-    Its scratch directory is handed to ``trash`` (a :class:`Trash`) unless --keep-dumps,
-    also when the run is interrupted meanwhile."""
+    Its scratch directory is kept (``res["scratch"]``) with --keep-dumps, else handed to
+    ``trash`` (a :class:`Trash`), also when the run is interrupted meanwhile."""
     scratch = tempfile.mkdtemp(prefix="%s-%s-%s-" % (impl, config, layers), dir=scratch_root)
+    res = None
     try:
-        return _measure(python, impl, workload, layers, config, args, scratch, trash)
-    except BaseException:
-        if not args.keep_dumps:
-            trash.add(scratch, 0, check=False)
-        raise
+        res = _measure(python, impl, workload, layers, config, args, scratch)
+        return res
+    finally:
+        if args.keep_dumps:
+            if res is not None:
+                res["scratch"] = scratch
+        else:  # the disk check only after a complete child (an interrupted one has no size)
+            trash.add(scratch, res["dump_bytes"] if res is not None else 0, check=res is not None)
 
 
-def _measure(python, impl, workload, layers, config, args, scratch, trash):
+def _measure(python, impl, workload, layers, config, args, scratch):
     """:func:`run_child` in the scratch directory ``scratch``."""
     # The child runs a copy of workloads.py from the scratch directory, with cwd there, so the
     # repository is not on sys.path (sys.path[0] is the script's directory) unless PYTHONPATH
@@ -179,10 +183,6 @@ def _measure(python, impl, workload, layers, config, args, scratch, trash):
     if impl == "upstream" and res.get("msprobe_file") and os.path.realpath(res["msprobe_file"]).startswith(
             os.path.realpath(REPO_ROOT) + os.sep):
         res["error"] = "upstream child imported msprobe from this repository: %s" % res["msprobe_file"]
-    if args.keep_dumps:
-        res["scratch"] = scratch
-    else:
-        trash.add(scratch, nbytes)
     return res
 
 
@@ -539,37 +539,8 @@ def main(argv=None):
     skipped_workload = None
     try:
         try:
-            for run in range(args.runs):
-                for layers in layer_counts:
-                    # Interleave: every configuration (and interpreter) once per round.
-                    for cfg in configs:
-                        for impl, python, impl_cfgs in impls:
-                            if cfg not in impl_cfgs:
-                                continue
-                            res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root, trash)
-                            raw.setdefault((impl, layers, cfg), []).append(res)
-                            if "skipped" in res:
-                                skipped_workload = res["skipped"]
-                            if not args.quiet:
-                                if "step_times" in res:
-                                    msg = "median step %.0f ms" % (statistics.median(res["step_times"]) * 1e3)
-                                else:
-                                    msg = res.get("skipped") or res.get("error")
-                                print("[run %d/%d] %-8s layers=%-2s %-12s %s (%.0f s)" % (
-                                    run + 1, args.runs, impl, layers or "-", cfg, msg, res["wall_s"]),
-                                    file=sys.stderr, flush=True)
-                            meta["elapsed_s"] = time.time() - started
-                            if args.json_out:
-                                save_json(args.json_out, raw, meta)
-                            if skipped_workload:
-                                break
-                        if skipped_workload:
-                            break
-                    if skipped_workload:
-                        break
-                if skipped_workload:
-                    break
-                meta["runs_done"] = run + 1
+            skipped_workload = _run_rounds(args, impls, layer_counts, configs, raw, meta, started,
+                                           scratch_root, trash)
         except KeyboardInterrupt:
             print("interrupted; reporting the complete rounds so far", file=sys.stderr)
             # keep only complete rounds so every configuration has the same number of runs
@@ -585,6 +556,37 @@ def main(argv=None):
         trash.empty()
         if not args.scratch and not args.keep_dumps:
             shutil.rmtree(scratch_root, ignore_errors=True)
+
+
+def _run_rounds(args, impls, layer_counts, configs, raw, meta, started, scratch_root, trash):
+    """:func:`main`'s measurements: ``args.runs`` rounds, each running every configuration
+    (and interpreter) once, interleaved; results are appended to ``raw`` (and saved with
+    --json after every child), ``meta["runs_done"]`` counts the complete rounds. Returns
+    the reason the workload was skipped, or None."""
+    for run in range(args.runs):
+        for layers in layer_counts:
+            # Interleave: every configuration (and interpreter) once per round.
+            for cfg in configs:
+                for impl, python, impl_cfgs in impls:
+                    if cfg not in impl_cfgs:
+                        continue
+                    res = run_child(python, impl, args.workload, layers, cfg, args, scratch_root, trash)
+                    raw.setdefault((impl, layers, cfg), []).append(res)
+                    if not args.quiet:
+                        if "step_times" in res:
+                            msg = "median step %.0f ms" % (statistics.median(res["step_times"]) * 1e3)
+                        else:
+                            msg = res.get("skipped") or res.get("error")
+                        print("[run %d/%d] %-8s layers=%-2s %-12s %s (%.0f s)" % (
+                            run + 1, args.runs, impl, layers or "-", cfg, msg, res["wall_s"]),
+                            file=sys.stderr, flush=True)
+                    meta["elapsed_s"] = time.time() - started
+                    if args.json_out:
+                        save_json(args.json_out, raw, meta)
+                    if "skipped" in res:
+                        return res["skipped"]
+        meta["runs_done"] = run + 1
+    return None
 
 
 def _report(raw, meta, args, impls, layer_counts, skipped_workload, started):
