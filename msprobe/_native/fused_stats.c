@@ -5,8 +5,9 @@
  * The sum and the sum of squares are accumulated in float64: every float32/bf16/fp16 value
  * and its square are exact in float64, so for those inputs neither can overflow or
  * underflow. Several independent accumulators (vector lanes) are summed over blocks of
- * BLOCK elements, and the block totals are added into a second-level accumulator, so the
- * rounding error is that of chains of about BLOCK/16 + n/BLOCK additions.
+ * BLOCK elements, the block totals are added into a second-level accumulator over a chunk of
+ * CHUNK elements, and the chunks' totals are added in chunk order, so the rounding error is
+ * that of chains of about BLOCK/16 + CHUNK/BLOCK + n/CHUNK additions.
  *
  * NaN semantics: Max and Min are NaN when any element is NaN. The hot loop uses plain
  * max/min instructions (which drop NaN operands); a NaN or an infinity makes the float64
@@ -42,6 +43,11 @@
  *       of two up to 1 MiB): above 1 the copy is a read-only memoryview starting at a
  *       multiple of align in memory, inside a bytes object (a tensor file or shard writes
  *       its whole pages without copying them again: store.direct_io); 0 and 1 give bytes
+ *   set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,
+ *                omp_in_parallel) -> None: addresses of the loaded OpenMP runtime's functions (all 0:
+ *       none); buffers of PARALLEL_MIN elements or more without a CRC are then shared, a run of
+ *       CHUNK-element chunks per thread, among that runtime's threads (see "chunks and threads":
+ *       the result is the same bits; msprobe.pytorch.omp_team hands over PyTorch's runtime)
  * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0, align not a power of two.
  * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
@@ -51,6 +57,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -374,6 +384,97 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
     *has_inf = inf;
 }
 
+/* ---------------------------------------------------------------- chunks and threads */
+
+/* Buffers longer than CHUNK elements are reduced CHUNK elements at a time (a multiple of BLOCK,
+ * so each chunk but the last has no tail) and the chunks' results are combined in chunk order:
+ * Max/Min keep the earlier chunk's value on a tie (as the kernels' lanes do, so -0.0/+0.0
+ * come out the same way), the float64 sums are added chunk after chunk. The result is a
+ * function of the data alone: the same bits whether one thread reduces all the chunks or
+ * several share them. */
+#define CHUNK 16384
+/* at least this many elements (and more than one OpenMP thread) to share the chunks out */
+#define PARALLEL_MIN 65536
+
+/* The OpenMP runtime PyTorch runs its operators on (libgomp's GOMP_parallel ABI, which LLVM's
+ * and Intel's runtimes also export), set by set_parallel(): its worker threads wait for work
+ * between two operators, so a team started here begins at once and reads, on each core, the
+ * half of a tensor that core has just written. Only the thread that called set_parallel (and
+ * not a forked child) starts teams: another thread would get a pool of its own. */
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+typedef int (*omp_int_fn)(void);
+static gomp_parallel_fn omp_parallel = NULL;
+static omp_int_fn omp_thread_num = NULL, omp_num_threads = NULL, omp_max_threads = NULL, omp_in_par = NULL;
+static pthread_t omp_owner;
+static pid_t omp_pid;
+
+typedef struct {
+    const unsigned char *p;
+    size_t n, nchunks, width;
+    kernel_fn kernel;
+    int kind;
+    unsigned char *dst; /* snapshot copy, or NULL */
+    acc_t *accs;        /* one per chunk */
+} chunk_job;
+
+/* chunk c of the job into job->accs[c] (its bytes copied to the same offset of dst) */
+static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain) {
+    size_t off = c * CHUNK, len = job->n - off < CHUNK ? job->n - off : CHUNK;
+    crc_ctx cc;
+    cc.fn = chain ? chain->fn : NULL;
+    cc.crc = chain ? chain->crc : 0;
+    cc.kind = job->kind;
+    cc.dst = job->dst ? job->dst + off * job->width : NULL;
+    job->kernel(job->p + off * job->width, len, &job->accs[c], cc.fn || cc.dst ? &cc : NULL);
+    if (chain) chain->crc = cc.crc;
+}
+
+/* one OpenMP thread's share: a contiguous run of chunks */
+static void chunk_team_body(void *arg) {
+    const chunk_job *job = (const chunk_job *)arg;
+    size_t t = (size_t)omp_thread_num(), T = (size_t)omp_num_threads();
+    for (size_t c = job->nchunks * t / T; c < job->nchunks * (t + 1) / T; c++) reduce_chunk(job, c, NULL);
+}
+
+/* threads to share n elements between: 1 unless set_parallel was called by this thread of this
+ * process, n is large, no CRC is chained (it runs in element order) and OpenMP allows more */
+static unsigned team_size(size_t n, const crc_ctx *cc) {
+    if (omp_parallel == NULL || n < PARALLEL_MIN || (cc && cc->fn)) return 1;
+    if (!pthread_equal(pthread_self(), omp_owner) || getpid() != omp_pid || omp_in_par()) return 1;
+    int m = omp_max_threads();
+    size_t chunks = (n + CHUNK - 1) / CHUNK;
+    return m <= 1 ? 1 : (unsigned)(chunks < (size_t)m ? chunks : (size_t)m);
+}
+
+/* The kernel over n elements, CHUNK at a time (see CHUNK); 0, or -1 when out of memory. */
+static int reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, crc_ctx *cc, acc_t *out) {
+    if (n <= CHUNK) {
+        kernel(p, n, out, cc);
+        return 0;
+    }
+    acc_t few[64];
+    chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
+                     cc ? cc->dst : NULL, few};
+    if (job.nchunks > 64 && (job.accs = (acc_t *)malloc(job.nchunks * sizeof(acc_t))) == NULL) return -1;
+    unsigned team = team_size(n, cc);
+    if (team > 1) {
+        omp_parallel(chunk_team_body, &job, team, 0);
+    } else {
+        for (size_t c = 0; c < job.nchunks; c++) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL);
+    }
+    acc_t acc = job.accs[0];
+    for (size_t c = 1; c < job.nchunks; c++) {
+        const acc_t *a = &job.accs[c];
+        acc.max = a->max > acc.max ? a->max : acc.max;
+        acc.min = a->min < acc.min ? a->min : acc.min;
+        acc.sum += a->sum;
+        acc.sumsq += a->sumsq;
+    }
+    if (job.accs != few) free(job.accs);
+    *out = acc;
+    return 0;
+}
+
 /* The reduction of n elements of one kind at p, with the CRC-32 of their bytes chained into
  * cc->crc when cc is not NULL; NULL with ValueError for a bad kind or n. */
 static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_ctx *cc) {
@@ -387,23 +488,60 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_c
         return NULL;
     }
     acc_t acc;
-    int has_nan = 0, has_inf = 0;
+    int has_nan = 0, has_inf = 0, failed;
     kernel_fn kernel = portable ? PORTABLE[kind] : KERNELS[kind];
     if (cc) cc->kind = (int)kind;
     if (n >= GIL_FREE_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        kernel(p, (size_t)n, &acc, cc);
-        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+        failed = reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
+        if (!failed && !isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
         Py_END_ALLOW_THREADS
     } else {
-        kernel(p, (size_t)n, &acc, cc);
-        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+        failed = reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
+        if (!failed && !isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
     }
+    if (failed) return PyErr_NoMemory();
     if (cc && cc->fn)
         return Py_BuildValue("(ddddNNk)", acc.max, acc.min, acc.sum, acc.sumsq, PyBool_FromLong(has_nan),
                              PyBool_FromLong(has_inf), (unsigned long)cc->crc);
     return Py_BuildValue("(ddddNN)", acc.max, acc.min, acc.sum, acc.sumsq,
                          PyBool_FromLong(has_nan), PyBool_FromLong(has_inf));
+}
+
+/* set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,
+ * omp_in_parallel): addresses of those functions of the OpenMP runtime already loaded (0 for
+ * all: back to one thread). The calling thread becomes the only one that starts teams. */
+static PyObject *set_parallel(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, "
+                                         "omp_get_max_threads, omp_in_parallel) takes 5 addresses");
+        return NULL;
+    }
+    void *fn[5];
+    int zeros = 0;
+    for (int i = 0; i < 5; i++) {
+        fn[i] = PyLong_AsVoidPtr(args[i]);
+        if (fn[i] == NULL && PyErr_Occurred()) return NULL;
+        zeros += fn[i] == NULL;
+    }
+    if (zeros == 5) {
+        omp_parallel = NULL;
+        Py_RETURN_NONE;
+    }
+    if (zeros) {
+        PyErr_SetString(PyExc_ValueError, "set_parallel: an address is 0 (give all five, or 0 for all five)");
+        return NULL;
+    }
+    omp_parallel = NULL; /* the pointers below are complete before a team can start */
+    memcpy(&omp_thread_num, &fn[1], sizeof omp_thread_num);
+    memcpy(&omp_num_threads, &fn[2], sizeof omp_num_threads);
+    memcpy(&omp_max_threads, &fn[3], sizeof omp_max_threads);
+    memcpy(&omp_in_par, &fn[4], sizeof omp_in_par);
+    omp_owner = pthread_self();
+    omp_pid = getpid();
+    memcpy(&omp_parallel, &fn[0], sizeof omp_parallel);
+    Py_RETURN_NONE;
 }
 
 /* args[0:3] = (address, n, kind) of reduce_at and reduce_crc_at; -1 with an exception set */
@@ -591,6 +729,12 @@ static PyMethodDef METHODS[] = {
      "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"
      "must be a multiple of the element size of kind."},
+    {"set_parallel", (PyCFunction)(void (*)(void))set_parallel, METH_FASTCALL,
+     "set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,\n"
+     "             omp_in_parallel) -> None\n\n"
+     "Share buffers of at least 65536 elements (without a CRC) among the threads of the loaded\n"
+     "OpenMP runtime whose functions are at these addresses, when called from the calling thread;\n"
+     "all 0: one thread. Results are bit-identical either way."},
     {"isa", isa, METH_NOARGS, "isa() -> 'avx2' or 'generic': the kernels chosen at import."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,0 +1,224 @@
+"""The native statistics pass shared with PyTorch's OpenMP threads (msprobe.pytorch.omp_team,
+``set_parallel`` in fused_stats.c, issue 5).
+
+The pass reduces fixed chunks of 16,384 elements and adds their results in chunk order, so
+the statistics must be the same bits whether one thread or a team reduces the chunks. A fake
+OpenMP runtime (ctypes callbacks standing in for ``GOMP_parallel`` and friends) runs the
+team's threads one after the other, last thread first, and records every team started: the
+tests see which calls share, and that sharing changes no bit. References for the values are
+numpy float64 with ``math.fsum``.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import msprobe.pytorch.stats as stats_mod
+from msprobe._native import KIND_BF16, KIND_F16, KIND_F32, KIND_F64
+from msprobe.pytorch import omp_team
+
+NATIVE = stats_mod.NATIVE
+pytestmark = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "set_parallel"),
+                                reason="the native extension (with set_parallel) is not built")
+CHUNK = 16384
+
+_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class FakeOpenMP:
+    """Stand-ins for the five OpenMP functions: a team of ``threads`` run in turn."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.teams = []  # num_threads of every GOMP_parallel call
+        self._current = 0
+
+        @ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        def parallel(fn, data, num_threads, flags):
+            self.teams.append(num_threads)
+            self._size = num_threads
+            body = _BODY(fn)
+            for t in reversed(range(num_threads)):  # any order: the result must not depend on it
+                self._current = t
+                body(data)
+
+        self._fns = [parallel,
+                     ctypes.CFUNCTYPE(ctypes.c_int)(lambda: self._current),
+                     ctypes.CFUNCTYPE(ctypes.c_int)(lambda: self._size),
+                     ctypes.CFUNCTYPE(ctypes.c_int)(lambda: self.threads),
+                     ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)]
+        self.addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._fns]
+
+
+@pytest.fixture
+def fake_team():
+    """Install a fake three-thread runtime; afterwards the real one again (or none)."""
+    fake = FakeOpenMP(3)
+    NATIVE.set_parallel(*fake.addresses)
+    try:
+        yield fake
+    finally:
+        NATIVE.set_parallel(0, 0, 0, 0, 0)
+        if stats_mod.NATIVE_THREADS:
+            assert omp_team.share_with_torch_threads(NATIVE)
+
+
+def _data(n: int, kind: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(n) * 3.0
+    a[rng.integers(0, n, 50)] = -0.0
+    if kind == KIND_F32:
+        return a.astype(np.float32)
+    if kind == KIND_F64:
+        return a
+    if kind == KIND_F16:
+        return a.astype(np.float16)
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 bits
+
+
+def _values(buf: np.ndarray, kind: int) -> np.ndarray:
+    if kind == KIND_BF16:
+        return (buf.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return buf.astype(np.float64)
+
+
+def _serial(fake: FakeOpenMP, call):
+    NATIVE.set_parallel(0, 0, 0, 0, 0)
+    try:
+        return call()
+    finally:
+        NATIVE.set_parallel(*fake.addresses)
+
+
+@pytest.mark.parametrize("kind", [KIND_F32, KIND_F64, KIND_BF16, KIND_F16])
+@pytest.mark.parametrize("n", [65535, 65536, 65537, 5 * CHUNK + 7, 200_003])
+@pytest.mark.parametrize("portable", [False, True])
+def test_team_gives_the_same_bits(fake_team, kind, n, portable):
+    buf = _data(n, kind, n + kind)
+    got = NATIVE.reduce_at(buf.ctypes.data, n, kind, portable)
+    alone = _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, n, kind, portable))
+    assert got == alone
+    assert [math.copysign(1.0, v) for v in got[:2]] == [math.copysign(1.0, v) for v in alone[:2]]
+    assert fake_team.teams == ([3] if n >= 65536 else [])
+    a64 = _values(buf, kind)
+    assert (got[0], got[1]) == (a64.max(), a64.min())
+    assert abs(got[2] - math.fsum(a64)) <= 1e-12 * math.fsum(np.abs(a64))
+    assert abs(got[3] - math.fsum(a64 * a64)) <= 1e-12 * math.fsum(a64 * a64)
+    assert got[4:] == (False, False)
+
+
+def test_signed_zero_max_across_chunks(fake_team):
+    """Max and Min of zeros of both signs: the earlier chunk's zero wins, team or not."""
+    a = np.zeros(4 * CHUNK, np.float32)
+    a[:CHUNK] = -0.0
+    b = -a  # +0.0 first, then -0.0
+    for buf in (a, b):
+        got = NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)
+        alone = _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32))
+        assert [math.copysign(1.0, v) for v in got[:2]] == [math.copysign(1.0, v) for v in alone[:2]]
+    assert fake_team.teams == [3, 3]
+
+
+def test_nan_and_inf_in_a_late_chunk(fake_team):
+    a = _data(3 * CHUNK + 5, KIND_F32, 1)
+    a[2 * CHUNK + 3] = np.inf
+    got = NATIVE.reduce_at(a.ctypes.data, a.size, KIND_F32)
+    assert got[0] == math.inf and got[4:] == (False, True)
+    a[3 * CHUNK + 1] = np.nan
+    got = NATIVE.reduce_at(a.ctypes.data, a.size, KIND_F32)
+    assert math.isnan(got[0]) and math.isnan(got[1]) and got[4:] == (True, True)
+
+
+@pytest.mark.parametrize("kind", [KIND_F32, KIND_BF16])
+def test_snapshot_shared_copy(fake_team, kind):
+    buf = _data(4 * CHUNK + 9, kind, 7)
+    data, reduced = NATIVE.snapshot_at(buf.ctypes.data, buf.size, kind, 0, False, 4096)
+    assert bytes(data) == buf.tobytes()
+    assert reduced == _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, buf.size, kind))
+    assert fake_team.teams == [3]
+
+
+def test_crc_stays_in_element_order(fake_team):
+    """summary_mode md5: the CRC-32 is chained in element order, so no team is started."""
+    if stats_mod.FUSED_CRC is None:
+        pytest.skip("no C CRC-32 function (isal)")
+    buf = _data(5 * CHUNK + 3, KIND_F32, 5)
+    got = NATIVE.reduce_crc_at(buf.ctypes.data, buf.size, KIND_F32, stats_mod.FUSED_CRC)
+    assert got[6] == zlib.crc32(buf.tobytes())
+    assert got[:6] == _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32))
+    assert fake_team.teams == []
+
+
+def test_other_threads_reduce_alone(fake_team):
+    buf = _data(4 * CHUNK, KIND_F32, 9)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)))
+    worker.start()
+    worker.join()
+    assert fake_team.teams == []
+    assert out == [NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)]
+    assert fake_team.teams == [3]
+
+
+def test_one_thread_allowed_means_no_team(fake_team):
+    fake_team.threads = 1
+    buf = _data(4 * CHUNK, KIND_F32, 2)
+    NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)
+    assert fake_team.teams == []
+
+
+def test_set_parallel_bad_arguments():
+    with pytest.raises(TypeError, match="takes 5 addresses"):
+        NATIVE.set_parallel(0, 0)
+    with pytest.raises(ValueError, match="an address is 0"):
+        NATIVE.set_parallel(1, 0, 0, 0, 0)
+
+
+def _maps(tmp_path, *paths):
+    lines = [f"7f0000000000-7f0000001000 r-xp 00000000 fd:00 {i} {p}" for i, p in enumerate(paths, 1)]
+    lines.append("7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]")
+    f = tmp_path / "maps"
+    f.write_text("\n".join(lines) + "\n")
+    return str(f)
+
+
+def test_openmp_runtime_choice(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch._C, "has_openmp", True, raising=False)
+    inside = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "lib", "libgomp.so.1")
+    system = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
+    assert omp_team.openmp_runtime(_maps(tmp_path, "/usr/lib/libc.so.6", inside, inside, system)) == inside
+    assert omp_team.openmp_runtime(_maps(tmp_path, system, system)) == system
+    assert omp_team.openmp_runtime(_maps(tmp_path, system, "/opt/intel/lib/libiomp5.so")) is None
+    assert omp_team.openmp_runtime(_maps(tmp_path, "/usr/lib/libc.so.6")) is None
+    assert omp_team.openmp_runtime(str(tmp_path / "missing")) is None
+    monkeypatch.setattr(torch._C, "has_openmp", False, raising=False)
+    assert omp_team.openmp_runtime(_maps(tmp_path, inside)) is None
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("MSPROBE_NO_NATIVE_THREADS", "1")
+    assert omp_team.share_with_torch_threads(NATIVE) is False
+    assert omp_team.share_with_torch_threads(None) is False
+
+
+@pytest.mark.skipif(not stats_mod.NATIVE_THREADS, reason="PyTorch's OpenMP runtime was not found")
+def test_real_team_same_bits():
+    """With PyTorch's own runtime: the output of a two-thread operator, shared and alone."""
+    torch.manual_seed(0)
+    y = torch.randn(512, 1024) @ torch.randn(1024, 1024)
+    shared = NATIVE.reduce_at(y.data_ptr(), y.numel(), KIND_F32)
+    NATIVE.set_parallel(0, 0, 0, 0, 0)
+    try:
+        alone = NATIVE.reduce_at(y.data_ptr(), y.numel(), KIND_F32)
+    finally:
+        assert omp_team.share_with_torch_threads(NATIVE)
+    assert shared == alone
+    a64 = y.double().numpy()
+    assert (shared[0], shared[1]) == (a64.max(), a64.min())
