@@ -14,6 +14,7 @@ import ctypes
 import math
 import os
 import threading
+import time
 import zlib
 
 import numpy as np
@@ -35,8 +36,9 @@ _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 class FakeOpenMP:
     """Stand-ins for the five OpenMP functions: a team of ``threads`` run in turn."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, late: float = 0.0) -> None:
         self.threads = threads
+        self.late = late  # seconds the other threads start after the caller's share
         self.teams = []  # num_threads of every GOMP_parallel call
         self._current = 0
 
@@ -47,6 +49,8 @@ class FakeOpenMP:
             body = _BODY(fn)
             for t in reversed(range(num_threads)):  # any order: the result must not depend on it
                 self._current = t
+                if t and self.late:
+                    time.sleep(self.late)
                 body(data)
 
         self._fns = [parallel,
@@ -57,17 +61,22 @@ class FakeOpenMP:
         self.addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._fns]
 
 
+def _restore():
+    NATIVE.set_parallel(0, 0, 0, 0, 0)
+    if stats_mod.NATIVE_THREADS:
+        assert omp_team.share_with_torch_threads(NATIVE)
+
+
 @pytest.fixture
 def fake_team():
-    """Install a fake three-thread runtime; afterwards the real one again (or none)."""
+    """Install a fake three-thread runtime (threads run one after the other, so the
+    contention guard is off: backoff 0); afterwards the real one again (or none)."""
     fake = FakeOpenMP(3)
-    NATIVE.set_parallel(*fake.addresses)
+    NATIVE.set_parallel(*fake.addresses, 0.0)
     try:
         yield fake
     finally:
-        NATIVE.set_parallel(0, 0, 0, 0, 0)
-        if stats_mod.NATIVE_THREADS:
-            assert omp_team.share_with_torch_threads(NATIVE)
+        _restore()
 
 
 def _data(n: int, kind: int, seed: int) -> np.ndarray:
@@ -94,7 +103,7 @@ def _serial(fake: FakeOpenMP, call):
     try:
         return call()
     finally:
-        NATIVE.set_parallel(*fake.addresses)
+        NATIVE.set_parallel(*fake.addresses, 0.0)
 
 
 @pytest.mark.parametrize("kind", [KIND_F32, KIND_F64, KIND_BF16, KIND_F16])
@@ -174,11 +183,38 @@ def test_one_thread_allowed_means_no_team(fake_team):
     assert fake_team.teams == []
 
 
+def test_late_workers_back_off():
+    """Workers that start late (another process on their core): the team's wall time is far
+    above the caller's own share, and the next buffers are reduced on one thread for
+    ``backoff`` seconds; with backoff 0 every large buffer is shared."""
+    buf = _data(8 * CHUNK, KIND_F32, 4)
+    late = FakeOpenMP(2, late=0.005)
+    try:
+        NATIVE.set_parallel(*late.addresses, 30.0)
+        first = NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)
+        second = NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)
+        assert late.teams == [2] and first == second
+        NATIVE.set_parallel(*late.addresses, 30.0)  # installing again resets the guard
+        NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)
+        assert late.teams == [2, 2]
+        NATIVE.set_parallel(*late.addresses, 0)
+        for _ in range(3):
+            assert NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32) == first
+        assert late.teams == [2, 2, 2, 2, 2]
+    finally:
+        _restore()
+
+
 def test_set_parallel_bad_arguments():
     with pytest.raises(TypeError, match="takes 5 addresses"):
         NATIVE.set_parallel(0, 0)
     with pytest.raises(ValueError, match="an address is 0"):
         NATIVE.set_parallel(1, 0, 0, 0, 0)
+    for bad in (-1.0, math.nan, 1e9):
+        with pytest.raises(ValueError, match="backoff"):
+            NATIVE.set_parallel(0, 0, 0, 0, 0, bad)
+    with pytest.raises(TypeError):
+        NATIVE.set_parallel(0, 0, 0, 0, 0, "1")
 
 
 def _maps(tmp_path, *paths):
