@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -96,25 +97,28 @@ def main(argv=None) -> None:
         dbg.close()
         return elapsed
 
-    plain(), recorded()  # warm-up
-    stats_time[:] = [0.0, 0]
-    base, rec = [], []
-    for _ in range(args.pairs):
+    try:
+        plain(), recorded()  # warm-up
+        stats_time[:] = [0.0, 0]
+        base, rec = [], []
+        for _ in range(args.pairs):
+            base.append(plain())
+            rec.append(recorded())
+        print(f"{args.config} (encoder {args.layers} layers, {args.pairs} pairs, CPU time): "
+              f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
+              f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "
+              f"ratio of mins {min(rec) / min(base):.2f}, of medians {statistics.median(rec) / statistics.median(base):.2f}")
+        # each recorded step against the plain steps just before and after it: drift of the
+        # machine's speed over the run (shared VMs) cancels out of these ratios
         base.append(plain())
-        rec.append(recorded())
-    print(f"{args.config} (encoder {args.layers} layers, {args.pairs} pairs, CPU time): "
-          f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
-          f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "
-          f"ratio of mins {min(rec) / min(base):.2f}, of medians {statistics.median(rec) / statistics.median(base):.2f}")
-    # each recorded step against the plain steps just before and after it: drift of the
-    # machine's speed over the run (shared VMs) cancels out of these ratios
-    base.append(plain())
-    pair = [rec[i] / ((base[i] + base[i + 1]) / 2) for i in range(args.pairs)]
-    print(f"per-pair ratios (recorded / mean of the plain steps around it): median {statistics.median(pair):.2f}, "
-          f"quartiles {statistics.quantiles(pair, n=4)[0]:.2f}-{statistics.quantiles(pair, n=4)[2]:.2f}")
-    if args.breakdown:
-        print(f"statistics: {stats_time[0] / args.pairs * 1e3:.1f} ms per recorded step over "
-              f"{stats_time[1] / args.pairs / 1e6:.1f} M elements")
+        pair = [rec[i] / ((base[i] + base[i + 1]) / 2) for i in range(args.pairs)]
+        print(f"per-pair ratios (recorded / mean of the plain steps around it): median {statistics.median(pair):.2f}, "
+              f"quartiles {statistics.quantiles(pair, n=4)[0]:.2f}-{statistics.quantiles(pair, n=4)[2]:.2f}")
+        if args.breakdown:
+            print(f"statistics: {stats_time[0] / args.pairs * 1e3:.1f} ms per recorded step over "
+                  f"{stats_time[1] / args.pairs / 1e6:.1f} M elements")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the dumps of the recorded steps
 
 
 if __name__ == "__main__":

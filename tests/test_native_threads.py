@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -62,8 +64,9 @@ class FakeOpenMP:
 
 
 def _restore():
+    """Back to the process's own state: PyTorch's runtime if share_once installed it."""
     NATIVE.set_parallel(0, 0, 0, 0, 0)
-    if stats_mod.NATIVE_THREADS:
+    if omp_team.sharing():
         assert omp_team.share_with_torch_threads(NATIVE)
 
 
@@ -244,17 +247,128 @@ def test_switched_off_by_environment(monkeypatch):
     assert omp_team.share_with_torch_threads(None) is False
 
 
-@pytest.mark.skipif(not stats_mod.NATIVE_THREADS, reason="PyTorch's OpenMP runtime was not found")
 def test_real_team_same_bits():
     """With PyTorch's own runtime: the output of a two-thread operator, shared and alone."""
     torch.manual_seed(0)
     y = torch.randn(512, 1024) @ torch.randn(1024, 1024)
-    shared = NATIVE.reduce_at(y.data_ptr(), y.numel(), KIND_F32)
-    NATIVE.set_parallel(0, 0, 0, 0, 0)
     try:
+        if not omp_team.share_with_torch_threads(NATIVE):
+            pytest.skip("PyTorch's OpenMP runtime was not found")
+        shared = NATIVE.reduce_at(y.data_ptr(), y.numel(), KIND_F32)
+        NATIVE.set_parallel(0, 0, 0, 0, 0)
         alone = NATIVE.reduce_at(y.data_ptr(), y.numel(), KIND_F32)
     finally:
-        assert omp_team.share_with_torch_threads(NATIVE)
+        _restore()
     assert shared == alone
     a64 = y.double().numpy()
     assert (shared[0], shared[1]) == (a64.max(), a64.min())
+
+
+def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("MSPROBE_NO_NATIVE_THREADS", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_import_starts_no_team_so_forked_children_do_not_hang():
+    """GNU OpenMP's threads do not survive fork(): a child whose parent's runtime had started a
+    team hangs in its first parallel operator. Importing msprobe must start none."""
+    code = """
+import os, signal, sys, torch
+torch.set_num_threads(2)
+import msprobe.pytorch, msprobe.pytorch.stats
+from msprobe.pytorch import omp_team
+assert not omp_team.sharing()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hang ends the child with SIGALRM
+    y = torch.randn(512, 512) @ torch.randn(512, 512)
+    os._exit(0 if y.shape == (512, 512) else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = _run(code)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_start_shares_on_the_training_thread(tmp_path):
+    """The first recorded step hands PyTorch's runtime to the pass (where one is found), and
+    the statistics are those of numpy float64."""
+    code = f"""
+import json, sys, numpy as np, torch
+torch.set_num_threads(2)
+from msprobe.pytorch import PrecisionDebugger, omp_team
+from msprobe.pytorch.stats import NATIVE
+assert not omp_team.sharing()
+d = PrecisionDebugger(task="statistics", dump_path={str(tmp_path)!r}, level="L1")
+x = torch.randn(400, 300, generator=torch.Generator().manual_seed(1))
+d.start()
+y = torch.nn.functional.relu(x)
+d.stop()
+d.step()
+found = omp_team.openmp_runtime() is not None and NATIVE is not None
+assert omp_team.sharing() == found, (omp_team.sharing(), found)
+entry = json.load(open({str(tmp_path / "step0" / "rank" / "dump.json")!r}))["data"]["Functional.relu.0.forward"]
+out = entry["output"][0]
+ref = np.maximum(x.double().numpy(), 0.0)
+assert (out["Max"], out["Min"]) == (ref.max(), ref.min())
+assert abs(out["Mean"] - ref.mean()) <= 1e-12 * abs(ref).mean()
+assert abs(out["Norm"] - np.sqrt((ref * ref).sum())) <= 1e-12 * np.sqrt((ref * ref).sum())
+print("shared" if found else "alone")
+"""
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_set_parallel_from_another_thread_while_reducing():
+    """One thread switches the runtime off and on while the owner reduces: every reduction
+    sees one whole runtime or none (no crash, same bits)."""
+    code = """
+import sys, threading, numpy as np, torch
+torch.set_num_threads(2)
+from msprobe.pytorch import omp_team
+from msprobe.pytorch.stats import NATIVE
+a = np.random.default_rng(0).standard_normal(70000).astype(np.float32)
+alone = NATIVE.reduce_at(a.ctypes.data, a.size, 0)
+addresses = omp_team.runtime_addresses()
+if addresses is None:
+    raise SystemExit(0)
+sys.setswitchinterval(1e-5)  # switch threads often
+stop = False
+def off():
+    while not stop:
+        NATIVE.set_parallel(0, 0, 0, 0, 0)
+t = threading.Thread(target=off)
+t.start()
+try:
+    for _ in range(2000):
+        NATIVE.set_parallel(*addresses)
+        assert NATIVE.reduce_at(a.ctypes.data, a.size, 0) == alone
+finally:
+    stop = True
+    t.join()
+"""
+    proc = _run(code, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_only_the_setting_thread_shares_even_when_thread_ids_are_reused():
+    """The owner is the thread that called set_parallel, by thread-local state: a thread
+    started after it exited (glibc reuses its id) starts no team."""
+    fake = FakeOpenMP(2)
+    buf = _data(8 * CHUNK, KIND_F32, 8)
+    setter = threading.Thread(target=lambda: NATIVE.set_parallel(*fake.addresses, 0.0))
+    try:
+        setter.start()
+        setter.join()
+        results = []
+        for _ in range(20):
+            worker = threading.Thread(target=lambda: results.append(
+                NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)))
+            worker.start()
+            worker.join()
+        results.append(NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32))  # this thread: not the owner
+        assert fake.teams == []
+        assert len(set(results)) == 1
+    finally:
+        _restore()

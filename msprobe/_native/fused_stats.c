@@ -57,13 +57,32 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef _WIN32 /* no teams (set_parallel validates its arguments and installs nothing) */
+#define HAVE_TEAMS 0
+#define THREAD_LOCAL /* unused without teams */
+typedef int pid_t;
+#define current_pid() 0
+static double monotonic_seconds(void) { return 0.0; }
+#define LOAD_ACQUIRE(ptr) (*(ptr))
+#define STORE_RELEASE(ptr, value) (*(ptr) = (value))
+#else
+#define LOAD_ACQUIRE(ptr) __atomic_load_n(ptr, __ATOMIC_ACQUIRE)
+#define STORE_RELEASE(ptr, value) __atomic_store_n(ptr, value, __ATOMIC_RELEASE)
+#define HAVE_TEAMS 1
+#define THREAD_LOCAL _Thread_local
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#include <stdint.h>
-#include <string.h>
+#define current_pid() getpid()
+static double monotonic_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+#endif
 
 #define KIND_F32 0
 #define KIND_F64 1
@@ -396,37 +415,44 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
 #define CHUNK 16384
 /* at least this many elements (and more than one OpenMP thread) to share the chunks out */
 #define PARALLEL_MIN 65536
+_Static_assert(PARALLEL_MIN >= GIL_FREE_MIN, "teams start only with the GIL released");
 
 /* The OpenMP runtime PyTorch runs its operators on (libgomp's GOMP_parallel ABI, which LLVM's
  * and Intel's runtimes also export), set by set_parallel(): its worker threads wait for work
  * between two operators, so a team started here begins at once and reads, on each core, the
  * half of a tensor that core has just written. Only the thread that called set_parallel (and
- * not a forked child) starts teams: another thread would get a pool of its own. */
+ * not a forked child) starts teams: another thread would get a pool of its own.
+ *
+ * set_parallel publishes a new, never-changed omp_runtime with one atomic store (the old one is
+ * kept: a reduction on another thread may still be using it; set_parallel is called a few
+ * times per process); each reduction loads the pointer once. The calling thread is marked as
+ * the owner through a thread-local generation number (thread ids are reused after a thread
+ * exits, thread-local storage is not). */
 typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 typedef int (*omp_int_fn)(void);
-static gomp_parallel_fn omp_parallel = NULL;
-static omp_int_fn omp_thread_num = NULL, omp_num_threads = NULL, omp_max_threads = NULL, omp_in_par = NULL;
-static pthread_t omp_owner;
-static pid_t omp_pid;
+typedef struct {
+    gomp_parallel_fn parallel;
+    omp_int_fn thread_num, num_threads, max_threads, in_parallel;
+    double backoff;   /* seconds on one thread after a team whose workers were late */
+    long generation;  /* this runtime's set_parallel call */
+    pid_t pid;        /* the process that called set_parallel */
+} omp_runtime;
+static omp_runtime *omp_current = NULL;   /* read with LOAD_ACQUIRE, written with STORE_RELEASE */
+static long omp_generations = 0;          /* set_parallel calls (under the GIL) */
+static THREAD_LOCAL long omp_owned = 0;  /* generation of the runtime this thread set */
 /* Contention guard. A team waits, at its end, for every thread in it: when another process
  * keeps a core busy, a worker may not run for a scheduler time slice (milliseconds), and
  * every shared reduction would wait that long (measured: an L1 step of the encoder benchmark
  * took 2.9 s with sharing against 1.0 s without, while pip ran on the other core). So each
  * team's wall time is compared with the time the calling thread spent on its own share: when
  * it waited LATE seconds or more beyond that for the other threads, buffers are reduced on one
- * thread for the next omp_backoff seconds (set_parallel's backoff; 0 disables the guard).
+ * thread for the next rt->backoff seconds (set_parallel's backoff; 0 disables the guard).
  * Encoder benchmark, 1,693 teams: without other load the wait was 1.3 us (median), 31 us
  * (99th percentile), 121 us at most (the first team, workers not started yet); with a busy
  * loop on the other core, 2.2 us (median) but 11 % of teams waited 0.5-12 ms, none between
  * 0.2 and 0.5 ms. */
 #define LATE 500e-6
-static double omp_backoff = 1.0, omp_quiet_until = 0.0;
-
-static double monotonic_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static THREAD_LOCAL double omp_quiet_until = 0.0; /* the owner thread's: no team before this time */
 
 typedef struct {
     const unsigned char *p;
@@ -435,6 +461,7 @@ typedef struct {
     int kind;
     unsigned char *dst; /* snapshot copy, or NULL */
     acc_t *accs;        /* one per chunk */
+    const omp_runtime *rt; /* the runtime of a team */
     double own_seconds; /* time thread 0 (the caller) spent on its share */
 } chunk_job;
 
@@ -453,19 +480,19 @@ static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain) {
 /* one OpenMP thread's share: a contiguous run of chunks */
 static void chunk_team_body(void *arg) {
     chunk_job *job = (chunk_job *)arg;
-    size_t t = (size_t)omp_thread_num(), T = (size_t)omp_num_threads();
+    size_t t = (size_t)job->rt->thread_num(), T = (size_t)job->rt->num_threads();
     double start = t == 0 ? monotonic_seconds() : 0.0;
     for (size_t c = job->nchunks * t / T; c < job->nchunks * (t + 1) / T; c++) reduce_chunk(job, c, NULL);
     if (t == 0) job->own_seconds = monotonic_seconds() - start;
 }
 
-/* threads to share n elements between: 1 unless set_parallel was called by this thread of this
- * process, n is large, no CRC is chained (it runs in element order) and OpenMP allows more */
-static unsigned team_size(size_t n, const crc_ctx *cc) {
-    if (omp_parallel == NULL || n < PARALLEL_MIN || (cc && cc->fn)) return 1;
-    if (!pthread_equal(pthread_self(), omp_owner) || getpid() != omp_pid || omp_in_par()) return 1;
+/* threads to share n elements between: 1 unless rt was set by this thread of this process,
+ * n is large, no CRC is chained (it runs in element order) and OpenMP allows more */
+static unsigned team_size(const omp_runtime *rt, size_t n, const crc_ctx *cc) {
+    if (rt == NULL || n < PARALLEL_MIN || (cc && cc->fn)) return 1;
+    if (omp_owned != rt->generation || current_pid() != rt->pid || rt->in_parallel()) return 1;
     if (omp_quiet_until > 0.0 && monotonic_seconds() < omp_quiet_until) return 1;
-    int m = omp_max_threads();
+    int m = rt->max_threads();
     size_t chunks = (n + CHUNK - 1) / CHUNK;
     return m <= 1 ? 1 : (unsigned)(chunks < (size_t)m ? chunks : (size_t)m);
 }
@@ -478,15 +505,15 @@ static int reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, cr
     }
     acc_t few[64];
     chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
-                     cc ? cc->dst : NULL, few, 0.0};
+                     cc ? cc->dst : NULL, few, LOAD_ACQUIRE(&omp_current), 0.0};
     if (job.nchunks > 64 && (job.accs = (acc_t *)malloc(job.nchunks * sizeof(acc_t))) == NULL) return -1;
-    unsigned team = team_size(n, cc);
+    unsigned team = team_size(job.rt, n, cc);
     if (team > 1) {
         double start = monotonic_seconds();
-        omp_parallel(chunk_team_body, &job, team, 0);
+        job.rt->parallel(chunk_team_body, &job, team, 0);
         double end = monotonic_seconds();
-        if (omp_backoff > 0.0 && end - start - job.own_seconds >= LATE)
-            omp_quiet_until = end + omp_backoff; /* the workers were late: see omp_backoff */
+        if (job.rt->backoff > 0.0 && end - start - job.own_seconds >= LATE)
+            omp_quiet_until = end + job.rt->backoff; /* the workers were late: see LATE */
     } else {
         for (size_t c = 0; c < job.nchunks; c++) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL);
     }
@@ -565,24 +592,28 @@ static PyObject *set_parallel(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (fn[i] == NULL && PyErr_Occurred()) return NULL;
         zeros += fn[i] == NULL;
     }
-    if (zeros == 5) {
-        omp_parallel = NULL;
-        Py_RETURN_NONE;
-    }
-    if (zeros) {
+    if (zeros && zeros != 5) {
         PyErr_SetString(PyExc_ValueError, "set_parallel: an address is 0 (give all five, or 0 for all five)");
         return NULL;
     }
-    omp_parallel = NULL; /* the pointers below are complete before a team can start */
-    omp_backoff = backoff;
-    omp_quiet_until = 0.0;
-    memcpy(&omp_thread_num, &fn[1], sizeof omp_thread_num);
-    memcpy(&omp_num_threads, &fn[2], sizeof omp_num_threads);
-    memcpy(&omp_max_threads, &fn[3], sizeof omp_max_threads);
-    memcpy(&omp_in_par, &fn[4], sizeof omp_in_par);
-    omp_owner = pthread_self();
-    omp_pid = getpid();
-    memcpy(&omp_parallel, &fn[0], sizeof omp_parallel);
+    omp_runtime *rt = NULL;
+    if (!zeros && HAVE_TEAMS) {
+        rt = (omp_runtime *)malloc(sizeof *rt);
+        if (rt == NULL) return PyErr_NoMemory();
+        /* a data pointer cannot portably be cast to a function pointer: copy the bits */
+        memcpy(&rt->parallel, &fn[0], sizeof rt->parallel);
+        memcpy(&rt->thread_num, &fn[1], sizeof rt->thread_num);
+        memcpy(&rt->num_threads, &fn[2], sizeof rt->num_threads);
+        memcpy(&rt->max_threads, &fn[3], sizeof rt->max_threads);
+        memcpy(&rt->in_parallel, &fn[4], sizeof rt->in_parallel);
+        rt->backoff = backoff;
+        rt->generation = ++omp_generations;
+        rt->pid = current_pid();
+        omp_owned = rt->generation;
+        omp_quiet_until = 0.0;
+    }
+    /* the runtime replaced is not freed: a reduction on another thread may hold it */
+    STORE_RELEASE(&omp_current, rt);
     Py_RETURN_NONE;
 }
 

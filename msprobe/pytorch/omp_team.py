@@ -10,15 +10,20 @@ part of the output that it has just written, still in its cache. Encoder benchma
 The result does not depend on it: the pass reduces fixed chunks of 16,384 elements and adds
 their results in chunk order however many threads share them (``fused_stats.c``).
 
-Only the thread that imports msprobe's PyTorch adapter shares (another thread would start a
-team, and threads, of its own), never a forked child, never with a CRC-32 (summary_mode md5
-chains it in element order). ``MSPROBE_NO_NATIVE_THREADS=1`` keeps the pass on one thread.
-Linux only (the runtime is found in ``/proc/self/maps``); elsewhere the pass stays on one thread.
+Nothing is shared before the first ``PrecisionDebugger.start()`` (:func:`share_once`): a
+program that imports msprobe and forks before it trains must not get children whose OpenMP
+runtime already started a team (GNU OpenMP's threads do not survive ``fork()``: the child's
+next parallel operator would hang). From then on only the thread that called it shares
+(another thread would start a team, and threads, of its own), never a forked child, never
+with a CRC-32 (summary_mode md5 chains it in element order). ``MSPROBE_NO_NATIVE_THREADS=1``
+keeps the pass on one thread. Linux only (the runtime is found in ``/proc/self/maps``);
+elsewhere the pass stays on one thread.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from types import ModuleType
 from typing import Optional
 
@@ -28,6 +33,10 @@ import torch
 _RUNTIMES = ("libgomp", "libiomp5", "libomp")
 _FUNCTIONS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads", "omp_get_max_threads",
               "omp_in_parallel")
+#: whether :func:`share_once` ran in this process, and what it gave (process-wide: the
+#: runtime and the compiled module are process-wide too)
+_ONCE = {"pid": None, "shared": False}
+_ONCE_LOCK = threading.Lock()
 
 
 def openmp_runtime(maps: str = "/proc/self/maps") -> Optional[str]:
@@ -62,6 +71,20 @@ def openmp_runtime(maps: str = "/proc/self/maps") -> Optional[str]:
     return found[0] if len(found) == 1 and not inside else None
 
 
+def runtime_addresses() -> Optional[list]:
+    """The addresses of ``GOMP_parallel``, ``omp_get_thread_num``, ``omp_get_num_threads``,
+    ``omp_get_max_threads`` and ``omp_in_parallel`` in :func:`openmp_runtime` (the arguments
+    of ``fused_stats.set_parallel``), or None when there is no runtime or it lacks one."""
+    path = openmp_runtime()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)  # the loaded library: dlopen returns its handle
+        return [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS]
+    except (OSError, AttributeError):
+        return None
+
+
 def share_with_torch_threads(native: Optional[ModuleType]) -> bool:
     """Hand ``native`` (the ``fused_stats`` module) PyTorch's OpenMP runtime; True if done.
 
@@ -74,13 +97,8 @@ def share_with_torch_threads(native: Optional[ModuleType]) -> bool:
         return False
     if os.environ.get("MSPROBE_NO_NATIVE_THREADS", "") not in ("", "0"):
         return False
-    path = openmp_runtime()
-    if path is None:
-        return False
-    try:
-        lib = ctypes.CDLL(path)  # the loaded library: dlopen returns its handle
-        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS]
-    except (OSError, AttributeError):
+    addresses = runtime_addresses()
+    if addresses is None:
         return False
     import numpy as np
     probe = np.random.default_rng(3).standard_normal(200_003).astype(np.float32)
@@ -90,3 +108,19 @@ def share_with_torch_threads(native: Optional[ModuleType]) -> bool:
         native.set_parallel(0, 0, 0, 0, 0)
         return False
     return True
+
+
+def share_once(native: Optional[ModuleType]) -> bool:
+    """:func:`share_with_torch_threads` the first time it is called in this process (by
+    ``PrecisionDebugger.start()``, on the thread that trains); later calls return the first
+    call's result. True when the pass shares."""
+    with _ONCE_LOCK:
+        if _ONCE["pid"] != os.getpid():
+            _ONCE["pid"] = os.getpid()
+            _ONCE["shared"] = share_with_torch_threads(native)
+        return _ONCE["shared"]
+
+
+def sharing() -> bool:
+    """True when :func:`share_once` has handed PyTorch's runtime to the pass in this process."""
+    return _ONCE["pid"] == os.getpid() and _ONCE["shared"]

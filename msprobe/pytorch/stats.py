@@ -50,13 +50,10 @@ from msprobe.core.checksum import C_CRC32, crc32
 from msprobe.core.statistics import RESCALE_BIG as _BIG
 from msprobe.core.statistics import RESCALE_SMALL as _SMALL
 from msprobe.core.statistics import TensorStats, rescale_factor
-from msprobe.pytorch.omp_team import share_with_torch_threads
 
 #: the compiled one-pass statistics (``msprobe._native.fused_stats``), or None when it is
 #: not built or ``MSPROBE_NO_NATIVE_STATS=1``: then numpy/torch compute them (see ``_host_stats``)
 NATIVE = load_fused_stats()
-#: True when the native pass shares large tensors with PyTorch's OpenMP threads (omp_team)
-NATIVE_THREADS = share_with_torch_threads(NATIVE)
 
 
 def _fused_crc_address() -> Optional[int]:
