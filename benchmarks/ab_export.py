@@ -15,9 +15,11 @@ step boundary. Prints min and median ms of ``add`` and ``_dump_text`` (sums over
 step) per checkout and the ratios; fails if the two dump texts differ.
 """
 import argparse
+import atexit
 import importlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,6 +49,7 @@ def capture(config):
     export.StepExporter.add = add
     model, train_step = build_encoder(4)
     scratch = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
     path = os.path.join(scratch, "config.json")
     with open(path, "w") as handle:
         json.dump(config_json(config, os.path.join(scratch, "dump")), handle)

@@ -21,8 +21,10 @@ the cost of recording the step's ~110 API calls and their backward. Not collecte
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -99,6 +101,7 @@ def main(argv=None) -> None:
 
     model, train_step = build_toy_encoder(args.layers)
     root = Path(tempfile.mkdtemp(prefix="ab-python-path-"))
+    atexit.register(shutil.rmtree, root, True)  # the dumps, at exit
     made = [0]
 
     def debugger():

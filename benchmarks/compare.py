@@ -31,9 +31,11 @@ Not collected by pytest.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,6 +159,8 @@ def main() -> None:
         return
     calls = args.calls or (50 if args.case == "tensor" else 250_000)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="msprobe_cmp_bench_"))
+    if not args.keep:
+        atexit.register(shutil.rmtree, root, True)  # the generated dumps, at exit
     t0 = time.perf_counter()
     if not (root / "baseline").exists():
         numel = args.numel if args.case == "tensor" else 0

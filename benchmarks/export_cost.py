@@ -14,12 +14,14 @@ GC tracks and the full (generation 2) collections during the timed steps, and a 
 the files of the last step (equal digests: byte-identical output; ``ROOT`` and this script's checkout in stack
 frames replaced).
 """
+import atexit
 import collections
 import gc
 import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -73,6 +75,7 @@ for t in TARGETS:
         wrap(owner, parts[-1], q)
 model, train_step = build_encoder(4)
 scratch = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
 p = os.path.join(scratch, "c.json")
 json.dump(config_json(cfg, os.path.join(scratch, "dump")), open(p, "w"))
 dbg = PrecisionDebugger(config_path=p)

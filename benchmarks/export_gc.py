@@ -12,9 +12,11 @@ yet) and walks everything reachable from the exporter's entries, seq index and t
 counting the objects ``gc.is_tracked`` reports, by type. Each of them that outlives the
 young generations is promoted to the old one and counts toward the next full collection.
 """
+import atexit
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -30,6 +32,7 @@ from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 cfg = sys.argv[1] if len(sys.argv) > 1 else "mix_stats"
 model, train_step = build_encoder(4)
 scratch = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
 path = os.path.join(scratch, "c.json")
 with open(path, "w") as handle:
     json.dump(config_json(cfg, os.path.join(scratch, "dump")), handle)

@@ -6,10 +6,12 @@ time goes (top functions by own time). Not a test.
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import json
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 
@@ -36,6 +38,7 @@ def main(argv=None):
 
     model, train_step = build_encoder(args.layers, device=args.device)
     scratch = tempfile.mkdtemp(prefix="msprobe-profile-")
+    atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
     cfg_path = os.path.join(scratch, "config.json")
     with open(cfg_path, "w") as f:
         json.dump(config_json(args.config, os.path.join(scratch, "dump")), f)

@@ -157,15 +157,24 @@ def test_snapshot_shared_copy(fake_team, kind):
     assert fake_team.teams == [3]
 
 
-def test_crc_stays_in_element_order(fake_team):
-    """summary_mode md5: the CRC-32 is chained in element order, so no team is started."""
+@pytest.mark.parametrize("kind", [KIND_F32, KIND_F64, KIND_BF16, KIND_F16])
+@pytest.mark.parametrize("n", [65536, 5 * CHUNK + 3, 70 * CHUNK + 11])
+def test_crc_of_chunks_combined(fake_team, kind, n):
+    """summary_mode md5 in a team: each chunk's CRC-32 from 0, combined in order, is zlib's
+    CRC of all the bytes (bfloat16: of their float32 values); the statistics are
+    reduce_at's; the snapshot copies the bytes too."""
     if stats_mod.FUSED_CRC is None:
         pytest.skip("no C CRC-32 function (isal)")
-    buf = _data(5 * CHUNK + 3, KIND_F32, 5)
-    got = NATIVE.reduce_crc_at(buf.ctypes.data, buf.size, KIND_F32, stats_mod.FUSED_CRC)
-    assert got[6] == zlib.crc32(buf.tobytes())
-    assert got[:6] == _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32))
-    assert fake_team.teams == []
+    buf = _data(n, kind, n % 97 + kind)
+    data = (buf.astype(np.uint32) << 16).tobytes() if kind == KIND_BF16 else buf.tobytes()
+    got = NATIVE.reduce_crc_at(buf.ctypes.data, n, kind, stats_mod.FUSED_CRC)
+    assert got[6] == zlib.crc32(data)
+    assert got[:6] == _serial(fake_team, lambda: NATIVE.reduce_at(buf.ctypes.data, n, kind))
+    copy, reduced = NATIVE.snapshot_at(buf.ctypes.data, n, kind, stats_mod.FUSED_CRC, False, 4096)
+    assert bytes(copy) == buf.tobytes() and reduced == got
+    alone = _serial(fake_team, lambda: NATIVE.reduce_crc_at(buf.ctypes.data, n, kind, stats_mod.FUSED_CRC))
+    assert alone == got
+    assert fake_team.teams == [3, 3]
 
 
 def test_other_threads_reduce_alone(fake_team):
@@ -260,6 +269,13 @@ def test_real_team_same_bits():
     finally:
         _restore()
     assert shared == alone
+    if stats_mod.FUSED_CRC is not None:
+        try:
+            assert omp_team.share_with_torch_threads(NATIVE)
+            crc = NATIVE.reduce_crc_at(y.data_ptr(), y.numel(), KIND_F32, stats_mod.FUSED_CRC)
+        finally:
+            _restore()
+        assert crc[:6] == shared and crc[6] == zlib.crc32(y.numpy().tobytes())
     a64 = y.double().numpy()
     assert (shared[0], shared[1]) == (a64.max(), a64.min())
 

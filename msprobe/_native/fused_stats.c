@@ -45,7 +45,7 @@
  *       its whole pages without copying them again: store.direct_io); 0 and 1 give bytes
  *   set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,
  *                omp_in_parallel[, backoff]) -> None: addresses of the loaded OpenMP runtime's functions (all 0:
- *       none); buffers of PARALLEL_MIN elements or more without a CRC are then shared, a run of
+ *       none); buffers of PARALLEL_MIN elements or more are then shared (with a CRC too), a run of
  *       CHUNK-element chunks per thread, among that runtime's threads (see "chunks and threads":
  *       the result is the same bits; msprobe.pytorch.omp_team hands over PyTorch's runtime)
  * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0, align not a power of two.
@@ -461,6 +461,8 @@ typedef struct {
     int kind;
     unsigned char *dst; /* snapshot copy, or NULL */
     acc_t *accs;        /* one per chunk */
+    crc_fn crc;         /* the CRC-32 function, or NULL */
+    uint32_t *crcs;     /* a team's CRC-32 of each chunk (from 0), combined afterwards; or NULL */
     const omp_runtime *rt; /* the runtime of a team */
     double own_seconds; /* time thread 0 (the caller) spent on its share */
 } chunk_job;
@@ -469,12 +471,41 @@ typedef struct {
 static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain) {
     size_t off = c * CHUNK, len = job->n - off < CHUNK ? job->n - off : CHUNK;
     crc_ctx cc;
-    cc.fn = chain ? chain->fn : NULL;
-    cc.crc = chain ? chain->crc : 0;
+    cc.fn = job->crc;
+    cc.crc = chain ? chain->crc : 0; /* chained in element order, or this chunk's own from 0 */
     cc.kind = job->kind;
     cc.dst = job->dst ? job->dst + off * job->width : NULL;
     job->kernel(job->p + off * job->width, len, &job->accs[c], cc.fn || cc.dst ? &cc : NULL);
-    if (chain) chain->crc = cc.crc;
+    if (chain)
+        chain->crc = cc.crc;
+    else if (job->crcs)
+        job->crcs[c] = cc.crc;
+}
+
+/* CRC-32 combination (the zlib crc32_combine identity): with A's CRC a and B's CRC b (each
+ * from 0), the CRC of A followed by B is (x^(8 |B|) * a mod P) xor b, P the CRC-32 polynomial.
+ * Polynomials are in the CRC's reflected bit order: bit 31 holds the coefficient of x^0. */
+#define CRC_POLY 0xedb88320u
+
+/* a(x) * b(x) mod P(x) */
+static uint32_t crc_poly_mul(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (int i = 0; i < 32 && a; i++) { /* term x^i of a, from bit 31 down */
+        if (a & 0x80000000u) product ^= b;
+        a <<= 1;
+        b = b & 1u ? (b >> 1) ^ CRC_POLY : b >> 1; /* b * x */
+    }
+    return product;
+}
+
+/* x^(8 * nbytes) mod P(x): the factor that shifts a CRC past nbytes bytes */
+static uint32_t crc_shift_factor(uint64_t nbytes) {
+    uint32_t result = 0x80000000u, square = 0x40000000u; /* x^0 and x^1 */
+    for (uint64_t e = nbytes * 8u; e; e >>= 1) {
+        if (e & 1u) result = crc_poly_mul(result, square);
+        square = crc_poly_mul(square, square);
+    }
+    return result;
 }
 
 /* one OpenMP thread's share: a contiguous run of chunks */
@@ -487,9 +518,9 @@ static void chunk_team_body(void *arg) {
 }
 
 /* threads to share n elements between: 1 unless rt was set by this thread of this process,
- * n is large, no CRC is chained (it runs in element order) and OpenMP allows more */
-static unsigned team_size(const omp_runtime *rt, size_t n, const crc_ctx *cc) {
-    if (rt == NULL || n < PARALLEL_MIN || (cc && cc->fn)) return 1;
+ * n is large and OpenMP allows more */
+static unsigned team_size(const omp_runtime *rt, size_t n) {
+    if (rt == NULL || n < PARALLEL_MIN) return 1;
     if (omp_owned != rt->generation || current_pid() != rt->pid || rt->in_parallel()) return 1;
     if (omp_quiet_until > 0.0 && monotonic_seconds() < omp_quiet_until) return 1;
     int m = rt->max_threads();
@@ -504,16 +535,36 @@ static int reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, cr
         return 0;
     }
     acc_t few[64];
+    uint32_t few_crcs[64];
     chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
-                     cc ? cc->dst : NULL, few, LOAD_ACQUIRE(&omp_current), 0.0};
+                     cc ? cc->dst : NULL, few, cc ? cc->fn : NULL, NULL, LOAD_ACQUIRE(&omp_current), 0.0};
     if (job.nchunks > 64 && (job.accs = (acc_t *)malloc(job.nchunks * sizeof(acc_t))) == NULL) return -1;
-    unsigned team = team_size(job.rt, n, cc);
+    unsigned team = team_size(job.rt, n);
+    if (team > 1 && job.crc) {
+        job.crcs = job.nchunks > 64 ? (uint32_t *)malloc(job.nchunks * sizeof(uint32_t)) : few_crcs;
+        if (job.crcs == NULL) {
+            if (job.accs != few) free(job.accs);
+            return -1;
+        }
+    }
     if (team > 1) {
         double start = monotonic_seconds();
         job.rt->parallel(chunk_team_body, &job, team, 0);
         double end = monotonic_seconds();
         if (job.rt->backoff > 0.0 && end - start - job.own_seconds >= LATE)
             omp_quiet_until = end + job.rt->backoff; /* the workers were late: see LATE */
+        if (job.crcs) { /* the chunks' CRCs, chained in element order */
+            /* bytes the CRC reads per element: bfloat16 is CRC'ed as float32 (crc_span) */
+            uint64_t per = kind == KIND_BF16 ? 4u : job.width;
+            uint32_t full = crc_shift_factor((uint64_t)CHUNK * per), crc = cc->crc;
+            for (size_t c = 0; c < job.nchunks; c++) {
+                size_t len = n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK;
+                uint32_t shift = len == CHUNK ? full : crc_shift_factor((uint64_t)len * per);
+                crc = crc_poly_mul(shift, crc) ^ job.crcs[c];
+            }
+            cc->crc = crc;
+            if (job.crcs != few_crcs) free(job.crcs);
+        }
     } else {
         for (size_t c = 0; c < job.nchunks; c++) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL);
     }
@@ -805,7 +856,7 @@ static PyMethodDef METHODS[] = {
     {"set_parallel", (PyCFunction)(void (*)(void))set_parallel, METH_FASTCALL,
      "set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,\n"
      "             omp_in_parallel, backoff=1.0) -> None\n\n"
-     "Share buffers of at least 65536 elements (without a CRC) among the threads of the loaded\n"
+     "Share buffers of at least 65536 elements among the threads of the loaded\n"
      "OpenMP runtime whose functions are at these addresses, when called from the calling thread;\n"
      "all 0: one thread. Results are bit-identical either way. After a team whose other threads\n"
      "started late (another process on their core) buffers stay on one thread for backoff seconds."},

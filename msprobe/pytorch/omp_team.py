@@ -14,9 +14,10 @@ Nothing is shared before the first ``PrecisionDebugger.start()`` (:func:`share_o
 program that imports msprobe and forks before it trains must not get children whose OpenMP
 runtime already started a team (GNU OpenMP's threads do not survive ``fork()``: the child's
 next parallel operator would hang). From then on only the thread that called it shares
-(another thread would start a team, and threads, of its own), never a forked child, never
-with a CRC-32 (summary_mode md5 chains it in element order). ``MSPROBE_NO_NATIVE_THREADS=1``
-keeps the pass on one thread. Linux only (the runtime is found in ``/proc/self/maps``);
+(another thread would start a team, and threads, of its own), never a forked child. With a
+CRC-32 (summary_mode md5) each chunk's CRC is computed from 0 and the chunks' CRCs are
+combined in order (zlib's ``crc32_combine`` identity): the same value as one pass.
+``MSPROBE_NO_NATIVE_THREADS=1`` keeps the pass on one thread. Linux only (the runtime is found in ``/proc/self/maps``);
 elsewhere the pass stays on one thread.
 """
 from __future__ import annotations
