@@ -217,6 +217,29 @@ def test_late_workers_back_off():
         _restore()
 
 
+def test_late_teams_in_a_row_double_the_quiet_period():
+    """Under lasting load each try costs a time slice: after late teams in a row the period
+    on one thread doubles (backoff 0.2 s here: 0.2, then 0.4)."""
+    buf = _data(8 * CHUNK, KIND_F32, 6)
+    late = FakeOpenMP(2, late=0.005)
+    try:
+        NATIVE.set_parallel(*late.addresses, 0.2)
+        NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)  # late: 0.2 s on one thread
+        assert late.teams == [2]
+        time.sleep(0.25)
+        NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)  # tries again, late: 0.4 s
+        assert late.teams == [2, 2]
+        time.sleep(0.25)
+        NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)  # still within the 0.4 s
+        assert late.teams == [2, 2]
+        time.sleep(0.25)
+        late.late = 0.0
+        NATIVE.reduce_at(buf.ctypes.data, buf.size, KIND_F32)  # tries again
+        assert late.teams == [2, 2, 2]
+    finally:
+        _restore()
+
+
 def test_set_parallel_bad_arguments():
     with pytest.raises(TypeError, match="takes 5 addresses"):
         NATIVE.set_parallel(0, 0)
@@ -301,6 +324,30 @@ if pid == 0:
     y = torch.randn(512, 512) @ torch.randn(512, 512)
     os._exit(0 if y.shape == (512, 512) else 3)
 _, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = _run(code)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_fork_after_start_without_large_cpu_tensors(tmp_path):
+    """start() hands the runtime over but starts no team: a process that records no CPU
+    tensor of 65,536 elements (say a GPU training step) can still fork children that run
+    multi-threaded operators."""
+    code = f"""
+import os, signal, sys, torch
+torch.set_num_threads(2)
+from msprobe.pytorch import PrecisionDebugger
+d = PrecisionDebugger(task="statistics", dump_path={str(tmp_path)!r}, level="L1")
+d.start()
+y = torch.nn.functional.relu(torch.ones(100, 100))
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hang ends the child with SIGALRM
+    a = torch.randn(1500, 1500)
+    os._exit(0 if (a @ a).shape == (1500, 1500) else 3)
+_, status = os.waitpid(pid, 0)
+d.stop()
 sys.exit(os.waitstatus_to_exitcode(status))
 """
     proc = _run(code)

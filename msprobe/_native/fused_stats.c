@@ -63,8 +63,7 @@
 #ifdef _WIN32 /* no teams (set_parallel validates its arguments and installs nothing) */
 #define HAVE_TEAMS 0
 #define THREAD_LOCAL /* unused without teams */
-typedef int pid_t;
-#define current_pid() 0
+#define current_pid() 0L
 static double monotonic_seconds(void) { return 0.0; }
 #define LOAD_ACQUIRE(ptr) (*(ptr))
 #define STORE_RELEASE(ptr, value) (*(ptr) = (value))
@@ -76,7 +75,7 @@ static double monotonic_seconds(void) { return 0.0; }
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#define current_pid() getpid()
+#define current_pid() ((long)getpid())
 static double monotonic_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -415,7 +414,8 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
 #define CHUNK 16384
 /* at least this many elements (and more than one OpenMP thread) to share the chunks out */
 #define PARALLEL_MIN 65536
-_Static_assert(PARALLEL_MIN >= GIL_FREE_MIN, "teams start only with the GIL released");
+/* teams start only with the GIL released (a negative array size if not) */
+typedef char parallel_min_needs_no_gil[PARALLEL_MIN >= GIL_FREE_MIN ? 1 : -1];
 
 /* The OpenMP runtime PyTorch runs its operators on (libgomp's GOMP_parallel ABI, which LLVM's
  * and Intel's runtimes also export), set by set_parallel(): its worker threads wait for work
@@ -435,7 +435,7 @@ typedef struct {
     omp_int_fn thread_num, num_threads, max_threads, in_parallel;
     double backoff;   /* seconds on one thread after a team whose workers were late */
     long generation;  /* this runtime's set_parallel call */
-    pid_t pid;        /* the process that called set_parallel */
+    long pid;         /* the process that called set_parallel */
 } omp_runtime;
 static omp_runtime *omp_current = NULL;   /* read with LOAD_ACQUIRE, written with STORE_RELEASE */
 static long omp_generations = 0;          /* set_parallel calls (under the GIL) */
@@ -445,14 +445,20 @@ static THREAD_LOCAL long omp_owned = 0;  /* generation of the runtime this threa
  * every shared reduction would wait that long (measured: an L1 step of the encoder benchmark
  * took 2.9 s with sharing against 1.0 s without, while pip ran on the other core). So each
  * team's wall time is compared with the time the calling thread spent on its own share: when
- * it waited LATE seconds or more beyond that for the other threads, buffers are reduced on one
- * thread for the next rt->backoff seconds (set_parallel's backoff; 0 disables the guard).
+ * it then waited LATE seconds or more for the other threads, and longer than one thread would
+ * have taken for their shares, buffers are reduced on one thread for the next rt->backoff
+ * seconds (set_parallel's backoff; 0 disables the guard), twice as long after each further
+ * late team in a row (up to 64 times: a team that waits costs a time slice, about 8 ms, and
+ * under lasting load one try a second cost 3 ms per step), and backoff again after a team on
+ * time.
  * Encoder benchmark, 1,693 teams: without other load the wait was 1.3 us (median), 31 us
  * (99th percentile), 121 us at most (the first team, workers not started yet); with a busy
  * loop on the other core, 2.2 us (median) but 11 % of teams waited 0.5-12 ms, none between
  * 0.2 and 0.5 ms. */
 #define LATE 500e-6
 static THREAD_LOCAL double omp_quiet_until = 0.0; /* the owner thread's: no team before this time */
+static THREAD_LOCAL double omp_quiet_for = 0.0;   /* the next quiet period (0: rt->backoff) */
+#define QUIET_DOUBLINGS 6 /* after late teams in a row the quiet period doubles, up to 64 x backoff */
 
 typedef struct {
     const unsigned char *p;
@@ -460,22 +466,23 @@ typedef struct {
     kernel_fn kernel;
     int kind;
     unsigned char *dst; /* snapshot copy, or NULL */
-    acc_t *accs;        /* one per chunk */
+    acc_t *accs;        /* a team's result of each chunk, combined afterwards */
     crc_fn crc;         /* the CRC-32 function, or NULL */
     uint32_t *crcs;     /* a team's CRC-32 of each chunk (from 0), combined afterwards; or NULL */
     const omp_runtime *rt; /* the runtime of a team */
     double own_seconds; /* time thread 0 (the caller) spent on its share */
 } chunk_job;
 
-/* chunk c of the job into job->accs[c] (its bytes copied to the same offset of dst) */
-static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain) {
+/* chunk c of the job into *out (its bytes copied to the same offset of dst); chain: the CRC to
+ * continue in element order, or NULL (a team's chunk: its own CRC from 0 into job->crcs[c]) */
+static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain, acc_t *out) {
     size_t off = c * CHUNK, len = job->n - off < CHUNK ? job->n - off : CHUNK;
     crc_ctx cc;
     cc.fn = job->crc;
     cc.crc = chain ? chain->crc : 0; /* chained in element order, or this chunk's own from 0 */
     cc.kind = job->kind;
     cc.dst = job->dst ? job->dst + off * job->width : NULL;
-    job->kernel(job->p + off * job->width, len, &job->accs[c], cc.fn || cc.dst ? &cc : NULL);
+    job->kernel(job->p + off * job->width, len, out, cc.fn || cc.dst ? &cc : NULL);
     if (chain)
         chain->crc = cc.crc;
     else if (job->crcs)
@@ -513,7 +520,7 @@ static void chunk_team_body(void *arg) {
     chunk_job *job = (chunk_job *)arg;
     size_t t = (size_t)job->rt->thread_num(), T = (size_t)job->rt->num_threads();
     double start = t == 0 ? monotonic_seconds() : 0.0;
-    for (size_t c = job->nchunks * t / T; c < job->nchunks * (t + 1) / T; c++) reduce_chunk(job, c, NULL);
+    for (size_t c = job->nchunks * t / T; c < job->nchunks * (t + 1) / T; c++) reduce_chunk(job, c, NULL, &job->accs[c]);
     if (t == 0) job->own_seconds = monotonic_seconds() - start;
 }
 
@@ -528,31 +535,40 @@ static unsigned team_size(const omp_runtime *rt, size_t n) {
     return m <= 1 ? 1 : (unsigned)(chunks < (size_t)m ? chunks : (size_t)m);
 }
 
-/* The kernel over n elements, CHUNK at a time (see CHUNK); 0, or -1 when out of memory. */
-static int reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, crc_ctx *cc, acc_t *out) {
+/* The kernel over n elements, CHUNK at a time (see CHUNK). Never fails: without memory for a
+ * team's results the chunks are reduced on this thread. */
+static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, crc_ctx *cc, acc_t *out) {
     if (n <= CHUNK) {
         kernel(p, n, out, cc);
-        return 0;
+        return;
     }
-    acc_t few[64];
+    acc_t few[64], acc, part;
     uint32_t few_crcs[64];
     chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
-                     cc ? cc->dst : NULL, few, cc ? cc->fn : NULL, NULL, LOAD_ACQUIRE(&omp_current), 0.0};
-    if (job.nchunks > 64 && (job.accs = (acc_t *)malloc(job.nchunks * sizeof(acc_t))) == NULL) return -1;
+                     cc ? cc->dst : NULL, NULL, cc ? cc->fn : NULL, NULL, LOAD_ACQUIRE(&omp_current), 0.0};
     unsigned team = team_size(job.rt, n);
-    if (team > 1 && job.crc) {
-        job.crcs = job.nchunks > 64 ? (uint32_t *)malloc(job.nchunks * sizeof(uint32_t)) : few_crcs;
-        if (job.crcs == NULL) {
+    if (team > 1) { /* one result (and CRC) per chunk: malloc only beyond 64 chunks */
+        job.accs = job.nchunks > 64 ? (acc_t *)malloc(job.nchunks * sizeof(acc_t)) : few;
+        job.crcs = !job.crc ? NULL : job.nchunks > 64 ? (uint32_t *)malloc(job.nchunks * sizeof(uint32_t)) : few_crcs;
+        if (job.accs == NULL || (job.crc && job.crcs == NULL)) {
             if (job.accs != few) free(job.accs);
-            return -1;
+            if (job.crcs != few_crcs) free(job.crcs);
+            team = 1; /* out of memory for the team's results: one thread needs none */
         }
     }
     if (team > 1) {
         double start = monotonic_seconds();
         job.rt->parallel(chunk_team_body, &job, team, 0);
-        double end = monotonic_seconds();
-        if (job.rt->backoff > 0.0 && end - start - job.own_seconds >= LATE)
-            omp_quiet_until = end + job.rt->backoff; /* the workers were late: see LATE */
+        double waited = monotonic_seconds() - start - job.own_seconds;
+        /* the workers were late (see LATE): the team took longer than one thread would have */
+        if (job.rt->backoff > 0.0 && waited >= LATE && waited >= (team - 1) * job.own_seconds) {
+            double quiet = omp_quiet_for > 0.0 ? omp_quiet_for : job.rt->backoff;
+            omp_quiet_until = start + waited + job.own_seconds + quiet;
+            double most = job.rt->backoff * (double)(1 << QUIET_DOUBLINGS);
+            omp_quiet_for = quiet * 2.0 < most ? quiet * 2.0 : most;
+        } else {
+            omp_quiet_for = 0.0; /* a team on time: the next late one waits backoff again */
+        }
         if (job.crcs) { /* the chunks' CRCs, chained in element order */
             /* bytes the CRC reads per element: bfloat16 is CRC'ed as float32 (crc_span) */
             uint64_t per = kind == KIND_BF16 ? 4u : job.width;
@@ -565,20 +581,21 @@ static int reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, cr
             cc->crc = crc;
             if (job.crcs != few_crcs) free(job.crcs);
         }
-    } else {
-        for (size_t c = 0; c < job.nchunks; c++) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL);
     }
-    acc_t acc = job.accs[0];
-    for (size_t c = 1; c < job.nchunks; c++) {
-        const acc_t *a = &job.accs[c];
+    for (size_t c = 0; c < job.nchunks; c++) { /* combined in chunk order either way */
+        acc_t *a = team > 1 ? &job.accs[c] : c ? &part : &acc;
+        if (team == 1) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL, a);
+        if (c == 0) {
+            acc = *a;
+            continue;
+        }
         acc.max = a->max > acc.max ? a->max : acc.max;
         acc.min = a->min < acc.min ? a->min : acc.min;
         acc.sum += a->sum;
         acc.sumsq += a->sumsq;
     }
-    if (job.accs != few) free(job.accs);
+    if (team > 1 && job.accs != few) free(job.accs);
     *out = acc;
-    return 0;
 }
 
 /* The reduction of n elements of one kind at p, with the CRC-32 of their bytes chained into
@@ -594,19 +611,18 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_c
         return NULL;
     }
     acc_t acc;
-    int has_nan = 0, has_inf = 0, failed;
+    int has_nan = 0, has_inf = 0;
     kernel_fn kernel = portable ? PORTABLE[kind] : KERNELS[kind];
     if (cc) cc->kind = (int)kind;
     if (n >= GIL_FREE_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        failed = reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
-        if (!failed && !isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+        reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
+        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
         Py_END_ALLOW_THREADS
     } else {
-        failed = reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
-        if (!failed && !isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
+        reduce_chunks(p, (size_t)n, (int)kind, kernel, cc, &acc);
+        if (!isfinite(acc.sum)) scan_special(p, (size_t)n, (int)kind, &acc, &has_nan, &has_inf);
     }
-    if (failed) return PyErr_NoMemory();
     if (cc && cc->fn)
         return Py_BuildValue("(ddddNNk)", acc.max, acc.min, acc.sum, acc.sumsq, PyBool_FromLong(has_nan),
                              PyBool_FromLong(has_inf), (unsigned long)cc->crc);
@@ -662,6 +678,7 @@ static PyObject *set_parallel(PyObject *self, PyObject *const *args, Py_ssize_t 
         rt->pid = current_pid();
         omp_owned = rt->generation;
         omp_quiet_until = 0.0;
+        omp_quiet_for = 0.0;
     }
     /* the runtime replaced is not freed: a reduction on another thread may hold it */
     STORE_RELEASE(&omp_current, rt);
