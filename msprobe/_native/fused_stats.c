@@ -407,10 +407,10 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
 
 /* Buffers longer than CHUNK elements are reduced CHUNK elements at a time (a multiple of BLOCK,
  * so each chunk but the last has no tail) and the chunks' results are combined in chunk order:
- * Max/Min keep the earlier chunk's value on a tie (as the kernels' lanes do, so -0.0/+0.0
- * come out the same way), the float64 sums are added chunk after chunk. The result is a
- * function of the data alone: the same bits whether one thread reduces all the chunks or
- * several share them. */
+ * Max/Min keep the earlier chunk's value on a tie (inside a chunk the kernels' lanes decide
+ * which of -0.0 and +0.0 a zero Max/Min is, so it may differ from one pass over the whole
+ * buffer), the float64 sums are added chunk after chunk. The result is a function of the data
+ * alone: the same bits whether one thread reduces all the chunks or several share them. */
 #define CHUNK 16384
 /* at least this many elements (and more than one OpenMP thread) to share the chunks out */
 #define PARALLEL_MIN 65536
@@ -553,6 +553,8 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
         if (job.accs == NULL || (job.crc && job.crcs == NULL)) {
             if (job.accs != few) free(job.accs);
             if (job.crcs != few_crcs) free(job.crcs);
+            job.accs = NULL;
+            job.crcs = NULL;
             team = 1; /* out of memory for the team's results: one thread needs none */
         }
     }
