@@ -279,6 +279,17 @@ def test_switched_off_by_environment(monkeypatch):
     assert omp_team.share_with_torch_threads(None) is False
 
 
+def test_not_shared_when_workers_sleep(monkeypatch):
+    """With a passive wait policy every team would have to wake the workers first."""
+    assert omp_team.workers_sleep({"OMP_WAIT_POLICY": "passive"})
+    assert omp_team.workers_sleep({"GOMP_SPINCOUNT": "0"})
+    assert not omp_team.workers_sleep({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"})
+    assert not omp_team.workers_sleep({})
+    monkeypatch.delenv("MSPROBE_NO_NATIVE_THREADS", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert omp_team.share_with_torch_threads(NATIVE) is False  # set_parallel not called
+
+
 def test_real_team_same_bits():
     """With PyTorch's own runtime: the output of a two-thread operator, shared and alone."""
     torch.manual_seed(0)
