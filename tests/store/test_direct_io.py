@@ -287,8 +287,8 @@ def test_page_aligned_payloads_are_written_into_shards_without_the_copy(tmp_path
     for a in arrays:
         if a.nbytes % ALIGN == 0:
             datas.append(_aligned_copy(a.tobytes()))
-        else:
-            datas.append(a.tobytes())
+        else:  # never page-aligned: a plain bytes object may be, by chance, and the writer
+            datas.append(_aligned_copy(a.tobytes(), offset=8))  # would then skip its copy too
     with PayloadWriter(tmp_path, rank=0, shard_bytes=1 << 30) as w:
         refs = [w.put(d, "torch.float32", a.shape) for d, a in zip(datas, arrays)]
         files = w._files
@@ -309,15 +309,15 @@ def test_page_aligned_payloads_are_written_into_shards_without_the_copy(tmp_path
         assert files.zero_copy_bytes == arrays[1].nbytes + arrays[3].nbytes
 
 
-def _aligned_copy(data: bytes) -> memoryview:
-    """``data`` in a fresh bytes object at a page-aligned address, as a read-only memoryview
-    (what ``fused_stats.snapshot_at(..., align=4096)`` returns; filled with ctypes here,
-    before anyone else sees the object)."""
+def _aligned_copy(data: bytes, offset: int = 0) -> memoryview:
+    """``data`` in a fresh bytes object at a page-aligned address (plus ``offset`` bytes), as a
+    read-only memoryview (what ``fused_stats.snapshot_at(..., align=4096)`` returns; filled
+    with ctypes here, before anyone else sees the object)."""
     import ctypes
 
-    buf = bytes(len(data) + ALIGN)
+    buf = bytes(len(data) + ALIGN + offset)
     address = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
-    start = (-address) % ALIGN
+    start = (-address) % ALIGN + offset
     ctypes.memmove(address + start, data, len(data))
     return memoryview(buf)[start:start + len(data)]
 
