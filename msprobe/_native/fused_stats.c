@@ -473,10 +473,13 @@ typedef struct {
     double own_seconds; /* time thread 0 (the caller) spent on its share */
 } chunk_job;
 
+/* elements in chunk c of n elements (CHUNK, or fewer in the last chunk) */
+static size_t chunk_len(size_t n, size_t c) { return n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK; }
+
 /* chunk c of the job into *out (its bytes copied to the same offset of dst); chain: the CRC to
  * continue in element order, or NULL (a team's chunk: its own CRC from 0 into job->crcs[c]) */
 static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain, acc_t *out) {
-    size_t off = c * CHUNK, len = job->n - off < CHUNK ? job->n - off : CHUNK;
+    size_t off = c * CHUNK, len = chunk_len(job->n, c);
     crc_ctx cc;
     cc.fn = job->crc;
     cc.crc = chain ? chain->crc : 0; /* chained in element order, or this chunk's own from 0 */
@@ -542,7 +545,7 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
         kernel(p, n, out, cc);
         return;
     }
-    acc_t few[64], acc, part;
+    acc_t few[64], acc;
     uint32_t few_crcs[64];
     chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
                      cc ? cc->dst : NULL, NULL, cc ? cc->fn : NULL, NULL, LOAD_ACQUIRE(&omp_current), 0.0};
@@ -561,11 +564,11 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
     if (team > 1) {
         double start = monotonic_seconds();
         job.rt->parallel(chunk_team_body, &job, team, 0);
-        double waited = monotonic_seconds() - start - job.own_seconds;
+        double end = monotonic_seconds(), waited = end - start - job.own_seconds;
         /* the workers were late (see LATE): the team took longer than one thread would have */
         if (job.rt->backoff > 0.0 && waited >= LATE && waited >= (team - 1) * job.own_seconds) {
             double quiet = omp_quiet_for > 0.0 ? omp_quiet_for : job.rt->backoff;
-            omp_quiet_until = start + waited + job.own_seconds + quiet;
+            omp_quiet_until = end + quiet;
             double most = job.rt->backoff * (double)(1 << QUIET_DOUBLINGS);
             omp_quiet_for = quiet * 2.0 < most ? quiet * 2.0 : most;
         } else {
@@ -576,7 +579,7 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
             uint64_t per = kind == KIND_BF16 ? 4u : job.width;
             uint32_t full = crc_shift_factor((uint64_t)CHUNK * per), crc = cc->crc;
             for (size_t c = 0; c < job.nchunks; c++) {
-                size_t len = n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK;
+                size_t len = chunk_len(n, c);
                 uint32_t shift = len == CHUNK ? full : crc_shift_factor((uint64_t)len * per);
                 crc = crc_poly_mul(shift, crc) ^ job.crcs[c];
             }
@@ -585,16 +588,19 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
         }
     }
     for (size_t c = 0; c < job.nchunks; c++) { /* combined in chunk order either way */
-        acc_t *a = team > 1 ? &job.accs[c] : c ? &part : &acc;
-        if (team == 1) reduce_chunk(&job, c, cc && cc->fn ? cc : NULL, a);
+        acc_t part;
+        if (team > 1)
+            part = job.accs[c];
+        else
+            reduce_chunk(&job, c, cc && cc->fn ? cc : NULL, &part);
         if (c == 0) {
-            acc = *a;
-            continue;
+            acc = part;
+        } else {
+            acc.max = part.max > acc.max ? part.max : acc.max;
+            acc.min = part.min < acc.min ? part.min : acc.min;
+            acc.sum += part.sum;
+            acc.sumsq += part.sumsq;
         }
-        acc.max = a->max > acc.max ? a->max : acc.max;
-        acc.min = a->min < acc.min ? a->min : acc.min;
-        acc.sum += a->sum;
-        acc.sumsq += a->sumsq;
     }
     if (team > 1 && job.accs != few) free(job.accs);
     *out = acc;
