@@ -166,49 +166,68 @@ static int write_str(Buf *b, PyObject *s) {
 /* --- float.__repr__ ---------------------------------------------------------------------
  * float.__repr__(x) is PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL): the
  * shortest decimal string that reads back as x and, of those, the closest to x (David
- * Gay's dtoa, mode 0), in fixed notation for 1e-4 <= |x| < 1e16. That call costs about
- * 0.5 us for the 16-17 digit statistics of float32 tensors, most of the encoder's time.
- * For 1e-4 <= |x| < 2**52, short_repr finds the same digits with exact 128-bit integer
- * arithmetic, and leaves to PyOS_double_to_string every case where a reading rule could
- * matter: a candidate on the boundary of x's rounding interval (where round-half-even
- * reading decides) and two candidates equally close to x.
+ * Gay's dtoa, mode 0), in fixed notation for 1e-4 <= |x| < 1e16, else d.ddde-XX. That
+ * call costs about 0.5 us for the 16-17 digit statistics of float32 tensors, most of the
+ * encoder's time. For 2**-47 <= |x| < 2**52 (normal), short_repr finds the same digits
+ * with exact 128-bit integer arithmetic, and leaves to PyOS_double_to_string every case
+ * where a reading rule could matter: a candidate on the boundary of x's rounding interval
+ * (where round-half-even reading decides) and two candidates equally close to x.
  *
  * x = m * 2**e (m < 2**53). In units of 2**(e-2) (D = 2**k, k = 2 - e), x is X = 4m, the
  * interval of reals that read back as x lies between L = 4m - 2 (4m - 1 when m = 2**52:
  * the double below is closer) and H = 4m + 2. A decimal c * 10**q lies strictly inside
- * when L/D < c * 10**q < H/D. The shortest decimals are those of the largest q with such
- * a c (then no c is a multiple of 10: c/10 would do at q + 1); "some c at q" holds for
- * every q below the largest one, so the largest is found by a galloping then binary
- * search between a q that surely has one (10**q at most a third of the interval) and one
- * that surely has none (10**q above x). The digits are those of the c closest to x. */
+ * when L/D < c * 10**q < H/D, i.e. for q = -t < 0: L * 5**t < c * 2**(k - t) (k > t in
+ * this range: a shift), for q >= 0: L < c * (10**q * 2**k). The shortest decimals are
+ * those of the largest q with such a c (then no c is a multiple of 10: c/10 would do at
+ * q + 1); "some c at q" holds for every q below the largest one, so the largest is found
+ * by a galloping then binary search between a q that surely has one (10**q at most a
+ * third of the interval) and one that surely has none (10**q above x). The digits are
+ * those of the c closest to x. */
 #ifdef __SIZEOF_INT128__
 #define HAVE_SHORT_REPR 1
 typedef unsigned __int128 u128;
-static u128 POW10[22]; /* 10**0 .. 10**21, filled at import */
-#define SHORT_MIN 1e-4                   /* below: exponent notation, PyOS_double_to_string */
-#define SHORT_MAX 4503599627370496.0     /* 2**52: beyond, x is an integer of 16+ digits */
+static u128 POW10[18]; /* 10**0 .. 10**17, filled at import */
+static u128 POW5[32];  /* 5**0 .. 5**31 */
+#define SHORT_MIN 7.105427357601002e-15 /* 2**-47: below, 5**t would not fit */
+#define SHORT_MAX 4503599627370496.0    /* 2**52: beyond, x is an integer of 16+ digits */
 
-/* the scaled bounds (a, b), value xx and unit S of the candidates c at q: a < c*S < b */
-static inline void scaled(u128 L, u128 H, u128 X, int k, int q, u128 *a, u128 *b, u128 *xx, u128 *S) {
-    if (q < 0) { /* L/D < c * 10**q  <=>  L * 10**-q < c * D */
-        u128 t = POW10[-q];
-        *a = L * t;
-        *b = H * t;
-        *xx = X * t;
-        *S = (u128)1 << k;
-    } else { /* L/D < c * 10**q  <=>  L < c * (10**q * D) */
-        *a = L;
-        *b = H;
-        *xx = X;
-        *S = POW10[q] << k;
+/* The candidates c at q: a < c * unit < b, where unit is 2**shift (q < 0, div == 0) or
+ * div (q >= 0); xx is x in the same scale. */
+typedef struct {
+    u128 a, b, xx, div;
+    int shift;
+} Scale;
+
+static inline Scale scaled(u128 L, u128 H, u128 X, int k, int q) {
+    Scale r;
+    if (q < 0) {
+        u128 f = POW5[-q];
+        r.a = L * f;
+        r.b = H * f;
+        r.xx = X * f;
+        r.shift = k + q;
+        r.div = 0;
+    } else {
+        r.a = L;
+        r.b = H;
+        r.xx = X;
+        r.shift = 0;
+        r.div = POW10[q] << k;
     }
+    return r;
+}
+
+static inline u128 floor_div(u128 v, const Scale *s) {
+    return s->div ? v / s->div : v >> s->shift;
+}
+
+static inline u128 times_unit(u128 c, const Scale *s) {
+    return s->div ? c * s->div : c << s->shift;
 }
 
 static inline int has_candidate(u128 L, u128 H, int k, int q) {
-    u128 a, b, xx, S;
-    scaled(L, H, 0, k, q, &a, &b, &xx, &S);
-    u128 c = (q < 0 ? a >> k : a / S) + 1; /* the least c with c*S > a */
-    return c * S < b;
+    Scale s = scaled(L, H, 0, k, q);
+    return times_unit(floor_div(s.a, &s) + 1, &s) < s.b; /* the least c with c*unit > a */
 }
 
 /* the repr of x (finite, SHORT_MIN <= |x| < SHORT_MAX) in out (>= 32 bytes): its length,
@@ -219,9 +238,9 @@ static int short_repr(double x, char *out) {
     uint64_t frac = bits & ((1ULL << 52) - 1);
     int biased = (int)((bits >> 52) & 0x7ff);
     uint64_t m = frac | (1ULL << 52);
-    int e = biased - 1075; /* x = m * 2**e, -66 <= e <= -1 in this range */
-    int k = 2 - e;         /* 3 .. 68 */
-    if (e < -66 || e > -1)
+    int e = biased - 1075; /* x = m * 2**e, -99 <= e <= -1 in this range */
+    int k = 2 - e;         /* 3 .. 101 */
+    if (biased == 0 || e < -99 || e > -1)
         return 0;
     u128 X = (u128)m << 2, H = X + 2, L = frac == 0 ? X - 1 : X - 2;
     /* floor(e * log10(2)) - 1 (78913 / 2**18 is log10(2) to 5 digits; e < 0: from below
@@ -229,7 +248,8 @@ static int short_repr(double x, char *out) {
     int q_lo = ((e * 78913) >> 18) - 1;
     /* above x's leading digit: c * 10**q < 2**(e + 53) has no c >= 1 for q >= q_hi */
     int q_hi = (((e + 53) * 78913) >> 18) + 1;
-    if (q_lo < -21 || q_hi > 17 || !has_candidate(L, H, k, q_lo))
+    /* H * 5**31 < 2**55 * 2**72 fits; q < 0 means k + q > 0 (-q <= 0.31 * -e + 2 < k) */
+    if (q_lo < -31 || q_hi > 17 || k + q_lo <= 0 || !has_candidate(L, H, k, q_lo))
         return 0;
     /* largest q in [q_lo, q_hi) with a candidate: gallop up, then bisect */
     int step = 1, bad = q_hi;
@@ -249,23 +269,21 @@ static int short_repr(double x, char *out) {
             bad = mid;
     }
     int q = q_lo;
-    u128 a, b, xx, S;
-    scaled(L, H, X, k, q, &a, &b, &xx, &S);
-    if (a % S == 0 || b % S == 0) /* a decimal with these digits (or fewer) on a boundary */
+    Scale sc = scaled(L, H, X, k, q);
+    /* a decimal with these digits (or fewer) on a boundary: the reading rule decides */
+    if (times_unit(floor_div(sc.a, &sc), &sc) == sc.a || times_unit(floor_div(sc.b, &sc), &sc) == sc.b)
         return 0;
-    u128 cf = xx / S, rem = xx - cf * S;
+    u128 cf = floor_div(sc.xx, &sc), below = times_unit(cf, &sc), unit = times_unit(1, &sc);
+    u128 rem = sc.xx - below;
     u128 c;
     if (rem == 0) {
         c = cf;
     } else {
-        int low_ok = cf * S > a, high_ok = (cf + 1) * S < b;
+        int low_ok = below > sc.a, high_ok = below + unit < sc.b;
         u128 twice = rem << 1;
-        if (twice == S)
+        if (twice == unit)
             return 0; /* equally close: the reading rule decides */
-        if (twice < S)
-            c = low_ok ? cf : cf + 1;
-        else
-            c = high_ok ? cf + 1 : cf;
+        c = (twice < unit ? low_ok : !high_ok) ? cf : cf + 1;
         if (!(c == cf ? low_ok : high_ok))
             return 0;
     }
@@ -281,13 +299,25 @@ static int short_repr(double x, char *out) {
     }
     for (int i = 0; i < n; i++)
         digits[i] = tmp[n - 1 - i];
-    int decpt = n + q; /* x ~ 0.d1d2...dn * 10**decpt; -3 <= decpt <= 16 here */
-    if (decpt < -3 || decpt > 16)
+    int decpt = n + q; /* x ~ 0.d1d2...dn * 10**decpt; -14 <= decpt <= 16 here */
+    if (decpt < -99 || decpt > 16)
         return 0;
     char *p = out;
     if (bits >> 63)
         *p++ = '-';
-    if (decpt <= 0) {
+    if (decpt <= -4) { /* d.ddde-XX (at least two exponent digits) */
+        int exp10 = 1 - decpt; /* 5 .. 99 */
+        *p++ = digits[0];
+        if (n > 1) {
+            *p++ = '.';
+            memcpy(p, digits + 1, (size_t)(n - 1));
+            p += n - 1;
+        }
+        *p++ = 'e';
+        *p++ = '-';
+        *p++ = (char)('0' + exp10 / 10);
+        *p++ = (char)('0' + exp10 % 10);
+    } else if (decpt <= 0) {
         *p++ = '0';
         *p++ = '.';
         for (int i = 0; i < -decpt; i++)
@@ -853,9 +883,11 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__record_text(void) {
 #ifdef HAVE_SHORT_REPR
-    POW10[0] = 1;
-    for (int i = 1; i < 22; i++)
+    POW10[0] = POW5[0] = 1;
+    for (int i = 1; i < 18; i++)
         POW10[i] = POW10[i - 1] * 10;
+    for (int i = 1; i < 32; i++)
+        POW5[i] = POW5[i - 1] * 5;
 #endif
     if (PyType_Ready(&EncoderType) < 0)
         return NULL;

@@ -88,18 +88,26 @@ def test_float_text_of_every_subnormal_power_and_many_bit_patterns():
 
 
 def test_float_text_where_the_exact_integer_path_writes_it():
-    """1e-4 <= |x| < 2**52 (store/_record_text.c short_repr; boundary and tie cases go to
-    PyOS_double_to_string): random bit patterns, float32 values, short decimals, ints,
-    and the doubles next to powers of two and ten."""
+    """2**-47 <= |x| < 2**52 (store/_record_text.c short_repr; boundary and tie cases go to
+    PyOS_double_to_string): random bit patterns over each binary exponent of the range
+    (some with trailing zero bits), log-uniform values, float32 values, short decimals,
+    ints, and the doubles next to powers of two and ten."""
     rng = random.Random(17)
     pack = struct.Struct("<d")
     bits = struct.Struct("<Q")
-    values = [pack.unpack(bits.pack(rng.getrandbits(64)))[0] for _ in range(50_000)]
-    values += [10 ** rng.uniform(-4.5, 16) * rng.choice((1, -1)) for _ in range(50_000)]
-    values += [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(50_000)]
+    values = []
+    for biased in range(1075 - 101, 1075 + 2):  # 2**-48 .. 2**53
+        for _ in range(400):
+            word = (rng.getrandbits(1) << 63) | (biased << 52) | rng.getrandbits(52)
+            if rng.random() < 0.2:
+                word &= ~((1 << rng.randint(1, 52)) - 1)
+            values.append(pack.unpack(bits.pack(word))[0])
+    values += [10 ** rng.uniform(-15, 16) * rng.choice((1, -1)) for _ in range(40_000)]
+    values += [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(40_000)]
     values += [round(rng.uniform(-1e6, 1e6), rng.randint(0, 8)) for _ in range(20_000)]
+    values += [round(rng.uniform(-1e-5, 1e-5), rng.randint(6, 18)) for _ in range(20_000)]
     values += [float(rng.randint(-(2**53), 2**53)) for _ in range(20_000)]
-    for base in [2.0**e for e in range(-70, 60)] + [10.0**p for p in range(-6, 17)] + [1e-4, 2.0**52]:
+    for base in [2.0**e for e in range(-110, 60)] + [10.0**p for p in range(-17, 17)] + [1e-4, 2.0**52, 2.0**-47]:
         word = bits.unpack(pack.pack(base))[0]
         values += [pack.unpack(bits.pack(word + d))[0] for d in range(-40, 41)]
     assert [native.float_text(x) for x in values] == [_float_token(x) for x in values]
