@@ -14,13 +14,16 @@
  *     None, floats or None, requires_grad a bool or None);
  *   - a value leaf (value_json,) with value_json a str: parsed by json.loads, written by
  *     the same encoder at its depth;
- *   - any other tuple is handed to the Python callable `slow_leaf(leaf, indent)`, which
- *     returns its text (store.record_text's pure-Python path) or raises.
+ *   - any other tuple is handed to the Python callable `slow_leaf(leaf, indent)`
+ *     (store.record_text._leaf_text), which returns its text or raises.
  * Anything else (a subclass of float, int, str, dict or list, a dict key that is not a
  * str, any other object) raises store.json_text._NotPlainJson, as the Python encoder
  * does: the caller then falls back to json.dumps. Nesting deeper than the interpreter's
  * recursion limit raises RecursionError. An `indent` that is not all spaces goes to the
  * Python encoder `fallback_factory()` makes.
+ *
+ * Floats are written as float.__repr__ writes them (NaN, Infinity, -Infinity as json.dumps
+ * does): see write_double and short_repr below.
  *
  * Like the Python encoder, an Encoder keeps the text of each record and value leaf it
  * wrote, per depth, and writes an equal leaf again by copying that text. Only leaves of
@@ -225,6 +228,12 @@ static inline u128 times_unit(u128 c, const Scale *s) {
     return s->div ? c * s->div : c << s->shift;
 }
 
+/* floor(e * log10(2)) for |e| < 1000, or one less when e < 0 (78913 / 2**18 exceeds
+ * log10(2) by 3e-6): a lower bound for e < 0, and an upper bound for e >= 0 */
+static inline int floor_log10_pow2(int e) {
+    return e >= 0 ? (e * 78913) >> 18 : -(((-e) * 78913 + (1 << 18) - 1) >> 18);
+}
+
 static inline int has_candidate(u128 L, u128 H, int k, int q) {
     Scale s = scaled(L, H, 0, k, q);
     return times_unit(floor_div(s.a, &s) + 1, &s) < s.b; /* the least c with c*unit > a */
@@ -243,11 +252,11 @@ static int short_repr(double x, char *out) {
     if (biased == 0 || e < -99 || e > -1)
         return 0;
     u128 X = (u128)m << 2, H = X + 2, L = frac == 0 ? X - 1 : X - 2;
-    /* floor(e * log10(2)) - 1 (78913 / 2**18 is log10(2) to 5 digits; e < 0: from below
-     * by at most 1), so 10**q_lo <= 2**e / 10 and the interval (>= 0.75 * 2**e) holds a c */
-    int q_lo = ((e * 78913) >> 18) - 1;
-    /* above x's leading digit: c * 10**q < 2**(e + 53) has no c >= 1 for q >= q_hi */
-    int q_hi = (((e + 53) * 78913) >> 18) + 1;
+    /* 10**q_lo <= 2**e / 10: the interval (>= 0.75 * 2**e) holds a c at q_lo */
+    int q_lo = floor_log10_pow2(e) - 1;
+    /* above x's leading digit: c * 10**q < 2**(e + 53) has no c >= 1 for q >= q_hi
+     * (e + 53 < 0: floor_log10_pow2 may be one low, hence + 2) */
+    int q_hi = floor_log10_pow2(e + 53) + 2;
     /* H * 5**31 < 2**55 * 2**72 fits; q < 0 means k + q > 0 (-q <= 0.31 * -e + 2 < k) */
     if (q_lo < -31 || q_hi > 17 || k + q_lo <= 0 || !has_candidate(L, H, k, q_lo))
         return 0;
