@@ -1,7 +1,9 @@
 """dump.json entries from log rows (spec section 3.2): the model the exporters encode.
 
 :func:`build_entries` turns the rows of one rank into ordered entries; :class:`EntryBuilder`
-does the same fed in parts (the live exporter's incremental path). Rules: call rows in
+does the same fed in parts (the live exporter's incremental path), given as Arrow rows or,
+by the live exporter, as the Python columns the log writer built them from
+(:mod:`store.step_rows`). Rules: call rows in
 ``seq`` order give one entry per name (keys in order of first appearance; ``parent``,
 ``stack_id``, ``is_recompute`` from the first row that sets them); leaf rows fill each
 key by ``path``; ``{P}.parameters_grad`` follows the step's first ``{P}.forward.{n}``.
@@ -18,15 +20,17 @@ import pyarrow as pa
 from store import arrow_np
 from store import schema as S
 
-__all__ = ["EntryBuilder", "build_entries", "entry_values"]
+__all__ = ["CALL_COLUMNS", "LEAF_COLUMNS", "EntryBuilder", "build_entries", "entry_values"]
 
 _PG_SUFFIX = "." + S.PARAMETERS_GRAD
 _FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
-_LEAF_COLUMNS = (
+#: the columns of the leaf rows and of the call rows that :class:`EntryBuilder` reads, in
+#: the order :meth:`EntryBuilder.add_columns` takes them (``seq`` first)
+LEAF_COLUMNS = _LEAF_COLUMNS = (
     S.SEQ, S.IO, S.PATH, S.LEAF_KIND, S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN,
     S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
 )
-_CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+CALL_COLUMNS = _CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
 _CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
@@ -221,16 +225,20 @@ def _seq_order(seqs: list) -> Optional[list[int]]:
 
 def _rows_as_lists(rows: pa.Table, row_column: pa.Array, row_kind: str, columns: Sequence[str]) -> list[list]:
     """The columns of the rows of one row kind (``row_column``: ``rows``' ROW column,
-    chunks combined) as Python lists, in stable ``seq`` order (numpy masks and slices, not
+    chunks combined) as Python lists, in row order (numpy masks and slices, not
     pyarrow.compute: the recording process never loads it); a ``list<int>`` column gives
     tuples."""
     # only the columns used, then one chunk each (fewer, larger conversions)
     part = arrow_np.select(rows.select(list(columns)), arrow_np.equals(row_column, row_kind)).combine_chunks()
-    lists = [arrow_np.pylist(part[name], tuples=True) for name in columns]
-    order = _seq_order(lists[columns.index(S.SEQ)])
-    if order is not None:
-        lists = [[values[i] for i in order] for values in lists]
-    return lists
+    return [arrow_np.pylist(part[name], tuples=True) for name in columns]
+
+
+def _in_seq_order(lists: list[list]) -> list[list]:
+    """Columns (``seq`` first) in stable ``seq`` order (``lists`` itself when already)."""
+    order = _seq_order(lists[0])
+    if order is None:
+        return lists
+    return [[values[i] for i in order] for values in lists]
 
 
 def build_entries(rows: pa.Table) -> tuple[list[str], dict[str, _Entry]]:
@@ -307,11 +315,19 @@ class EntryBuilder:
     def add(self, rows: pa.Table) -> set[str]:
         """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
         of the entries created or changed."""
-        touched: set[str] = set()
         if rows.num_rows == 0:
-            return touched
+            return set()
         row_column = rows[S.ROW].combine_chunks()
-        calls = _rows_as_lists(rows, row_column, S.ROW_CALL, _CALL_COLUMNS)
+        return self.add_columns(_rows_as_lists(rows, row_column, S.ROW_CALL, _CALL_COLUMNS),
+                                _rows_as_lists(rows, row_column, S.ROW_LEAF, _LEAF_COLUMNS))
+
+    def add_columns(self, calls: list[list], leaves: list[list]) -> set[str]:
+        """:meth:`add` of rows given as Python columns: ``calls`` the :data:`CALL_COLUMNS`
+        of the call rows, ``leaves`` the :data:`LEAF_COLUMNS` of the leaf rows, each a list
+        per column, in row order, holding what ``arrow_np.pylist(..., tuples=True)`` of
+        those rows gives (:mod:`store.step_rows` hands the live exporter such columns)."""
+        touched: set[str] = set()
+        calls = _in_seq_order(calls)
         entries = self.entries
         entry_of_seq = self._entry_of_seq
         keys_cache = self._keys_cache
@@ -343,7 +359,7 @@ class EntryBuilder:
             if seq is not None and seq > self.max_seq:
                 self.max_seq = seq
 
-        leaves = _rows_as_lists(rows, row_column, S.ROW_LEAF, _LEAF_COLUMNS)
+        leaves = _in_seq_order(leaves)
         seqs = leaves[0]
         for seq in reversed(seqs):  # the largest seq: the last one that is set (seq order)
             if seq is not None:

@@ -45,6 +45,7 @@ import os
 import re
 import threading
 import time
+from itertools import chain
 from pathlib import Path
 from typing import BinaryIO, Callable, Literal, Optional, Union
 
@@ -54,7 +55,9 @@ from store import arrow_np
 from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
+from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
+from store.step_rows import Part, StepRows, make_part
 
 
 __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name", "parse_log_file_name", "other_process_logs"]
@@ -108,6 +111,12 @@ def _leaf_values(leaves: list[Leaf]) -> tuple[list, list]:
     return list(fields[_PATH_INDEX]), [list(fields[i]) for i in _LEAF_COLUMN_INDEX]
 
 _COMPACT = (",", ":")
+
+
+def _all_none(values: list) -> bool:
+    """True when every item of the non-empty list ``values`` is None (the ends first: cheap
+    for a column with values)."""
+    return values[0] is None and values[-1] is None and values.count(None) == len(values)
 
 
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
@@ -405,27 +414,28 @@ class LogWriter:
             StoreWriteError: the flush failed (once per writer). The rows stay retained:
                 call ``take_step`` again to get them.
         """
+        return self.take_step_rows(step, fsync=fsync).table()
+
+    def take_step_rows(self, step: Optional[int] = None, *, fsync: bool = False) -> StepRows:
+        """:meth:`take_step`, the rows handed over as :class:`store.step_rows.StepRows`:
+        the Python columns of the call and leaf rows as they were built for the log (what
+        the live exporter reads), the Arrow table only when asked for.
+
+        Raises:
+            StoreWriteError: as :meth:`take_step`.
+        """
         with self._lock:
             if not (self._failed or self._closed):
                 self._flush_locked(fsync)
-            if not self._retained:
-                return S.LOG_SCHEMA.empty_table()
-            table = pa.Table.from_batches(self._retained, schema=S.LOG_SCHEMA)
-            # numpy masks, not pyarrow.compute (kept out of the recording process)
-            row = table[S.ROW]
-            not_stack = arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK)
-            if step is None:
-                take = not_stack
-                keep = None
-            else:
-                steps = table[S.STEP]
-                known = arrow_np.valid_mask(steps) & not_stack
-                take = known & (arrow_np.values(steps) == int(step))
-                keep = known & ~take
-            taken = arrow_np.select(table, take)
-            kept = arrow_np.select(table, keep) if keep is not None and keep.any() else None
-            self._retained = kept.combine_chunks().to_batches() if kept is not None else []
-            return taken
+            taken, kept = [], []
+            for part in self._retained:
+                mine, other = part.split(step)
+                if mine is not None:
+                    taken.append(mine)
+                if other is not None:
+                    kept.append(other)
+            self._retained = kept
+            return StepRows(taken)
 
     def stacks(self) -> dict[int, tuple[str, ...]]:
         """Every stack appended to this writer so far: ``{stack_id: frames}``."""
@@ -479,15 +489,15 @@ class LogWriter:
                 self._build_batch()  # drops the child's rows
             return
         try:
-            batch = self._build_batch() if self._pending_rows else None
+            part = self._build_batch() if self._pending_rows else None
         except Exception as exc:  # noqa: BLE001 - a record Arrow cannot convert
             raise self._fail(exc, "converting records") from exc
         try:
-            if batch is not None:
-                self._retained.append(batch)
+            if part is not None:
+                self._retained.append(part)
                 if self._stream is None:
                     self._open_stream()
-                self._stream.write_batch(batch)
+                self._stream.write_batch(part.batch)
             if self._file is not None:
                 self._file.flush()
                 if fsync:
@@ -547,9 +557,10 @@ class LogWriter:
             self._keys_text[keys] = cached
         return cached
 
-    def _build_batch(self) -> pa.RecordBatch:
+    def _build_batch(self) -> Part:
         """Turn the pending records into one record batch (rows: calls, leaves, stacks,
-        markers) and clear them."""
+        markers), kept with the Python columns of its call and leaf rows
+        (:func:`store.step_rows.make_part`), and clear them."""
         calls, call_seqs = self._calls, self._call_seqs
         leaves, owner = self._leaves, self._leaf_owner
         stacks = self._new_stacks
@@ -562,43 +573,60 @@ class LogWriter:
         nc, nl, ns, nm = len(calls), len(leaves), len(stacks), len(markers)
         n = nc + nl + ns + nm
         owners = [calls[i] for i in owner]
-        none_c, none_l, none_s, none_m = [None] * nc, [None] * nl, [None] * ns, [None] * nm
 
-        cols: dict[str, list] = {}
-        cols[S.RANK] = [self._rank] * n
-        cols[S.STEP] = (
-            [c.step for c in calls] + [c.step for c in owners] + [-1] * ns + [m.step for m in markers]
-        )
-        cols[S.SEQ] = call_seqs + [call_seqs[i] for i in owner] + [-1] * ns + marker_seqs
-        cols[S.ROW] = [S.ROW_CALL] * nc + [S.ROW_LEAF] * nl + [S.ROW_STACK] * ns + [S.ROW_MARKER] * nm
-        cols[S.KIND] = [c.kind for c in calls] + [c.kind for c in owners] + none_s + [m.kind for m in markers]
-        cols[S.NAME] = [c.name for c in calls] + [c.name for c in owners] + none_s + none_m
-        cols[S.API_TYPE] = [c.api_type for c in calls] + [c.api_type for c in owners] + none_s + none_m
-        tail_l_s_m = [None] * (nl + ns + nm)
-        cols[S.PARENT] = [c.parent for c in calls] + tail_l_s_m
-        cols[S.IS_RECOMPUTE] = [c.is_recompute for c in calls] + tail_l_s_m
-        cols[S.KEYS] = [self._keys_column(tuple(c.keys)) for c in calls] + tail_l_s_m
-        cols[S.STACK_ID] = [c.stack_id for c in calls] + none_l + [s.stack_id for s in stacks] + none_m
-
-        head_c, tail_s_m = none_c, [None] * (ns + nm)
+        # the values of the call rows and of the leaf rows, one list per column; padded with
+        # None into the batch's columns, and kept as they are for the live export
+        call_cols: dict[str, list] = {
+            S.STEP: [c.step for c in calls],
+            S.SEQ: call_seqs,
+            S.KIND: [c.kind for c in calls],
+            S.NAME: [c.name for c in calls],
+            S.API_TYPE: [c.api_type for c in calls],
+            S.PARENT: [c.parent for c in calls],
+            S.IS_RECOMPUTE: [c.is_recompute for c in calls],
+            S.KEYS: [self._keys_column(tuple(c.keys)) for c in calls],
+            S.STACK_ID: [c.stack_id for c in calls],
+        }
+        leaf_cols: dict[str, list] = {
+            S.STEP: [c.step for c in owners],
+            S.SEQ: [call_seqs[i] for i in owner],
+            S.KIND: [c.kind for c in owners],
+            S.NAME: [c.name for c in owners],
+            S.API_TYPE: [c.api_type for c in owners],
+        }
         if nl:
             leaf_paths, leaf_columns = _leaf_values(leaves)
             paths = self._paths_columns(leaf_paths)
-            cols[S.PATH] = head_c + [p[0] for p in paths] + tail_s_m
-            cols[S.ARG] = head_c + [p[1] for p in paths] + tail_s_m
-            for column, column_values in zip(_LEAF_COLUMN_NAMES, leaf_columns):
-                column_values[:0] = head_c
-                column_values += tail_s_m
-                cols[column] = column_values
-        cols[S.FRAMES] = [None] * (nc + nl) + [list(s.frames) for s in stacks] + none_m
-        cols[S.META] = [None] * (nc + nl + ns) + marker_meta
-
+            leaf_cols[S.PATH] = [p[0] for p in paths]
+            leaf_cols[S.ARG] = [p[1] for p in paths]
+            leaf_cols.update(zip(_LEAF_COLUMN_NAMES, leaf_columns))
+        stack_cols: dict[str, list] = {
+            S.STEP: [-1] * ns, S.SEQ: [-1] * ns, S.STACK_ID: [s.stack_id for s in stacks],
+            S.FRAMES: [list(s.frames) for s in stacks],
+        }
+        marker_cols: dict[str, list] = {
+            S.STEP: [m.step for m in markers], S.SEQ: marker_seqs, S.KIND: [m.kind for m in markers],
+            S.META: marker_meta,
+        }
+        sections = ((call_cols, nc), (leaf_cols, nl), (stack_cols, ns), (marker_cols, nm))
         arrays = []
         for field in S.LOG_SCHEMA:
-            values = cols.get(field.name)
-            if values is None:
-                arrays.append(pa.nulls(n, field.type))
+            name = field.name
+            if name == S.RANK:
+                values = [self._rank] * n
+            elif name == S.ROW:
+                values = [S.ROW_CALL] * nc + [S.ROW_LEAF] * nl + [S.ROW_STACK] * ns + [S.ROW_MARKER] * nm
             else:
-                arrays.append(pa.array(values, type=field.type))
-        return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
-
+                present = [rows[name] for rows, count in sections if count and name in rows]
+                if name != S.FRAMES and all(map(_all_none, present)):
+                    # all null: pa.nulls writes the same IPC bytes as pa.array of Nones for
+                    # every column type but list<string> (frames), and costs less
+                    arrays.append(pa.nulls(n, field.type))
+                    continue
+                pieces = [rows[name] if name in rows else [None] * count for rows, count in sections if count]
+                values = pieces[0] if len(pieces) == 1 else list(chain.from_iterable(pieces))
+            arrays.append(pa.array(values, type=field.type))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
+        none_l = [None] * nl
+        return make_part(batch, nc, nl, ns, [call_cols[name] for name in CALL_COLUMNS],
+                         [leaf_cols.get(name, none_l) for name in LEAF_COLUMNS])

@@ -252,7 +252,7 @@ class Session:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
                 if not self._emitted:  # nothing recorded: forget the markers kept for take_step
-                    self._guard(self._writer.take_step, self.step)
+                    self._guard(self._writer.take_step_rows, self.step)
                 self._guard(functools.partial(self._writer.flush, True, background=True))
             self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
@@ -388,10 +388,10 @@ class Session:
             self._guard(self._writer.flush)
             self._guard(self._export_step, self._step_export)
             return
-        table = self._guard(self._writer.take_step, self.step)
-        if table is None:
+        rows = self._guard(self._writer.take_step_rows, self.step)  # Python columns, no Arrow round trip
+        if rows is None:
             return
-        self._step_export.add(table)
+        self._step_export.add(rows)
         # the export reads the staged tensor files; the shards are written meanwhile, and
         # are on disk when stop()/step() returns
         if self._payloads is not None:

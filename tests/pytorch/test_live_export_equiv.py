@@ -7,6 +7,7 @@ import torch
 
 from pt_helpers import ModuleOP
 from msprobe.pytorch import PrecisionDebugger
+from msprobe.cli import main as cli_main
 from store.export import export_log
 
 
@@ -118,3 +119,72 @@ def test_live_equals_offline_with_odd_arguments(tmp_path, summary):
         assert list(kwargs) == ["text", _ODD_TEXT, "", "device"]
         assert kwargs["text"] == {"type": "str", "value": _ODD_TEXT}
         assert repr(kwargs[_ODD_TEXT]["value"]) == "-0.0" and repr(kwargs[""]["value"]) == "0.0"
+
+
+class _Mixed(torch.nn.Module):
+    """Takes and returns nested containers of float, integer and bool tensors and plain
+    values; has parameters (parameters_grad entries)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x, nested, flag=None, **kwargs):
+        y = self.lin(x)
+        ints = torch.add(nested["ints"], 1)
+        bools = torch.logical_not(nested["pair"][1])
+        return {"y": y, "parts": [ints, bools, None, torch.Size([2, 3])], "z": y * 0.0 - 0.0}
+
+
+@pytest.mark.parametrize("task,level", [("statistics", "mix"), ("statistics", "L1"), ("tensor", "L1")])
+def test_live_equals_offline_with_stop_start_within_a_step(tmp_path, task, level):
+    """The live export (the log writer's Python columns, no Arrow round trip) against
+    `msprobe export` of the same log: several stop()/start() within one step, backward
+    entries recorded after stop() and emitted at step(), parameters_grad, NaN/inf/-0.0
+    statistics, integer and bool tensors, None leaves, plain values, nested arguments."""
+    dump = tmp_path / "d"
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": task, "dump_path": str(dump), "level": level,
+                               "statistics": {"summary_mode": "statistics"}}))
+    torch.manual_seed(0)
+    net = _Mixed()
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1.0])
+    for step in range(2):
+        for part in range(3):  # start/stop three times within the step
+            dbg.start(model=net)
+            x = torch.randn(2, 3, requires_grad=True)
+            out = net(x, {"ints": torch.arange(6).reshape(2, 3), "pair": (special * part, torch.tensor([True, False]))},
+                      None, scale=2.5, count=3, name="é", size=torch.Size([4]), window=slice(1, None, 2),
+                      deep=[[1.0, [None, -0.0]], {"k": (7, "v")}])
+            torch.relu(special)
+            loss = out["y"].sum() + out["z"].sum()
+            dbg.stop()
+            loss.backward()  # after stop(): its backward entries are emitted at step()
+        dbg.step()
+    dbg.close()
+    live = _files(dump)
+    assert cli_main(["export", str(dump), "-o", str(tmp_path / "re")]) == 0
+    offline = _files(tmp_path / "re")
+    assert sorted(live) == sorted(offline) and len(live) == 6
+    for k in live:
+        assert live[k] == offline[k], k
+    data = json.loads(live[os.path.join("step1", "rank", "dump.json")])["data"]
+    names = list(data)
+    assert any(n.endswith("parameters_grad") for n in names) or level == "L1"
+    assert any(n.endswith(".backward") or ".backward." in n for n in names)
+    if level == "L1":
+        relu = data["Torch.relu.2.forward"]["input_args"][0]
+        assert relu["Max"] != relu["Max"] and relu["Mean"] != relu["Mean"]  # NaN (the input holds one)
+        ints = data["Torch.add.2.forward"]["input_args"][0]
+        assert (ints["dtype"], ints["Max"], ints["Min"]) == ("torch.int64", 5, 0)
+        bools = data["Torch.logical_not.2.forward"]["output"][0]
+        assert (bools["Max"], bools["Min"], bools["Mean"]) == (True, False, None)
+    if task == "tensor":
+        for step in range(2):
+            live_dir = dump / f"step{step}" / "rank" / "dump_tensor_data"
+            offline_dir = tmp_path / "re" / f"step{step}" / "rank" / "dump_tensor_data"
+            got = sorted(p.name for p in live_dir.iterdir())
+            assert got and got == sorted(p.name for p in offline_dir.iterdir())
+            for name in got:
+                assert (live_dir / name).read_bytes() == (offline_dir / name).read_bytes(), name

@@ -1,0 +1,143 @@
+"""Wall time of stop() + step() (the live export) per recorded step, by part, on the encoder.
+
+Usage::
+
+    ROOT=/path/to/checkout .venv/bin/python benchmarks/stop_step_cost.py CONFIG [STEPS] [THREADS]
+
+``ROOT``: the checkout whose ``msprobe``/``store`` are imported (two checkouts compared
+with one script); ``CONFIG``: a name of ``workloads.CONFIGS`` (``l1_stats``, ``mix_stats``,
+``l1_tensor``); ``STEPS`` recorded steps timed (default 15) after 2 warm-up steps, with
+``torch.set_num_threads(THREADS)`` (default 2). Each step is ``start(model)``, one training
+step, ``stop()``, ``step()`` of ``workloads.build_encoder(4)``.
+
+Each listed function is wrapped with ``time.perf_counter``; the report gives, per step, the
+calls, the inclusive ms and the exclusive ms (not spent in another listed function) of
+each, with ``stop()`` and ``step()`` (``PrecisionDebugger.stop``/``step``) as the totals,
+then a digest of the last step's JSON files (equal digests: byte-identical output; the
+checkout path in stack frames replaced). Functions a checkout does not have are skipped.
+A profile for finding where the time goes, not a timed test: compare runs of the same
+machine and load only.
+"""
+import atexit
+import collections
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.environ["ROOT"]
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+cfg = sys.argv[1] if len(sys.argv) > 1 else "l1_stats"
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
+from workloads import build_encoder, config_json  # noqa: E402
+from msprobe.pytorch import PrecisionDebugger  # noqa: E402
+
+TARGETS = [
+    "msprobe.pytorch.debugger:PrecisionDebugger.stop",
+    "msprobe.pytorch.debugger:PrecisionDebugger.step",
+    "msprobe.core.session:Session._run_flush_hooks",
+    "store.log_writer:LogWriter._build_batch",
+    "store.log_writer:LogWriter._flush_locked",
+    "store.log_writer:LogWriter.take_step",
+    "store.log_writer:LogWriter.take_step_rows",
+    "store.log_writer:LogWriter.flush",
+    "store.export:StepExporter.add",
+    "store.entries:EntryBuilder.add",
+    "store.entries:EntryBuilder.add_columns",
+    "store.log_writer:make_part",
+    "store.step_rows:StepRows.columns",
+    "store.entries:_rows_as_lists",
+    "store.arrow_np:select",
+    "store.export:StepExporter.write",
+    "store.export:_dump_text",
+    "store.export:_items_text",
+    "store.export:atomic_write_text",
+    "store.export:export_tensors",
+    "store.export:StepExporter.rows",
+    "threading:Thread.start",
+]
+excl = collections.Counter()
+incl = collections.Counter()
+cnt = collections.Counter()
+stack = []
+
+
+def wrap(owner, attr, label):
+    f = getattr(owner, attr)
+
+    def w(*a, **k):
+        t0 = time.perf_counter()
+        stack.append(0.0)
+        try:
+            return f(*a, **k)
+        finally:
+            el = time.perf_counter() - t0
+            child = stack.pop()
+            excl[label] += el - child
+            incl[label] += el
+            cnt[label] += 1
+            if stack:
+                stack[-1] += el
+    setattr(owner, attr, w)
+
+
+for t in TARGETS:
+    mod, _, q = t.partition(":")
+    try:
+        m = importlib.import_module(mod)
+    except ImportError:
+        continue
+    parts = q.split(".")
+    owner = m if len(parts) == 1 else getattr(m, parts[0])
+    if hasattr(owner, parts[-1]):
+        wrap(owner, parts[-1], q.split(".")[-1] if len(parts) == 1 else q)
+model, train_step = build_encoder(4)
+scratch = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, scratch, True)
+p = os.path.join(scratch, "c.json")
+json.dump(config_json(cfg, os.path.join(scratch, "dump")), open(p, "w"))
+dbg = PrecisionDebugger(config_path=p)
+
+
+def step():
+    dbg.start(model)
+    train_step()
+    dbg.stop()
+    dbg.step()
+
+
+for i in range(2):
+    step()
+excl.clear()
+incl.clear()
+cnt.clear()
+t0 = time.perf_counter()
+for i in range(N):
+    step()
+wall = time.perf_counter() - t0
+dbg.close()
+print(f"{cfg}: {N} steps, {wall / N * 1e3:.1f} ms per step")
+for k in sorted(incl, key=lambda k: -incl[k]):
+    print(f"  {k:34s} n/step {cnt[k] / N:5.1f}  incl ms/step {incl[k] / N * 1e3:7.2f}  excl {excl[k] / N * 1e3:7.2f}")
+total = incl["PrecisionDebugger.stop"] + incl["PrecisionDebugger.step"]
+print(f"  stop()+step() ms/step {total / N * 1e3:.2f}")
+digest = hashlib.sha256()
+last = os.path.join(scratch, "dump", f"step{N + 1}")
+for dirpath, _, files in sorted(os.walk(last)):
+    for f in sorted(files):
+        if f.endswith(".json"):
+            digest.update(f.encode())
+            text = open(os.path.join(dirpath, f), "rb").read()
+            for root in (ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+                text = text.replace(os.path.abspath(root).encode(), b"ROOT")
+            digest.update(text)
+print("  files digest", digest.hexdigest()[:16])

@@ -1,0 +1,229 @@
+"""The live export's rows without the Arrow round trip (store.step_rows): the Python columns
+the log writer hands over equal what reading its batches back gives (values and types), and
+the live export fed with them writes the bytes of the offline export of the same log."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import arrow_np
+from store import schema as S
+from store.entries import CALL_COLUMNS, LEAF_COLUMNS
+from store.export import StepExporter, export_log
+from store.log_writer import LogWriter
+from store.records import Call, Leaf, Marker, Stack
+from store.step_rows import StepRows
+
+META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
+
+
+class Text(str):
+    """A str subclass: Arrow stores its text, reading back gives a plain str."""
+
+
+def _files(root) -> dict:
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.endswith(".json"):
+                p = os.path.join(d, f)
+                out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+def _tensor(io, path, dtype="torch.float32", shape=(2,), **stats):
+    fields = dict(type="torch.Tensor", dtype=dtype, shape=shape, numel=2, max=1.5, min=-0.5, mean=0.5, norm=1.6,
+                  requires_grad=False)
+    fields.update(stats)
+    return Leaf(io=io, path=path, leaf_kind="tensor", **fields)
+
+
+def _value(io, path, text):
+    return Leaf(io=io, path=path, leaf_kind="value", type="x", value_json=text)
+
+
+def _odd_call(n: int, step: int = 0, kind: str = "api_forward") -> Call:
+    """A call whose leaves hold every kind of value, some of another Python type than
+    their column's (Arrow converts those: int or bool or numpy floats in float64 columns,
+    numpy bools, str subclasses, list shapes, numpy ints in shapes)."""
+    inf, nan = math.inf, math.nan
+    leaves = (
+        _tensor("input_args", (0,), max=nan, min=-inf, mean=nan, norm=inf),
+        _tensor("input_args", (1,), max=-0.0, min=-0.0, mean=0.0, norm=0.0),
+        _tensor("input_args", (2, 0), dtype="torch.int64", max=3, min=-2, mean=0.5, norm=3.6),    # ints in floats
+        _tensor("input_args", (2, 1), dtype="torch.bool", max=True, min=False, mean=None, norm=None),
+        _tensor("input_args", (2, 2), dtype="torch.float16", max=np.float32(1.1), min=np.float64(-2.5),
+                mean=np.float16(0.25), norm=2 ** 53),
+        _tensor("input_args", (3, "k"), dtype=Text("torch.float32"), shape=[3, 1], requires_grad=np.bool_(True)),
+        _tensor("input_args", (3, "j", 0), shape=(np.int64(4),), max_finite=1.0, min_finite=np.float32(-1.0),
+                crc32="0000abcd"),
+        _tensor("input_args", (4,), shape=()),
+        Leaf(io="input_args", path=(5,), leaf_kind="none"),
+        Leaf(io="input_args", path=(6,), leaf_kind="empty_list"),
+        Leaf(io="input_args", path=(7,), leaf_kind="empty_dict"),
+        _value("input_kwargs", ("alpha",), '{"type":"int","value":3}'),
+        _value("input_kwargs", ("beta",), '{"type":"float","value":3.0}'),
+        _value("input_kwargs", ("size",), '{"type":"torch.Size","value":[3,0]}'),
+        _value("input_kwargs", ("sl",), '{"type":"slice","value":[null,5,null]}'),
+        _value("input_kwargs", ("s",), Text('{"type":"str","value":"\\u00e9"}')),
+        _tensor("output", (0,), max=2, min=1, mean=1, norm=True),
+    )
+    return Call(step=step, kind=kind, name=f"Torch.odd.{n}.forward", api_type=Text("Torch"),
+                keys=("input_args", "input_kwargs", "output"), leaves=leaves, stack_id=n % 2,
+                is_recompute=np.bool_(False) if n % 3 == 0 else None, parent=Text("Module.m.M.forward.0"))
+
+
+def _pg_call(step: int = 0) -> Call:
+    return Call(step=step, kind="parameters_grad", name="Module.m.M.parameters_grad", api_type="Module",
+                keys=("weight", "bias"), leaves=(_tensor("weight", (), max=1, min=0),
+                                                  Leaf(io="bias", path=(), leaf_kind="none")))
+
+
+def _read_back(part_table: pa.Table, kind: str, columns) -> list[list]:
+    rows = arrow_np.select(part_table, arrow_np.equals(part_table[S.ROW], kind))
+    return [arrow_np.pylist(rows[name], tuples=True) for name in columns]
+
+
+def _same(got: list, want: list) -> bool:
+    """Equal lists of equal types, NaN equal to NaN and zeros told apart by sign."""
+    return len(got) == len(want) and all(
+        type(a) is type(b) and (repr(a) == repr(b) if isinstance(a, float) else a == b) for a, b in zip(got, want))
+
+
+def _assert_columns_as_logged(rows: StepRows) -> None:
+    table = rows.table()
+    calls, leaves = rows.columns()
+    for got, want in zip(calls, _read_back(table, S.ROW_CALL, CALL_COLUMNS)):
+        assert _same(got, want), (got, want)
+    for got, want in zip(leaves, _read_back(table, S.ROW_LEAF, LEAF_COLUMNS)):
+        assert _same(got, want), (got, want)
+
+
+def test_columns_equal_the_rows_read_back(tmp_path):
+    with LogWriter(tmp_path, 0, flush_rows=7, flush_interval_s=3600) as writer:
+        writer.append_stack(Stack(stack_id=0, frames=("f0",)))
+        for n in range(4):
+            writer.append(_odd_call(n))
+        writer.append(_pg_call())
+        writer.append_marker(Marker(step=0, kind="stop", meta=META))
+        rows = writer.take_step_rows(0)
+    assert rows.num_entry_rows == 4 * (1 + 17) + 3
+    _assert_columns_as_logged(rows)
+    calls, leaves = rows.columns()
+    maxes = leaves[LEAF_COLUMNS.index(S.MAX)]
+    assert (maxes[2], maxes[3]) == (3.0, 1.0) and type(maxes[2]) is type(maxes[3]) is float
+    assert leaves[LEAF_COLUMNS.index(S.SHAPE)][5] == (3, 1)
+    assert type(leaves[LEAF_COLUMNS.index(S.DTYPE)][5]) is str
+
+
+_FLOATS = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 53, 2 ** 53),
+                    st.booleans(), st.floats(width=32).map(np.float32), st.floats().map(np.float64))
+_TEXTS = st.one_of(st.none(), st.text(max_size=4), st.text(max_size=4).map(Text), st.text(max_size=3).map(np.str_))
+_SHAPES = st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=3).flatmap(
+    lambda dims: st.sampled_from([tuple(dims), list(dims), tuple(np.int64(d) for d in dims)])))
+_BOOLS = st.one_of(st.none(), st.booleans(), st.booleans().map(np.bool_))
+
+
+@st.composite
+def _leaves(draw):
+    return Leaf(io=draw(_TEXTS.filter(lambda t: t is not None)), path=(draw(st.integers(0, 3)),),
+                leaf_kind=draw(st.sampled_from(S.LEAF_KINDS)), type=draw(_TEXTS), dtype=draw(_TEXTS),
+                shape=draw(_SHAPES), numel=draw(st.one_of(st.none(), st.integers(0, 99))), max=draw(_FLOATS),
+                min=draw(_FLOATS), mean=draw(_FLOATS), norm=draw(_FLOATS), max_finite=draw(_FLOATS),
+                min_finite=draw(_FLOATS), crc32=draw(_TEXTS), requires_grad=draw(_BOOLS), data_name=draw(_TEXTS),
+                value_json=draw(_TEXTS))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=st.lists(st.tuples(_TEXTS.filter(lambda t: t is not None), st.one_of(st.none(), st.integers(0, 5)),
+                                _BOOLS, st.lists(_leaves(), max_size=4)), min_size=1, max_size=5),
+       flush_rows=st.integers(1, 12))
+def test_columns_equal_the_rows_read_back_for_any_value_types(tmp_path_factory, calls, flush_rows):
+    with LogWriter(tmp_path_factory.mktemp("log"), 0, flush_rows=flush_rows, flush_interval_s=3600) as writer:
+        for n, (name, stack_id, recompute, leaves) in enumerate(calls):
+            writer.append(Call(step=n % 2, kind="api_forward", name=name, api_type="Torch", stack_id=stack_id,
+                               is_recompute=recompute, parent=name, keys=("output",), leaves=tuple(leaves)))
+        for step in (1, 0):  # mixed-step batches are split
+            rows = writer.take_step_rows(step)
+            _assert_columns_as_logged(rows)
+            assert rows.num_entry_rows == sum(1 + len(c[3]) for n, c in enumerate(calls) if n % 2 == step)
+        assert writer.take_step_rows(None).num_entry_rows == 0
+
+
+def _live_and_offline(tmp_path, steps, *, flush_rows=5, order=None) -> tuple[dict, dict]:
+    """Write ``steps`` (per step: a list of events and "take" markers where the live export
+    takes and writes) through a LogWriter with a live StepExporter per step; returns the
+    live files and those export_log rebuilds from the log."""
+    dump = tmp_path / "d"
+    exporter = None
+    with LogWriter(dump, 0, flush_rows=flush_rows, flush_interval_s=3600) as writer:
+        for step, events in enumerate(steps):
+            exporter = StepExporter(exporter)
+            taken = []
+            for event in events:
+                if isinstance(event, Call):
+                    writer.append(event)
+                elif isinstance(event, Stack):
+                    writer.append_stack(event)
+                elif isinstance(event, Marker):
+                    writer.append_marker(event)
+                else:  # "take": stop() or step()
+                    taken.append(writer.take_step_rows(step))
+                    if order is None:
+                        exporter.add(taken[-1])
+                        exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
+            if order is not None:  # the parts in another order: rows out of seq order
+                for i in order:
+                    exporter.add(taken[i])
+                exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
+    export_log(dump, tmp_path / "re")
+    return _files(dump), _files(tmp_path / "re")
+
+
+def _step(step: int, first: int) -> list:
+    return [Marker(step=step, kind="start", meta=META), Stack(stack_id=0, frames=("a", "b")),
+            Stack(stack_id=1, frames=("c",)),
+            _odd_call(first, step), _odd_call(first + 1, step), "take",          # stop()
+            Marker(step=step, kind="stop", meta=META),
+            Marker(step=step, kind="start", meta=META),                          # start() again
+            _odd_call(first + 2, step), _pg_call(step), "take",                  # stop()
+            _odd_call(first + 3, step, kind="api_backward"), _pg_call(step),     # backward at step()
+            Marker(step=step, kind="step_end", meta=META), "take"]
+
+
+@pytest.mark.parametrize("flush_rows", [1, 5, 512])
+def test_live_export_equals_offline_export(tmp_path, flush_rows):
+    live, offline = _live_and_offline(tmp_path, [_step(0, 0), _step(1, 10)], flush_rows=flush_rows)
+    assert sorted(live) == sorted(offline) and len(live) == 6
+    for name in live:
+        assert live[name] == offline[name], name
+
+
+def test_live_export_equals_offline_export_with_parts_out_of_seq_order(tmp_path):
+    live, offline = _live_and_offline(tmp_path, [_step(0, 0)], order=(2, 0, 1))
+    assert sorted(live) == sorted(offline) and len(live) == 3
+    for name in live:
+        assert live[name] == offline[name], name
+
+
+def test_rows_table_is_take_step(tmp_path):
+    """take_step is take_step_rows' table: call, leaf and marker rows of the step, no stack rows."""
+    with LogWriter(tmp_path, 0, flush_rows=3, flush_interval_s=3600) as writer:
+        writer.append_stack(Stack(stack_id=0, frames=("a",)))
+        writer.append_marker(Marker(step=0, kind="start", meta=META))
+        writer.append(_odd_call(0, 0))
+        writer.append(_odd_call(1, 1))
+        writer.append_marker(Marker(step=1, kind="start", meta=META))
+        table = writer.take_step(0)
+        assert table.schema == S.LOG_SCHEMA
+        assert sorted(set(table[S.ROW].to_pylist())) == ["call", "leaf", "marker"]
+        assert set(table[S.STEP].to_pylist()) == {0}
+        rest = writer.take_step_rows(1)
+        assert rest.table()[S.ROW].to_pylist().count("marker") == 1 and rest.num_entry_rows == 18
+        assert writer._retained == []
