@@ -54,7 +54,7 @@ TARGETS = [
     "store.entries:EntryBuilder.add",
     "store.entries:EntryBuilder.add_columns",
     "store.log_writer:make_part",
-    "store.step_rows:StepRows.columns",
+    "store.step_rows:StepRows.take_columns",
     "store.entries:_rows_as_lists",
     "store.arrow_np:select",
     "store.export:StepExporter.write",

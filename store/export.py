@@ -332,7 +332,7 @@ class StepExporter:
             self._stale = True  # out of order: rebuild at the next write
             self._version += 1
             return
-        touched = self._builder.add_columns(*rows.columns()) if live else self._builder.add(rows)
+        touched = self._builder.add_columns(*rows.take_columns()) if live else self._builder.add(rows)
         if touched:
             self._version += 1
         for name in touched:

@@ -8,10 +8,17 @@ that :class:`store.log_reader.LogReader` skips.
 
 Hot path. ``append`` only assigns a sequence number and keeps a reference to the frozen
 record (a handful of list appends, independent of the number of leaves); the records are
-turned into columns (one Python list per column, then one Arrow array per column) when a
-batch is flushed: when ``flush_rows`` rows are pending, when ``flush_interval_s`` has
-passed since the last flush (checked on each append), and on :meth:`LogWriter.flush`,
-:meth:`LogWriter.take_step` and :meth:`LogWriter.close`.
+turned into columns (one Python list per column, then one Arrow array per column; a column
+of nulls only is ``pa.nulls``, the same bytes) when a batch is flushed: when ``flush_rows``
+rows are pending, when ``flush_interval_s`` has passed since the last flush (checked on each
+append), and on :meth:`LogWriter.flush`, :meth:`LogWriter.take_step` and
+:meth:`LogWriter.close`.
+
+Live export. Each flushed batch is kept, until its step is taken, together with the Python
+lists its call and leaf rows were built from (:class:`store.step_rows.Part`, values as
+reading the batch back gives them): :meth:`LogWriter.take_step_rows` hands those to the live
+exporter, which so never reads back from Arrow what was built from Python moments before;
+:meth:`LogWriter.take_step` returns the same rows as an Arrow table.
 
 Row conventions (see :mod:`store.schema` for the columns):
 
@@ -55,6 +62,7 @@ from store import arrow_np
 from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
+from store.bg_fsync import BackgroundFsync
 from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
 from store.step_rows import Part, StepRows, make_part
@@ -212,7 +220,7 @@ class LogWriter:
         with LogWriter("/tmp/dump", rank=0) as writer:
             seq = writer.append(Call(step=0, kind="api_forward", name="Torch.add.0.forward",
                                      api_type="Torch", keys=("output",), leaves=(...)))
-            rows = writer.take_step(0)   # the rows of step 0, for live export
+            rows = writer.take_step(0)   # the rows of step 0 (take_step_rows: for live export)
     """
 
     def __init__(
@@ -254,14 +262,13 @@ class LogWriter:
         self._last_flush = time.monotonic()
         # state kept across flushes
         self._stacks: dict[int, tuple[str, ...]] = {}
-        self._retained: list[pa.RecordBatch] = []
+        self._retained: list[Part] = []  # flushed, not yet taken (see take_step_rows)
         self._keys_text: dict[tuple[str, ...], str] = {}
         self._path_text: dict[tuple, tuple[str, str]] = {}
         self._path: Optional[Path] = None
         self._file: Optional[BinaryIO] = None
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
-        self._sync_thread: Optional[threading.Thread] = None  # background step-end fsync
-        self._sync_error: Optional[OSError] = None
+        self._syncer = BackgroundFsync("msprobe-log-fsync")  # background step-end fsync
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
@@ -359,9 +366,10 @@ class LogWriter:
 
         Args:
             fsync: also ``os.fsync`` the log file (step end).
-            background: with ``fsync``, run the fsync on a helper thread (through a
-                duplicate of the file descriptor) and return at once; the next
-                background fsync and :meth:`close` wait for it and raise its failure.
+            background: with ``fsync``, run the fsync on the writer's helper thread
+                (:class:`store.bg_fsync.BackgroundFsync`, through a duplicate of the file
+                descriptor) and return at once; the next background fsync and
+                :meth:`close` wait for it and raise its failure.
         Raises:
             StoreWriteError: the write failed (once per writer; no-op afterwards).
         """
@@ -371,27 +379,11 @@ class LogWriter:
             self._flush_locked(fsync and not background)
             if fsync and background and self._file is not None and os.getpid() == self._pid:
                 self._join_sync()
-                fd = os.dup(self._file.fileno())
-                self._sync_thread = threading.Thread(target=self._fsync_close, args=(fd,),
-                                                     name="msprobe-log-fsync", daemon=True)
-                self._sync_thread.start()
-
-    def _fsync_close(self, fd: int) -> None:
-        """Background step-end fsync; a failure is kept for :meth:`_join_sync` to raise."""
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            self._sync_error = exc
-        finally:
-            os.close(fd)
+                self._syncer.submit(os.dup(self._file.fileno()))
 
     def _join_sync(self) -> None:
         """Wait for the background fsync; raise its failure (StoreWriteError, once)."""
-        thread = self._sync_thread
-        if thread is not None:
-            thread.join()
-            self._sync_thread = None
-        error, self._sync_error = self._sync_error, None
+        error = self._syncer.wait()
         if error is not None:
             raise self._fail(error, "syncing")
 
@@ -452,9 +444,15 @@ class LogWriter:
             if self._closed:
                 return
             self._closed = True
-            if self._failed or os.getpid() != self._pid:
+            if os.getpid() != self._pid:  # a forked child: the helper thread is the parent's
                 return
-            self._join_sync()
+            if self._failed:
+                self._syncer.stop()
+                return
+            try:
+                self._join_sync()
+            finally:
+                self._syncer.stop()
             self._flush_locked(True)
             try:
                 if self._stream is not None:
@@ -517,6 +515,7 @@ class LogWriter:
 
     def _fail(self, exc: BaseException, doing: str) -> StoreWriteError:
         self._failed = True
+        self._syncer.stop(join=False)  # no more background fsyncs: the thread ends
         for closer in (self._stream, self._file):
             try:
                 if closer is not None:

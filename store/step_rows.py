@@ -145,18 +145,31 @@ class StepRows:
     def __init__(self, parts: Sequence[Part]) -> None:
         self._parts = list(parts)
         self._table: Optional[pa.Table] = None
+        self._taken = False
         self.num_entry_rows = sum(part.nc + part.nl for part in self._parts)  # call and leaf rows
 
-    def columns(self) -> tuple[list[list], list[list]]:
+    def take_columns(self) -> tuple[list[list], list[list]]:
         """``(calls, leaves)``: the :data:`CALL_COLUMNS` and :data:`LEAF_COLUMNS` of the
-        call and leaf rows, as lists, in the order the rows have in :meth:`table` (new lists)."""
-        return (self._joined([part.calls for part in self._parts], len(CALL_COLUMNS)),
-                self._joined([part.leaves for part in self._parts], len(LEAF_COLUMNS)))
+        call and leaf rows, as lists, in the order the rows have in :meth:`table`. Handed
+        out once: the parts keep only their batches afterwards (the live exporter holds a
+        step's rows until the step ends; at level debug, until the run ends).
+
+        Raises:
+            RuntimeError: the columns were taken before.
+        """
+        if self._taken:
+            raise RuntimeError("StepRows.take_columns: the columns were taken before")
+        self._taken = True
+        calls = self._joined([part.calls for part in self._parts], len(CALL_COLUMNS))
+        leaves = self._joined([part.leaves for part in self._parts], len(LEAF_COLUMNS))
+        for part in self._parts:
+            part.calls = part.leaves = None
+        return calls, leaves
 
     @staticmethod
     def _joined(parts: list[list[list]], width: int) -> list[list]:
         if len(parts) == 1:
-            return [list(column) for column in parts[0]]
+            return parts[0]
         joined: list[list] = [[] for _ in range(width)]
         for columns in parts:
             for out, column in zip(joined, columns):
@@ -164,7 +177,8 @@ class StepRows:
         return joined
 
     def seq_min(self) -> Optional[int]:
-        """The smallest ``seq`` of the call and leaf rows (None without any)."""
+        """The smallest ``seq`` of the call and leaf rows (None without any; call before
+        :meth:`take_columns`)."""
         lows = [min(column) for part in self._parts for column in (part.calls[0], part.leaves[0]) if column]
         return min(lows) if lows else None
 

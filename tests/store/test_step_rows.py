@@ -96,13 +96,16 @@ def _same(got: list, want: list) -> bool:
         type(a) is type(b) and (repr(a) == repr(b) if isinstance(a, float) else a == b) for a, b in zip(got, want))
 
 
-def _assert_columns_as_logged(rows: StepRows) -> None:
+def _assert_columns_as_logged(rows: StepRows) -> tuple[list, list]:
     table = rows.table()
-    calls, leaves = rows.columns()
+    calls, leaves = rows.take_columns()
     for got, want in zip(calls, _read_back(table, S.ROW_CALL, CALL_COLUMNS)):
         assert _same(got, want), (got, want)
     for got, want in zip(leaves, _read_back(table, S.ROW_LEAF, LEAF_COLUMNS)):
         assert _same(got, want), (got, want)
+    with pytest.raises(RuntimeError):
+        rows.take_columns()  # handed out once
+    return calls, leaves
 
 
 def test_columns_equal_the_rows_read_back(tmp_path):
@@ -114,8 +117,7 @@ def test_columns_equal_the_rows_read_back(tmp_path):
         writer.append_marker(Marker(step=0, kind="stop", meta=META))
         rows = writer.take_step_rows(0)
     assert rows.num_entry_rows == 4 * (1 + 17) + 3
-    _assert_columns_as_logged(rows)
-    calls, leaves = rows.columns()
+    calls, leaves = _assert_columns_as_logged(rows)
     maxes = leaves[LEAF_COLUMNS.index(S.MAX)]
     assert (maxes[2], maxes[3]) == (3.0, 1.0) and type(maxes[2]) is type(maxes[3]) is float
     assert leaves[LEAF_COLUMNS.index(S.SHAPE)][5] == (3, 1)
