@@ -10,7 +10,10 @@ with one script); ``CONFIG``: a name of ``workloads.CONFIGS`` (``l1_stats``, ``m
 ``torch.set_num_threads(THREADS)`` (default 2). Each step is ``start(model)``, one training
 step, ``stop()``, ``step()`` of ``workloads.build_encoder(4)``.
 
-Each listed function is wrapped with ``time.perf_counter``; the report gives, per step, the
+Each listed function is wrapped with ``time.perf_counter`` (with ``CLOCK=cpu`` in the
+environment: ``time.thread_time``, the calling thread's CPU time, which other processes on
+the machine disturb far less than wall time, but which leaves out waits: a thread start, a
+lock); the report gives, per step, the
 calls, the inclusive ms and the exclusive ms (not spent in another listed function) of
 each, with ``stop()`` and ``step()`` (``PrecisionDebugger.stop``/``step``) as the totals,
 then a digest of the last step's JSON files (equal digests: byte-identical output; the
@@ -71,16 +74,19 @@ cnt = collections.Counter()
 stack = []
 
 
+clock = time.thread_time if os.environ.get("CLOCK") == "cpu" else time.perf_counter
+
+
 def wrap(owner, attr, label):
     f = getattr(owner, attr)
 
     def w(*a, **k):
-        t0 = time.perf_counter()
+        t0 = clock()
         stack.append(0.0)
         try:
             return f(*a, **k)
         finally:
-            el = time.perf_counter() - t0
+            el = clock() - t0
             child = stack.pop()
             excl[label] += el - child
             incl[label] += el
@@ -125,7 +131,7 @@ for i in range(N):
     step()
 wall = time.perf_counter() - t0
 dbg.close()
-print(f"{cfg}: {N} steps, {wall / N * 1e3:.1f} ms per step")
+print(f"{cfg}: {N} steps, {wall / N * 1e3:.1f} ms per step (wall); parts in {clock.__name__}")
 for k in sorted(incl, key=lambda k: -incl[k]):
     print(f"  {k:34s} n/step {cnt[k] / N:5.1f}  incl ms/step {incl[k] / N * 1e3:7.2f}  excl {excl[k] / N * 1e3:7.2f}")
 total = incl["PrecisionDebugger.stop"] + incl["PrecisionDebugger.step"]

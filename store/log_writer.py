@@ -52,13 +52,11 @@ import os
 import re
 import threading
 import time
-from itertools import chain
 from pathlib import Path
 from typing import BinaryIO, Callable, Literal, Optional, Union
 
 import pyarrow as pa
 
-from store import arrow_np
 from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
@@ -622,8 +620,10 @@ class LogWriter:
                     # every column type but list<string> (frames), and costs less
                     arrays.append(pa.nulls(n, field.type))
                     continue
-                pieces = [rows[name] if name in rows else [None] * count for rows, count in sections if count]
-                values = pieces[0] if len(pieces) == 1 else list(chain.from_iterable(pieces))
+                values = []
+                for rows, count in sections:
+                    if count:
+                        values += rows[name] if name in rows else [None] * count
             arrays.append(pa.array(values, type=field.type))
         batch = pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
         none_l = [None] * nl
