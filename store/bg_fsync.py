@@ -25,7 +25,9 @@ class BackgroundFsync:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        # reentrant: a garbage collection inside a locked block may run the finalizer of a
+        # dropped writer (store.log_writer), which calls stop() on this thread
+        self._cond = threading.Condition(threading.RLock())
         self._fd: Optional[int] = None  # handed over, not yet taken by the thread
         self._busy = False  # a descriptor was handed over and is not done yet
         self._error: Optional[OSError] = None
@@ -42,14 +44,17 @@ class BackgroundFsync:
         :meth:`wait` first when an earlier one may still be running.
 
         Raises:
-            RuntimeError: an earlier descriptor is not done yet (wait first), or stopped.
+            RuntimeError: an earlier descriptor is not done yet (wait first), or stopped,
+                or the thread could not be started (``Thread.start``'s error). ``fd`` then
+                still belongs to the caller, and nothing changed: a later call tries again.
         """
         with self._cond:
             if self._busy or self._stop:
                 raise RuntimeError("BackgroundFsync.submit: busy or stopped")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                thread.start()  # may raise (no thread left): then no thread is recorded
+                self._thread = thread
             self._fd = fd
             self._busy = True
             self._cond.notify_all()

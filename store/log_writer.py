@@ -52,6 +52,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import BinaryIO, Callable, Literal, Optional, Union
 
@@ -123,6 +124,13 @@ def _all_none(values: list) -> bool:
     """True when every item of the non-empty list ``values`` is None (the ends first: cheap
     for a column with values)."""
     return values[0] is None and values[-1] is None and values.count(None) == len(values)
+
+
+def _stop_syncer(syncer: BackgroundFsync, pid: int) -> None:
+    """Let ``syncer``'s thread end (a writer garbage-collected without :meth:`LogWriter.close`);
+    nothing in a forked child (the thread and its lock are the parent's)."""
+    if os.getpid() == pid:
+        syncer.stop(join=False)
 
 
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
@@ -267,6 +275,8 @@ class LogWriter:
         self._file: Optional[BinaryIO] = None
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
         self._syncer = BackgroundFsync("msprobe-log-fsync")  # background step-end fsync
+        # a writer dropped without close(): its helper thread ends too (not in a forked child)
+        weakref.finalize(self, _stop_syncer, self._syncer, os.getpid())
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
@@ -367,7 +377,8 @@ class LogWriter:
             background: with ``fsync``, run the fsync on the writer's helper thread
                 (:class:`store.bg_fsync.BackgroundFsync`, through a duplicate of the file
                 descriptor) and return at once; the next background fsync and
-                :meth:`close` wait for it and raise its failure.
+                :meth:`close` wait for it and raise its failure. Where no descriptor or
+                thread can be had (``EMFILE``, no thread left), the fsync is done here.
         Raises:
             StoreWriteError: the write failed (once per writer; no-op afterwards).
         """
@@ -377,7 +388,18 @@ class LogWriter:
             self._flush_locked(fsync and not background)
             if fsync and background and self._file is not None and os.getpid() == self._pid:
                 self._join_sync()
-                self._syncer.submit(os.dup(self._file.fileno()))
+                fd = -1
+                try:
+                    fd = os.dup(self._file.fileno())
+                    self._syncer.submit(fd)
+                    return
+                except (OSError, RuntimeError):  # no descriptor or no helper thread left
+                    if fd >= 0:
+                        os.close(fd)
+                try:  # then the fsync is done here, as without ``background``
+                    os.fsync(self._file.fileno())
+                except OSError as exc:
+                    raise self._fail(exc, "syncing") from exc
 
     def _join_sync(self) -> None:
         """Wait for the background fsync; raise its failure (StoreWriteError, once)."""

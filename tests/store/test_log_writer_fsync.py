@@ -99,3 +99,133 @@ def test_background_fsync_helper(tmp_path, monkeypatch):
     assert not thread.is_alive() and not syncer.started and syncer.wait() is None
     with pytest.raises(RuntimeError):
         syncer.submit(-1)
+
+
+def _close_within(writer, seconds: float = 10.0) -> None:
+    """close() on another thread; fails (instead of hanging the suite) when it blocks."""
+    import threading
+
+    done = []
+    closer = threading.Thread(target=lambda: (writer.close(), done.append(True)), daemon=True)
+    closer.start()
+    closer.join(seconds)
+    assert done, "LogWriter.close() blocked"
+
+
+def test_no_helper_thread_fsyncs_in_the_caller_and_close_does_not_hang(tmp_path, monkeypatch):
+    """Thread.start failing (no thread left) at the first background fsync: the fsync is
+    done in the caller (no exception into step(), no leaked descriptor), and the writer
+    stays usable: a later background fsync starts the thread, close() returns."""
+    import threading
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    writer = LogWriter(tmp_path, 0)
+    writer.append(_call("Torch.add.0.forward"))
+    writer.flush()  # the log file is open from here on
+    synced.clear()
+    real_start = threading.Thread.start
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    open_fds = len(os.listdir("/proc/self/fd"))
+    writer.flush(True, background=True)  # must not raise
+    assert len(os.listdir("/proc/self/fd")) == open_fds  # the duplicate was closed
+    assert synced and not writer.failed and not writer._syncer.started
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    writer.append(_call("Torch.add.1.forward"))
+    writer.flush(True, background=True)
+    assert writer._syncer.started
+    _close_within(writer)
+    assert not writer.failed
+    assert _call_names(tmp_path) == ["Torch.add.0.forward", "Torch.add.1.forward"]
+
+
+def test_a_writer_dropped_without_close_ends_its_helper_thread(tmp_path):
+    import gc
+
+    writer = LogWriter(tmp_path, 0)
+    writer.append(_call("Torch.add.0.forward"))
+    writer.flush(True, background=True)
+    thread = writer._syncer._thread
+    assert thread.is_alive()
+    del writer
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_the_helper_thread_ends_when_its_writer_is_collected_on_that_thread(tmp_path):
+    """A writer in a reference cycle collected by a garbage collection that runs on its own
+    helper thread while it holds the helper's lock: the finalizer's stop() must not
+    deadlock (the lock is reentrant)."""
+    import threading
+
+    from store.bg_fsync import BackgroundFsync
+
+    syncer = BackgroundFsync("test-fsync")
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    syncer.submit(os.open(path, os.O_RDONLY))
+    assert syncer.wait() is None
+    thread = syncer._thread
+    done = []
+
+    def collect_while_holding_the_lock():
+        with syncer._cond:  # as the helper thread holds it when a collection runs the finalizer
+            syncer.stop(join=False)
+            done.append(True)
+
+    worker = threading.Thread(target=collect_while_holding_the_lock, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done, "stop() deadlocked on the helper's lock"
+    thread.join(10)
+    assert not thread.is_alive() and not syncer.started
+
+
+def test_a_forked_child_dropping_the_writer_does_not_touch_the_parents_helper(tmp_path):
+    """fork() while another thread of the parent holds the helper's lock: the child's copy
+    of the lock stays locked forever; the child dropping the writer must not stop (lock)
+    the helper, which is the parent's."""
+    import gc
+    import threading
+
+    writer = LogWriter(tmp_path, 0)
+    writer.append(_call("Torch.add.0.forward"))
+    writer.flush(True, background=True)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with writer._syncer._cond:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # child: must exit promptly
+        try:
+            del writer
+            gc.collect()
+        finally:
+            os._exit(0)
+    release.set()
+    holder.join(10)
+    deadline = __import__("time").monotonic() + 10
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if __import__("time").monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung dropping the writer")
+        __import__("time").sleep(0.02)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    writer.close()
+    assert _call_names(tmp_path) == ["Torch.add.0.forward"]
