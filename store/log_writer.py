@@ -276,7 +276,7 @@ class LogWriter:
         self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
         self._syncer = BackgroundFsync("msprobe-log-fsync")  # background step-end fsync
         # a writer dropped without close(): its helper thread ends too (not in a forked child)
-        weakref.finalize(self, _stop_syncer, self._syncer, os.getpid())
+        weakref.finalize(self, _stop_syncer, self._syncer, os.getpid()).atexit = False
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
