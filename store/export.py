@@ -326,11 +326,15 @@ class StepExporter:
         self._parts.append(rows)
         if self._stale:
             self._version += 1
+            if live:
+                rows.drop_columns()  # the rebuild reads the table
             return
         low = rows.seq_min() if live else arrow_np.int_min(rows[S.SEQ])
         if low is not None and low <= self._builder.max_seq:
             self._stale = True  # out of order: rebuild at the next write
             self._version += 1
+            if live:
+                rows.drop_columns()  # the rebuild reads the table
             return
         touched = self._builder.add_columns(*rows.take_columns()) if live else self._builder.add(rows)
         if touched:

@@ -166,6 +166,13 @@ class StepRows:
             part.calls = part.leaves = None
         return calls, leaves
 
+    def drop_columns(self) -> None:
+        """Free the Python columns without handing them out (their rows will be read from
+        :meth:`table`: the live exporter rebuilds after rows out of ``seq`` order)."""
+        self._taken = True
+        for part in self._parts:
+            part.calls = part.leaves = None
+
     @staticmethod
     def _joined(parts: list[list[list]], width: int) -> list[list]:
         if len(parts) == 1:
