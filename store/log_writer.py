@@ -37,7 +37,8 @@ Faults. An ``OSError`` (disk full, permission lost, the log file deleted: checke
 ``fstat`` at each flush) or a record Arrow cannot convert is raised once, as
 :class:`store.errors.StoreWriteError`, from the call that hit it; the writer is a no-op
 afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
-readable. Rows appended before the fault stay available to :meth:`LogWriter.take_step`.
+readable. Rows appended before a write fault stay available to :meth:`LogWriter.take_step`;
+those of a batch Arrow could not convert are dropped with it.
 
 The writer is thread-safe (hooks may fire on autograd worker threads). It writes only
 from the process that created it: in a forked child (a DataLoader worker forked while
@@ -420,8 +421,9 @@ class LogWriter:
             fsync: fsync the log file during the flush.
         Returns:
             A table with :data:`~store.schema.LOG_SCHEMA`: the call, leaf and marker rows
-            of ``step``, in write order within each flush (zero-copy slices of the flushed
-            batches: a column may hold several chunks).
+            of ``step``, in write order within each flush (the flushed batches, or the
+            rows of ``step`` selected from a batch that holds other steps too: a column
+            may hold several chunks).
         Raises:
             StoreWriteError: the flush failed (once per writer). The rows stay retained:
                 call ``take_step`` again to get them.
