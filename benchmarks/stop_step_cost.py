@@ -21,15 +21,8 @@ checkout path in stack frames replaced). Functions a checkout does not have are 
 A profile for finding where the time goes, not a timed test: compare runs of the same
 machine and load only.
 """
-import atexit
-import collections
-import hashlib
-import importlib
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 ROOT = os.environ["ROOT"]
@@ -41,8 +34,7 @@ import torch  # noqa: E402
 cfg = sys.argv[1] if len(sys.argv) > 1 else "l1_stats"
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 15
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
-from workloads import build_encoder, config_json  # noqa: E402
-from msprobe.pytorch import PrecisionDebugger  # noqa: E402
+from step_profile import FunctionTimers, json_digest, recorded_encoder  # noqa: E402
 
 TARGETS = [
     "msprobe.pytorch.debugger:PrecisionDebugger.stop",
@@ -68,64 +60,15 @@ TARGETS = [
     "store.export:StepExporter.rows",
     "threading:Thread.start",
 ]
-excl = collections.Counter()
-incl = collections.Counter()
-cnt = collections.Counter()
-stack = []
-
-
 clock = time.thread_time if os.environ.get("CLOCK") == "cpu" else time.perf_counter
-
-
-def wrap(owner, attr, label):
-    f = getattr(owner, attr)
-
-    def w(*a, **k):
-        t0 = clock()
-        stack.append(0.0)
-        try:
-            return f(*a, **k)
-        finally:
-            el = clock() - t0
-            child = stack.pop()
-            excl[label] += el - child
-            incl[label] += el
-            cnt[label] += 1
-            if stack:
-                stack[-1] += el
-    setattr(owner, attr, w)
-
-
-for t in TARGETS:
-    mod, _, q = t.partition(":")
-    try:
-        m = importlib.import_module(mod)
-    except ImportError:
-        continue
-    parts = q.split(".")
-    owner = m if len(parts) == 1 else getattr(m, parts[0])
-    if hasattr(owner, parts[-1]):
-        wrap(owner, parts[-1], q.split(".")[-1] if len(parts) == 1 else q)
-model, train_step = build_encoder(4)
-scratch = tempfile.mkdtemp()
-atexit.register(shutil.rmtree, scratch, True)
-p = os.path.join(scratch, "c.json")
-json.dump(config_json(cfg, os.path.join(scratch, "dump")), open(p, "w"))
-dbg = PrecisionDebugger(config_path=p)
-
-
-def step():
-    dbg.start(model)
-    train_step()
-    dbg.stop()
-    dbg.step()
-
+timers = FunctionTimers(clock)
+timers.wrap_targets(TARGETS)
+excl, incl, cnt = timers.excl, timers.incl, timers.cnt
+step, dbg, scratch = recorded_encoder(cfg)
 
 for i in range(2):
     step()
-excl.clear()
-incl.clear()
-cnt.clear()
+timers.clear()
 t0 = time.perf_counter()
 for i in range(N):
     step()
@@ -136,14 +79,5 @@ for k in sorted(incl, key=lambda k: -incl[k]):
     print(f"  {k:34s} n/step {cnt[k] / N:5.1f}  incl ms/step {incl[k] / N * 1e3:7.2f}  excl {excl[k] / N * 1e3:7.2f}")
 total = incl["PrecisionDebugger.stop"] + incl["PrecisionDebugger.step"]
 print(f"  stop()+step() ms/step {total / N * 1e3:.2f}")
-digest = hashlib.sha256()
 last = os.path.join(scratch, "dump", f"step{N + 1}")
-for dirpath, _, files in sorted(os.walk(last)):
-    for f in sorted(files):
-        if f.endswith(".json"):
-            digest.update(f.encode())
-            text = open(os.path.join(dirpath, f), "rb").read()
-            for root in (ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
-                text = text.replace(os.path.abspath(root).encode(), b"ROOT")
-            digest.update(text)
-print("  files digest", digest.hexdigest()[:16])
+print("  files digest", json_digest(last, (ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
