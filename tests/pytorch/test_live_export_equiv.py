@@ -11,18 +11,8 @@ from msprobe.cli import main as cli_main
 from store.export import export_log
 
 
-def _files(root):
-    out = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.endswith(".json"):
-                p = os.path.join(d, f)
-                out[os.path.relpath(p, root)] = open(p, "rb").read()
-    return out
-
-
 @pytest.mark.parametrize("async_dump,summary", [(False, "statistics"), (True, "statistics"), (False, "md5")])
-def test_live_equals_offline(tmp_path, async_dump, summary):
+def test_live_equals_offline(tmp_path, json_files, async_dump, summary):
     dump = tmp_path / "d"
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "level": "mix",
@@ -42,9 +32,9 @@ def test_live_equals_offline(tmp_path, async_dump, summary):
         opt.step(); opt.zero_grad()
         dbg.step()
     dbg.close()
-    live = _files(dump)
+    live = json_files(dump)
     export_log(dump, tmp_path / "re")
-    offline = _files(tmp_path / "re")
+    offline = json_files(tmp_path / "re")
     assert sorted(live) == sorted(offline)
     for k in live:
         assert live[k] == offline[k], k
@@ -59,7 +49,7 @@ _ODD_TEXT = "é\u2028\x00\x1f\"\\ 中 \U0001F600"
 
 
 @pytest.mark.parametrize("summary", ["statistics", "md5"])
-def test_live_equals_offline_with_odd_arguments(tmp_path, summary):
+def test_live_equals_offline_with_odd_arguments(tmp_path, json_files, summary):
     """Odd argument values through both exports: byte-identical, valid ASCII JSON, and the
     values as the Python objects were (equal leaves of different types or zero signs that
     the encoder's per-dump text cache must keep apart: 1, 1.0, True, "1", 0.0, -0.0)."""
@@ -85,9 +75,9 @@ def test_live_equals_offline_with_odd_arguments(tmp_path, summary):
         dbg.stop()
         dbg.step()
     dbg.close()
-    live = _files(dump)
+    live = json_files(dump)
     export_log(dump, tmp_path / "re")
-    offline = _files(tmp_path / "re")
+    offline = json_files(tmp_path / "re")
     assert sorted(live) == sorted(offline) and len(live) == 6
     for k in live:
         assert live[k] == offline[k], k
@@ -137,7 +127,7 @@ class _Mixed(torch.nn.Module):
 
 
 @pytest.mark.parametrize("task,level", [("statistics", "mix"), ("statistics", "L1"), ("tensor", "L1")])
-def test_live_equals_offline_with_stop_start_within_a_step(tmp_path, task, level):
+def test_live_equals_offline_with_stop_start_within_a_step(tmp_path, json_files, task, level):
     """The live export (the log writer's Python columns, no Arrow round trip) against
     `msprobe export` of the same log: several stop()/start() within one step, backward
     entries recorded after stop() and emitted at step(), parameters_grad, NaN/inf/-0.0
@@ -163,9 +153,9 @@ def test_live_equals_offline_with_stop_start_within_a_step(tmp_path, task, level
             loss.backward()  # after stop(): its backward entries are emitted at step()
         dbg.step()
     dbg.close()
-    live = _files(dump)
+    live = json_files(dump)
     assert cli_main(["export", str(dump), "-o", str(tmp_path / "re")]) == 0
-    offline = _files(tmp_path / "re")
+    offline = json_files(tmp_path / "re")
     assert sorted(live) == sorted(offline) and len(live) == 6
     for k in live:
         assert live[k] == offline[k], k

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import struct
 import sys
@@ -356,19 +355,8 @@ def test_a_value_leaf_text_that_is_not_json_raises_the_json_error():
 
 
 # --- the whole export ---------------------------------------------------------------------------
-def _json_files(root) -> dict:
-    files = {}
-    for base, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".json"):
-                path = os.path.join(base, name)
-                with open(path, "rb") as handle:
-                    files[os.path.relpath(path, root)] = handle.read()
-    return files
-
-
 @pytest.mark.parametrize("level", ["L1", "mix"])
-def test_recorded_steps_export_the_same_bytes_with_and_without_the_extension(tmp_path, monkeypatch, level):
+def test_recorded_steps_export_the_same_bytes_with_and_without_the_extension(tmp_path, monkeypatch, json_files, level):
     """Live export of recorded steps (extension on, then off) against the offline export
     of the same log with the extension in the other state: every .json byte-identical."""
     torch = pytest.importorskip("torch")
@@ -404,10 +392,10 @@ def test_recorded_steps_export_the_same_bytes_with_and_without_the_extension(tmp
             debugger.stop()
             debugger.step()
         debugger.close()
-        live = _json_files(dump)
+        live = json_files(dump)
         assert any(name.endswith("dump.json") for name in live)
         monkeypatch.setattr(record_text, "_native", None if native_on else native)
         export_log(dump, tmp_path / f"offline_{native_on}")
-        offline = _json_files(tmp_path / f"offline_{native_on}")
+        offline = json_files(tmp_path / f"offline_{native_on}")
         dumps = [name for name in live if name.endswith("dump.json")]
         assert dumps and {name: live[name] for name in dumps} == {name: offline[name] for name in dumps}

@@ -4,7 +4,6 @@ the live export fed with them writes the bytes of the offline export of the same
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -25,16 +24,6 @@ META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data
 
 class Text(str):
     """A str subclass: Arrow stores its text, reading back gives a plain str."""
-
-
-def _files(root) -> dict:
-    out = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.endswith(".json"):
-                p = os.path.join(d, f)
-                out[os.path.relpath(p, root)] = open(p, "rb").read()
-    return out
 
 
 def _tensor(io, path, dtype="torch.float32", shape=(2,), **stats):
@@ -158,7 +147,7 @@ def test_columns_equal_the_rows_read_back_for_any_value_types(tmp_path_factory, 
         assert writer.take_step_rows(None).num_entry_rows == 0
 
 
-def _live_and_offline(tmp_path, steps, *, flush_rows=5, order=None) -> tuple[dict, dict]:
+def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5, order=None) -> tuple[dict, dict]:
     """Write ``steps`` (per step: a list of events and "take" markers where the live export
     takes and writes) through a LogWriter with a live StepExporter per step; returns the
     live files and those export_log rebuilds from the log."""
@@ -185,7 +174,7 @@ def _live_and_offline(tmp_path, steps, *, flush_rows=5, order=None) -> tuple[dic
                     exporter.add(taken[i])
                 exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
     export_log(dump, tmp_path / "re")
-    return _files(dump), _files(tmp_path / "re")
+    return json_files(dump), json_files(tmp_path / "re")
 
 
 def _step(step: int, first: int) -> list:
@@ -200,15 +189,15 @@ def _step(step: int, first: int) -> list:
 
 
 @pytest.mark.parametrize("flush_rows", [1, 5, 512])
-def test_live_export_equals_offline_export(tmp_path, flush_rows):
-    live, offline = _live_and_offline(tmp_path, [_step(0, 0), _step(1, 10)], flush_rows=flush_rows)
+def test_live_export_equals_offline_export(tmp_path, json_files, flush_rows):
+    live, offline = _live_and_offline(tmp_path, json_files, [_step(0, 0), _step(1, 10)], flush_rows=flush_rows)
     assert sorted(live) == sorted(offline) and len(live) == 6
     for name in live:
         assert live[name] == offline[name], name
 
 
-def test_live_export_equals_offline_export_with_parts_out_of_seq_order(tmp_path):
-    live, offline = _live_and_offline(tmp_path, [_step(0, 0)], order=(2, 0, 1))
+def test_live_export_equals_offline_export_with_parts_out_of_seq_order(tmp_path, json_files):
+    live, offline = _live_and_offline(tmp_path, json_files, [_step(0, 0)], order=(2, 0, 1))
     assert sorted(live) == sorted(offline) and len(live) == 3
     for name in live:
         assert live[name] == offline[name], name
@@ -231,7 +220,7 @@ def test_rows_table_is_take_step(tmp_path):
         assert writer._retained == []
 
 
-def test_rows_out_of_seq_order_free_their_python_columns(tmp_path):
+def test_rows_out_of_seq_order_free_their_python_columns(tmp_path, json_files):
     """Parts added while the exporter must rebuild (rows out of seq order) are read from
     their tables by the rebuild: their Python columns are freed at once, not held until
     the step ends. The files still equal the offline export."""
@@ -249,7 +238,7 @@ def test_rows_out_of_seq_order_free_their_python_columns(tmp_path):
             assert all(part.calls is None and part.leaves is None for part in rows._parts)
         exporter.write(writer.stacks(), META, dump / "step0" / "rank")
     export_log(dump, tmp_path / "re")
-    live, offline = _files(dump), _files(tmp_path / "re")
+    live, offline = json_files(dump), json_files(tmp_path / "re")
     assert sorted(live) == sorted(offline) and len(live) == 3
     for name in live:
         assert live[name] == offline[name], name
