@@ -26,11 +26,11 @@ _PG_SUFFIX = "." + S.PARAMETERS_GRAD
 _FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
 #: the columns of the leaf rows and of the call rows that :class:`EntryBuilder` reads, in
 #: the order :meth:`EntryBuilder.add_columns` takes them (``seq`` first)
-LEAF_COLUMNS = _LEAF_COLUMNS = (
+LEAF_COLUMNS = (
     S.SEQ, S.IO, S.PATH, S.LEAF_KIND, S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN,
     S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
 )
-CALL_COLUMNS = _CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
 _CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
@@ -318,8 +318,8 @@ class EntryBuilder:
         if rows.num_rows == 0:
             return set()
         row_column = rows[S.ROW].combine_chunks()
-        return self.add_columns(_rows_as_lists(rows, row_column, S.ROW_CALL, _CALL_COLUMNS),
-                                _rows_as_lists(rows, row_column, S.ROW_LEAF, _LEAF_COLUMNS))
+        return self.add_columns(_rows_as_lists(rows, row_column, S.ROW_CALL, CALL_COLUMNS),
+                                _rows_as_lists(rows, row_column, S.ROW_LEAF, LEAF_COLUMNS))
 
     def add_columns(self, calls: list[list], leaves: list[list]) -> set[str]:
         """:meth:`add` of rows given as Python columns: ``calls`` the :data:`CALL_COLUMNS`

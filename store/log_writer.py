@@ -65,7 +65,7 @@ from store.fileutil import FILE_MODE, make_dirs
 from store.bg_fsync import BackgroundFsync
 from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
-from store.step_rows import Part, StepRows, make_part
+from store.step_rows import Part, StepRows, all_none, make_part
 
 
 __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name", "parse_log_file_name", "other_process_logs"]
@@ -119,12 +119,6 @@ def _leaf_values(leaves: list[Leaf]) -> tuple[list, list]:
     return list(fields[_PATH_INDEX]), [list(fields[i]) for i in _LEAF_COLUMN_INDEX]
 
 _COMPACT = (",", ":")
-
-
-def _all_none(values: list) -> bool:
-    """True when every item of the non-empty list ``values`` is None (the ends first: cheap
-    for a column with values)."""
-    return values[0] is None and values[-1] is None and values.count(None) == len(values)
 
 
 def _stop_syncer(syncer: BackgroundFsync, pid: int) -> None:
@@ -639,7 +633,7 @@ class LogWriter:
                 values = [S.ROW_CALL] * nc + [S.ROW_LEAF] * nl + [S.ROW_STACK] * ns + [S.ROW_MARKER] * nm
             else:
                 present = [rows[name] for rows, count in sections if count and name in rows]
-                if name != S.FRAMES and all(map(_all_none, present)):
+                if name != S.FRAMES and all(map(all_none, present)):
                     # all null: pa.nulls writes the same IPC bytes as pa.array of Nones for
                     # every column type but list<string> (frames), and costs less
                     arrays.append(pa.nulls(n, field.type))

@@ -121,13 +121,24 @@ def _record_text(record: tuple, frame: _Frame) -> str:
     try:
         return _record_fast(record, frame)
     except (TypeError, ValueError):
-        try:
-            plain = _tensor_record(*record)
-        except TypeError:
-            raise _NotPlainJson from None  # not a record: the caller falls back to json.dumps
-        out: list = []
-        _encode_plain(plain, frame.indent, out)
-        return "".join(out)
+        return _record_dict_text(record, frame.indent)
+
+
+def _record_dict_text(record: tuple, indent: str) -> str:
+    """The text of ``record`` nested at ``indent``, written from its
+    :func:`store.entries._tensor_record` dict by the plain-JSON encoder (any field types).
+
+    Raises:
+        store.json_text._NotPlainJson: not a record, or not plain JSON (the caller falls
+            back to ``json.dumps``).
+    """
+    try:
+        plain = _tensor_record(*record)
+    except TypeError:
+        raise _NotPlainJson from None  # not a record: the caller falls back to json.dumps
+    out: list = []
+    _encode_plain(plain, indent, out)
+    return "".join(out)
 
 
 def _value_text(value_json: str, indent: str) -> str:
@@ -164,13 +175,7 @@ def _leaf_text(leaf: tuple, indent: str) -> str:
     else:
         if len(leaf) == 1:
             return _value_text(leaf[0], indent)
-    try:
-        plain = _tensor_record(*leaf)
-    except TypeError:
-        raise _NotPlainJson from None  # not a record
-    out: list = []
-    _encode_plain(plain, indent, out)
-    return "".join(out)
+    return _record_dict_text(leaf, indent)
 
 
 def records_encoder() -> Callable[[Any, str, list], None]:

@@ -35,7 +35,7 @@ from store import arrow_np
 from store import schema as S
 from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 
-__all__ = ["Part", "StepRows", "make_part"]
+__all__ = ["Part", "StepRows", "all_none", "make_part"]
 
 _NONE = type(None)
 #: columns the writer builds itself: their values are exact by construction
@@ -58,11 +58,17 @@ def _python_type(kind: pa.DataType) -> Optional[type]:
 _EXACT = {field.name: _python_type(field.type) for field in S.LOG_SCHEMA}
 
 
+def all_none(values: list) -> bool:
+    """True when every item of the non-empty list ``values`` is None (the ends first: cheap
+    for a column with values)."""
+    return values[0] is None and values[-1] is None and values.count(None) == len(values)
+
+
 def _as_logged(name: str, values: list, batch: pa.RecordBatch, start: int) -> list:
     """``values`` (the Python values that became rows ``start`` on of column ``name`` of
     ``batch``) when reading those rows back gives values equal to them and of the same
     types; else the rows read back."""
-    if name in _WRITER_MADE or not values or (values[0] is None and values.count(None) == len(values)):
+    if name in _WRITER_MADE or not values or all_none(values):
         return values
     kinds = set(map(type, values))
     kinds.discard(_NONE)
