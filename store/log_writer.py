@@ -445,6 +445,20 @@ class LogWriter:
             self._retained = kept
             return StepRows(taken)
 
+    def drop_step_rows(self, step: int) -> None:
+        """Forget the retained rows of ``step`` without handing them out: the caller is done
+        with the step (its last :meth:`take_step_rows` came before rows that were flushed
+        later, such as the ``step_end`` marker, which would otherwise stay retained for the
+        writer's life: one small batch per step). Pending rows are not flushed; nothing is
+        written."""
+        with self._lock:
+            kept = []
+            for part in self._retained:
+                other = part.split(int(step))[1]
+                if other is not None:
+                    kept.append(other)
+            self._retained = kept
+
     def stacks(self) -> dict[int, tuple[str, ...]]:
         """Every stack appended to this writer so far: ``{stack_id: frames}``."""
         with self._lock:

@@ -251,9 +251,10 @@ class Session:
             if self._writer is not None and self._opened_step == self.step and not self.failed:
                 self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
-                if not self._emitted:  # nothing recorded: forget the markers kept for take_step
-                    self._guard(self._writer.take_step_rows, self.step)
                 self._guard(functools.partial(self._writer.flush, True, background=True))
+                # the step is exported: the rows flushed since (the step_end marker, or every
+                # marker of a step that recorded nothing) are not kept for a take_step
+                self._guard(self._writer.drop_step_rows, self.step)
             self._step_export = StepExporter(self._step_export)  # reuses member texts
             self._tensors_done = set()
             if self.config.level != "debug":  # debug level: one directory for the whole run
