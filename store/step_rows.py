@@ -86,14 +86,15 @@ class Part:
     """One flushed batch of the log: the batch (rows: ``nc`` calls, ``nl`` leaves, ``ns``
     stacks, then markers) and the Python columns of its call and leaf rows."""
 
-    __slots__ = ("batch", "nc", "nl", "ns", "calls", "leaves")
+    __slots__ = ("batch", "nc", "nl", "ns", "calls", "leaves", "steps")
 
     def __init__(self, batch: pa.RecordBatch, nc: int, nl: int, ns: int,
-                 calls: list[list], leaves: list[list]) -> None:
+                 calls: list[list], leaves: list[list], steps: Optional[frozenset] = None) -> None:
         self.batch = batch
         self.nc, self.nl, self.ns = nc, nl, ns
         self.calls = calls  # CALL_COLUMNS order
         self.leaves = leaves  # LEAF_COLUMNS order
+        self.steps = steps  # the steps of the non-stack rows, None when not known
 
     def rows(self) -> pa.Table:
         """The call, leaf and marker rows of the batch (stack rows left out), in order."""
@@ -109,8 +110,13 @@ class Part:
         when it holds only one of the two; its stack rows are ignored, see :meth:`rows`)."""
         batch = self.batch
         n, cut = batch.num_rows, self.nc + self.nl
-        if step is None:
+        if step is None or n == self.ns:
             return (self if n > self.ns else None), None
+        if self.steps is not None:  # known without reading the step column
+            if int(step) not in self.steps:
+                return None, self
+            if len(self.steps) == 1:
+                return self, None
         steps = arrow_np.values(batch.column(S.STEP))
         not_stack = np.ones(n, dtype=bool)
         not_stack[cut:cut + self.ns] = False
@@ -135,13 +141,15 @@ class Part:
 
 
 def make_part(batch: pa.RecordBatch, nc: int, nl: int, ns: int,
-              calls: Sequence[list], leaves: Sequence[list]) -> Part:
+              calls: Sequence[list], leaves: Sequence[list], steps: Optional[frozenset] = None) -> Part:
     """The :class:`Part` of a batch just built from Python lists: ``calls``/``leaves`` the
     lists the :data:`CALL_COLUMNS`/:data:`LEAF_COLUMNS` of its call/leaf rows were made from
-    (in that order), each kept or replaced by the rows read back (see the module docstring)."""
+    (in that order), each kept or replaced by the rows read back (see the module docstring);
+    ``steps``: the steps of its call, leaf and marker rows (None: read from the batch when
+    :meth:`Part.split` needs them)."""
     call_lists = [_as_logged(name, values, batch, 0) for name, values in zip(CALL_COLUMNS, calls)]
     leaf_lists = [_as_logged(name, values, batch, nc) for name, values in zip(LEAF_COLUMNS, leaves)]
-    return Part(batch, nc, nl, ns, call_lists, leaf_lists)
+    return Part(batch, nc, nl, ns, call_lists, leaf_lists, steps)
 
 
 class StepRows:

@@ -185,13 +185,16 @@ class Recorder:
                 plan = None
             # a call that writes in place (maybe through an alias with its own version
             # counter) makes the statistics of what it may write stale (msprobe.pytorch.stats_memo)
-            if memo.entries:
-                self._forget_written(memo, family, key, original, args, kwargs)
+            writes = self._writes(family, key, original, args, kwargs) if memo.entries else None
+            if writes:
+                _forget(memo, writes, args, kwargs)
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)
                 if memo.entries:  # again: another thread may have recorded them meanwhile
-                    self._forget_written(memo, family, key, original, args, kwargs)
+                    if writes is None:
+                        writes = self._writes(family, key, original, args, kwargs)
+                    _forget(memo, writes, args, kwargs)
                 if closing is not None:
                     self.scope.exit(closing)
                 return out
@@ -204,7 +207,9 @@ class Recorder:
             else:
                 out = original(*plan.args, **plan.kwargs)
             if memo.entries:  # again: another thread may have recorded them meanwhile
-                self._forget_written(memo, family, key, original, args, kwargs)
+                if writes is None:
+                    writes = self._writes(family, key, original, args, kwargs)
+                _forget(memo, writes, args, kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
@@ -216,17 +221,14 @@ class Recorder:
         finally:
             tls.busy = False
 
-    def _forget_written(self, memo: Any, family: str, key: str, original: Any, args: tuple, kwargs: dict) -> None:
-        """Make ``memo`` forget what the call ``original(*args, **kwargs)`` may write
-        (:class:`~msprobe.pytorch.mutation.WriteRule`); run before and after the call."""
+    def _writes(self, family: str, key: str, original: Any, args: tuple, kwargs: dict) -> int:
+        """How the call ``original(*args, **kwargs)`` of API ``key`` may write its
+        arguments: READS, WRITES_ARGS or WRITES_ANY (:class:`~msprobe.pytorch.mutation.WriteRule`,
+        built once per API)."""
         rule = self._write_rules.get(key)
         if rule is None:
             rule = self._write_rules[key] = WriteRule(family, key.split(".", 1)[-1], original)
-        writes = rule.check(args, kwargs)
-        if writes == WRITES_ARGS:
-            memo.release(args, kwargs)
-        elif writes == WRITES_ANY:
-            memo.clear()
+        return rule.check(args, kwargs)
 
     def _api_before(self, family: str, key: str, args: tuple, kwargs: dict) -> Optional[_ApiPlan]:
         s = self.session
@@ -509,6 +511,15 @@ class Recorder:
     def internal_error(self, exc: BaseException) -> None:
         """Log an internal error once and stop recording (:meth:`Session.internal_error`)."""
         self.session.internal_error(exc)
+
+
+def _forget(memo: Any, writes: int, args: tuple, kwargs: dict) -> None:
+    """Make ``memo`` forget what a call with ``args``/``kwargs`` may write (``writes``: a
+    :meth:`Recorder._writes` result); run before and after the call."""
+    if writes == WRITES_ARGS:
+        memo.release(args, kwargs)
+    elif writes == WRITES_ANY:
+        memo.clear()
 
 
 def _with_path(leaf, path: tuple):
