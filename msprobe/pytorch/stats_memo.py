@@ -211,7 +211,11 @@ class StatsMemo:
             if old is not None and old[3] != entry[3]:
                 self._unindex(key, old[3])
             entries[key] = entry
-            self._by_storage.setdefault(entry[3], set()).add(key)
+            keys = self._by_storage.get(start)
+            if keys is None:
+                self._by_storage[start] = {key}
+            else:
+                keys.add(key)
             if entry[6]:
                 self._foreign.add(key)
             else:
