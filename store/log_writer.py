@@ -126,23 +126,24 @@ _COLUMNS = tuple((field.name, field.type) for field in S.LOG_SCHEMA)
 #: the columns a marker row fills
 _MARKER_FILLED = frozenset({S.RANK, S.ROW, S.STEP, S.SEQ, S.KIND, S.META})
 #: marker batches of n rows (n up to 8): the all-null arrays of the columns a marker row
-#: leaves empty, None for the others; immutable arrays, shared by every writer
-_MARKER_NULLS: dict[int, list] = {}
+#: leaves empty, None for the others; tuples of immutable arrays, shared by every writer
+_MARKER_NULLS: dict[int, tuple] = {}
 
 
-def _null_column(name: str, kind: pa.DataType, n: int) -> pa.Array:
-    """An all-null array of ``n`` rows for the log column ``name`` of type ``kind``, as
-    :meth:`LogWriter._build_batch` writes it: ``pa.nulls``, but ``pa.array`` of Nones for
-    ``frames`` (list<string>), whose IPC bytes differ."""
-    return pa.array([None] * n, type=kind) if name == S.FRAMES else pa.nulls(n, kind)
+def _null_column(name: str, arrow_type: pa.DataType, n: int) -> pa.Array:
+    """An all-null array of ``n`` rows for the log column ``name`` of type ``arrow_type``,
+    as :meth:`LogWriter._build_batch` writes it: ``pa.nulls``, but ``pa.array`` of Nones
+    for ``frames`` (list<string>), whose IPC bytes differ."""
+    return pa.array([None] * n, type=arrow_type) if name == S.FRAMES else pa.nulls(n, arrow_type)
 
 
-def _marker_nulls(n: int) -> list:
+def _marker_nulls(n: int) -> tuple:
     """The all-null columns of a marker batch of ``n`` rows (None where a marker row has a
     value), in schema order; cached for ``n`` up to 8."""
     nulls = _MARKER_NULLS.get(n)
     if nulls is None:
-        nulls = [None if name in _MARKER_FILLED else _null_column(name, kind, n) for name, kind in _COLUMNS]
+        nulls = tuple(None if name in _MARKER_FILLED else _null_column(name, arrow_type, n)
+                      for name, arrow_type in _COLUMNS)
         if n <= 8:
             _MARKER_NULLS[n] = nulls
     return nulls
@@ -477,7 +478,14 @@ class LogWriter:
         with the step (its last :meth:`take_step_rows` came before rows that were flushed
         later, such as the ``step_end`` marker, which would otherwise stay retained for the
         writer's life: one small batch per step). Pending rows are not flushed; nothing is
-        written."""
+        written.
+
+        Args:
+            step: the step whose retained rows are forgotten (rows of other steps, also in
+                the same flushed batch, are kept).
+        Raises:
+            TypeError: ``step`` is not an integer (None included).
+        """
         with self._lock:
             kept = []
             for part in self._retained:
@@ -620,8 +628,8 @@ class LogWriter:
         n = len(markers)
         filled = {S.RANK: [self._rank] * n, S.ROW: [S.ROW_MARKER] * n, S.STEP: [m.step for m in markers],
                   S.SEQ: seqs, S.KIND: [m.kind for m in markers], S.META: meta}
-        arrays = [pa.array(filled[name], type=kind) if null is None else null
-                  for (name, kind), null in zip(_COLUMNS, _marker_nulls(n))]
+        arrays = [pa.array(filled[name], type=arrow_type) if null is None else null
+                  for (name, arrow_type), null in zip(_COLUMNS, _marker_nulls(n))]
         return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
 
     def _build_batch(self) -> Part:
@@ -681,7 +689,7 @@ class LogWriter:
         }
         sections = ((call_cols, nc), (leaf_cols, nl), (stack_cols, ns), (marker_cols, nm))
         arrays = []
-        for name, kind in _COLUMNS:
+        for name, arrow_type in _COLUMNS:
             if name == S.RANK:
                 values = [self._rank] * n
             elif name == S.ROW:
@@ -691,13 +699,13 @@ class LogWriter:
                 if name != S.FRAMES and all(map(all_none, present)):
                     # all null: pa.nulls writes the same IPC bytes as pa.array of Nones for
                     # every column type but list<string> (frames), and costs less
-                    arrays.append(pa.nulls(n, kind))
+                    arrays.append(pa.nulls(n, arrow_type))
                     continue
                 values = []
                 for rows, count in sections:
                     if count:
                         values += rows[name] if name in rows else [None] * count
-            arrays.append(pa.array(values, type=kind))
+            arrays.append(pa.array(values, type=arrow_type))
         batch = pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
         none_l = [None] * nl
         return make_part(batch, nc, nl, ns, [call_cols[name] for name in CALL_COLUMNS],

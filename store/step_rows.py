@@ -84,7 +84,10 @@ def _as_logged(name: str, values: list, batch: pa.RecordBatch, start: int) -> li
 
 class Part:
     """One flushed batch of the log: the batch (rows: ``nc`` calls, ``nl`` leaves, ``ns``
-    stacks, then markers) and the Python columns of its call and leaf rows."""
+    stacks, then markers) and the Python columns of its call and leaf rows.
+
+    ``steps``: the steps of its call, leaf and marker rows when the writer knows them (a
+    frozenset; :meth:`split` then need not read the step column), None otherwise."""
 
     __slots__ = ("batch", "nc", "nl", "ns", "calls", "leaves", "steps")
 

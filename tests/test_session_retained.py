@@ -3,11 +3,18 @@ start() writes the skeleton without taking rows (the start marker is still flush
 from __future__ import annotations
 
 import json
+import threading
 
 import torch
 
 from msprobe.pytorch import PrecisionDebugger
+from store import schema as S
+from store.entries import CALL_COLUMNS
 from store.log_reader import read_log
+from store.log_writer import LogWriter
+from store.records import Call, Leaf, Marker
+
+META = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
 
 
 def test_empty_steps_leave_no_retained_rows(tmp_path):
@@ -46,7 +53,6 @@ def test_recorded_steps_leave_no_retained_rows(tmp_path):
         dbg.step()
         writer = dbg.session._writer
         assert writer._retained == [] and writer._pending_rows == 0
-        assert writer.take_step_rows(None).num_entry_rows == 0
     dbg.close()
     rows = read_log(tmp_path / "d").table.to_pylist()
     markers = [(r["step"], r["kind"]) for r in rows if r["row"] == "marker"]
@@ -56,16 +62,76 @@ def test_recorded_steps_leave_no_retained_rows(tmp_path):
         assert data["Functional.linear.0.forward"]["input_args"][0]["Max"] == float(step)
 
 
-def test_drop_step_rows_keeps_other_steps(tmp_path):
-    """LogWriter.drop_step_rows forgets the retained rows of one step only."""
-    from store.log_writer import LogWriter
-    from store.records import Marker
+def _call(step: int, name: str) -> Call:
+    return Call(step=step, kind="api_forward", name=name, api_type="Torch",
+                leaves=(Leaf(io="output", path=(0,), leaf_kind="none"),))
 
-    meta = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
-    with LogWriter(tmp_path, 0, flush_rows=1, flush_interval_s=3600) as writer:
-        for step in (0, 1, 2):
-            writer.append_marker(Marker(step=step, kind="start", meta=meta))
+
+def test_drop_step_rows_keeps_other_steps(tmp_path):
+    """LogWriter.drop_step_rows forgets the retained rows of one step only, also inside one
+    flushed batch holding rows of steps 0, 1 and 2 (the other steps keep their rows and
+    their Python columns)."""
+    with LogWriter(tmp_path, 0, flush_rows=10**6, flush_interval_s=3600) as writer:
+        writer.append(_call(0, "Torch.a.0.forward"))
+        writer.append_marker(Marker(step=1, kind="start", meta=META))
+        writer.append(_call(1, "Torch.b.0.forward"))
+        writer.append(_call(2, "Torch.c.0.forward"))
+        writer.flush()
+        assert len(writer._retained) == 1
         writer.drop_step_rows(1)
         assert writer.take_step_rows(1).table().num_rows == 0
-        assert writer.take_step_rows(0).table().column("step").to_pylist() == [0]
-        assert writer.take_step_rows(None).table().column("step").to_pylist() == [2]
+        rows0 = writer.take_step_rows(0)
+        assert rows0.table().column(S.NAME).to_pylist() == ["Torch.a.0.forward", "Torch.a.0.forward"]
+        calls, _ = rows0.take_columns()
+        assert rows0.num_entry_rows == 2 and calls[CALL_COLUMNS.index(S.NAME)] == ["Torch.a.0.forward"]
+        rows2 = writer.take_step_rows(2).table()
+        assert rows2.column(S.NAME).to_pylist() == ["Torch.c.0.forward", "Torch.c.0.forward"]
+        assert writer._retained == []
+
+
+class _SignallingLock:
+    """A session lock wrapper: sets ``waiting`` when a thread other than ``owner`` asks for it."""
+
+    def __init__(self, inner, owner):
+        self.inner, self.owner, self.waiting = inner, owner, threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread() is not self.owner:
+            self.waiting.set()
+        self.inner.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.inner.release()
+
+
+def test_entry_racing_step_end_is_neither_logged_nor_retained(tmp_path):
+    """An entry of step 0 emitted by another thread that passed Session.emit's open_step
+    check while step() held the session lock is dropped once it gets the lock: not appended
+    after step 0's step_end marker (offline export of step 0 would then differ from the live
+    one), not kept in the writer's retained rows for the rest of the run."""
+    model = torch.nn.Linear(2, 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    session = dbg.session
+    dbg.start(model)
+    model(torch.ones(1, 2))
+    dbg.stop()
+    lock = session._lock = _SignallingLock(session._lock, threading.current_thread())
+    late = threading.Thread(target=session.emit, args=(_call(0, "Torch.late.0.forward"),))
+    with lock:
+        late.start()
+        assert lock.waiting.wait(10)  # the thread passed open_step(0) and waits for the lock
+        dbg.step()
+    late.join(10)
+    for _ in range(2):  # two more steps, each exported completely
+        dbg.start(model)
+        model(torch.ones(1, 2))
+        dbg.stop()
+        dbg.step()
+    writer = session._writer
+    retained = [r for part in writer._retained for r in part.rows().to_pylist()]
+    dbg.close()
+    names = [r[S.NAME] for r in read_log(tmp_path / "d").table.to_pylist()
+             if r[S.ROW] == S.ROW_CALL and r[S.STEP] == 0]
+    assert retained == [] and "Torch.late.0.forward" not in names
+    assert names == ["Functional.linear.0.forward"]

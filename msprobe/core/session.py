@@ -307,6 +307,8 @@ class Session:
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
         with self._lock:
+            if not self.open_step(call.step):  # step() ended it while this thread waited for the lock
+                return
             if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
                 call = dataclasses.replace(call, leaves=self._named(call))
             for sid, frames in self.stacks.drain():
