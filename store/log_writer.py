@@ -123,30 +123,23 @@ _COMPACT = (",", ":")
 #: (name, type) of every log column, in schema order (iterating ``LOG_SCHEMA`` makes new
 #: Field objects each time)
 _COLUMNS = tuple((field.name, field.type) for field in S.LOG_SCHEMA)
-#: the columns a marker row fills
-_MARKER_FILLED = frozenset({S.RANK, S.ROW, S.STEP, S.SEQ, S.KIND, S.META})
-#: marker batches of n rows (n up to 8): the all-null arrays of the columns a marker row
-#: leaves empty, None for the others; tuples of immutable arrays, shared by every writer
-_MARKER_NULLS: dict[int, tuple] = {}
+#: all-null columns of a few rows, by (column name, rows): immutable arrays, shared by every
+#: writer (a flush of a lone marker, at start() and step(), leaves 28 of 34 columns empty)
+_NULLS: dict[tuple[str, int], pa.Array] = {}
 
 
 def _null_column(name: str, arrow_type: pa.DataType, n: int) -> pa.Array:
-    """An all-null array of ``n`` rows for the log column ``name`` of type ``arrow_type``,
-    as :meth:`LogWriter._build_batch` writes it: ``pa.nulls``, but ``pa.array`` of Nones
-    for ``frames`` (list<string>), whose IPC bytes differ."""
-    return pa.array([None] * n, type=arrow_type) if name == S.FRAMES else pa.nulls(n, arrow_type)
-
-
-def _marker_nulls(n: int) -> tuple:
-    """The all-null columns of a marker batch of ``n`` rows (None where a marker row has a
-    value), in schema order; cached for ``n`` up to 8."""
-    nulls = _MARKER_NULLS.get(n)
-    if nulls is None:
-        nulls = tuple(None if name in _MARKER_FILLED else _null_column(name, arrow_type, n)
-                      for name, arrow_type in _COLUMNS)
+    """An all-null array of ``n`` rows for the log column ``name`` of type ``arrow_type``:
+    ``pa.nulls``, which writes the same IPC bytes as ``pa.array`` of Nones for every column
+    type but list<string> (``frames``, which gets ``pa.array`` of Nones); cached for ``n``
+    up to 8."""
+    key = (name, n)
+    array = _NULLS.get(key)
+    if array is None:
+        array = pa.array([None] * n, type=arrow_type) if name == S.FRAMES else pa.nulls(n, arrow_type)
         if n <= 8:
-            _MARKER_NULLS[n] = nulls
-    return nulls
+            _NULLS[key] = array
+    return array
 
 
 def _stop_syncer(syncer: BackgroundFsync, pid: int) -> None:
@@ -463,15 +456,7 @@ class LogWriter:
         with self._lock:
             if not (self._failed or self._closed):
                 self._flush_locked(fsync)
-            taken, kept = [], []
-            for part in self._retained:
-                mine, other = part.split(step)
-                if mine is not None:
-                    taken.append(mine)
-                if other is not None:
-                    kept.append(other)
-            self._retained = kept
-            return StepRows(taken)
+            return StepRows(self._split_retained(step))
 
     def drop_step_rows(self, step: int) -> None:
         """Forget the retained rows of ``step`` without handing them out: the caller is done
@@ -487,12 +472,20 @@ class LogWriter:
             TypeError: ``step`` is not an integer (None included).
         """
         with self._lock:
-            kept = []
-            for part in self._retained:
-                other = part.split(int(step))[1]
-                if other is not None:
-                    kept.append(other)
-            self._retained = kept
+            self._split_retained(int(step))
+
+    def _split_retained(self, step: Optional[int]) -> list[Part]:
+        """Remove the rows of ``step`` (every step when None) from the retained parts and
+        return them, as parts in flush order; under ``_lock``."""
+        taken, kept = [], []
+        for part in self._retained:
+            mine, other = part.split(step)
+            if mine is not None:
+                taken.append(mine)
+            if other is not None:
+                kept.append(other)
+        self._retained = kept
+        return taken
 
     def stacks(self) -> dict[int, tuple[str, ...]]:
         """Every stack appended to this writer so far: ``{stack_id: frames}``."""
@@ -621,17 +614,6 @@ class LogWriter:
             self._keys_text[keys] = cached
         return cached
 
-    def _marker_batch(self, markers: list[Marker], seqs: list[int], meta: list[str]) -> pa.RecordBatch:
-        """The record batch of marker rows only: the columns a marker row fills, and
-        all-null arrays for the others (:func:`_marker_nulls`: the same bytes
-        :meth:`_build_batch`'s general path writes, at a fifth of its cost)."""
-        n = len(markers)
-        filled = {S.RANK: [self._rank] * n, S.ROW: [S.ROW_MARKER] * n, S.STEP: [m.step for m in markers],
-                  S.SEQ: seqs, S.KIND: [m.kind for m in markers], S.META: meta}
-        arrays = [pa.array(filled[name], type=arrow_type) if null is None else null
-                  for (name, arrow_type), null in zip(_COLUMNS, _marker_nulls(n))]
-        return pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
-
     def _build_batch(self) -> Part:
         """Turn the pending records into one record batch (rows: calls, leaves, stacks,
         markers), kept with the Python columns of its call and leaf rows
@@ -648,9 +630,6 @@ class LogWriter:
         nc, nl, ns, nm = len(calls), len(leaves), len(stacks), len(markers)
         n = nc + nl + ns + nm
         steps = frozenset(m.step for m in markers).union(c.step for c in calls)  # leaves: their calls' steps
-        if n == nm:  # markers only: start() and step() flush a lone marker
-            return make_part(self._marker_batch(markers, marker_seqs, marker_meta), 0, 0, 0,
-                             [[] for _ in CALL_COLUMNS], [[] for _ in LEAF_COLUMNS], steps)
         owners = [calls[i] for i in owner]
 
         # the values of the call rows and of the leaf rows, one list per column; padded with
@@ -696,10 +675,8 @@ class LogWriter:
                 values = [S.ROW_CALL] * nc + [S.ROW_LEAF] * nl + [S.ROW_STACK] * ns + [S.ROW_MARKER] * nm
             else:
                 present = [rows[name] for rows, count in sections if count and name in rows]
-                if name != S.FRAMES and all(map(all_none, present)):
-                    # all null: pa.nulls writes the same IPC bytes as pa.array of Nones for
-                    # every column type but list<string> (frames), and costs less
-                    arrays.append(pa.nulls(n, arrow_type))
+                if all(map(all_none, present)):
+                    arrays.append(_null_column(name, arrow_type, n))
                     continue
                 values = []
                 for rows, count in sections:

@@ -185,15 +185,13 @@ class Recorder:
                 plan = None
             # a call that writes in place (maybe through an alias with its own version
             # counter) makes the statistics of what it may write stale (msprobe.pytorch.stats_memo)
-            writes = self._writes(family, key, original, args, kwargs) if memo.entries else None
-            if writes:
+            writes = self._writes(family, key, original, args, kwargs)
+            if writes and memo.entries:
                 _forget(memo, writes, args, kwargs)
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)
-                if memo.entries:  # again: another thread may have recorded them meanwhile
-                    if writes is None:
-                        writes = self._writes(family, key, original, args, kwargs)
+                if writes and memo.entries:  # again: another thread may have recorded them meanwhile
                     _forget(memo, writes, args, kwargs)
                 if closing is not None:
                     self.scope.exit(closing)
@@ -206,9 +204,7 @@ class Recorder:
                     tls.busy = True
             else:
                 out = original(*plan.args, **plan.kwargs)
-            if memo.entries:  # again: another thread may have recorded them meanwhile
-                if writes is None:
-                    writes = self._writes(family, key, original, args, kwargs)
+            if writes and memo.entries:  # again: another thread may have recorded them meanwhile
                 _forget(memo, writes, args, kwargs)
             try:
                 return self._api_after(plan, out)

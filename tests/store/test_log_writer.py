@@ -402,9 +402,10 @@ def test_one_leaf_given_as_the_leaves_is_rejected_at_append(tmp_path):
 
 @pytest.mark.parametrize("count", [1, 2, 9])
 def test_marker_only_batch_bytes(tmp_path, count):
-    """A flush of markers only (start() and step() flush a lone marker) takes a shorter path
-    with cached all-null columns: its IPC bytes equal those of the same rows built by
-    pyarrow from Python dicts (the general path's bytes), for cached and uncached sizes."""
+    """A flush of markers only (start() and step() flush a lone marker) leaves most columns
+    all-null, which the writer takes from its cache of null columns: the IPC bytes equal
+    those of the same rows built by pyarrow from Python dicts, for cached (up to 8 rows) and
+    uncached sizes, and a second batch from the cache holds its own values."""
     import pyarrow as pa
 
     with LogWriter(tmp_path, 5, flush_rows=100, flush_interval_s=3600) as writer:
