@@ -30,7 +30,7 @@ import torch
 
 from msprobe.core.arrays import array_stats
 from msprobe.core.statistics import TensorStats
-from msprobe.core.values import MAX_DEPTH, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
+from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
@@ -41,7 +41,7 @@ from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, 
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES
-from store.records import Leaf, make_leaf
+from store.records import LEAF_FIELDS, Leaf, make_leaf
 
 _copy = torch._C.TensorBase.copy_
 _detach = torch._C.TensorBase.detach
@@ -145,7 +145,7 @@ class LeafBuilder:
     """
 
     __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
-                 "_snapshot", "_page_args")
+                 "_snapshot", "_page_args", "_texts")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
@@ -170,6 +170,7 @@ class LeafBuilder:
         # large snapshots start on a page (a tensor file or shard then writes them without
         # another copy: store.direct_io); None where the extension predates snapshot_at's align
         self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
+        self._texts = _ValueTexts()  # record texts of the scalars met (leaves)
 
     def _align(self, nbytes: int) -> tuple:
         """snapshot_at's arguments after ``kind`` for a snapshot of ``nbytes`` bytes:
@@ -190,11 +191,9 @@ class LeafBuilder:
         # plain contiguous CPU tensor
         if (self.defer is None and not self.md5 and self.with_data and not self.defer_all
                 and NATIVE is not None and self.memo.layout_free):
-            kind = _native_kind(t)
-            if kind is not None:
-                leaf = self._plain_leaf(io, path, t, keep, kind, t.numel())
-                if leaf is not None:
-                    return leaf
+            leaf = self._plain_leaf(io, path, t, keep)
+            if leaf is not None:
+                return leaf
         if t.is_nested:
             return self._nested_leaf(io, path, t)
         if _transforms_active():
@@ -298,21 +297,39 @@ class LeafBuilder:
                     max_finite=st.max_finite, min_finite=st.min_finite, crc32=crc,
                     requires_grad=requires_grad, has_nan=st.has_nan, has_inf=st.has_inf)
 
-    def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool, kind: int, n: int) -> Optional[Leaf]:
+    def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool) -> Optional[Leaf]:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
-        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32:
-        the same payload (task tensor), memo, statistics and leaf as the general path, with
-        the memo key computed once and no per-step helper calls (each costs microseconds
-        with the caches a training step leaves behind: ``benchmarks/cold_python.py``).
-        None (the caller takes the general path) for a tensor without a data pointer
-        (``torch.func.functionalize``'s wrappers report storage bytes but none), and with a
-        payload to take inside ``torch.func`` transforms (see :meth:`tensor_leaf`)."""
-        ptr = t.data_ptr()
+        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32
+        (what :func:`_native_kind` accepts): the same payload (task tensor), memo,
+        statistics and leaf as the general path; None for any other tensor (the caller
+        takes the general path), and with a payload to take inside ``torch.func``
+        transforms (see :meth:`tensor_leaf`).
+
+        Written for the caches a training step leaves behind: each distinct PyTorch
+        attribute or method read here costs 1-2 us when the operator before evicted its
+        code (``benchmarks/cold_python.py``), so each is read once (``numel``, ``dtype``;
+        ``dim`` only for one element), the memo key is computed once, no helper function
+        is called per tensor, and the data pointer stands for the storage test of
+        :func:`_native_kind`: it raises for a ``torch.func`` wrapper without storage and
+        is 0 for ``torch.func.functionalize``'s wrappers and freed storages."""
+        if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.layout is not _STRIDED or t.is_nested or t.is_neg()
+                or not t.is_contiguous()):
+            return None
+        dtype = t.dtype
+        kind = NATIVE_KIND.get(dtype)
+        n = t.numel()
+        if kind is None or not n:
+            return None
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # no storage: a torch.func transform's wrapper
+            return None
         if not ptr or (self.capture is not None and _transforms_active()):
             return None
+        zero_dim = n == 1 and not t.dim()
         memo = self.memo
         # StatsMemo's key of a dense tensor (layout_free; the count inlined from stats_memo.dense_count)
-        key = (ptr, t.dtype, n if n != 1 or t.dim() else -1, False, False)
+        key = (ptr, dtype, -1 if zero_dim else n, False, False)
         hit = memo.get_at(key, t)
         reduced = None
         if self._snapshot is not None:
@@ -330,9 +347,11 @@ class LeafBuilder:
             if keep:  # recorded before as an ordinary tensor: hold it from now on
                 memo.put_at(key, t, hit, keep=True)
         else:
-            st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind))
+            st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind), n, zero_dim)
             memo.put_at(key, t, (st, None), keep=keep)
-        return _stats_leaf(io, path, t, n, st, None, payload)
+        return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or dtype_text(dtype),
+                          tuple(t.shape), n, st.max, st.min, st.mean, st.norm, st.max_finite, st.min_finite, None,
+                          bool(t.requires_grad), st.has_nan, st.has_inf, None, payload, None))
 
     def _payload_of(self, t: torch.Tensor) -> Optional[str]:
         """Task tensor: the payload reference of ``t`` after a memo hit:
@@ -380,10 +399,30 @@ class LeafBuilder:
                     has_nan=st.has_nan, has_inf=st.has_inf, payload=payload)
 
     def leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
-        """Append the leaves of ``value`` (found under top-level key ``io``) to ``out``."""
+        """Append the leaves of ``value`` (found under top-level key ``io``) to ``out``.
+
+        Tensors, ``None``, plain scalars (exactly ``bool``, ``int``, ``float``, ``str``)
+        and non-empty plain lists and tuples of those take a direct path (no walk
+        generator; a scalar's record text comes from :class:`_ValueTexts`); anything else,
+        and lists holding anything else, are walked (:meth:`walk_leaves`). Both give the
+        same leaves."""
+        cls = value.__class__
         if isinstance(value, torch.Tensor):  # the common case, without the walk's generator
             out.append(self.tensor_leaf(io, path, value))
-            return
+        elif value is None:
+            out.append(make_leaf((io, path, _NONE) + _NONE_TAIL))
+        elif cls in _SCALARS:
+            out.append(make_leaf((io, path, _VALUE) + self._texts.tail(value, cls)))
+        elif (cls is tuple or cls is list) and value and all(v is None or v.__class__ in _SCALARS for v in value):
+            tail = self._texts.tail
+            for i, v in enumerate(value):
+                out.append(make_leaf((io, path + (i,)) + ((_NONE,) + _NONE_TAIL if v is None
+                                                          else (_VALUE,) + tail(v, v.__class__))))
+        else:
+            self.walk_leaves(io, value, out, path)
+
+    def walk_leaves(self, io: str, value: Any, out: list[Leaf], path: tuple = ()) -> None:
+        """:meth:`leaves` of any value by walking it (:func:`msprobe.core.values.walk`)."""
         for p, v, kind in _walk(value, path, 0):
             if kind == schema.LEAF_TENSOR:
                 out.append(self.tensor_leaf(io, p, v))
@@ -404,6 +443,71 @@ class LeafBuilder:
         """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
         for k, v in values.items():
             self.leaves(io, v, out, (str(k),))
+
+
+#: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking
+_SCALARS = frozenset({bool, int, float, str})
+_NONE = schema.LEAF_NONE
+_VALUE = schema.LEAF_VALUE
+#: the fields after ``leaf_kind`` of a null leaf (all None)
+_NONE_TAIL = (None,) * (len(LEAF_FIELDS) - 3)
+
+
+class _ValueTexts:
+    """The leaf fields of plain scalars, remembered: a recorded call's scalar arguments
+    (``p=0.0``, ``dim=1``, ``training=True``, ``alpha=-0.01``) repeat from call to call and
+    step to step, and building a record and its JSON text (``json.dumps``) each time cost
+    ~15 us per scalar inside a training step (180 per step of the encoder benchmark at L1).
+
+    :meth:`tail` gives the fields after ``leaf_kind`` of the value leaf of one scalar:
+    ``type``, then None up to ``value_json``, the record text, both from
+    :func:`value_record` and ``json.dumps``, as :meth:`LeafBuilder.walk_leaves` makes them.
+    Keys: the value itself for ``bool``/``int``/``str`` (one dict per type: ``True`` and
+    ``1`` stay apart); ``float.hex()`` for floats (``0.0`` and ``-0.0`` compare equal but
+    are recorded as different texts; every NaN has the same text). Strings longer than
+    :data:`MAX_KEY_STR` characters and NaNs are not remembered. Each type holds at most
+    :data:`MAX_ENTRIES` texts; a full one starts afresh."""
+
+    MAX_ENTRIES = 4096
+    MAX_KEY_STR = 64
+
+    __slots__ = ("_by_type",)
+
+    def __init__(self) -> None:
+        self._by_type: dict[type, dict] = {bool: {}, int: {}, float: {}, str: {}}
+
+    def tail(self, value: Any, cls: type) -> tuple:
+        """The leaf fields after ``leaf_kind`` of the scalar ``value`` of exact type
+        ``cls`` (one of :data:`_SCALARS`)."""
+        if cls is float:
+            if value != value:  # NaN
+                return _value_tail(value)[0]
+            key = value.hex()
+        elif cls is str and len(value) > self.MAX_KEY_STR:
+            return _value_tail(value)[0]
+        else:
+            key = value
+        texts = self._by_type[cls]
+        tail = texts.get(key)
+        if tail is None:
+            tail, described = _value_tail(value)
+            if described:
+                if len(texts) >= self.MAX_ENTRIES:
+                    texts.clear()
+                texts[key] = tail
+        return tail
+
+
+def _value_tail(value: Any) -> tuple[tuple, bool]:
+    """``(fields, described)``: the fields after ``leaf_kind`` of the value leaf of
+    ``value`` (``type`` and ``value_json`` from :func:`value_record`, None between them),
+    and False when :func:`value_record` raised and the record says ``"<unrecordable>"``
+    (as :func:`msprobe.core.values.walk` records it; not to be remembered)."""
+    try:
+        record, described = value_record(value), True
+    except Exception:  # noqa: BLE001 - recorded as such, like the walk does
+        record, described = {"type": qualname(value), "value": "<unrecordable>"}, False
+    return (record.get("type"),) + (None,) * (len(LEAF_FIELDS) - 5) + (json.dumps(record),), described
 
 
 def _native_kind(t: torch.Tensor, contiguous: bool = True) -> Optional[int]:
@@ -484,12 +588,27 @@ def _crc_or_none(t: torch.Tensor) -> Optional[str]:
         return None
 
 
+#: ``str(dtype)`` by dtype (dtype_text)
+_DTYPE_TEXT: dict = {}
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """``str(dtype)`` (``"torch.float32"``), remembered: inside a training step each
+    ``torch.dtype.__str__`` call costs microseconds (its code has left the CPU caches)."""
+    text = _DTYPE_TEXT.get(dtype)
+    if text is None:
+        text = _DTYPE_TEXT[dtype] = str(dtype)
+    return text
+
+
 def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorStats, crc: Optional[str],
                 payload: Optional[str]) -> Leaf:
     """The tensor leaf of ``t`` (``numel`` elements) with statistics ``st``, CRC-32 ``crc``
     (8 hex digits or None) and payload reference ``payload`` (or None)."""
     # make_leaf: the fields in LEAF_FIELDS order, without keyword parsing (hot path)
-    return make_leaf((io, path, _TENSOR, "torch.Tensor", str(t.dtype), tuple(t.shape), numel, st.max, st.min,
+    dtype = t.dtype
+    return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or dtype_text(dtype), tuple(t.shape),
+                      numel, st.max, st.min,
                       st.mean, st.norm, st.max_finite, st.min_finite, crc, bool(t.requires_grad), st.has_nan,
                       st.has_inf, None, payload, None))
 

@@ -96,6 +96,9 @@ class Recorder:
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.scope = ScopeRange.from_config(cfg.scope)
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
+        # no scope and no list: only data_mode and autograd decide what a call records (_wanted)
+        self._unfiltered = self.scope.first is None and not cfg.list
+        self._dm_fwd, self._dm_bwd = dm.forward, dm.backward
         self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
         self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
         self.gatherer: Optional[AsyncGatherer] = None
@@ -114,7 +117,8 @@ class Recorder:
         queued while device statistics are pending (queued entries keep their order)."""
         if self.gatherer is not None:
             self.gatherer.add(call)
-        elif len(self.deferred) or (self.leaves.pending_made and any(isinstance(x, PendingLeaf) for x in call.leaves)):
+        elif self.leaves.pending_made and (len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves)):
+            # (nothing is queued before the first PendingLeaf: pending_made is never reset)
             if self.deferred.add(call, list(call.leaves)):
                 self.flush_deferred()
         else:
@@ -157,6 +161,8 @@ class Recorder:
         """Whether the forward and the backward entry of a call starting now are recorded:
         data_mode, scope (entered here: inclusive, backward follows forward) and list."""
         s, dm = self.session, self.dm
+        if self._unfiltered:  # what the lines below give with an empty scope and list, with fewer calls
+            return self._dm_fwd, self._dm_bwd and BackwardTaps.active()
         if not self.scope.enter(fwd):
             return False, False
         inside_fwd, inside_bwd = self._kept_inside()

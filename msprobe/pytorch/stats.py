@@ -302,7 +302,7 @@ def _native_reduce(x: torch.Tensor) -> tuple:
     return NATIVE.reduce_at(x.data_ptr(), x.numel(), NATIVE_KIND[x.dtype])
 
 
-def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
+def native_stats(t: torch.Tensor, reduced: tuple, n: Optional[int] = None, zero_dim: Optional[bool] = None) -> TensorStats:
     """:func:`tensor_stats` of a plain CPU float32/float64/bfloat16/float16 tensor with data,
     from ``reduced``, the native pass over it (``(max, min, sum, sumsq, has_nan, has_inf)``,
     :func:`_native_reduce`): Max/Min exact, Mean = sum / n and Norm = sqrt(sum of squares)
@@ -316,16 +316,20 @@ def native_stats(t: torch.Tensor, reduced: tuple) -> TensorStats:
             non-finite or rescaled case).
         reduced: ``(max, min, sum, sumsq, has_nan, has_inf)``: floats (sums in float64 over
             the source values) and bools.
+        n, zero_dim: ``t.numel()`` and ``t.dim() == 0`` when the caller has them (None:
+            read from ``t``).
 
     Example: ``torch.tensor([1.0, -3.0])`` reduced to ``(1.0, -3.0, -2.0, 10.0, False, False)``
     gives Max 1.0, Min -3.0, Mean -1.0, Norm sqrt(10) = 3.1623; ``torch.tensor(-0.0)``
     gives Mean -0.0 (its value; the float64 sum from +0.0 is +0.0). Raises nothing."""
     mx, mn, total, squares, has_nan, has_inf = reduced
+    if zero_dim is None:
+        zero_dim = not t.dim()
     s = TensorStats()
     s.max, s.min = mx, mn
     # a 0-dim tensor reports its value (spec 3.2: item()); a float64 sum from +0.0 would lose -0.0
-    s.mean = total / t.numel() if t.dim() else mx
-    s.norm = math.sqrt(squares) if t.dim() else abs(mx)
+    s.mean = mx if zero_dim else total / (t.numel() if n is None else n)
+    s.norm = abs(mx) if zero_dim else math.sqrt(squares)
     s.has_nan, s.has_inf = has_nan, has_inf
     if not (math.isfinite(mx) and math.isfinite(mn)):
         with torch.no_grad():

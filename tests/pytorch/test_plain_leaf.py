@@ -92,13 +92,16 @@ def test_plain_path_not_taken_for_crc_or_noncontiguous():
 
 
 def _spy(monkeypatch) -> list:
-    """Count the calls of the plain path (``LeafBuilder._plain_leaf``)."""
+    """Count the leaves the plain path (``LeafBuilder._plain_leaf``) made (it returns None
+    for the tensors it does not take)."""
     calls = []
     real = LeafBuilder._plain_leaf
 
     def spy(self, *args):
-        calls.append(args[2])
-        return real(self, *args)
+        leaf = real(self, *args)
+        if leaf is not None:
+            calls.append(args[2])
+        return leaf
 
     monkeypatch.setattr(LeafBuilder, "_plain_leaf", spy)
     return calls
@@ -153,3 +156,27 @@ def test_plain_path_not_taken_for_other_tensors(monkeypatch):
     for t in others:
         LeafBuilder(md5=False).tensor_leaf("output", (0,), t)
     assert calls == []
+
+
+def test_plain_path_declines_torch_func_wrappers(monkeypatch):
+    """Inside torch.func.grad / vmap (data_ptr raises) and functionalize (data_ptr 0) the
+    plain path makes no leaf; the general path records the wrapped values (numpy float64)."""
+    calls = _spy(monkeypatch)
+    x = torch.tensor([1.0, -2.0, 4.0])
+    got = {}
+
+    def f(name):
+        def inner(v):
+            got[name] = LeafBuilder(md5=False).tensor_leaf("input_args", (0,), v)
+            return (v * 2).sum()
+        return inner
+
+    torch.func.grad(f("grad"))(x)
+    torch.func.functionalize(f("functionalize"))(x)
+    torch.func.vmap(f("vmap"))(x.reshape(1, 3))
+    assert calls == []
+    for name in ("grad", "functionalize"):
+        leaf = got[name]
+        assert (leaf.max, leaf.min, leaf.numel) == (4.0, -2.0, 3), name
+        assert leaf.mean == pytest.approx(1.0, rel=1e-12) and leaf.norm == pytest.approx(math.sqrt(21.0), rel=1e-12)
+    assert got["vmap"].max is None and got["vmap"].shape == (3,)  # a batched tensor: no one tensor's values
