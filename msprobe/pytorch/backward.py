@@ -57,7 +57,7 @@ from msprobe.core.values import object_items, restore_swaps, swap_in_place
 from msprobe.pytorch.leaves import is_structseq
 from msprobe.pytorch.stats import PLAIN_TYPES
 from store import schema
-from store.records import Call, Leaf
+from store.records import LEAF_FIELDS, Call, Leaf, make_leaf
 
 Path = tuple
 
@@ -92,10 +92,14 @@ class PendingBackward:
                     parent=self.parent, stack_id=self.stack_id, keys=self.keys, leaves=tuple(leaves))
 
 
+#: the fields after ``leaf_kind`` of a null leaf
+_NONE_TAIL = (None,) * (len(LEAF_FIELDS) - 3)
+
+
 def _fill(out: list[Leaf], io: str, slots: list[tuple[Path, bool]], grads: dict[Path, Leaf]) -> None:
     for path, _ in slots:
         leaf = grads.get(path)
-        out.append(leaf if leaf is not None else Leaf(io=io, path=path, leaf_kind=schema.LEAF_NONE))
+        out.append(leaf if leaf is not None else make_leaf((io, path, schema.LEAF_NONE) + _NONE_TAIL))
 
 
 def _producer(t: torch.Tensor) -> torch.Tensor:
@@ -138,6 +142,9 @@ _AS_STRIDED = torch._C.TensorBase.as_strided
 _COPY = torch._C.TensorBase.copy_
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 
+_STRIDED = torch.strided
+#: the type of a leaf's gradient accumulator node (None where torch._C does not name it)
+_ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
 _MOVABLE = "msprobe.movable"  # Node.metadata key: hooks to move when the node leaves the graph
 
 
@@ -220,7 +227,7 @@ class BackwardTaps:
     def _map_in(self, pending, value, path, memo, state, depth, swaps=None):
         if isinstance(value, torch.Tensor):
             pending.out_slots.append((path, True))
-            if not _wants_grad(value):
+            if not (value.requires_grad and value.layout is _STRIDED):  # _wants_grad, inlined
                 return value
             known = memo.get(id(value)) if memo is not None else None
             if known is not None:
@@ -431,7 +438,7 @@ class BackwardTaps:
     def _place(self, node, index: int, pending: PendingBackward, side: str, paths: list,
                movable: bool = False, part: Optional[tuple] = None) -> None:
         on_grad = self._on_grad if part is None else partial(_on_part, self._on_grad, part)
-        if type(node).__name__ == "AccumulateGrad":
+        if type(node) is _ACCUMULATE_GRAD or (_ACCUMULATE_GRAD is None and type(node).__name__ == "AccumulateGrad"):
             # a leaf's gradient accumulator (an input handed back unchanged) lives only while
             # a graph refers to it: the entry keeps it, so that later uses of the leaf reach
             # it, and its hook refers to the entry weakly: no cycle through the node that

@@ -341,7 +341,7 @@ class LeafBuilder:
             payload, reduced = self._snapshot(
                 t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
         else:
-            payload = self._payload_of(t)
+            payload = None if self.capture is None else self.capture(t)  # _payload_of, inlined
         if hit is not None and reduced is None:
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
