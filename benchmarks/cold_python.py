@@ -2,7 +2,11 @@
 contents evicted), the state every recorded call runs in during training. Times one
 statistics-memo hit of ``LeafBuilder.tensor_leaf`` (about 10 us in a tight loop) right
 after an in-place pass over a buffer of 0-64 MiB, and one ``store.records.Leaf`` build and
-one 20-item tuple build after a 32 MiB pass. Not a test.
+one 20-item tuple build after a 32 MiB pass; then, warm and after a 32 MiB pass, one
+scalar argument's leaf by the direct path of ``LeafBuilder.leaves`` and by walking it
+(``walk_leaves``), and single PyTorch attribute reads (``str(t.dtype)``, ``tuple(t.shape)``,
+``t.data_ptr()``): each distinct one costs microseconds once its code has left the caches.
+Not a test.
 
     python benchmarks/cold_python.py
 """
@@ -49,6 +53,18 @@ def main():
     build = lambda: tuple(items)  # noqa: E731
     for name, fn in (("Leaf(...)", leaf), ("tuple of 20", build)):
         print(f"{name:12s} warm {median_us(fn, None):6.1f} us, after a 32 MiB pass {median_us(fn, sweep):6.1f} us")
+    out: list = []
+    small = torch.randn(64)
+    cases = (
+        ("scalar leaf, direct", lambda: builder.leaves("input_args", 0.5, out, (1,))),
+        ("scalar leaf, walked", lambda: builder.walk_leaves("input_args", 0.5, out, (1,))),
+        ("str(t.dtype)", lambda: str(small.dtype)),
+        ("tuple(t.shape)", lambda: tuple(small.shape)),
+        ("t.data_ptr()", small.data_ptr),
+    )
+    for name, fn in cases:
+        print(f"{name:20s} warm {median_us(fn, None):6.1f} us, after a 32 MiB pass {median_us(fn, sweep):6.1f} us")
+        out.clear()
 
 
 if __name__ == "__main__":
