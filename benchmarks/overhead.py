@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import resource
 import shlex
 import shutil
@@ -271,6 +272,30 @@ def paired_ratio(runs, base_runs):
     return statistics.median(ratios) if ratios else None
 
 
+def ratio_interval(runs, base_runs, level=0.9, draws=4000, seed=0):
+    """Bootstrap interval of the ratio of medians: ``(low, high)``, the central ``level``
+    share of ``median(resampled run medians) / median(resampled uninstrumented run
+    medians)`` over ``draws`` resamplings (with replacement, each side on its own, fixed
+    ``seed``: the same runs give the same interval). It shows how far the ratio of eight
+    runs can move when processes differ as much as they do on a noisy VM. None with fewer
+    than three good runs on either side.
+
+    Raises:
+        ValueError: ``level`` not strictly between 0 and 1, or ``draws`` < 1.
+    """
+    if not 0.0 < level < 1.0 or draws < 1:
+        raise ValueError("ratio_interval: level must be in (0, 1) and draws >= 1, got %r, %r" % (level, draws))
+    mine = [statistics.median(r["step_times"]) for r in runs if r.get("step_times")]
+    base = [statistics.median(b["step_times"]) for b in base_runs if b.get("step_times")]
+    if len(mine) < 3 or len(base) < 3:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(mine, k=len(mine))) /
+                    statistics.median(rng.choices(base, k=len(base))) for _ in range(draws))
+    tail = (1.0 - level) / 2.0
+    return ratios[int(tail * draws)], ratios[min(draws - 1, int((1.0 - tail) * draws))]
+
+
 def fmt_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -282,7 +307,8 @@ def table(summaries, impls, configs):
     """Markdown table for one (workload, layers): summaries[(impl, config)] -> summary."""
     head = ["configuration"]
     for impl in impls:
-        head += ["%s step ms" % impl, "%s ratio" % impl, "%s paired ratio" % impl, "%s CPU ratio" % impl,
+        head += ["%s step ms" % impl, "%s ratio" % impl, "%s ratio 90%% interval" % impl,
+                 "%s paired ratio" % impl, "%s CPU ratio" % impl,
                  "%s peak RSS MiB" % impl,
                  "%s bytes/step" % impl, "%s entries/step" % impl]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -293,16 +319,17 @@ def table(summaries, impls, configs):
             base = summaries.get((impl, "none"), {})
             if "step_s" not in s:
                 why = "skipped" if "skipped" in s else ("failed" if "error" in s else "—")
-                row += [why, "", "", "", "", "", ""]
+                row += [why, "", "", "", "", "", "", ""]
                 continue
             ms = "%.0f (%.0f–%.0f)" % (s["step_s"] * 1e3, s["step_s_min"] * 1e3, s["step_s_max"] * 1e3)
             ratio = "%.2f" % (s["step_s"] / base["step_s"]) if "step_s" in base else "?"
             paired = "%.2f" % s["paired"] if s.get("paired") is not None else "?"
+            interval = "%.2f–%.2f" % s["interval"] if s.get("interval") is not None and cfg != "none" else ""
             cpu_ratio = "%.2f" % (s["cpu_s"] / base["cpu_s"]) if "cpu_s" in base else "?"
             rss = "%.0f" % s["peak_rss_mib"]
             if "peak_rss_mib" in base and cfg != "none":
                 rss += " (%+.0f%%)" % (100.0 * (s["peak_rss_mib"] / base["peak_rss_mib"] - 1))
-            row += [ms, ratio, paired, cpu_ratio, rss, fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
+            row += [ms, ratio, interval, paired, cpu_ratio, rss, fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
                     "%.0f" % s["entries_per_step"] if cfg != "none" else ""]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -425,6 +452,8 @@ def render(raw, meta):
                 summaries[(impl, cfg)] = summarise(raw.get((impl, layers, cfg), []))
                 summaries[(impl, cfg)]["paired"] = paired_ratio(raw.get((impl, layers, cfg), []),
                                                                 raw.get((impl, layers, "none"), []))
+                summaries[(impl, cfg)]["interval"] = ratio_interval(raw.get((impl, layers, cfg), []),
+                                                                    raw.get((impl, layers, "none"), []))
         title = "%s%s" % (meta["workload"], " (%d layers)" % layers if layers else "")
         notes = []
         for (impl, cfg), s in sorted(summaries.items()):
@@ -440,7 +469,9 @@ def render(raw, meta):
         blocks.append(block)
     text = "\n".join(header) + "\n\n" + "\n\n".join(blocks) + "\n"
     text += ("\nstep ms: median over runs of each run's median step (min–max of the run medians); "
-             "ratio: step time / the same interpreter's uninstrumented step time; paired ratio: median "
+             "ratio: step time / the same interpreter's uninstrumented step time; ratio 90% interval: "
+             "bootstrap over the runs of both (how far the ratio moves when other processes are drawn); "
+             "paired ratio: median "
              "over rounds of the run's median step / the uninstrumented run's of the same round; CPU ratio: the "
              "same for process CPU time per step; peak RSS: VmHWM of the child (change vs "
              "uninstrumented); bytes/step: size of dump_path / recorded steps (warm-up included); "
