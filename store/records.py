@@ -142,6 +142,15 @@ def make_leaf(values: tuple) -> Leaf:
 
 
 _NFIELDS = len(LEAF_FIELDS)
+#: the fields after ``leaf_kind`` of a null leaf (all None): ``make_leaf((io, path,
+#: "none") + NULL_TAIL)`` is :func:`null_leaf` without the call
+NULL_TAIL = (None,) * (_NFIELDS - 3)
+
+
+def null_leaf(io: str, path: tuple) -> Leaf:
+    """The leaf of a ``None`` value or a missing gradient under ``io`` at ``path``
+    (``leaf_kind`` ``none``, every other field None)."""
+    return _new_tuple(Leaf, (io, path, "none") + NULL_TAIL)
 
 
 @_fast_init

@@ -56,8 +56,7 @@ import torch
 from msprobe.core.values import object_items, restore_swaps, swap_in_place
 from msprobe.pytorch.leaves import is_structseq
 from msprobe.pytorch.stats import PLAIN_TYPES
-from store import schema
-from store.records import LEAF_FIELDS, Call, Leaf, make_leaf
+from store.records import Call, Leaf, null_leaf
 
 Path = tuple
 
@@ -92,14 +91,10 @@ class PendingBackward:
                     parent=self.parent, stack_id=self.stack_id, keys=self.keys, leaves=tuple(leaves))
 
 
-#: the fields after ``leaf_kind`` of a null leaf
-_NONE_TAIL = (None,) * (len(LEAF_FIELDS) - 3)
-
-
 def _fill(out: list[Leaf], io: str, slots: list[tuple[Path, bool]], grads: dict[Path, Leaf]) -> None:
     for path, _ in slots:
         leaf = grads.get(path)
-        out.append(leaf if leaf is not None else make_leaf((io, path, schema.LEAF_NONE) + _NONE_TAIL))
+        out.append(leaf if leaf is not None else null_leaf(io, path))
 
 
 def _producer(t: torch.Tensor) -> torch.Tensor:

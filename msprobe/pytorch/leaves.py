@@ -37,11 +37,11 @@ from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
-                                   native_stats, opaque, tensor_stats)
+                                   native_stats, opaque, storage_covers, tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES
-from store.records import LEAF_FIELDS, Leaf, make_leaf
+from store.records import LEAF_FIELDS, NULL_TAIL, Leaf, make_leaf
 
 _copy = torch._C.TensorBase.copy_
 _detach = torch._C.TensorBase.detach
@@ -308,10 +308,15 @@ class LeafBuilder:
         Written for the caches a training step leaves behind: each distinct PyTorch
         attribute or method read here costs 1-2 us when the operator before evicted its
         code (``benchmarks/cold_python.py``), so each is read once (``numel``, ``dtype``;
-        ``dim`` only for one element), the memo key is computed once, no helper function
-        is called per tensor, and the data pointer stands for the storage test of
-        :func:`_native_kind`: it raises for a ``torch.func`` wrapper without storage and
-        is 0 for ``torch.func.functionalize``'s wrappers and freed storages."""
+        ``dim`` only for one element), the memo key is computed once (and the storage,
+        handed to the memo) and no helper function is called per tensor. The ``n``
+        elements from the data pointer must lie in the storage's allocation: a storage
+        freed or shrunk with ``resize_`` (FSDP frees parameter memory so) leaves a view's
+        pointer at its offset, not 0, and reading there would crash the process;
+        ``torch.func.functionalize``'s wrappers have no allocation (address 0) and other
+        ``torch.func`` wrappers no storage (it raises)."""
+        # _native_kind's tests, inlined (keep the two alike); its storage test is the
+        # allocation bounds check below
         if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.layout is not _STRIDED or t.is_nested or t.is_neg()
                 or not t.is_contiguous()):
             return None
@@ -321,10 +326,16 @@ class LeafBuilder:
         if kind is None or not n:
             return None
         try:
+            storage = t.untyped_storage()
+            start = storage.data_ptr()
             ptr = t.data_ptr()
-        except RuntimeError:  # no storage: a torch.func transform's wrapper
+            end = start + storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # no storage: a torch.func transform's wrapper
             return None
-        if not ptr or (self.capture is not None and _transforms_active()):
+        # the n elements from ptr lie in the allocation: not for a storage freed or shrunk by
+        # resize_ (a view's pointer is then its offset, not 0) nor functionalize's wrappers (0)
+        if (not start or ptr < start or ptr + n * _ITEMSIZE[kind] > end
+                or (self.capture is not None and _transforms_active())):
             return None
         zero_dim = n == 1 and not t.dim()
         memo = self.memo
@@ -345,11 +356,11 @@ class LeafBuilder:
         if hit is not None and reduced is None:
             st = hit[0]
             if keep:  # recorded before as an ordinary tensor: hold it from now on
-                memo.put_at(key, t, hit, keep=True)
+                memo.put_at(key, t, hit, keep=True, storage=storage)
         else:
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind), n, zero_dim)
-            memo.put_at(key, t, (st, None), keep=keep)
-        return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or dtype_text(dtype),
+            memo.put_at(key, t, (st, None), keep=keep, storage=storage)
+        return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or _dtype_text(dtype),
                           tuple(t.shape), n, st.max, st.min, st.mean, st.norm, st.max_finite, st.min_finite, None,
                           bool(t.requires_grad), st.has_nan, st.has_inf, None, payload, None))
 
@@ -406,18 +417,18 @@ class LeafBuilder:
         generator; a scalar's record text comes from :class:`_ValueTexts`); anything else,
         and lists holding anything else, are walked (:meth:`walk_leaves`). Both give the
         same leaves."""
-        cls = value.__class__
+        cls = type(value)  # not __class__, which an object may fake
         if isinstance(value, torch.Tensor):  # the common case, without the walk's generator
             out.append(self.tensor_leaf(io, path, value))
         elif value is None:
-            out.append(make_leaf((io, path, _NONE) + _NONE_TAIL))
+            out.append(make_leaf((io, path, _NONE) + NULL_TAIL))
         elif cls in _SCALARS:
             out.append(make_leaf((io, path, _VALUE) + self._texts.tail(value, cls)))
-        elif (cls is tuple or cls is list) and value and all(v is None or v.__class__ in _SCALARS for v in value):
+        elif (cls is tuple or cls is list) and value and all(v is None or type(v) in _SCALARS for v in value):
             tail = self._texts.tail
             for i, v in enumerate(value):
-                out.append(make_leaf((io, path + (i,)) + ((_NONE,) + _NONE_TAIL if v is None
-                                                          else (_VALUE,) + tail(v, v.__class__))))
+                out.append(make_leaf((io, path + (i,)) + ((_NONE,) + NULL_TAIL if v is None
+                                                          else (_VALUE,) + tail(v, type(v)))))
         else:
             self.walk_leaves(io, value, out, path)
 
@@ -430,7 +441,7 @@ class LeafBuilder:
                 out.append(self.ndarray_leaf(io, p, v))
             elif kind == schema.LEAF_VALUE:
                 out.append(Leaf(io=io, path=p, leaf_kind=kind, type=v.get("type"),
-                                value_json=json.dumps(v)))
+                                value_json=record_text(v)))
             else:
                 out.append(Leaf(io=io, path=p, leaf_kind=kind))
 
@@ -445,12 +456,16 @@ class LeafBuilder:
             self.leaves(io, v, out, (str(k),))
 
 
+#: bytes per element of each native kind (:data:`~msprobe.pytorch.stats.NATIVE_KIND`)
+_ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}
 #: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking
 _SCALARS = frozenset({bool, int, float, str})
 _NONE = schema.LEAF_NONE
 _VALUE = schema.LEAF_VALUE
-#: the fields after ``leaf_kind`` of a null leaf (all None)
-_NONE_TAIL = (None,) * (len(LEAF_FIELDS) - 3)
+
+
+#: ints of this magnitude or more are not remembered by :class:`_ValueTexts`
+_BIG_INT = 1 << 64
 
 
 class _ValueTexts:
@@ -465,7 +480,8 @@ class _ValueTexts:
     Keys: the value itself for ``bool``/``int``/``str`` (one dict per type: ``True`` and
     ``1`` stay apart); ``float.hex()`` for floats (``0.0`` and ``-0.0`` compare equal but
     are recorded as different texts; every NaN has the same text). Strings longer than
-    :data:`MAX_KEY_STR` characters and NaNs are not remembered. Each type holds at most
+    :data:`MAX_KEY_STR` characters, ints of magnitude 2**64 or more and NaNs are not
+    remembered. Each type holds at most
     :data:`MAX_ENTRIES` texts; a full one starts afresh."""
 
     MAX_ENTRIES = 4096
@@ -478,12 +494,16 @@ class _ValueTexts:
 
     def tail(self, value: Any, cls: type) -> tuple:
         """The leaf fields after ``leaf_kind`` of the scalar ``value`` of exact type
-        ``cls`` (one of :data:`_SCALARS`)."""
+        ``cls`` (one of :data:`_SCALARS`).
+
+        Raises:
+            KeyError: ``cls`` is not one of :data:`_SCALARS`.
+        """
         if cls is float:
             if value != value:  # NaN
                 return _value_tail(value)[0]
             key = value.hex()
-        elif cls is str and len(value) > self.MAX_KEY_STR:
+        elif (cls is str and len(value) > self.MAX_KEY_STR) or (cls is int and not -_BIG_INT < value < _BIG_INT):
             return _value_tail(value)[0]
         else:
             key = value
@@ -507,7 +527,19 @@ def _value_tail(value: Any) -> tuple[tuple, bool]:
         record, described = value_record(value), True
     except Exception:  # noqa: BLE001 - recorded as such, like the walk does
         record, described = {"type": qualname(value), "value": "<unrecordable>"}, False
-    return (record.get("type"),) + (None,) * (len(LEAF_FIELDS) - 5) + (json.dumps(record),), described
+    # (a value whose JSON text fails, an int beyond Python's digit limit, is never remembered)
+    return (record.get("type"),) + (None,) * (len(LEAF_FIELDS) - 5) + (record_text(record),), described
+
+
+def record_text(record: dict) -> str:
+    """``json.dumps(record)``; where the value has no JSON text (an int of more digits
+    than Python converts to text: ``ValueError``), the record with ``"value":
+    "<unrecordable>"`` instead, as for a value whose description fails: one argument never
+    stops the recording."""
+    try:
+        return json.dumps(record)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return json.dumps({"type": record.get("type"), "value": "<unrecordable>"})
 
 
 def _native_kind(t: torch.Tensor, contiguous: bool = True) -> Optional[int]:
@@ -525,9 +557,10 @@ def _native_kind(t: torch.Tensor, contiguous: bool = True) -> Optional[int]:
     if kind is None or not t.numel():
         return None
     try:
-        if not t.untyped_storage().nbytes():
-            return None
+        nbytes = t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError):  # no storage to read: a torch.func wrapper
+        return None
+    if not nbytes or not storage_covers(t, nbytes):  # freed, or shrunk below what t views
         return None
     return kind
 
@@ -588,11 +621,11 @@ def _crc_or_none(t: torch.Tensor) -> Optional[str]:
         return None
 
 
-#: ``str(dtype)`` by dtype (dtype_text)
+#: ``str(dtype)`` by dtype (_dtype_text)
 _DTYPE_TEXT: dict = {}
 
 
-def dtype_text(dtype: torch.dtype) -> str:
+def _dtype_text(dtype: torch.dtype) -> str:
     """``str(dtype)`` (``"torch.float32"``), remembered: inside a training step each
     ``torch.dtype.__str__`` call costs microseconds (its code has left the CPU caches)."""
     text = _DTYPE_TEXT.get(dtype)
@@ -607,7 +640,7 @@ def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorSta
     (8 hex digits or None) and payload reference ``payload`` (or None)."""
     # make_leaf: the fields in LEAF_FIELDS order, without keyword parsing (hot path)
     dtype = t.dtype
-    return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or dtype_text(dtype), tuple(t.shape),
+    return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or _dtype_text(dtype), tuple(t.shape),
                       numel, st.max, st.min,
                       st.mean, st.norm, st.max_finite, st.min_finite, crc, bool(t.requires_grad), st.has_nan,
                       st.has_inf, None, payload, None))

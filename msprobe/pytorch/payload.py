@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from msprobe.pytorch.ptfile import save_values
-from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized
+from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized, storage_covers
 from store.direct_io import address_of
 from store.payload_writer import Payload
 
@@ -39,8 +39,20 @@ VIEWS_LIMIT = 256
 
 
 def readable(t: torch.Tensor) -> bool:
-    """True if ``t``'s values can be snapshotted (strided layout, not on the meta device)."""
-    return t.layout == torch.strided and t.device.type != "meta"
+    """True if ``t``'s values can be snapshotted: strided layout, not on the meta device,
+    and every element inside its storage (:func:`~msprobe.pytorch.stats.storage_covers`:
+    not a view of a storage freed or shrunk with ``resize_``, whose data pointer is not 0;
+    reading it would crash the process). A tensor without a storage to ask (a subclass)
+    counts as readable."""
+    if not (t.layout == torch.strided and t.device.type != "meta"):
+        return False
+    if not t.numel():
+        return True
+    try:
+        nbytes = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        return True
+    return storage_covers(t, nbytes)
 
 
 def tensor_bytes(t: torch.Tensor) -> Optional[tuple[Union[bytes, np.ndarray], str, tuple[int, ...]]]:
@@ -179,6 +191,8 @@ class PayloadCapture:
             self._held = 0
 
     def __call__(self, t: torch.Tensor) -> Optional[str]:
+        if not readable(t):  # before the window's comparison reads the memory too
+            return None
         return self.snapshot(t)[0]
 
     def snapshot(self, t: torch.Tensor, take: Optional[Callable[[], tuple[bytes, Any]]] = None

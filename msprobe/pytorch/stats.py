@@ -193,13 +193,25 @@ def opaque(t: torch.Tensor) -> bool:
 
 def has_data(t: torch.Tensor) -> bool:
     """False for tensors whose values cannot be read (meta, sparse, other layouts, empty,
-    storage freed by resizing it to 0 bytes as FSDP does)."""
+    storage freed by resizing it to 0 bytes as FSDP does, or shrunk below what ``t``
+    views: :func:`storage_covers`)."""
     if not (t.layout == torch.strided and not t.is_meta and t.numel() > 0):
         return False
     try:
-        return t.untyped_storage().nbytes() > 0
+        storage = t.untyped_storage()
+        return storage.nbytes() > 0 and storage_covers(t, storage.nbytes())
     except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
         return True
+
+
+def storage_covers(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether a storage of ``nbytes`` bytes holds every element the non-empty strided
+    tensor ``t`` views: ``(storage_offset + 1 + sum((size - 1) * stride)) * element_size
+    <= nbytes``. A storage resized below that (``untyped_storage().resize_()``, as FSDP
+    frees parameter memory) leaves views whose data pointer is not 0 and whose elements lie
+    outside the allocation: reading them would crash the process."""
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    return (t.storage_offset() + extent) * t.element_size() <= nbytes
 
 
 def materialized(t: torch.Tensor) -> torch.Tensor:
@@ -302,7 +314,8 @@ def _native_reduce(x: torch.Tensor) -> tuple:
     return NATIVE.reduce_at(x.data_ptr(), x.numel(), NATIVE_KIND[x.dtype])
 
 
-def native_stats(t: torch.Tensor, reduced: tuple, n: Optional[int] = None, zero_dim: Optional[bool] = None) -> TensorStats:
+def native_stats(t: torch.Tensor, reduced: tuple, n: Optional[int] = None,
+                 zero_dim: Optional[bool] = None) -> TensorStats:
     """:func:`tensor_stats` of a plain CPU float32/float64/bfloat16/float16 tensor with data,
     from ``reduced``, the native pass over it (``(max, min, sum, sumsq, has_nan, has_inf)``,
     :func:`_native_reduce`): Max/Min exact, Mean = sum / n and Norm = sqrt(sum of squares)

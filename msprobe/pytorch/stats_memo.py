@@ -188,13 +188,16 @@ class StatsMemo:
             return
         self.put_at(key, t, value, keep)
 
-    def put_at(self, key: tuple, t: torch.Tensor, value: Any, keep: bool = False) -> None:
-        """:meth:`put` with ``t``'s key already computed (see :meth:`get_at`)."""
+    def put_at(self, key: tuple, t: torch.Tensor, value: Any, keep: bool = False,
+               storage: Optional[Any] = None) -> None:
+        """:meth:`put` with ``t``'s key already computed (see :meth:`get_at`); ``storage``:
+        ``t.untyped_storage()`` when the caller has it."""
         if not self.enabled:
             return
         try:
             param = keep or issubclass(type(t), _PARAMETER)  # not isinstance: a Python-level check
-            storage = t.untyped_storage()
+            if storage is None:
+                storage = t.untyped_storage()
             start, size = storage.data_ptr(), storage.nbytes()
             held = weakref.ref(t) if param else _detach(t)
             # not resizable: memory from numpy, DLPack, a buffer, maybe inside another storage

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,14 +67,34 @@ def test_texts_bounded():
     assert nan[-1] == '{"type": "float", "value": NaN}' and not texts._by_type[float]
 
 
-def test_huge_int_fails_like_the_walk():
-    """An int too long for str() (Python's digit limit) fails on both paths alike."""
+def test_huge_int_is_unrecordable_on_both_paths():
+    """An int too long for JSON text (Python's 4300-digit limit) is recorded "<unrecordable>"
+    on both paths (it used to raise, which stopped the recording), and is not remembered;
+    ints up to 2**64 are."""
     builder = LeafBuilder(md5=False)
     huge = 10 ** 5000
-    with pytest.raises(ValueError):
-        builder.leaves("input_args", huge, [], (0,))
-    with pytest.raises(ValueError):
-        builder.walk_leaves("input_args", huge, [], (0,))
+    fast, walked = _both(builder, huge)
+    assert [tuple(x) for x in fast] == [tuple(x) for x in walked]
+    assert json.loads(fast[0].value_json) == {"type": "int", "value": "<unrecordable>"}
+    _both(builder, [huge, 2 ** 70, 2 ** 63])
+    assert set(builder._texts._by_type[int]) == {2 ** 63}
+
+
+def test_faked_class_takes_the_walk():
+    """An object whose __class__ claims to be float is not taken for one by the direct
+    path (it is walked, and recorded as the walk records it)."""
+    class Fake:
+        __class__ = property(lambda self: float)
+
+        def __repr__(self):
+            return "fake"
+
+    builder = LeafBuilder(md5=False)
+    fast, walked = _both(builder, Fake())
+    assert [tuple(x) for x in fast] == [tuple(x) for x in walked]
+    # isinstance() believes __class__: described as a float whose JSON text fails
+    assert json.loads(fast[0].value_json) == {"type": "float", "value": "<unrecordable>"}
+    assert not builder._texts._by_type[float]
 
 
 def test_scalar_arguments_in_dump(tmp_path):

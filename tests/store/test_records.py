@@ -108,3 +108,10 @@ def test_log_writer_fails_clearly_on_a_record_that_is_not_a_leaf(tmp_path):
     with pytest.raises(Exception, match="converting records"):
         writer.flush()
     assert writer.failed
+
+
+def test_null_leaf_equals_keyword_leaf():
+    from store.records import null_leaf
+    leaf = null_leaf("output", (1, "k"))
+    assert leaf == Leaf(io="output", path=(1, "k"), leaf_kind="none")
+    assert type(leaf) is Leaf and leaf.leaf_kind == "none" and leaf.value_json is None
