@@ -207,11 +207,20 @@ def has_data(t: torch.Tensor) -> bool:
 def storage_covers(t: torch.Tensor, nbytes: int) -> bool:
     """Whether a storage of ``nbytes`` bytes holds every element the non-empty strided
     tensor ``t`` views: ``(storage_offset + 1 + sum((size - 1) * stride)) * element_size
-    <= nbytes``. A storage resized below that (``untyped_storage().resize_()``, as FSDP
+    <= nbytes`` (packed quantized dtypes: that many elements, 2 or 4 per byte). A storage resized below that (``untyped_storage().resize_()``, as FSDP
     frees parameter memory) leaves views whose data pointer is not 0 and whose elements lie
     outside the allocation: reading them would crash the process."""
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
-    return (t.storage_offset() + extent) * t.element_size() <= nbytes
+    elements = t.storage_offset() + 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())
+                                            if size > 0)
+    per_byte = _PER_BYTE.get(t.dtype)
+    if per_byte is not None:  # a packed quantized dtype: elements share bytes
+        return -(-elements // per_byte) <= nbytes
+    return elements * t.element_size() <= nbytes
+
+
+#: elements per byte of the packed quantized dtypes (their element_size() says 1)
+_PER_BYTE = {dtype: n for name, n in (("quint4x2", 2), ("quint2x4", 4))
+             if (dtype := getattr(torch, name, None)) is not None}
 
 
 def materialized(t: torch.Tensor) -> torch.Tensor:

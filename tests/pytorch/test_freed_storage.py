@@ -47,3 +47,22 @@ def test_view_of_freed_storage_recorded_without_values(tmp_path, case, task):
         assert leaf["type"] == "torch.Tensor"
         assert (leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"]) == (None, None, None, None)
         assert "md5" not in leaf and "data_name" not in leaf
+
+
+@pytest.mark.filterwarnings("ignore:.*quantize.*deprecated:UserWarning")
+def test_storage_covers_counts_elements_and_bytes():
+    import torch
+
+    from msprobe.pytorch.stats import storage_covers
+
+    x = torch.randn(4, 5)  # 80 bytes
+    assert storage_covers(x, 80) and not storage_covers(x, 79)
+    assert storage_covers(x[1:], 80) and not storage_covers(x[1:], 76)  # offset 5: (5 + 15) * 4
+    assert storage_covers(x.t(), 80) and not storage_covers(x.t(), 79)  # strides (1, 5): 20 elements
+    assert storage_covers(x[:, 1], 80) and not storage_covers(x[:, 1], 67)  # offset 1, 1 + 3 * 5: 17 * 4
+    assert storage_covers(x[:1].expand(7, 5), 20)  # stride 0: 5 elements
+    assert storage_covers(torch.tensor(2.0), 4) and not storage_covers(torch.tensor(2.0), 3)
+    d = torch.randn(3, dtype=torch.float64)
+    assert storage_covers(d, 24) and not storage_covers(d, 23)
+    q = torch.quantize_per_tensor(torch.rand(3, 6), 0.1, 0, torch.quint4x2)  # 18 values in 9 bytes
+    assert storage_covers(q, 9) and not storage_covers(q, 8)
