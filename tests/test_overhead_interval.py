@@ -2,8 +2,9 @@
 script, not a test; its arithmetic is tested here)."""
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import statistics
+import types
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,8 @@ _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
 
 @pytest.fixture(scope="module")
 def overhead():
-    spec = importlib.util.spec_from_file_location("overhead_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script's functions (run as a module named ``overhead_bench``: its main() is not called)."""
+    return types.SimpleNamespace(**runpy.run_path(str(_PATH), run_name="overhead_bench"))
 
 
 def _runs(medians):
