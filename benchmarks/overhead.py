@@ -329,7 +329,8 @@ def table(summaries, impls, configs):
             rss = "%.0f" % s["peak_rss_mib"]
             if "peak_rss_mib" in base and cfg != "none":
                 rss += " (%+.0f%%)" % (100.0 * (s["peak_rss_mib"] / base["peak_rss_mib"] - 1))
-            row += [ms, ratio, interval, paired, cpu_ratio, rss, fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
+            row += [ms, ratio, interval, paired, cpu_ratio, rss,
+                    fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
                     "%.0f" % s["entries_per_step"] if cfg != "none" else ""]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

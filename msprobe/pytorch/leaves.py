@@ -306,7 +306,7 @@ class LeafBuilder:
         transforms (see :meth:`tensor_leaf`).
 
         Written for the caches a training step leaves behind: each distinct PyTorch
-        attribute or method read here costs 1-2 us when the operator before evicted its
+        attribute or method read here costs microseconds when the operator before evicted its
         code (``benchmarks/cold_python.py``), so each is read once (``numel``, ``dtype``;
         ``dim`` only for one element), the memo key is computed once (and the storage,
         handed to the memo) and no helper function is called per tensor. The ``n``

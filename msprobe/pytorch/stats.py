@@ -207,9 +207,10 @@ def has_data(t: torch.Tensor) -> bool:
 def storage_covers(t: torch.Tensor, nbytes: int) -> bool:
     """Whether a storage of ``nbytes`` bytes holds every element the non-empty strided
     tensor ``t`` views: ``(storage_offset + 1 + sum((size - 1) * stride)) * element_size
-    <= nbytes`` (packed quantized dtypes: that many elements, 2 or 4 per byte). A storage resized below that (``untyped_storage().resize_()``, as FSDP
-    frees parameter memory) leaves views whose data pointer is not 0 and whose elements lie
-    outside the allocation: reading them would crash the process."""
+    <= nbytes`` (packed quantized dtypes: that many elements, 2 or 4 per byte). A storage
+    resized below that (``untyped_storage().resize_()``, as FSDP frees parameter memory)
+    leaves views whose data pointer is not 0 and whose elements lie outside the
+    allocation: reading them would crash the process."""
     elements = t.storage_offset() + 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())
                                             if size > 0)
     per_byte = _PER_BYTE.get(t.dtype)
