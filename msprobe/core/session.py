@@ -311,10 +311,9 @@ class Session:
                 return
             if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
                 call = dataclasses.replace(call, leaves=self._named(call))
-            if self.stacks.new_stacks:
-                for sid, frames in self.stacks.drain():
-                    self._stacks[sid] = frames
-                    self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
+            for sid, frames in self.stacks.drain():
+                self._stacks[sid] = frames
+                self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
             self._guard(self._writer.append, call)
             self._dirty = True
             self._emitted = True

@@ -12,7 +12,7 @@ import linecache
 import os
 import sys
 from types import CodeType
-from typing import Iterable
+from typing import Iterable, Sequence
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../msprobe
 _STORE_ROOT = os.path.join(os.path.dirname(_PACKAGE_ROOT), "store")
@@ -84,9 +84,13 @@ class StackInterner:
             self.new_stacks.append((sid, frames))
         return sid
 
-    def drain(self) -> list[tuple[int, tuple[str, ...]]]:
-        """Return and forget the stacks registered since the last drain."""
-        out, self.new_stacks = self.new_stacks, []
+    def drain(self) -> Sequence[tuple[int, tuple[str, ...]]]:
+        """Return and forget the stacks registered since the last drain (an empty tuple,
+        and no new list, when there are none: the session drains once per recorded entry)."""
+        out = self.new_stacks
+        if not out:
+            return ()
+        self.new_stacks = []
         return out
 
 

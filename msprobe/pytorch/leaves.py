@@ -37,7 +37,7 @@ from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
-                                   native_stats, opaque, storage_covers, tensor_stats)
+                                   native_stats, opaque, storage_holds, tensor_stats)
 from msprobe.pytorch.stats_memo import StatsMemo
 from store import schema
 from store.direct_io import ALIGN as PAGE, MIN_DIRECT_BYTES
@@ -308,8 +308,8 @@ class LeafBuilder:
         Written for the caches a training step leaves behind: each distinct PyTorch
         attribute or method read here costs microseconds when the operator before evicted its
         code (``benchmarks/cold_python.py``), so each is read once (``numel``, ``dtype``;
-        ``dim`` only for one element), the memo key is computed once (and the storage,
-        handed to the memo) and no helper function is called per tensor. The ``n``
+        ``dim`` only for one element), and the memo key and the storage are computed once
+        (the storage is handed to the memo). The ``n``
         elements from the data pointer must lie in the storage's allocation: a storage
         freed or shrunk with ``resize_`` (FSDP frees parameter memory so) leaves a view's
         pointer at its offset, not 0, and reading there would crash the process;
@@ -360,9 +360,7 @@ class LeafBuilder:
         else:
             st = native_stats(t, reduced if reduced is not None else NATIVE.reduce_at(ptr, n, kind), n, zero_dim)
             memo.put_at(key, t, (st, None), keep=keep, storage=storage)
-        return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or _dtype_text(dtype),
-                          tuple(t.shape), n, st.max, st.min, st.mean, st.norm, st.max_finite, st.min_finite, None,
-                          bool(t.requires_grad), st.has_nan, st.has_inf, None, payload, None))
+        return _stats_leaf(io, path, t, n, st, None, payload, dtype)
 
     def _payload_of(self, t: torch.Tensor) -> Optional[str]:
         """Task tensor: the payload reference of ``t`` after a memo hit:
@@ -556,11 +554,7 @@ def _native_kind(t: torch.Tensor, contiguous: bool = True) -> Optional[int]:
     kind = NATIVE_KIND.get(t.dtype)
     if kind is None or not t.numel():
         return None
-    try:
-        nbytes = t.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError):  # no storage to read: a torch.func wrapper
-        return None
-    if not nbytes or not storage_covers(t, nbytes):  # freed, or shrunk below what t views
+    if not storage_holds(t):  # no storage to read (a torch.func wrapper), freed, or shrunk below t
         return None
     return kind
 
@@ -635,15 +629,16 @@ def _dtype_text(dtype: torch.dtype) -> str:
 
 
 def _stats_leaf(io: str, path: tuple, t: torch.Tensor, numel: int, st: TensorStats, crc: Optional[str],
-                payload: Optional[str]) -> Leaf:
-    """The tensor leaf of ``t`` (``numel`` elements) with statistics ``st``, CRC-32 ``crc``
-    (8 hex digits or None) and payload reference ``payload`` (or None)."""
+                payload: Optional[str], dtype: Optional[torch.dtype] = None) -> Leaf:
+    """The tensor leaf of ``t`` (``numel`` elements; ``dtype``: ``t.dtype`` when the caller
+    has read it) with statistics ``st``, CRC-32 ``crc`` (8 hex digits or None) and payload
+    reference ``payload`` (or None)."""
+    if dtype is None:
+        dtype = t.dtype
     # make_leaf: the fields in LEAF_FIELDS order, without keyword parsing (hot path)
-    dtype = t.dtype
-    return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or _dtype_text(dtype), tuple(t.shape),
-                      numel, st.max, st.min,
-                      st.mean, st.norm, st.max_finite, st.min_finite, crc, bool(t.requires_grad), st.has_nan,
-                      st.has_inf, None, payload, None))
+    return make_leaf((io, path, _TENSOR, "torch.Tensor", _DTYPE_TEXT.get(dtype) or _dtype_text(dtype),
+                      tuple(t.shape), numel, st.max, st.min, st.mean, st.norm, st.max_finite, st.min_finite, crc,
+                      bool(t.requires_grad), st.has_nan, st.has_inf, None, payload, None))
 
 
 def _leaf_kind(value: Any) -> Optional[str]:

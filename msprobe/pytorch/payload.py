@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from msprobe.pytorch.ptfile import save_values
-from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized, storage_covers
+from msprobe.pytorch.stats import OPAQUE_DTYPES, is_dense, materialized, storage_holds
 from store.direct_io import address_of
 from store.payload_writer import Payload
 
@@ -40,19 +40,13 @@ VIEWS_LIMIT = 256
 
 def readable(t: torch.Tensor) -> bool:
     """True if ``t``'s values can be snapshotted: strided layout, not on the meta device,
-    and every element inside its storage (:func:`~msprobe.pytorch.stats.storage_covers`:
+    and every element inside its storage (:func:`~msprobe.pytorch.stats.storage_holds`:
     not a view of a storage freed or shrunk with ``resize_``, whose data pointer is not 0;
     reading it would crash the process). A tensor without a storage to ask (a subclass)
     counts as readable."""
     if not (t.layout == torch.strided and t.device.type != "meta"):
         return False
-    if not t.numel():
-        return True
-    try:
-        nbytes = t.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError):
-        return True
-    return storage_covers(t, nbytes)
+    return not t.numel() or storage_holds(t) is not False
 
 
 def tensor_bytes(t: torch.Tensor) -> Optional[tuple[Union[bytes, np.ndarray], str, tuple[int, ...]]]:

@@ -197,11 +197,18 @@ def has_data(t: torch.Tensor) -> bool:
     views: :func:`storage_covers`)."""
     if not (t.layout == torch.strided and not t.is_meta and t.numel() > 0):
         return False
+    return storage_holds(t) is not False  # None: a tensor subclass without a storage
+
+
+def storage_holds(t: torch.Tensor) -> Optional[bool]:
+    """:func:`storage_covers` of the non-empty strided ``t`` and its own storage's size
+    (False for a storage freed to 0 bytes); None when ``t`` has no storage to ask (a
+    ``torch.func`` wrapper, a tensor subclass)."""
     try:
-        storage = t.untyped_storage()
-        return storage.nbytes() > 0 and storage_covers(t, storage.nbytes())
-    except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
-        return True
+        nbytes = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return storage_covers(t, nbytes)
 
 
 def storage_covers(t: torch.Tensor, nbytes: int) -> bool:

@@ -35,6 +35,7 @@ def test_identical_stacks_share_one_id_and_one_queued_stack():
     other_line = sys._getframe().f_lineno - 1
     assert other != ids[0]
     assert interner.drain()[0][1][1] == _frame_text(__file__, other_line, this)
+    assert len(interner.drain()) == 0  # nothing new since
 
 
 def test_equal_code_objects_of_two_files_are_two_stacks(tmp_path):
