@@ -11,8 +11,21 @@ record (a handful of list appends, independent of the number of leaves); the rec
 turned into columns (one Python list per column, then one Arrow array per column; a column
 of nulls only is ``pa.nulls``, the same bytes) when a batch is flushed: when ``flush_rows``
 rows are pending, when ``flush_interval_s`` has passed since the last flush (checked on each
-append), and on :meth:`LogWriter.flush`, :meth:`LogWriter.take_step` and
-:meth:`LogWriter.close`.
+append, and by the flush timer), and on :meth:`LogWriter.flush`, :meth:`LogWriter.take_step`
+and :meth:`LogWriter.close`.
+
+Flush timer. A process that records and then stalls (a collective that never returns, a
+deadlock) makes no further append, yet its last rows are the ones that explain the stall.
+Each writer (with ``0 < flush_interval_s < inf``) has one daemon thread that wakes
+``flush_interval_s`` after the last flush and, if rows are pending, flushes them under the
+writer's lock: the same code path as any flush, so a kill during it leaves a torn tail like
+any other. A row appended at time ``t`` is therefore in the file (handed to the operating
+system, not fsynced) by about ``t + flush_interval_s`` whether or not another append
+comes. The thread adds nothing to ``append``; it wakes at most once per
+``flush_interval_s``, never keeps the process alive, holds only a weak reference to the
+writer (a writer dropped without ``close`` is collected, and its thread ends), and ends at
+:meth:`LogWriter.close` (which joins it: nothing is written after ``close`` returns) or at
+the writer's first fault. Where no thread can be started, flushes happen on appends only.
 
 Live export. Each flushed batch is kept, until its step is taken, together with the Python
 lists its call and leaf rows were built from (:class:`store.step_rows.Part`, values as
@@ -35,7 +48,8 @@ Row conventions (see :mod:`store.schema` for the columns):
 
 Faults. An ``OSError`` (disk full, permission lost, the log file deleted: checked with
 ``fstat`` at each flush) or a record Arrow cannot convert is raised once, as
-:class:`store.errors.StoreWriteError`, from the call that hit it; the writer is a no-op
+:class:`store.errors.StoreWriteError`, from the call that hit it (for a fault of the flush
+timer: from the next call of ``append*``, ``flush``, ``take_step*`` or ``close``); the writer is a no-op
 afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
 readable. Rows appended before a write fault stay available to :meth:`LogWriter.take_step`;
 those of a batch Arrow could not convert are dropped with it.
@@ -43,11 +57,13 @@ those of a batch Arrow could not convert are dropped with it.
 The writer is thread-safe (hooks may fire on autograd worker threads). It writes only
 from the process that created it: in a forked child (a DataLoader worker forked while
 recording) flushes and ``close`` drop the rows instead of writing them, so a child can
-never interleave bytes into the parent's log.
+never interleave bytes into the parent's log. The child gets a fresh lock and no pending
+rows (the parent's flush timer may have held the lock, mid-flush, when the process forked).
 """
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -159,6 +175,35 @@ def _stop_syncer(syncer: BackgroundFsync, pid: int) -> None:
         syncer.stop(join=False)
 
 
+def _flush_timer(ref: "weakref.ref[LogWriter]", stop: threading.Event, interval: float) -> None:
+    """Body of a writer's flush-timer thread (see the module docstring): every time it
+    wakes, :meth:`LogWriter._timer_tick` flushes rows older than ``interval`` (unit: s) and
+    says how long to sleep. Ends when ``stop`` is set, the writer was collected, or the tick
+    says so (closed, failed)."""
+    wait: Optional[float] = interval
+    while not stop.wait(min(wait, threading.TIMEOUT_MAX)):
+        writer = ref()
+        if writer is None:
+            return
+        wait = writer._timer_tick()
+        del writer  # no strong reference while sleeping: a dropped writer is collected
+        if wait is None:
+            return
+
+
+def _stop_timer(stop: threading.Event) -> None:
+    """Let a flush-timer thread end (a writer garbage-collected without :meth:`LogWriter.close`)."""
+    stop.set()
+
+
+def _forget_in_child(ref: "weakref.ref[LogWriter]") -> None:
+    """After ``fork()``, in the child: a fresh lock (another thread of the parent, the flush
+    timer for one, may have held it mid-flush) and no pending rows (the child writes none)."""
+    writer = ref()
+    if writer is not None:
+        writer._forget_in_child()
+
+
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
     """Name of a log file: ``rank{rank}.{pid}.{time_ns}.arrows``.
 
@@ -236,8 +281,10 @@ class LogWriter:
         rank: global rank written into every row (column ``rank``).
         flush_rows: flush when this many rows are pending (unit: rows; a call with
             ``k`` leaves is ``1 + k`` rows). Must be >= 1.
-        flush_interval_s: flush on an append when this long has passed since the last
-            flush (unit: s). Must be >= 0.
+        flush_interval_s: flush pending rows once this long has passed since the last
+            flush (unit: s): on an append, and on the flush timer's thread when no append
+            comes (see the module docstring; 0: every append flushes, no thread). Must be
+            >= 0.
         compression: IPC buffer compression, None (default), ``"lz4"`` or ``"zstd"``.
             Statistics rows take about 265 bytes uncompressed, 68 with lz4, 36 with zstd
             (which costs about 3 us more per row at flush). Readers need no option.
@@ -306,6 +353,19 @@ class LogWriter:
         self._failed = False
         self._closed = False
         self._pid = os.getpid()  # a forked child never writes (see the module docstring)
+        self._timer_error: Optional[StoreWriteError] = None  # a fault of the flush timer, not yet raised
+        self._timer_stop = threading.Event()
+        self._timer: Optional[threading.Thread] = None
+        if 0 < self._flush_interval_s < float("inf"):
+            timer = threading.Thread(target=_flush_timer, name="msprobe-log-flush", daemon=True,
+                                     args=(weakref.ref(self), self._timer_stop, self._flush_interval_s))
+            try:
+                timer.start()
+                self._timer = timer
+            except RuntimeError:  # no thread left: flushes happen on appends only
+                pass
+            weakref.finalize(self, _stop_timer, self._timer_stop).atexit = False
+        os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
     # --- properties ------------------------------------------------------------------
     @property
@@ -346,6 +406,7 @@ class LogWriter:
                             "(write leaves=(leaf,))")
         with self._lock:
             if self._failed or self._closed:
+                self._raise_timer_error()
                 return -1
             seq = self._seq
             self._seq = seq + 1
@@ -368,6 +429,7 @@ class LogWriter:
         """
         with self._lock:
             if self._failed or self._closed or stack.stack_id in self._stacks:
+                self._raise_timer_error()
                 return
             self._stacks[stack.stack_id] = tuple(stack.frames)
             self._new_stacks.append(stack)
@@ -384,6 +446,7 @@ class LogWriter:
         """
         with self._lock:
             if self._failed or self._closed:
+                self._raise_timer_error()
                 return -1
             seq = self._seq
             self._seq = seq + 1
@@ -410,6 +473,7 @@ class LogWriter:
         """
         with self._lock:
             if self._failed or self._closed:
+                self._raise_timer_error()
                 return
             self._flush_locked(fsync and not background)
             if fsync and background and self._file is not None and os.getpid() == self._pid:
@@ -464,7 +528,9 @@ class LogWriter:
             StoreWriteError: as :meth:`take_step`.
         """
         with self._lock:
-            if not (self._failed or self._closed):
+            if self._failed or self._closed:
+                self._raise_timer_error()
+            else:
                 self._flush_locked(fsync)
             return StepRows(self._split_retained(step))
 
@@ -506,16 +572,25 @@ class LogWriter:
         """Flush with fsync, end the stream and close the file. Idempotent.
 
         Raises:
-            StoreWriteError: the final write failed (only if no fault was raised before).
+            StoreWriteError: the final write failed, or the flush timer's did and was not
+                raised yet (only if no fault was raised before).
         """
+        try:
+            self._close()
+        finally:
+            self._join_timer()  # after the lock is released: its last tick may wait for it
+
+    def _close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if os.getpid() != self._pid:  # a forked child: the helper thread is the parent's
+            self._timer_stop.set()
+            if os.getpid() != self._pid:  # a forked child: the helper threads are the parent's
                 return
             if self._failed:
                 self._syncer.stop()
+                self._raise_timer_error()
                 return
             try:
                 self._join_sync()
@@ -541,6 +616,46 @@ class LogWriter:
         self.close()
 
     # --- internals -------------------------------------------------------------------
+    def _join_timer(self) -> None:
+        """Wait for the flush timer's thread to end (after ``_timer_stop`` was set)."""
+        timer = self._timer
+        if timer is not None and timer is not threading.current_thread():
+            timer.join()
+
+    def _timer_tick(self) -> Optional[float]:
+        """One wake-up of the flush timer: flush the pending rows if the last flush is at
+        least ``flush_interval_s`` old. Returns the seconds until the next check, or None
+        when the thread should end (closed, failed, a forked child's copy). A fault is kept
+        for the next call into the writer to raise (:meth:`_raise_timer_error`)."""
+        with self._lock:
+            if self._closed or self._failed or os.getpid() != self._pid:
+                return None
+            due = self._last_flush + self._flush_interval_s - time.monotonic()
+            if due > 0:
+                return due
+            if self._pending_rows:
+                try:
+                    self._flush_locked(False)
+                except StoreWriteError as exc:
+                    self._timer_error = exc
+                    return None
+            return self._flush_interval_s
+
+    def _raise_timer_error(self) -> None:
+        """Raise the flush timer's fault if it was not raised yet (under ``_lock``)."""
+        error, self._timer_error = self._timer_error, None
+        if error is not None:
+            raise error
+
+    def _forget_in_child(self) -> None:
+        """See :func:`_forget_in_child` (in a forked child only)."""
+        self._lock = threading.Lock()
+        self._timer = None
+        self._calls, self._call_seqs, self._leaves, self._leaf_owner = [], [], [], []
+        self._new_stacks = []
+        self._markers, self._marker_seqs, self._marker_meta = [], [], []
+        self._pending_rows = 0
+
     def _maybe_flush(self) -> None:
         if (
             self._pending_rows >= self._flush_rows
@@ -584,6 +699,7 @@ class LogWriter:
     def _fail(self, exc: BaseException, doing: str) -> StoreWriteError:
         self._failed = True
         self._syncer.stop(join=False)  # no more background fsyncs: the thread ends
+        self._timer_stop.set()  # nor timed flushes
         for closer in (self._stream, self._file):
             try:
                 if closer is not None:

@@ -14,8 +14,10 @@ import signal
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from msprobe.cli import main as cli_main
@@ -23,6 +25,7 @@ from store.log_reader import read_log
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = REPO / "tests" / "crash_child.py"
+STALL_CHILD = REPO / "tests" / "stall_child.py"
 FILES = ("dump.json", "stack.json", "construct.json")
 
 
@@ -190,3 +193,58 @@ def test_corrupted_log_middle_recovers_the_batches_before(killed, tmp_path, caps
     report = export(dump, out, capsys)
     assert "skipped" in report
     assert files_of(out, 0) == files_of(dump, 0)  # step 0 lies before the damage
+
+
+def np_stats(values: list) -> dict:
+    """float64 statistics of a float32 tensor given as nested lists."""
+    a = np.asarray(values, dtype=np.float32).astype(np.float64)
+    return {"Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
+            "Norm": float(np.sqrt((a * a).sum())), "shape": list(a.shape)}
+
+
+def assert_stats(record: dict, values: list) -> None:
+    expected = np_stats(values)
+    assert record["shape"] == expected["shape"]
+    assert (record["Max"], record["Min"]) == (expected["Max"], expected["Min"])
+    for key in ("Mean", "Norm"):
+        assert record[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-12), key
+
+
+def test_killed_after_a_stall_keeps_the_rows_older_than_the_flush_interval(tmp_path, capsys):
+    """A process records, then stalls without another append (a collective that never
+    returns) and is killed by a watchdog with SIGKILL after more than the flush interval
+    (0.5 s by default): the flush timer wrote every entry recorded before the stall
+    (fewer than ``flush_rows``, no stop()/step() since start()), with its real values."""
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(STALL_CHILD), str(dump)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("READY "):
+            proc.kill()
+            raise AssertionError((line, proc.stderr.read()))
+        time.sleep(2.5)  # five flush intervals
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    values = json.loads(line[len("READY "):])
+    assert data_of(dump, 0) == {}  # the live files were only the start() skeleton
+    assert "skipped" not in export(dump, out, capsys)
+    data = data_of(out, 0)
+    assert values["names"] == ["Functional.linear.0.forward", "Module.0.Linear.forward.0",
+                               "Functional.relu.0.forward", "Module.1.ReLU.forward.0"]
+    assert list(data) == values["names"]
+    linear = data["Functional.linear.0.forward"]
+    for record, key in zip(linear["input_args"], ("x", "weight", "bias")):
+        assert_stats(record, values[key])
+    assert_stats(linear["output"][0], values["y"])
+    assert_stats(data["Module.0.Linear.forward.0"]["input_args"][0], values["x"])
+    assert_stats(data["Module.0.Linear.forward.0"]["output"][0], values["y"])
+    for name in ("Functional.relu.0.forward", "Module.1.ReLU.forward.0"):
+        assert_stats(data[name]["input_args"][0], values["y"])
+        assert_stats(data[name]["output"][0], values["z"])
