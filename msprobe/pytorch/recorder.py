@@ -95,6 +95,7 @@ class Recorder:
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
+        self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
         self.scope = ScopeRange.from_config(cfg.scope)
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
         # no scope and no list: only data_mode and autograd decide what a call records (_wanted)
@@ -402,7 +403,8 @@ class Recorder:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.modules_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
+        seen = prefix in self.modules_seen or (prefix in self.root_prefixes and bool(self.modules_seen))
+        if not seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
         if not (prefix in self.modules_bwd or s.accepts(name)):
