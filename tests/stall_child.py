@@ -7,9 +7,9 @@ Usage: ``python tests/stall_child.py DUMP_PATH``
 It runs one forward of a small model with msprobe recording at level ``mix`` and the
 log writer's default ``flush_rows`` (512) and ``flush_interval_s`` (0.5 s), so that nothing
 but the flush timer can write the entries after ``start()``. Then it prints one line
-``READY {json}`` on stdout and sleeps, waiting to be killed; the JSON holds the dump.json
-names the recorder emitted and the tensors of the forward as nested lists (``x``,
-``weight``, ``bias``, ``y``: the Linear's output, ``z``: the relu's).
+``READY {json}`` on stdout and sleeps, waiting to be killed; the JSON holds the tensors of
+the forward as nested lists (``x``, ``weight``, ``bias``, ``y``: the Linear's output, ``z``:
+the relu's).
 """
 from __future__ import annotations
 
@@ -23,22 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-import msprobe.core.session as session_module  # noqa: E402
 from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 
 
 def main() -> None:
     dump_path = sys.argv[1]
-    emitted: list[str] = []
-    original_emit = session_module.Session.emit
-
-    def emit(self, call):
-        if self.open_step(call.step):
-            emitted.append(call.name)
-        original_emit(self, call)
-
-    session_module.Session.emit = emit
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
     dbg = PrecisionDebugger(dump_path=dump_path, level="mix")
@@ -47,7 +36,7 @@ def main() -> None:
     with torch.no_grad():
         y = model[0](x)
         z = model[1](y)
-    values = {"names": emitted, "x": x.tolist(), "weight": model[0].weight.tolist(),
+    values = {"x": x.tolist(), "weight": model[0].weight.tolist(),
               "bias": model[0].bias.tolist(), "y": y.tolist(), "z": z.tolist()}
     print("READY " + json.dumps(values), flush=True)
     time.sleep(120)  # the stall: no further append, stop() or step()

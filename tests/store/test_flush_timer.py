@@ -3,7 +3,6 @@ another append; the timer thread ends at close() (and when a writer is dropped),
 writes after close(), and a fault it hits is raised once from the next call."""
 from __future__ import annotations
 
-import errno
 import gc
 import os
 import threading
@@ -14,8 +13,9 @@ import pytest
 from store import schema as S
 from store.errors import StoreWriteError
 from store.log_reader import LogReader
-from store.log_writer import LogWriter, _open_private
+from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker
+from test_log_writer import FlakyFile
 
 LEAF = Leaf(io="output", path=(0,), leaf_kind="tensor", type="torch.Tensor", dtype="torch.float32",
             shape=(2,), numel=2, max=3.5, min=-1.25, mean=1.125, norm=3.716517186,
@@ -106,41 +106,12 @@ def test_a_dropped_writer_lets_its_timer_end(tmp_path):
     assert not timer.is_alive()
 
 
-class FullDisk:
-    """A log file whose writes fail with ENOSPC once ``full`` is set."""
-
-    def __init__(self, path: str) -> None:
-        self.inner = _open_private(path)
-        self.full = False
-
-    def write(self, data) -> int:
-        if self.full:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self.inner.write(data)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def fileno(self) -> int:
-        return self.inner.fileno()
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
-
-
 @pytest.mark.parametrize("next_call", ["append", "close"])
 def test_a_fault_of_the_timer_is_raised_once_by_the_next_call(tmp_path, next_call):
     files = []
 
     def opener(path):
-        files.append(FullDisk(path))
+        files.append(FlakyFile(path))
         return files[-1]
 
     writer, (timer,) = new_threads(
