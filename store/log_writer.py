@@ -21,8 +21,8 @@ Each writer (with ``0 < flush_interval_s < inf``) has one daemon thread that wak
 writer's lock: the same code path as any flush, so a kill during it leaves a torn tail like
 any other. A row appended at time ``t`` is therefore in the file (handed to the operating
 system, not fsynced) by about ``t + flush_interval_s`` whether or not another append
-comes. The thread adds nothing to ``append``; it wakes at most once per
-``flush_interval_s``, never keeps the process alive, holds only a weak reference to the
+comes. The thread adds nothing to ``append``; it wakes about once per
+``flush_interval_s`` at most, never keeps the process alive, holds only a weak reference to the
 writer (a writer dropped without ``close`` is collected, and its thread ends), and ends at
 :meth:`LogWriter.close` (which joins it: nothing is written after ``close`` returns) or at
 the writer's first fault. Where no thread can be started, flushes happen on appends only.
@@ -48,9 +48,9 @@ Row conventions (see :mod:`store.schema` for the columns):
 
 Faults. An ``OSError`` (disk full, permission lost, the log file deleted: checked with
 ``fstat`` at each flush) or a record Arrow cannot convert is raised once, as
-:class:`store.errors.StoreWriteError`, from the call that hit it (for a fault of the flush
-timer: from the next call of ``append*``, ``flush``, ``take_step*`` or ``close``); the writer is a no-op
-afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
+:class:`store.errors.StoreWriteError`, from the call that hit it (a fault of the flush
+timer: from the next ``append*``, ``flush``, ``take_step*`` or ``close``); the writer is a
+no-op afterwards (:attr:`LogWriter.failed`), and what it flushed before stays
 readable. Rows appended before a write fault stay available to :meth:`LogWriter.take_step`;
 those of a batch Arrow could not convert are dropped with it.
 

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import shutil
+import time
 
 import pytest
 import torch
@@ -122,6 +123,50 @@ def test_write_fault_mid_training(tmp_path, monkeypatch, reference, errors, erro
     # nothing of the failed step reached the log; no step after it was started
     steps = set(read_log(dump).table.column("step").to_pylist())
     assert steps <= {-1, 0, 1}
+    assert not (dump / "step3").exists()
+
+
+def test_write_fault_in_the_flush_timer(tmp_path, monkeypatch, reference, errors):
+    """The log writer's flush timer hits a full disk in the middle of step 2, while the
+    training computes and nothing is appended: the next call into the writer raises the
+    fault, msprobe logs one error and stops recording, and the training is unchanged."""
+    files, writers = [], []
+
+    def opener(path):
+        files.append(FailingFile(path, OSError(errno.ENOSPC, "No space left on device")))
+        return files[-1]
+
+    def make_writer(*args, **kwargs):
+        writers.append(LogWriter(*args, flush_interval_s=0.05, _open=opener, **kwargs))
+        return writers[-1]
+
+    monkeypatch.setattr(session_module, "LogWriter", make_writer)
+    dump = tmp_path / "d"
+    hit = []
+
+    def stall_once(module, args, output):  # a global forward hook: runs after rows are queued
+        if not hit:
+            hit.append(True)
+            files[0].fail = True
+            deadline = time.monotonic() + 20
+            while not writers[0].failed and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    def on_step(step):
+        if step == 2:
+            handles.append(torch.nn.modules.module.register_module_forward_hook(stall_once))
+
+    handles = []
+    try:
+        assert same(train(dump, on_step), reference)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert hit and writers[0].failed
+    logged = errors()
+    assert len(logged) == 1, logged
+    assert "recording stopped" in logged[0] and "No space left on device" in logged[0]
+    assert_steps_readable(dump, (0, 1), tmp_path)
     assert not (dump / "step3").exists()
 
 

@@ -56,7 +56,8 @@ def test_rows_reach_the_file_without_another_append(tmp_path):
     assert wait_until(lambda: len(file_rows(writer)) == 3)  # no append, flush or close since
     rows = file_rows(writer)
     call, leaf, marker = rows
-    assert (call[S.ROW], call[S.SEQ], call[S.NAME], call[S.RANK]) == (S.ROW_CALL, seq, "Torch.add.0.forward", 2)
+    assert (call[S.ROW], call[S.SEQ], call[S.NAME], call[S.RANK]) == (
+        S.ROW_CALL, seq, "Torch.add.0.forward", 2)
     assert (leaf[S.ROW], leaf[S.MAX], leaf[S.MIN], leaf[S.MEAN], leaf[S.NORM], leaf[S.SHAPE]) == (
         S.ROW_LEAF, 3.5, -1.25, 1.125, 3.716517186, [2])
     assert (marker[S.ROW], marker[S.SEQ], marker[S.META]) == (S.ROW_MARKER, seq + 1, '{"a":1}')
@@ -92,7 +93,8 @@ def test_nothing_is_written_after_close(tmp_path):
 
 def test_no_thread_for_interval_zero_or_infinite(tmp_path):
     for interval in (0.0, float("inf")):
-        writer, started = new_threads(lambda: LogWriter(tmp_path / str(interval), 0, flush_interval_s=interval))
+        writer, started = new_threads(
+            lambda: LogWriter(tmp_path / str(interval), 0, flush_interval_s=interval))
         assert started == []
         writer.close()
 
