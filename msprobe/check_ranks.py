@@ -227,7 +227,7 @@ def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[in
         f"WHERE grp = ? AND n_ranks > 1 AND category IN ({cat_sql}){step_sql}", [g]).fetchall()[0]
     seen_steps = tuple(sorted(counts[2] or ()))
     first_rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree "
-                            f"AND category IN ({cat_sql}){step_sql} ORDER BY step, pos, io_order, io, arg LIMIT 1",
+                            f"AND category IN ({cat_sql}){step_sql} ORDER BY step, pos, io_order, io, arg, process_group LIMIT 1",
                        [g])
     if not first_rows:
         return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=None)
@@ -239,7 +239,7 @@ def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[in
     downstream, spread = None, {}
     if majority:
         later = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree AND step >= ?"
-                           f"{step_sql} ORDER BY step, pos, io_order, io, arg", [g, row[S.STEP]])
+                           f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, row[S.STEP]])
         for other in later:
             if not _odd_differs(other, odd, majority, tol):
                 continue

@@ -23,7 +23,7 @@ def view(rows, groups, tol=0.0):
     con = duckdb.connect()
     con.register("src", pa.Table.from_pylist(rows))
     create_replicas_view(con, "SELECT * FROM src", groups, tol=tol)
-    cur = con.execute("SELECT * FROM replicas ORDER BY grp, step, pos, io_order, name, io, arg")
+    cur = con.execute("SELECT * FROM replicas ORDER BY grp, step, pos, io_order, name, io, arg, process_group")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
