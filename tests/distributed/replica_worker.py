@@ -7,6 +7,7 @@ DDP ``Net`` (SGD, 3 steps, level mix; a ``Distributed.all_reduce`` of the loss p
 ``clean``  summary_mode md5, every rank gets the same batch.
 ``flip``   as clean, but before step 2's ``start()`` rank 2 flips bit ``FLIP_BIT`` of
            ``fc1.weight[0, 0]`` (outside recording: the flip itself is no entry).
+``preset`` as flip, recorded with :data:`PRESET` (level L0, data_mode forward+input).
 ``batch``  summary_mode statistics; at step 1 rank 1 gets another batch.
 ``fsdp1`` / ``fsdp2``  ``FullyShardedDataParallel`` (forward and backward only, no
            optimizer step) and ``fully_shard`` (with SGD), md5, 2 steps, a different batch
@@ -48,11 +49,15 @@ def batch(step: int, rank: int = 0) -> torch.Tensor:
     return torch.randn(6, 4, generator=torch.Generator().manual_seed(1000 * rank + step))
 
 
-def debugger(out: str, name: str, rank: int, summary_mode: str) -> PrecisionDebugger:
+#: the replica-check configuration of docs/distributed.md (module inputs and parameters, md5)
+PRESET = {"level": "L0", "statistics": {"summary_mode": "md5", "data_mode": ["forward", "input"]}}
+
+
+def debugger(out: str, name: str, rank: int, summary_mode: str, **cfg) -> PrecisionDebugger:
     path = os.path.join(out, f"config_{name}{rank}.json")
     with open(path, "w") as fh:
         json.dump({"task": "statistics", "dump_path": os.path.join(out, name), "level": "mix",
-                   "statistics": {"summary_mode": summary_mode}}, fh)
+                   "statistics": {"summary_mode": summary_mode}, **cfg}, fh)
     return PrecisionDebugger(config_path=path)
 
 
@@ -69,7 +74,7 @@ def train(model: nn.Module, dbg: PrecisionDebugger, rank: int, name: str, steps:
     # docs/distributed.md)
     opt = None if name == "fsdp1" else torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
-        if name == "flip" and step == FLIP_STEP and rank == FLIP_RANK:
+        if name in ("flip", "preset") and step == FLIP_STEP and rank == FLIP_RANK:
             flip_bit(model.module.fc1.weight, FLIP_BIT)
         if name == "batch" and step == BATCH_STEP and rank == BATCH_RANK:
             x = batch(step, rank)
@@ -97,6 +102,9 @@ def main(out: str) -> None:
         torch.manual_seed(0)
         model = nn.parallel.DistributedDataParallel(Net())
         train(model, debugger(out, name, rank, mode), rank, name, STEPS)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net())
+    train(model, debugger(out, "preset", rank, "md5", **PRESET), rank, "preset", STEPS)
     from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
     torch.manual_seed(0)

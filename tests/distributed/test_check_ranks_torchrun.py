@@ -55,6 +55,26 @@ def test_clean_run_agrees(runs, capsys):
     assert "all replicas agree" in capsys.readouterr().out
 
 
+def test_world_size_recorded_in_markers(runs):
+    import json
+
+    from store.log_reader import read_log
+
+    table = read_log(runs / "clean").table
+    metas = [json.loads(m) for m, row in zip(table.column("meta").to_pylist(), table.column("row").to_pylist())
+             if row == "marker"]
+    assert metas and {m["world_size"] for m in metas} == {4}
+
+
+def test_preset_records_parameters_only_and_finds_the_flip(runs):
+    kinds = query(runs / "preset", "SELECT DISTINCT kind FROM calls").column("kind").to_pylist()
+    ios = query(runs / "preset", "SELECT DISTINCT io FROM tensors ORDER BY io").column("io").to_pylist()
+    assert kinds == ["module_forward"] and ios == ["input_args", "parameters"]
+    f = check_ranks(runs / "preset").groups[0].first
+    assert (f.step, f.name, f.arg, f.odd, f.by) == (W.FLIP_STEP, "Module.module.fc1.Linear.forward.0", "weight",
+                                                    (W.FLIP_RANK,), "crc32")
+
+
 def test_recorded_crc32_is_the_parameter_bytes(runs):
     torch.manual_seed(0)
     net = W.Net()
