@@ -381,7 +381,8 @@ class EntryBuilder:
                 values = entry.values
                 touched.add(entry.name)
             if leaf_kind == tensor_kind:
-                value = record
+                # a tensor leaf's value_json holds extra keys of its record ("alias_of")
+                value = record if value_json is None else {**_tensor_record(*record), **json.loads(value_json)}
             elif leaf_kind == S.LEAF_VALUE:
                 value = self._value(value_json)
             elif leaf_kind == S.LEAF_EMPTY_LIST:

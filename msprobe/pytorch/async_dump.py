@@ -82,6 +82,16 @@ class AsyncGatherer:
         self._deferred[id(leaf)] = _Deferred(leaf, vector, clone)
         return leaf
 
+    def replace(self, leaf: Leaf, **changes: Any) -> Leaf:
+        """The placeholder ``leaf`` with ``changes`` (:meth:`Leaf.replace`), still resolved
+        at :meth:`drain` (a leaf not made by :meth:`tensor_leaf` is simply replaced)."""
+        new = leaf.replace(**changes)
+        d = self._deferred.pop(id(leaf), None)
+        if d is not None:
+            d.leaf = new
+            self._deferred[id(new)] = d
+        return new
+
     def add(self, call: Call) -> None:
         """Hold ``call`` until :meth:`drain`."""
         self._calls.append(call)

@@ -33,11 +33,30 @@ def module_prefixes(models: Sequence[torch.nn.Module], indexed: bool) -> list[tu
     return out
 
 
+def root_prefixes(models: Sequence[torch.nn.Module], indexed: bool) -> list[tuple[str, torch.nn.Module]]:
+    """``(prefix, model)`` for every model of ``models`` that has submodules and
+    parameters of its own (ViT's ``cls_token``): the root is not recorded (spec 9), but its
+    own parameters' gradients are, as ``Module.model.{Class}.parameters_grad``
+    (``Module.{i}.{Class}`` for a list of models), the name a model without submodules
+    has."""
+    out = []
+    for i, model in enumerate(models):
+        if any(True for _ in model.children()) and any(
+                p.requires_grad for _, p in model.named_parameters(recurse=False)):
+            out.append((f"Module.{i if indexed else 'model'}.{type(model).__name__}", model))
+    return out
+
+
 def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recorder: Any) -> HandleGroup:
-    """Hook every module of ``models`` for ``recorder``; returns the handles."""
+    """Hook every module of ``models`` for ``recorder``, and the root's own parameters
+    (:func:`root_prefixes`); returns the handles."""
     group = HandleGroup()
     for prefix, module in module_prefixes(models, indexed):
         hook_module(module, prefix, recorder, group, group)
+    recorder.root_prefixes.clear()
+    for prefix, model in root_prefixes(models, indexed):
+        recorder.root_prefixes.add(prefix)
+        install_grad_hooks(model, prefix, recorder, group)
     return group
 
 

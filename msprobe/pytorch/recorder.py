@@ -12,6 +12,7 @@ they never propagate into the training script.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import torch
@@ -41,7 +42,7 @@ def in_recompute() -> bool:
 
 
 class _ApiPlan:
-    __slots__ = ("family", "fwd", "want_fwd", "pending", "leaves", "args", "kwargs", "originals",
+    __slots__ = ("family", "fwd", "want_fwd", "pending", "leaves", "tap",
                  "parent", "stack_id", "recompute")
 
 
@@ -53,7 +54,7 @@ class ModuleFrame:
     module is the scope's last entry, which closes when it finishes."""
 
     __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
-                 "pending", "originals", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end",
+                 "pending", "tap", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end",
                  "done")
 
 
@@ -94,6 +95,7 @@ class Recorder:
         self.pending: dict[int, PendingBackward] = {}
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
+        self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
         self.scope = ScopeRange.from_config(cfg.scope)
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
         # no scope and no list: only data_mode and autograd decide what a call records (_wanted)
@@ -205,18 +207,18 @@ class Recorder:
             if getattr(original, "__msprobe_original__", None) is not None:
                 tls.busy = False  # another debugger's wrapper: let it record the call too
                 try:
-                    out = original(*plan.args, **plan.kwargs)
+                    out = original(*args, **kwargs)
                 finally:
                     tls.busy = True
             else:
-                out = original(*plan.args, **plan.kwargs)
+                out = original(*args, **kwargs)
             if writes and memo.entries:  # again: another thread may have recorded them meanwhile
                 _forget(memo, writes, args, kwargs)
             try:
                 return self._api_after(plan, out)
             except Exception as exc:
                 self.internal_error(exc)
-                return _unview(out, plan.originals.originals if plan.originals is not None else None)
+                return out
             finally:
                 if closing is not None:
                     self.scope.exit(closing)
@@ -253,21 +255,20 @@ class Recorder:
             if kwargs:
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
         plan.leaves = leaves
-        plan.args, plan.kwargs, plan.originals = args, kwargs, None
+        plan.tap = None
         plan.pending = None
         if want_bwd:
             pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
                                       parent=to_backward(plan.parent), stack_id=plan.stack_id,
                                       keys=self._bwd_keys)
-            plan.args, plan.kwargs, plan.originals = self.taps.tap_inputs(pending, args, kwargs, share=True)
+            plan.tap = self.taps.tap_inputs(pending, args, kwargs)
             plan.pending = pending
         return plan
 
     def _api_after(self, plan: _ApiPlan, out: Any) -> Any:
         s = self.session
-        result = out
         if plan.pending is not None:
-            result = self.taps.tap_outputs(plan.pending, out, plan.originals)
+            self.taps.tap_outputs(plan.pending, out, plan.tap)
             self._keep_pending(plan.pending)
 
         if plan.want_fwd:
@@ -276,7 +277,7 @@ class Recorder:
             self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
                            parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                            keys=self._api_keys, leaves=tuple(plan.leaves)))
-        return result
+        return out
 
     # --- module calls --------------------------------------------------------------------------
     def module_pre(self, module: torch.nn.Module, prefix: str, args: tuple, kwargs: dict):
@@ -297,14 +298,9 @@ class Recorder:
                 frame = _ScopeEnd(self._closing)
             stack.append(frame)
             pushed = True
-            if type(frame) is not ModuleFrame or frame.pending is None:
-                return None
-            # in place: a module may change a list it was given (append to it) for its caller
-            new_args, new_kwargs, frame.originals = self.taps.tap_inputs(frame.pending, args, kwargs, share=True,
-                                                                         in_place=True)
-            if new_args is args and new_kwargs is kwargs:
-                return None
-            return new_args, new_kwargs
+            if type(frame) is ModuleFrame and frame.pending is not None:
+                frame.tap = self.taps.tap_inputs(frame.pending, args, kwargs)
+            return None
         except Exception as exc:
             self.internal_error(exc)
             if not pushed:
@@ -332,7 +328,7 @@ class Recorder:
         frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
         frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
         frame.scope_end = self._closing is not None
-        frame.originals = None
+        frame.tap = None
         leaves: list[Leaf] = []
         if want_fwd:
             if dm.allows("forward", "input"):
@@ -373,15 +369,12 @@ class Recorder:
         if frame.scope_end:
             self.scope.exit(frame.name)
         if not frame.done:
-            if type(frame) is ModuleFrame:
-                self.taps.restore(frame.originals)
             return None  # the forward raised: no entry (its output is unknown)
         prev = getattr(tls, "busy", False)
         tls.busy = True
         try:
-            result = output
             if frame.pending is not None:
-                result = self.taps.tap_outputs(frame.pending, output, frame.originals)
+                self.taps.tap_outputs(frame.pending, output, frame.tap)
                 self._keep_pending(frame.pending)
             if frame.want_fwd:
                 dm = self.dm
@@ -398,13 +391,11 @@ class Recorder:
                             api_type=frame.prefix.split(".", 1)[0], parent=frame.parent,
                             stack_id=frame.stack_id, is_recompute=frame.recompute,
                             keys=tuple(keys), leaves=tuple(frame.leaves)))
-            return None if result is output else result
+            return None
         except Exception as exc:
             self.internal_error(exc)
             return None
         finally:
-            if type(frame) is ModuleFrame:
-                self.taps.restore(frame.originals)
             tls.busy = prev
 
     # --- parameter gradients ----------------------------------------------------------------
@@ -412,7 +403,8 @@ class Recorder:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.modules_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
+        seen = prefix in self.modules_seen or (prefix in self.root_prefixes and bool(self.modules_seen))
+        if not seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
         if not (prefix in self.modules_bwd or s.accepts(name)):
@@ -451,13 +443,13 @@ class Recorder:
             grads = pending.grads_in if side == "input" else pending.grads_out
             if grad is not None and isinstance(grad, torch.Tensor):
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
-                for p in paths:
-                    if p == paths[0]:
-                        grads[p] = first
-                    elif self.gatherer is None:
-                        grads[p] = _with_path(first, p)
+                grads[paths[0]] = first
+                for p in paths[1:]:  # slots holding the same tensor: an alias of the first
+                    if self.gatherer is None:
+                        grads[p] = alias_leaf(first, side, p, paths[0])
                     else:  # async placeholders are resolved by identity: one per slot
-                        grads[p] = self.leaves.tensor_leaf(side, p, grad)
+                        grads[p] = self.gatherer.replace(self.leaves.tensor_leaf(side, p, grad),
+                                                         value_json=alias_text(side, paths[0]))
             if side == "output":
                 pending.fired_out += 1
                 complete = pending.fired_out >= pending.expect_out
@@ -485,7 +477,9 @@ class Recorder:
         try:
             for pending in list(self.pending.values()):
                 if not pending.done and self.session.open_step(pending.step):
-                    self._emit_pending(pending)
+                    self.taps.settle(pending)
+                    if not pending.done:
+                        self._emit_pending(pending)
             self.pending.clear()
             self.leaves.memo.clear()
             self.drain()
@@ -524,10 +518,21 @@ def _forget(memo: Any, writes: int, args: tuple, kwargs: dict) -> None:
         memo.clear()
 
 
-def _with_path(leaf, path: tuple):
-    if isinstance(leaf, PendingLeaf):
-        return PendingLeaf(leaf.leaf.replace(path=path), leaf.vector)
-    return leaf.replace(path=path)
+def alias_text(io: str, target: tuple) -> str:
+    """The ``value_json`` of a tensor leaf that aliases the slot ``target`` of ``io``:
+    ``{"alias_of": "output.0"}``."""
+    return json.dumps({"alias_of": ".".join((io,) + tuple(str(p) for p in target))}, separators=(",", ":"))
+
+
+def alias_leaf(first: Any, io: str, path: tuple, target: tuple) -> Any:
+    """The leaf of the argument slot ``path`` that holds the same tensor as the slot
+    ``target`` (whose leaf is ``first``, a :class:`Leaf` or :class:`PendingLeaf`): the same
+    statistics, and ``"alias_of": "{io}.{target path}"`` in its dump.json record
+    (``value_json`` of a tensor leaf holds the record's extra keys)."""
+    extra = alias_text(io, target)
+    if isinstance(first, PendingLeaf):
+        return PendingLeaf(first.leaf.replace(path=path, value_json=extra), first.vector)
+    return first.replace(path=path, value_json=extra)
 
 
 def _as_list(out: Any) -> list:
@@ -535,10 +540,3 @@ def _as_list(out: Any) -> list:
     if isinstance(out, (list, tuple)) and (not hasattr(out, "_fields") or is_structseq(out)):
         return list(out)
     return [out]
-
-
-def _unview(out: Any, originals: dict) -> Any:
-    """Hand back the caller's tensor where an in-place call returned our input view."""
-    if originals and isinstance(out, torch.Tensor):
-        return originals.get(id(out), out)
-    return out

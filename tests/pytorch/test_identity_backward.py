@@ -188,9 +188,10 @@ class _Twice(nn.Module):
 
 
 def test_identity_inside_a_module_whose_input_has_other_uses(tmp_path):
-    """F.dropout(p=0) hands back the module's input view, which stays in the graph (the
-    module is no identity): its gradient is the one through the module, not the whole
-    gradient of the module's input (used outside the module too)."""
+    """F.dropout(p=0) hands back the module's input, which autograd cannot tell from the
+    module's input itself (no node is added to tell them apart: that would change the
+    gradient sums): both its slots hold the whole gradient of that tensor, its use outside
+    the module included; the module (no identity) records its own part."""
     torch.manual_seed(0)
     net = _Twice()
     w = torch.randn(4, 4, requires_grad=True)
@@ -203,12 +204,15 @@ def test_identity_inside_a_module_whose_input_has_other_uses(tmp_path):
     data = _record(tmp_path, run, "mix", net)
     h = torch.matmul(inp, w.detach()).requires_grad_()
     d = h.detach().requires_grad_()
-    (g,) = torch.autograd.grad((d * 2).square().sum(), d)  # w.r.t. the dropout's input
+    (gm,) = torch.autograd.grad((h * 2).square().sum() + h.sum(), h)  # h's whole gradient
     entry = data["Functional.dropout.0.backward"]
-    assert_record(entry["input"][0], g)
-    assert_record(entry["output"][0], g)
-    (gm,) = torch.autograd.grad((h * 2).square().sum() + h.sum(), h)
-    assert_record(data["Module.model._Twice.backward.0"]["output"][0], gm - 1)
+    assert_record(entry["input"][0], gm)
+    assert_record(entry["output"][0], gm)
+    (g,) = torch.autograd.grad((d * 2).square().sum(), d)  # through the module alone
+    assert_record(data["Module.model._Twice.backward.0"]["output"][0], g)
+    o = (d.detach() * 2).requires_grad_()
+    (go,) = torch.autograd.grad(o.square().sum(), o)  # w.r.t. the module's output
+    assert_record(data["Module.model._Twice.backward.0"]["input"][0], go)
 
 
 class _Wrap(nn.Module):
