@@ -35,12 +35,14 @@ REPO_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from workloads import CONFIGS  # noqa: E402  (benchmarks/ only; never the msprobe package)
 
-CONFIG_ORDER = ["none", "l1_stats", "mix_stats", "l1_md5", "l1_tensor", "mix_stopped"]
+CONFIG_ORDER = ["none", "l1_stats", "mix_stats", "l1_md5", "mix_md5", "l0_params_md5", "l1_tensor", "mix_stopped"]
 CONFIG_LABELS = {
     "none": "uninstrumented",
     "l1_stats": "L1 statistics",
     "mix_stats": "mix statistics",
     "l1_md5": "L1 md5",
+    "mix_md5": "mix md5",
+    "l0_params_md5": "L0 md5, data_mode forward+input",
     "l1_tensor": "L1 tensor",
     "mix_stopped": "mix, hooks installed, stopped",
 }

@@ -36,9 +36,14 @@ CONFIGS = {
     "l1_stats": ("statistics", "L1", "statistics", "record"),
     "mix_stats": ("statistics", "mix", "statistics", "record"),
     "l1_md5": ("statistics", "L1", "md5", "record"),
+    "mix_md5": ("statistics", "mix", "md5", "record"),
+    # the replica-check combination of docs/distributed.md: module parameters (and inputs) only
+    "l0_params_md5": ("statistics", "L0", "md5", "record"),
     "l1_tensor": ("tensor", "L1", "statistics", "record"),
     "mix_stopped": ("statistics", "mix", "statistics", "stopped"),
 }
+#: data_mode of the configurations that do not record everything (default ["all"])
+DATA_MODE = {"l0_params_md5": ["forward", "input"]}
 
 
 def config_json(name, dump_path):
@@ -53,7 +58,8 @@ def config_json(name, dump_path):
         "step": [],
         "level": level,
         "async_dump": False,
-        "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": summary_mode},
+        "statistics": {"scope": [], "list": [], "data_mode": DATA_MODE.get(name, ["all"]),
+                       "summary_mode": summary_mode},
         "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "npy"},
     }
 

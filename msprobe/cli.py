@@ -16,6 +16,9 @@
         [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm [LAYER.yaml]]
         upstream spellings: -i compare.json, -tp/-gp, -o/--output_path, -m auto, -s, -c, -hl,
         -f/-fm, -da, -tensor_log, --xlsx (docs/compare-upstream-formats.md)
+    msprobe check-ranks DUMP_PATH [--group 0-7 ...] [--step 0-4] [--all-calls] [--tol REL]
+        the first tensor on which data-parallel replicas disagree (see msprobe.check_ranks);
+        exit status 0 all agree, 1 a disagreement, 2 bad input
     msprobe compare TARGET --nan-origin
         find the first divergence between two dumps (see msprobe.compare); exit status
         0 no divergence, 1 divergence, 2 bad input
@@ -86,6 +89,17 @@ def _parser() -> argparse.ArgumentParser:
         help="output directory (default: DUMP_PATH/.msprobe/parquet)",
     )
     _add_compare(commands)
+    ranks = commands.add_parser("check-ranks", help="find the first tensor on which replicas disagree")
+    ranks.add_argument("dump_path", metavar="DUMP_PATH", help="our dump path or an upstream step*/rank*/ layout")
+    ranks.add_argument("--group", action="append", default=None, metavar="RANKS",
+                       help="ranks that are replicas of each other, e.g. 0-3; repeat for several groups "
+                            "(default: every rank of the recorded world size)")
+    ranks.add_argument("--step", default=None, help="steps to check, e.g. 0-4 (default: all)")
+    ranks.add_argument("--all-calls", action="store_true",
+                       help="compare every recorded tensor (ranks fed the same data), not only parameters "
+                            "and replicated collective outputs")
+    ranks.add_argument("--tol", default="0", help="relative tolerance of statistics where no CRC-32 was "
+                                                  "recorded (default 0: equal statistics)")
     return parser
 
 
@@ -355,6 +369,24 @@ def _run_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_check_ranks(args: argparse.Namespace) -> int:
+    from msprobe.check_ranks import CheckRanksInputError, check_ranks, format_report, parse_ranks
+
+    try:
+        groups = [list(parse_ranks("--group", g)) for g in args.group] if args.group else None
+        steps = list(parse_ranks("--step", args.step)) if args.step is not None else None
+        try:
+            tol = float(args.tol)
+        except ValueError:
+            raise CheckRanksInputError(f"--tol: got {args.tol!r}; expected a finite number >= 0") from None
+        result = check_ranks(args.dump_path, groups=groups, steps=steps, all_calls=args.all_calls, tol=tol)
+    except CheckRanksInputError as exc:
+        print(f"msprobe check-ranks: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(result))
+    return result.exit_code
+
+
 def _run_query(args: argparse.Namespace) -> int:
     from msprobe.compare.outputs import is_compare_output, query_outputs
     from store.query import query
@@ -422,6 +454,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             return _run_compact(args)
         if args.command == "compare":
             return _run_compare(args)
+        if args.command == "check-ranks":
+            return _run_check_ranks(args)
         return _run_query(args)
     except BrokenPipeError:
         raise   # stdout closed early: main() ends quietly

@@ -16,6 +16,10 @@ The views are the public contract (design.md, section Store):
     ``tensors`` (``seq`` tells them apart: a later file's rows come after an earlier one's).
 ``stacks``
     stack_id, depth (0 = innermost frame), frame.
+``replicas``
+    one row per tensor recorded by the ranks of one replica group, the ranks' CRC-32s
+    and statistics side by side and whether they agree (:mod:`store.replicas`); the group
+    is ranks ``0 .. world_size-1`` of the recorded world size, else the ranks in the log.
 
 ``seq`` orders the rows of one rank (see :class:`store.log_reader.LogContents`).
 The connection is in-memory and read-only towards the file system: after setup,
@@ -34,8 +38,9 @@ import pyarrow as pa
 from store import schema as S
 from store.errors import QueryError
 from store.log_reader import LogContents, read_log
+from store.replicas import create_replicas_view, default_groups, log_source_sql, recorded_world_size
 
-__all__ = ["VIEW_CALLS", "VIEW_STACKS", "VIEW_TENSORS", "connect", "query"]
+__all__ = ["VIEW_CALLS", "VIEW_STACKS", "VIEW_TENSORS", "connect", "query", "set_replica_groups"]
 
 VIEW_TENSORS = "tensors"
 VIEW_CALLS = "calls"
@@ -84,6 +89,16 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         f"CREATE VIEW {VIEW_STACKS} AS SELECT {S.STACK_ID}, {DEPTH}, {FRAME} FROM {_STACK_TABLE}"
     )
+    ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log}").fetchall()]
+    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks))
+
+
+def set_replica_groups(con: duckdb.DuckDBPyConnection, groups, *, tol: float = 0.0) -> None:
+    """Redefine the ``replicas`` view of a connection from :func:`connect` for the rank
+    groups ``groups`` (e.g. ``[[0, 1], [2, 3]]``) and the statistics tolerance ``tol``
+    (see :func:`store.replicas.create_replicas_view`, which raises ValueError for bad
+    values)."""
+    create_replicas_view(con, log_source_sql(_LOG_TABLE, VIEW_CALLS), groups, tol=tol)
 
 
 def _stack_table(contents: LogContents) -> pa.Table:

@@ -96,6 +96,8 @@ class Session:
         self.finished = False
         self.rank: int | None = None
         self.rank_dir = "rank"
+        #: number of ranks of the job (torch.distributed world size); None without one
+        self.world_size: int | None = None
         self.api_counter = CallCounter()
         self.module_counter = CallCounter()
         self.data_mode = DataMode.from_config(config.data_mode)
@@ -187,8 +189,15 @@ class Session:
             stack = self.local.frames = []
         return stack
 
-    def start(self, rank: int | None, rank_dir: str) -> bool:
+    def start(self, rank: int | None, rank_dir: str, world_size: int | None = None) -> bool:
         """Turn recording on for the current step if it and the rank are selected.
+
+        Args:
+            rank: the global rank, None without a process group.
+            rank_dir: ``rank{R}`` or ``rank`` (spec 1.1).
+            world_size: the number of ranks of the job, None without a process group; it
+                goes into the markers' ``meta`` (``world_size``), where the ``replicas``
+                view reads the default rank group (store.replicas).
 
         Returns True if recording is now on."""
         if self.failed or self.finished or self.disabled or os.getpid() != self._pid:
@@ -196,7 +205,7 @@ class Session:
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
             return False
-        self.rank, self.rank_dir = rank, rank_dir
+        self.rank, self.rank_dir, self.world_size = rank, rank_dir, world_size
         if rank is None and not self.rank_selected() and not self._rank_warned:
             self._rank_warned = True
             logger.warning("msprobe: rank filter %s excludes this process: torch.distributed is not "
@@ -368,13 +377,16 @@ class Session:
 
     def meta(self) -> dict:
         step_dir = self.step_dir()
-        return {
+        meta = {
             "task": self.config.task,
             "level": self.config.level,
             "framework": self.framework,
             "dump_data_dir": self._dump_data_dir(step_dir),
             "rank_dir": self.rank_dir,
         }
+        if self.world_size is not None:
+            meta["world_size"] = self.world_size
+        return meta
 
     def step_dir(self, step: int | None = None) -> Path:
         return Path(self.config.dump_path) / f"step{self.step if step is None else step}" / self.rank_dir

@@ -48,14 +48,14 @@ _MODEL_LEVELS = ("L0", "mix")
 _API_LEVELS = ("L1", "mix")
 
 
-def _current_rank() -> tuple[Optional[int], str]:
-    """``(rank, rank_dir)``: the global rank and ``rank{R}`` when torch.distributed is
-    initialised, else ``(None, "rank")`` (spec section 1.1)."""
+def _current_rank() -> tuple[Optional[int], str, Optional[int]]:
+    """``(rank, rank_dir, world_size)``: the global rank, ``rank{R}`` and the world size
+    when torch.distributed is initialised, else ``(None, "rank", None)`` (spec section 1.1)."""
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
         r = dist.get_rank()
-        return r, f"rank{r}"
-    return None, "rank"
+        return r, f"rank{r}", dist.get_world_size()
+    return None, "rank", None
 
 
 def _dump_data_dir(dump_path: str, level: str):
@@ -128,8 +128,7 @@ class PrecisionDebugger:
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json from now on (spec 1.2)
-            rank, rank_dir = _current_rank()
-            self.session.start(rank, rank_dir)
+            self.session.start(*_current_rank())
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
@@ -152,9 +151,9 @@ class PrecisionDebugger:
                 raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them",
                                   detail=f"level {level} records modules: pass model to PrecisionDebugger(...) or start(model)")
             models, indexed = _as_models(model, level)
-        rank, rank_dir = _current_rank()
+        rank, rank_dir, world_size = _current_rank()
         self.recorder.leaves.memo.clear()
-        if not self.session.start(rank, rank_dir):
+        if not self.session.start(rank, rank_dir, world_size):
             return
         share_once(NATIVE)  # the statistics pass on PyTorch's threads, from the first recorded step on
         if level in _API_LEVELS and self._api_handles is None:

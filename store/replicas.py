@@ -1,0 +1,201 @@
+"""The ``replicas`` view: one row per tensor that ranks of one replica group recorded,
+with every rank's fingerprint side by side and whether they agree.
+
+In data parallelism many tensors must be identical on every replica. The view classifies
+each recorded tensor leaf (``category``):
+
+``parameter``
+    a module's own parameter, recorded at its forward (``io = 'parameters'`` of a
+    ``module_forward`` entry: the values the forward used; levels L0 and mix).
+``collective``
+    a tensor in ``output[0]`` of a ``Distributed.{api}`` entry (the first positional
+    argument after the call: the buffer the collective wrote) whose API leaves the same
+    result on every member of its process group: :data:`REPLICATED_COLLECTIVES`
+    (``all_reduce``, ``broadcast``, ``all_gather``, ...). The other positional arguments
+    in ``output`` (``all_gather``'s local input) are not replicas. ``reduce``, ``gather``,
+    ``scatter``, ``reduce_scatter``, ``all_to_all`` and point-to-point calls are not.
+``call``
+    every other tensor (activations, gradients, API inputs): replicas only where the
+    ranks were fed the same data (a determinism test).
+
+Rows are grouped by (``grp``, step, name, io, arg) and, for collectives, by the process
+group the call names (``process_group``, its ranks as JSON text, NULL = the default
+group), so a collective over a sub-group is compared among that sub-group's members only.
+Columns:
+
+``grp, step, name, io, arg, category, process_group``
+    the key; ``grp`` is the index of the rank group (see :func:`create_replicas_view`).
+``pos``
+    the entry's smallest position among the group's ranks (1 = first entry of the step in
+    call order; orders the rows of a step).
+``io_order``
+    0 for inputs (``input_args``, ``input_kwargs``, ``parameters``, backward ``input``),
+    1 for outputs: within one entry, inputs come first.
+``ranks, crc32, max, min, mean, norm, dtype, shape``
+    lists, one element per rank that recorded the tensor, in rank order.
+``n_ranks``
+    how many of the group's ranks recorded it (ranks that did not are not compared).
+``requires_grad``
+    true when every rank recorded ``requires_grad`` true.
+``exact``
+    every rank has a CRC-32 (summary_mode md5): agreement is CRC-32 equality.
+``agree``
+    exact: one distinct CRC-32 (and dtype and shape); otherwise dtype and shape equal and
+    each statistic's spread over ranks (max - min) at most ``tol`` times its largest
+    magnitude (``tol`` = 0: bitwise-equal statistics; NaN equals NaN). A tensor recorded
+    by one rank only agrees.
+
+The view reads a *source* relation with one row per tensor leaf and columns rank, step,
+pos, name, kind, io, arg, leaf_kind, dtype, shape, max, min, mean, norm, crc32,
+requires_grad, value_json (the log's names, store.schema); :func:`log_source_sql` builds it
+over the event log, ``msprobe.check_ranks`` over upstream dump.json files.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from store import schema as S
+
+__all__ = ["REPLICATED_COLLECTIVES", "VIEW_REPLICAS", "create_replicas_view", "default_groups",
+           "group_text", "log_source_sql", "recorded_world_size"]
+
+VIEW_REPLICAS = "replicas"
+#: Distributed APIs whose output buffers hold the same values on every member of the group
+REPLICATED_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                          "all_gather_coalesced", "all_reduce_coalesced", "_all_gather_base")
+#: the categories, in the order ``msprobe check-ranks`` checks them by default
+CATEGORIES = ("parameter", "collective", "call")
+_GROUP_TABLE = "msprobe_replica_groups"
+_INPUT_IOS = ("input_args", "input_kwargs", "parameters", "input")
+
+
+def _sql_list(values: Sequence[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def log_source_sql(log_table: str, calls_view: str) -> str:
+    """The source relation (see module docstring) over the log table ``log_table`` and the
+    ``calls`` view ``calls_view`` of :mod:`store.query`: tensor and value leaves, each with
+    its entry's position in its rank's step (``row_number`` over the entry's first seq)."""
+    return (
+        f"SELECT l.{S.RANK}, l.{S.STEP}, c.pos, l.{S.NAME}, l.{S.KIND}, l.{S.IO}, l.{S.ARG}, "
+        f"l.{S.LEAF_KIND}, l.{S.DTYPE}, l.{S.SHAPE}, l.{S.MAX}, l.{S.MIN}, l.{S.MEAN}, l.{S.NORM}, "
+        f"l.{S.CRC32}, l.{S.REQUIRES_GRAD}, l.{S.VALUE_JSON} FROM {log_table} l JOIN "
+        f"(SELECT {S.RANK}, {S.STEP}, {S.NAME}, row_number() OVER "
+        f"(PARTITION BY {S.RANK}, {S.STEP} ORDER BY {S.SEQ}) AS pos FROM {calls_view}) c "
+        f"USING ({S.RANK}, {S.STEP}, {S.NAME}) WHERE l.{S.ROW} = '{S.ROW_LEAF}'"
+    )
+
+
+def recorded_world_size(con: duckdb.DuckDBPyConnection, log_table: str) -> Optional[int]:
+    """The largest ``world_size`` in the markers' ``meta`` of ``log_table`` (None when no
+    marker has one: a run without torch.distributed, or a log written before the key)."""
+    row = con.execute(
+        f"SELECT max(TRY_CAST(json_extract({S.META}, '$.world_size') AS INTEGER)) FROM {log_table} "
+        f"WHERE {S.ROW} = '{S.ROW_MARKER}'").fetchall()
+    row = row[0] if row else None
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def default_groups(world_size: Optional[int], ranks: Sequence[int]) -> list[list[int]]:
+    """One group: ranks ``0 .. world_size-1`` when the world size is known, else the
+    ranks that recorded something (sorted).
+
+    >>> default_groups(4, [0, 2])
+    [[0, 1, 2, 3]]
+    >>> default_groups(None, [3, 1])
+    [[1, 3]]
+    """
+    if world_size:
+        return [list(range(world_size))]
+    return [sorted(set(ranks))]
+
+
+def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups: Sequence[Sequence[int]],
+                         *, tol: float = 0.0) -> None:
+    """Create (or replace) the view ``replicas`` on ``con``.
+
+    Args:
+        con: a DuckDB connection holding the relations ``source_sql`` reads.
+        source_sql: a SELECT giving the source relation (module docstring).
+        groups: rank groups whose members are replicas of each other, e.g.
+            ``[[0, 1, 2, 3]]``; a rank may belong to several groups.
+        tol: relative tolerance on statistics where no CRC-32 is recorded (>= 0).
+    Raises:
+        ValueError: ``tol`` negative or not finite, a group empty, or a rank negative.
+    """
+    if not (isinstance(tol, (int, float)) and 0 <= tol < float("inf")):
+        raise ValueError(f"tol: got {tol!r}; allowed: a finite number >= 0")
+    pairs_rank, pairs_grp = [], []
+    for g, members in enumerate(groups):
+        members = list(members)
+        if not members:
+            raise ValueError(f"groups: group {g} is empty; expected a list of ranks >= 0")
+        for r in members:
+            if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+                raise ValueError(f"groups: group {g} holds {r!r}; expected ranks (integers >= 0)")
+            pairs_rank.append(r)
+            pairs_grp.append(g)
+    con.register("msprobe_groups_source", pa.table({"rank": pa.array(pairs_rank, pa.int32()),
+                                                   "grp": pa.array(pairs_grp, pa.int32())}))
+    con.execute(f"CREATE OR REPLACE TABLE {_GROUP_TABLE} AS SELECT * FROM msprobe_groups_source")
+    con.unregister("msprobe_groups_source")
+    tol_sql = repr(float(tol))
+    collective = _sql_list(REPLICATED_COLLECTIVES)
+
+    def spread_ok(col: str) -> str:
+        return (f"(max({col}) IS NOT DISTINCT FROM min({col}) OR (max({col}) - min({col}) <= {tol_sql} * "
+                f"greatest(abs(max({col})), abs(min({col})))))")
+
+    stats_agree = " AND ".join(spread_ok(c) for c in (S.MAX, S.MIN, S.MEAN, S.NORM))
+    con.execute(f"""
+CREATE OR REPLACE VIEW {VIEW_REPLICAS} AS
+WITH src AS ({source_sql}),
+pg AS (
+    SELECT {S.RANK}, {S.STEP}, {S.NAME}, min(json_extract(CAST({S.VALUE_JSON} AS JSON), '$.value')::VARCHAR)
+           AS process_group
+    FROM src
+    WHERE {S.LEAF_KIND} = '{S.LEAF_VALUE}' AND {S.NAME} LIKE 'Distributed.%'
+      AND {S.IO} IN ('input_args', 'input_kwargs')
+      AND json_extract_string(CAST({S.VALUE_JSON} AS JSON), '$.type') = 'torch.distributed.ProcessGroup'
+    GROUP BY ALL),
+t AS (
+    SELECT s.*, g.grp,
+           CASE WHEN s.{S.KIND} = '{S.MODULE_FORWARD}' AND s.{S.IO} = 'parameters' THEN 'parameter'
+                WHEN s.{S.NAME} LIKE 'Distributed.%' AND s.{S.IO} = 'output'
+                     AND (s.{S.ARG} = '0' OR s.{S.ARG} LIKE '0.%')
+                     AND split_part(s.{S.NAME}, '.', 2) IN ({collective}) THEN 'collective'
+                ELSE 'call' END AS category,
+           CASE WHEN s.{S.NAME} LIKE 'Distributed.%' THEN pg.process_group END AS process_group
+    FROM src s JOIN {_GROUP_TABLE} g USING ({S.RANK}) LEFT JOIN pg USING ({S.RANK}, {S.STEP}, {S.NAME})
+    WHERE s.{S.LEAF_KIND} = '{S.LEAF_TENSOR}')
+SELECT grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group, min(pos) AS pos,
+       CASE WHEN {S.IO} IN ({_sql_list(_INPUT_IOS)}) THEN 0 ELSE 1 END AS io_order,
+       list({S.RANK} ORDER BY {S.RANK}) AS ranks, list({S.CRC32} ORDER BY {S.RANK}) AS {S.CRC32},
+       list({S.MAX} ORDER BY {S.RANK}) AS {S.MAX}, list({S.MIN} ORDER BY {S.RANK}) AS {S.MIN},
+       list({S.MEAN} ORDER BY {S.RANK}) AS {S.MEAN}, list({S.NORM} ORDER BY {S.RANK}) AS {S.NORM},
+       list({S.DTYPE} ORDER BY {S.RANK}) AS {S.DTYPE}, list({S.SHAPE} ORDER BY {S.RANK}) AS {S.SHAPE},
+       count(*) AS n_ranks, bool_and(coalesce({S.REQUIRES_GRAD}, false)) AS {S.REQUIRES_GRAD},
+       count({S.CRC32}) = count(*) AS exact,
+       count(DISTINCT {S.DTYPE}) <= 1 AND count(DISTINCT {S.SHAPE}) <= 1 AND
+       CASE WHEN count({S.CRC32}) = count(*) THEN count(DISTINCT {S.CRC32}) = 1
+            ELSE {stats_agree} END AS agree
+FROM t
+GROUP BY grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group
+""")
+
+
+def group_text(members: Sequence[int]) -> str:
+    """Ranks as ranges: ``[0, 1, 2, 3, 6]`` → ``'0-3,6'``."""
+    members = sorted(set(members))
+    parts, i = [], 0
+    while i < len(members):
+        j = i
+        while j + 1 < len(members) and members[j + 1] == members[j] + 1:
+            j += 1
+        parts.append(str(members[i]) if i == j else f"{members[i]}-{members[j]}")
+        i = j + 1
+    return ",".join(parts)

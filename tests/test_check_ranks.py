@@ -1,0 +1,90 @@
+"""msprobe.check_ranks and ``msprobe check-ranks``: upstream dump.json layouts, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from msprobe.check_ranks import CORRUPTION, NOT_SYNCHRONISED, CheckRanksInputError, check_ranks, parse_ranks
+from msprobe.cli import main
+
+
+def tensor(md5: str, norm: float = 1.0, requires_grad: bool = True) -> dict:
+    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0, "Min": 0.0,
+            "Mean": 0.5, "Norm": norm, "requires_grad": requires_grad, "md5": md5}
+
+
+def upstream(root: Path, ranks: int, odd: dict) -> Path:
+    """step{0,1}/rank{R}/dump.json: a Linear's forward with its parameters and an all_reduce;
+    ``odd`` maps (step, rank) to the md5 that rank records for the weight."""
+    for step in (0, 1):
+        for rank in range(ranks):
+            d = root / f"step{step}" / f"rank{rank}"
+            d.mkdir(parents=True)
+            data = {
+                "Functional.linear.0.forward": {"input_args": [tensor(f"0000000{rank}", requires_grad=False)],
+                                                "input_kwargs": {}, "output": [tensor(f"1000000{rank}")]},
+                "Module.fc.Linear.forward.0": {
+                    "input_args": [tensor(f"0000000{rank}", requires_grad=False)], "input_kwargs": {},
+                    "output": [tensor(f"1000000{rank}")],
+                    "parameters": {"weight": tensor(odd.get((step, rank), f"aaaaaaa{step}")),
+                                   "bias": tensor(f"bbbbbbb{step}")}},
+                "Distributed.all_reduce.0.forward": {"input_args": [tensor(f"2000000{rank}")], "input_kwargs": {},
+                                                     "output": [tensor(f"3000000{step}")]},
+            }
+            (d / "dump.json").write_text(json.dumps({"task": "statistics", "level": "mix", "framework": "pytorch",
+                                                     "dump_data_dir": None, "data": data}))
+    return root
+
+
+def test_upstream_layout_agrees(tmp_path):
+    result = check_ranks(upstream(tmp_path, 3, {}))
+    assert result.source == "dump.json" and result.exit_code == 0
+    (g,) = result.groups
+    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 6
+
+
+def test_upstream_odd_rank(tmp_path, capsys):
+    root = upstream(tmp_path, 3, {(1, 2): "deadbeef"})
+    f = check_ranks(root).groups[0].first
+    assert (f.step, f.name, f.io, f.arg, f.odd, f.majority) == (1, "Module.fc.Linear.forward.0", "parameters",
+                                                                "weight", (2,), (0, 1))
+    assert f.values == {0: "aaaaaaa1", 1: "aaaaaaa1", 2: "deadbeef"} and f.verdict == CORRUPTION
+    assert main(["check-ranks", str(root)]) == 1
+    assert "odd rank out: 2 (majority: ranks 0-1)" in capsys.readouterr().out
+
+
+def test_first_step_parameter_difference_is_not_synchronised(tmp_path):
+    f = check_ranks(upstream(tmp_path, 3, {(0, 0): "deadbeef"})).groups[0].first
+    assert (f.step, f.odd, f.verdict) == (0, (0,), NOT_SYNCHRONISED)
+
+
+def test_all_calls_reports_the_input_first(tmp_path):
+    f = check_ranks(upstream(tmp_path, 3, {}), all_calls=True).groups[0].first
+    assert (f.name, f.io, f.arg, f.verdict) == ("Functional.linear.0.forward", "input_args", "0", "input difference")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--group", "3-1"], "--group: got '3-1'"),
+    (["--step", "x"], "--step: got 'x'"),
+    (["--tol", "-1"], "--tol: got -1.0"),
+    (["--tol", "abc"], "--tol: got 'abc'"),
+])
+def test_bad_options_exit_2(tmp_path, capsys, argv, message):
+    root = upstream(tmp_path, 2, {})
+    assert main(["check-ranks", str(root)] + argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_or_empty_path_exit_2(tmp_path, capsys):
+    assert main(["check-ranks", str(tmp_path / "nope")]) == 2
+    assert "path does not exist" in capsys.readouterr().err
+    assert main(["check-ranks", str(tmp_path)]) == 2
+    assert "no dump.json found" in capsys.readouterr().err
+
+
+def test_parse_ranks():
+    assert parse_ranks("--group", "0-3,6,2") == (0, 1, 2, 3, 6)
+    with pytest.raises(CheckRanksInputError, match="expected integers >= 0"):
+        parse_ranks("--group", "")
