@@ -13,6 +13,9 @@ strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; see :func:`plain`), which
   (``parameters_grad`` entries);
 - *movers* are the parameters whose gradient Norm spans the largest ratio
   ``max/min`` over the steps;
+- a *large value* is a tensor (rank, entry name, io, arg) whose ``|Max|`` or ``|Min|``
+  reaches ``threshold`` in some step (NaN is left to the first-NaN section); listed
+  once, with the steps where it does;
 - a *Norm jump* is a tensor (same rank, entry name, io and arg) whose Norm changed by at
   least ``jump`` times between two consecutive recorded steps.
 
@@ -201,9 +204,10 @@ def _tree(con, rank: int, step: int, max_tree: int) -> dict:
 
 def _largest(con, threshold: float, jump: float, limit: int) -> dict:
     extremes = _rows(con, """
-        SELECT rank, step, name, io, arg, max, min, norm
-        FROM tensors WHERE greatest(abs(max), abs(min)) >= ?
-        ORDER BY greatest(abs(max), abs(min)) DESC, rank, step, seq LIMIT ?""", [threshold, limit])
+        SELECT rank, name, io, arg, count(*) AS steps, min(step) AS first_step, max(max) AS max,
+               min(min) AS min, max(greatest(abs(max), abs(min))) AS largest
+        FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
+        GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq) LIMIT ?""", [threshold, limit])
     jumps = _rows(con, """
         WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
                           lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,

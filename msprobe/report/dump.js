@@ -37,7 +37,7 @@ function overview(D, box) {
   const rows = [...byStep.values()].sort((a, b) => a.step - b.step);
   plot(box, [{label: "entries", colour: COLOURS[0], points: rows.map((r) => [r.step, r.entries, `step ${r.step}: ${r.entries} entries`])},
              {label: "tensors", colour: COLOURS[1], points: rows.map((r) => [r.step, r.tensors, `step ${r.step}: ${r.tensors} tensors`])}],
-       {xLabel: "step", yLabel: "count (all ranks)", lines: true, height: 200});
+       {xLabel: "step", yLabel: "count (all ranks)", lines: true, height: 200, integerX: true, zeroY: true});
 }
 
 function trends(D, rank, box) {
@@ -63,7 +63,7 @@ function trends(D, rank, box) {
   const m = el("div", {class: "chart", id: "movers"}); box.append(m);
   plot(m, R.movers.map((line, k) => ({label: `${line.param} (×${fmt(line.ratio)})`, colour: COLOURS[k % COLOURS.length],
     points: line.steps.map((s, i) => [s, line.norms[i], `${line.param}\nstep ${s}: ${fmt(line.norms[i])}`])})),
-    {xLabel: "step", yLabel: "gradient Norm (log scale)", logY: true, lines: true, legend: true});
+    {xLabel: "step", yLabel: "gradient Norm (log scale)", logY: true, lines: true, legend: true, integerX: true});
 }
 
 function moduleTree(D, rank, box) {
@@ -79,8 +79,9 @@ function moduleTree(D, rank, box) {
 function largest(D, box) {
   const L = D.largest;
   box.append(el("h3", {text: `Values with |Max| or |Min| ≥ ${fmt(L.threshold)}`}));
-  box.append(L.extremes.length ? table(L.extremes, [["rank", "rank", "num"], ["step", "step", "num"], ["name", "entry"], ["io", "io"], ["arg", "arg"],
-    ["max", "Max", "num"], ["min", "Min", "num"], ["norm", "Norm", "num"]]) : el("p", {class: "note", text: "none"}));
+  box.append(el("p", {class: "note", text: "One row per tensor (rank, entry, io, arg) over all steps: the steps where it reaches the threshold, the first of them, its largest Max and smallest Min there."}));
+  box.append(L.extremes.length ? table(L.extremes, [["rank", "rank", "num"], ["name", "entry"], ["io", "io"], ["arg", "arg"],
+    ["steps", "steps", "num"], ["first_step", "first step", "num"], ["max", "Max", "num"], ["min", "Min", "num"]]) : el("p", {class: "note", text: "none"}));
   if (L.extremes.length === L.limit) box.append(el("p", {class: "note", text: `the ${L.limit} largest shown`}));
   box.append(el("h3", {text: `Norm jumps (×${fmt(L.jump)} or more between recorded steps)`}));
   box.append(L.jumps.length ? table(L.jumps, [["rank", "rank", "num"], ["previous_step", "from step", "num"], ["step", "to step", "num"], ["name", "entry"],

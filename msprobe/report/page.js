@@ -144,19 +144,23 @@ function plot(container, series, opts) {
   for (const s of series) for (const p of s.points) { xs.push(p[0]); const y = yOf(p[1]); if (y !== null && Number.isFinite(y)) ys.push(y); }
   if (!xs.length) { container.append(el("p", {class: "note", text: "nothing to plot"})); return svg; }
   let x0 = Math.min(...xs), x1 = Math.max(...xs); if (x1 === x0) x1 = x0 + 1;
-  let y0 = ys.length ? Math.min(...ys) : 0, y1 = ys.length ? Math.max(...ys) : 1;
+  let y0 = ys.length ? (opts.zeroY ? Math.min(0, ...ys) : Math.min(...ys)) : 0, y1 = ys.length ? Math.max(...ys) : 1;
   if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
   const px = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const py = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   svg.append(svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888"}),
              svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#888"}));
+  const xticks = [];
   for (let k = 0; k <= 4; k++) {
-    const yv = y0 + k * (y1 - y0) / 4, xv = x0 + k * (x1 - x0) / 4;
+    const xv = x0 + k * (x1 - x0) / 4, t = opts.integerX ? Math.round(xv) : xv;
+    if (!xticks.includes(t)) xticks.push(t);
+  }
+  for (let k = 0; k <= 4; k++) {
+    const yv = y0 + k * (y1 - y0) / 4;
     svg.append(svgEl("text", {x: L - 4, y: py(yv) + 4, "text-anchor": "end", "font-size": 11},
                      opts.logY ? fmt(Math.pow(10, yv)) : fmt(yv)));
-    svg.append(svgEl("text", {x: px(xv), y: H - B + 14, "text-anchor": "middle", "font-size": 11},
-                     fmt(Math.round(xv * 100) / 100)));
   }
+  for (const t of xticks) svg.append(svgEl("text", {x: px(t), y: H - B + 14, "text-anchor": "middle", "font-size": 11}, fmt(t)));
   svg.append(svgEl("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", "font-size": 12}, opts.xLabel));
   svg.append(svgEl("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", "font-size": 12,
                             transform: `rotate(-90 14 ${(T + H - B) / 2})`}, opts.yLabel));
@@ -177,7 +181,8 @@ function plot(container, series, opts) {
   }
   container.append(svg);
   if (series.length > 1 || opts.legend) {
-    container.append(el("div", {class: "legend note"}, ...series.map((s) => el("span", {style: `color:${s.colour}`, text: `● ${s.label}`}))));
+    container.append(el("div", {class: "legend note" + (series.length > 3 ? " column" : "")},
+      ...series.map((s) => el("span", {style: `color:${s.colour}`, text: `● ${s.label}`}))));
   }
   return svg;
 }
