@@ -41,8 +41,8 @@ __all__ = ["collect", "plain"]
 _MODULE_KEY = r"regexp_replace(name, '\.(forward|backward)\.[0-9]+$|\.parameters_grad$', '')"
 _API_KEY = r"regexp_replace(name, '\.(forward|backward)$', '')"
 # a tensor the call received (a parameter gradient's tensors are all results)
-_IS_INPUT = ("(t.io IN ('input_args', 'input_kwargs', 'parameters', 'input') "
-             "AND c.kind <> 'parameters_grad')")
+_IS_INPUT = ("(io IN ('input_args', 'input_kwargs', 'parameters', 'input') "
+             "AND name NOT LIKE '%.parameters_grad')")
 
 
 def plain(value: Any) -> Any:
@@ -83,13 +83,14 @@ def _stack(con, stack_id) -> list[str]:
                                       [stack_id])]
 
 
-def _module_path(parents: dict, name: Optional[str]) -> list[str]:
-    """Outermost first: the chain of construct.json parents above ``name``."""
-    path, seen = [], set()
-    while name and name not in seen:
-        seen.add(name)
+def _module_path(con, rank: int, step: int, name: Optional[str]) -> list[str]:
+    """Outermost first: ``name`` and the chain of construct.json parents above it."""
+    path: list[str] = []
+    while name and name not in path:
         path.append(name)
-        name = parents.get(name)
+        found = _rows(con, "SELECT parent FROM calls WHERE rank = ? AND step = ? AND name = ? LIMIT 1",
+                      [rank, step, name])
+        name = found[0]["parent"] if found else None
     return path[::-1]
 
 
@@ -97,26 +98,28 @@ def _nonfinite(con, rank: int) -> dict:
     """The rank's first origin of NaN/Inf (the first call, by seq, whose inputs are finite
     and whose outputs are not) and the first tensor holding NaN/Inf at all."""
     origin = _rows(con, f"""
-        SELECT c.step, c.seq, c.name, c.kind, c.parent, c.stack_id
-        FROM calls c JOIN tensors t ON t.rank = c.rank AND t.step = c.step AND t.name = c.name
-        WHERE c.rank = ?
-        GROUP BY ALL
-        HAVING bool_or((t.has_nan OR t.has_inf) AND NOT {_IS_INPUT})
-           AND NOT bool_or((t.has_nan OR t.has_inf) AND {_IS_INPUT})
-        ORDER BY c.seq LIMIT 1""", [rank])
+        SELECT step, name, min(seq) AS seq FROM tensors
+        WHERE rank = ? AND (has_nan OR has_inf)
+        GROUP BY step, name HAVING bool_or(NOT {_IS_INPUT}) AND NOT bool_or({_IS_INPUT})
+        ORDER BY seq LIMIT 1""", [rank])
+    if origin:
+        origin = _rows(con, "SELECT step, seq, name, kind, parent, stack_id FROM calls "
+                            "WHERE rank = ? AND step = ? AND name = ? ORDER BY seq LIMIT 1",
+                       [rank, origin[0]["step"], origin[0]["name"]])
     first = _rows(con, """
-        SELECT t.step, t.seq, t.name, t.io, t.arg, t.has_nan, t.has_inf, c.parent, c.stack_id
-        FROM tensors t LEFT JOIN calls c ON c.rank = t.rank AND c.step = t.step AND c.name = t.name
-        WHERE t.rank = ? AND (t.has_nan OR t.has_inf) ORDER BY t.seq LIMIT 1""", [rank])
-    parents = {r["name"]: r["parent"] for r in _rows(
-        con, "SELECT DISTINCT name, parent FROM calls WHERE rank = ? AND parent IS NOT NULL", [rank])}
+        SELECT step, seq, name, io, arg, has_nan, has_inf FROM tensors
+        WHERE rank = ? AND (has_nan OR has_inf) ORDER BY seq LIMIT 1""", [rank])
+    if first:
+        call = _rows(con, "SELECT parent, stack_id FROM calls WHERE rank = ? AND step = ? AND name = ? "
+                          "ORDER BY seq LIMIT 1", [rank, first[0]["step"], first[0]["name"]])
+        first[0].update(call[0] if call else {"parent": None, "stack_id": None})
     out = {}
     for key, found in (("origin", origin), ("first_tensor", first)):
         if not found:
             out[key] = None
             continue
         row = found[0]
-        row["module_path"] = _module_path(parents, row.pop("parent"))
+        row["module_path"] = _module_path(con, rank, row["step"], row.pop("parent"))
         row["stack"] = _stack(con, row.pop("stack_id"))
         out[key] = row
     return out
@@ -130,35 +133,31 @@ def _keyed(con, level_has_modules: bool) -> tuple[str, str]:
 
 
 def _heat(con, rank: int, key: str, where: str, max_rows: int, max_steps: int) -> dict:
-    """One heat map: ``values[row][column]`` (None where nothing was recorded)."""
-    cells = _rows(con, f"""
+    """One heat map: ``values[row][column]`` (None where nothing was recorded); rows in
+    execution order (first ``seq``), sampled evenly beyond ``max_rows``; consecutive steps
+    binned beyond ``max_steps``, a bin holding its largest value (NaN when one is NaN)."""
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE msprobe_cells AS
         SELECT {key} AS key, step, sqrt(sum(norm * norm)) AS value, min(seq) AS seq
         FROM tensors WHERE rank = ? AND {where} AND norm IS NOT NULL GROUP BY ALL""", [rank])
-    if not cells:
-        return {"rows": [], "columns": [], "values": [], "rows_total": 0, "steps_total": 0, "bin": 1}
-    first_seen: dict[str, tuple] = {}
-    for c in cells:
-        order = (c["step"], c["seq"])
-        if c["key"] not in first_seen or order < first_seen[c["key"]]:
-            first_seen[c["key"]] = order
-    keys = sorted(first_seen, key=first_seen.get)
-    rows_total = len(keys)
-    if rows_total > max_rows:  # evenly along execution order
-        keys = [keys[i * rows_total // max_rows] for i in range(max_rows)]
-    steps = sorted({c["step"] for c in cells})
-    size = max(1, math.ceil(len(steps) / max_steps))
-    column_of = {step: i // size for i, step in enumerate(steps)}
+    try:
+        keys = [r["key"] for r in _rows(con, "SELECT key FROM msprobe_cells GROUP BY key ORDER BY min(seq)")]
+        steps = [r["step"] for r in _rows(con, "SELECT DISTINCT step FROM msprobe_cells ORDER BY step")]
+        rows_total = len(keys)
+        if rows_total > max_rows:  # evenly along execution order
+            keys = [keys[i * rows_total // max_rows] for i in range(max_rows)]
+        size = max(1, math.ceil(len(steps) / max_steps))
+        cells = _rows(con, """
+            WITH s AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // ? AS col
+                       FROM (SELECT DISTINCT step FROM msprobe_cells))
+            SELECT key, col, max(value) AS value FROM msprobe_cells JOIN s USING (step)
+            WHERE list_contains(?, key) GROUP BY key, col""", [size, keys])
+    finally:
+        con.execute("DROP TABLE IF EXISTS msprobe_cells")
     columns = [steps[i:i + size] for i in range(0, len(steps), size)]
     row_of = {k: i for i, k in enumerate(keys)}
     values: list[list] = [[None] * len(columns) for _ in keys]
     for c in cells:
-        r = row_of.get(c["key"])
-        if r is None:
-            continue
-        j = column_of[c["step"]]
-        old, new = values[r][j], c["value"]
-        if old is None or math.isnan(new) or (not math.isnan(old) and new > old):
-            values[r][j] = new
+        values[row_of[c["key"]]][c["col"]] = c["value"]
     labels = [str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in columns]
     return {"rows": keys, "columns": labels, "values": values, "rows_total": rows_total,
             "steps_total": len(steps), "bin": size}
@@ -255,9 +254,10 @@ def collect(
     try:
         tick("overview")
         per_step = _rows(con, """
-            SELECT rank, step, count(*) AS entries,
-                   (SELECT count(*) FROM tensors t WHERE t.rank = c.rank AND t.step = c.step) AS tensors
-            FROM calls c GROUP BY rank, step ORDER BY rank, step""")
+            WITH c AS (SELECT rank, step, count(*) AS entries FROM calls GROUP BY ALL),
+                 t AS (SELECT rank, step, count(*) AS tensors FROM tensors GROUP BY ALL)
+            SELECT c.rank, c.step, c.entries, coalesce(t.tensors, 0) AS tensors
+            FROM c LEFT JOIN t USING (rank, step) ORDER BY c.rank, c.step""")
         ranks = sorted({r["rank"] for r in per_step})
         has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
         key, where = _keyed(con, has_modules)
