@@ -5,8 +5,12 @@
     msprobe export DUMP_PATH [-o OUT]
         rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
         from the log under DUMP_PATH; prints each directory written and each skipped part
-    msprobe query DUMP_PATH "SQL" [--format table|csv|json]
-        run SQL over the views tensors, calls, stacks (see store.query)
+    msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE]
+        run SQL over the views tensors, calls, stacks (see store.query); prints the
+        result, or writes it to FILE (--format parquet needs -o)
+    msprobe report DUMP_PATH [-o report.html] [--threshold T] [--jump J] [--max-rows N]
+        [--max-steps N]
+        write one self-contained HTML page showing the recording (see msprobe.report)
     msprobe compact DUMP_PATH [-o OUT]
         write the log as rank{R}.parquet files (default DUMP_PATH/.msprobe/parquet) for
         engines without msprobe (DuckDB, Spark); the log stays the source of truth
@@ -45,7 +49,7 @@ from store.errors import StoreError
 
 __all__ = ["main"]
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "parquet")
 
 #: exit status when stdout is closed before the output is written (``| head``): 128 + SIGPIPE (13)
 EXIT_STDOUT_CLOSED = 141
@@ -80,8 +84,23 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     query.add_argument("sql", metavar="SQL", help="one SQL statement")
     query.add_argument(
-        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+        "--format", choices=FORMATS, default="table",
+        help="output format (default: table; parquet needs -o)",
     )
+    query.add_argument("-o", "--out", metavar="FILE", default=None,
+                       help="write the result to FILE instead of stdout")
+    report = commands.add_parser("report", help="write a self-contained HTML report of a recording")
+    report.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
+    report.add_argument("-o", "--out", metavar="FILE", default="report.html",
+                        help="the HTML file to write (default: report.html)")
+    report.add_argument("--threshold", type=float, default=1e4,
+                        help="list tensors whose |Max| or |Min| reaches this (default: 1e4)")
+    report.add_argument("--jump", type=float, default=10.0,
+                        help="list Norm changes by this factor or more between steps (default: 10)")
+    report.add_argument("--max-rows", type=int, default=200,
+                        help="most modules per heat map; more are sampled evenly (default: 200)")
+    report.add_argument("--max-steps", type=int, default=200,
+                        help="most heat-map columns; more steps are binned (default: 200)")
     compact = commands.add_parser("compact", help="write the log as Parquet files, one per rank")
     compact.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     compact.add_argument(
@@ -275,10 +294,13 @@ def _run_compare(args: argparse.Namespace) -> int:
             return 1 if any(r["first_origin"] for r in result["ranks"]) else 0
         if args.baseline is None:
             raise CompareInputError("BASELINE missing: msprobe compare TARGET BASELINE (or TARGET --nan-origin)")
-        result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
-                         loss_scale=args.loss_scale, rank=args.rank, step=args.step,
-                         first_only=args.first_only, formats=args.format, mapping=args.mapping,
-                         rank_map=args.rank_map, workers=args.workers)
+        from msprobe.progress import Progress
+
+        with Progress("msprobe compare", unit="stage") as bar:
+            result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
+                             loss_scale=args.loss_scale, rank=args.rank, step=args.step,
+                             first_only=args.first_only, formats=args.format, mapping=args.mapping,
+                             rank_map=args.rank_map, workers=args.workers, progress=bar.advance)
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2
@@ -339,9 +361,12 @@ def _write_pt(path: Path, payload: Any) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     from msprobe.core.npy_payload import write_npy
+    from msprobe.progress import Progress
     from store.export import export_log
 
-    report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy})
+    with Progress("msprobe export", unit="dir") as bar:
+        report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
+                            progress=bar.advance)
     directories: list[Path] = []
     for path in report.written:
         if path.parent not in directories:
@@ -391,6 +416,9 @@ def _run_query(args: argparse.Namespace) -> int:
     from msprobe.compare.outputs import is_compare_output, query_outputs
     from store.query import query
 
+    if args.format == "parquet" and not args.out:
+        print("msprobe query: error: --format parquet writes a file: give -o FILE", file=sys.stderr)
+        return 2
     if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
         table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
     else:
@@ -398,13 +426,38 @@ def _run_query(args: argparse.Namespace) -> int:
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
     rows = list(zip(*columns)) if columns else []
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, args.out)
+        print(f"wrote {args.out} ({table.num_rows} rows)")
+        return 0
     if args.format == "json":
         text = json.dumps([dict(zip(names, row)) for row in rows], indent=1, default=str)
     elif args.format == "csv":
         text = _format_csv(names, rows)
     else:
         text = format_table(names, rows)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {args.out} ({table.num_rows} rows)")
+        return 0
     print(text)
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from msprobe.progress import Progress
+    from msprobe.report import write_report
+
+    with Progress("msprobe report", unit="part") as bar:
+        try:
+            path = write_report(args.dump_path, args.out, progress=bar.advance, threshold=args.threshold,
+                                jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps)
+        except ValueError as exc:
+            print(f"msprobe report: error: {exc}", file=sys.stderr)
+            return 2
+    print(f"wrote {path}")
     return 0
 
 
@@ -456,6 +509,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             return _run_compare(args)
         if args.command == "check-ranks":
             return _run_check_ranks(args)
+        if args.command == "report":
+            return _run_report(args)
         return _run_query(args)
     except BrokenPipeError:
         raise   # stdout closed early: main() ends quietly

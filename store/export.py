@@ -581,6 +581,7 @@ def export_log(
     out: Optional[Union[str, os.PathLike]] = None,
     *,
     tensor_writers: Optional[Mapping[str, TensorFileWriter]] = None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> ExportReport:
     """Rebuild the dump layout from the log under ``dump_path`` (every rank and step).
 
@@ -591,11 +592,14 @@ def export_log(
     Idempotent: running it twice writes the same bytes. ``tensor_writers`` maps a
     ``framework`` (meta) to its tensor-file callback; with one for the rank's framework,
     the tensor files of task ``tensor`` are rebuilt from the payload shards too.
+    ``progress`` is called with ``"rank R step N"`` (``"rank R"`` for debug.json) after
+    each directory is written.
 
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         OSError: a file could not be written.
     """
+    tick = progress or (lambda _done: None)
     contents = read_log(dump_path)
     root = Path(out) if out is not None else Path(dump_path)
     log_dir = str(Path(dump_path) / S.STORE_DIR / S.LOG_DIR)
@@ -624,6 +628,7 @@ def export_log(
                 written += export_debug(rank_rows, meta, root / meta["rank_dir"], payloads=payloads,
                                         write_tensor=writers.get(meta.get("framework")))
                 groups.append((rank, -1))
+                tick(f"rank {rank}")
                 continue
             rank_steps = steps[rank_start:rank_stop]
             for step_start, step_stop in _runs(rank_steps):
@@ -637,6 +642,7 @@ def export_log(
                 written += export_step(step_rows, contents.stacks, meta, out_dir, payloads=payloads,
                                        write_tensor=writers.get(meta.get("framework")))
                 groups.append((rank, step))
+                tick(f"rank {rank} step {step}")
         except ExportError as exc:
             skipped.append(Skipped(log_dir, -1, f"rank {rank}: {exc}; not exported"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped))

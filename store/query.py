@@ -145,6 +145,7 @@ def connect(
             con.execute(f"CREATE TABLE {table_name} AS SELECT * FROM msprobe_source")
             con.unregister("msprobe_source")
         _create_views(con)
+        con.execute("SET enable_progress_bar = false")   # DuckDB's own bar would print into results
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except BaseException:

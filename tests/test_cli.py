@@ -204,3 +204,50 @@ def test_every_subcommand_quiet_on_closed_stdout(dump, tmp_path, argv, unbuffere
     err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 141, err
     assert err == ""
+
+
+# --- query -o FILE, --format parquet; report of an API-only (L1) dump -----------------------------
+def test_query_parquet_and_out_file(dump, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    sql = "SELECT step, name, io, max, shape FROM tensors ORDER BY step, seq, io"
+    out = tmp_path / "result.parquet"
+    code, text, _ = run(["query", str(dump), sql, "--format", "parquet", "-o", str(out)], capsys)
+    assert (code, text) == (0, f"wrote {out} (3 rows)\n")
+    table = pq.read_table(out)
+    assert table.column_names == ["step", "name", "io", "max", "shape"]
+    assert table.to_pylist() == [
+        {"step": 0, "name": "Torch.add.0.forward", "io": "input_args", "max": 1.0, "shape": [3]},
+        {"step": 0, "name": "Torch.add.0.forward", "io": "output", "max": 2.5, "shape": [3]},
+        {"step": 1, "name": "Torch.mul.0.forward", "io": "output", "max": 4.0, "shape": [3]},
+    ]
+    csv_out = tmp_path / "result.csv"
+    code, text, _ = run(["query", str(dump), sql, "--format", "csv", "-o", str(csv_out)], capsys)
+    assert (code, text) == (0, f"wrote {csv_out} (3 rows)\n")
+    assert csv_out.read_text().splitlines()[1] == "0,Torch.add.0.forward,input_args,1.0,[3]"
+    code, text, err = run(["query", str(dump), sql, "--format", "parquet"], capsys)
+    assert (code, text) == (2, "")
+    assert err == "msprobe query: error: --format parquet writes a file: give -o FILE\n"
+
+
+def test_report_of_api_only_dump_uses_api_rows(dump, tmp_path, capsys):
+    from msprobe.report.data import collect
+
+    data = collect(dump)
+    assert data["rows_are"] == "APIs"
+    heat = data["per_rank"]["0"]["output"]
+    # output Norm of Torch.add.0 in step 0 is 5.0 (one output tensor, norm 2 * 2.5)
+    assert (heat["rows"], heat["columns"], heat["values"]) == (
+        ["Torch.add.0", "Torch.mul.0"], ["0", "1"], [[5.0, None], [None, 8.0]])
+    assert data["per_rank"]["0"]["grad"]["rows"] == [] and data["per_rank"]["0"]["movers"] == []
+    code, text, _ = run(["report", str(dump), "-o", str(tmp_path / "r.html")], capsys)
+    assert (code, text) == (0, f"wrote {tmp_path / 'r.html'}\n")
+
+
+def test_report_imports_no_framework():
+    code = "import sys, msprobe.report; print(any(m in sys.modules for m in ('torch', 'mindspore')))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -20,7 +20,8 @@ __all__ = ["compare", "CompareError", "CompareInputError"]
 def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], *,
             out: Optional[Union[str, os.PathLike]] = None, mode: str = "auto", tol="strict",
             loss_scale: float = 1.0, rank=None, step=None, first_only: bool = False,
-            formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None, workers: int = 1):
+            formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None, workers: int = 1,
+            progress=None):
     """Compare two dumps; returns a :class:`msprobe.compare.engine.CompareResult`.
 
     Args:
@@ -42,6 +43,8 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
             pair by id; :func:`msprobe.compare.options.parse_rank_map`).
         workers: tensor mode: threads reading and measuring leaf pairs (1-256); at most
             that many pairs are in memory, and the results are the same for any value.
+        progress: None or ``f(stage)``, called as each stage ends (``"outputs"`` last
+            when ``out`` is given).
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
     ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
     Raises:
@@ -56,9 +59,11 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
                                 workers=workers)
     early = EarlyTables(out, opts) if out is not None else None
     try:
-        result = run_compare(target, baseline, opts, on_table=early)
+        result = run_compare(target, baseline, opts, on_table=early, progress=progress)
         if out is not None:
             write_outputs(result, out, opts, early=early)
+            if progress is not None:
+                progress("outputs")
     finally:
         if early is not None:
             early.discard()

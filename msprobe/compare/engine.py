@@ -160,11 +160,12 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
 
 
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
-                opts: CompareOptions, on_table=None) -> CompareResult:
+                opts: CompareOptions, on_table=None, progress=None) -> CompareResult:
     """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
     ``on_table``: None or ``f(name, arrow_table)``, called once tables ``alignment`` and
     ``tensors`` are final (while the later stages still run;
-    :class:`msprobe.compare.outputs.EarlyTables`)."""
+    :class:`msprobe.compare.outputs.EarlyTables`). ``progress``: None or ``f(stage)``,
+    called with each stage's name (the keys of the summary's timings) as it ends."""
     import time
 
     notes: list[str] = []
@@ -177,6 +178,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         now = time.perf_counter()
         timings[stage] = round(now - clock[0], 3)
         clock[0] = now
+        if progress is not None:
+            progress(stage)
 
     from concurrent.futures import ThreadPoolExecutor
 

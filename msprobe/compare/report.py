@@ -1,78 +1,85 @@
-"""Self-contained ``report.html``: per rank, each call's largest e (log scale, inline SVG)
-along execution order, coloured by verdict, forward/backward bands, unpaired calls and the
-first divergence marked; then the first 50 non-pass calls with module paths and stacks."""
+"""Self-contained ``report.html`` of ``msprobe compare``, drawn with the pieces of
+:mod:`msprobe.report.page`: per rank the verdict counts, the first origin and the first
+diverged call with their stacks, the module tree with the path to the first origin
+marked (modules of the step of the first origin, or of the first step), each call's largest relative error ``e`` along execution order (log scale,
+coloured by verdict), and the non-pass calls as a table whose rows link to their stacks.
+
+Big comparisons are reduced before they are embedded: the plot keeps every non-pass call
+and at most :data:`MAX_PLOTTED` calls in all (pass calls evenly sampled), the table the
+first :data:`MAX_ROWS` non-pass calls; the page says so.
+"""
 from __future__ import annotations
 
-import html
-import math
+import os
 from pathlib import Path
 
-__all__ = ["write_html"]
+from msprobe.report.data import plain
+from msprobe.report.page import render
 
-COLOURS = {"pass": "#4caf50", "propagated": "#f0b400", "origin": "#d32f2f", "unpaired": "#7e57c2"}
-_BACKWARD = ("api_backward", "module_backward", "parameters_grad")
+__all__ = ["MAX_PLOTTED", "MAX_ROWS", "write_html"]
+
+MAX_PLOTTED = 5000
+MAX_ROWS = 200
+
+_BODY = """<h1 id='title'>msprobe compare</h1>
+<p class='note'>Verdicts: <b>pass</b> (within tolerance), <b>origin</b> (inputs agree, outputs differ),
+<b>propagated</b> (already diverged inputs), <b>unpaired</b> (no partner in the other run).
+<i>e</i> is a call's largest relative error over its tensors.</p>
+<div id='compare'></div>"""
 
 
-def _svg(calls: list[dict], first: str | None) -> str:
-    width, height, pad = 900, 220, 30
-    n = max(len(calls), 1)
-    es = [c["e"] for c in calls if c["e"] not in (None, 0) and math.isfinite(c["e"])]
-    lo = math.log10(min(es)) if es else -12
-    hi = math.log10(max(es)) if es else 0
-    hi = max(hi, lo + 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
-    for i, c in enumerate(calls):  # backward band
-        if c["kind"] in _BACKWARD:
-            x = pad + i * (width - 2 * pad) / n
-            parts.append(f'<rect x="{x:.1f}" y="0" width="{(width - 2 * pad) / n + 0.5:.1f}" height="{height}" fill="#eef3fb"/>')
-    for i, c in enumerate(calls):
-        x = pad + (i + 0.5) * (width - 2 * pad) / n
-        e = c["e"]
-        if e is None or e == 0:
-            y = height - pad
-        elif math.isinf(e):
-            y = pad / 2
-        else:
-            y = height - pad - (math.log10(e) - lo) / (hi - lo) * (height - 2 * pad)
-        colour = COLOURS.get(c["verdict"], "#999")
-        title = html.escape(f"{c['t_name'] or c['b_name']}: {c['verdict']}, e={e}")
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"><title>{title}</title></circle>')
-        if first and c["t_name"] == first:
-            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height}" stroke="#d32f2f" stroke-dasharray="4"/>')
-    parts.append(f'<text x="2" y="12" font-size="10">e 1e{hi:.0f}</text><text x="2" y="{height - 4}" font-size="10">e ≤ 1e{lo:.0f}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _ranks(result) -> list[dict]:
+    con = result.con
+    out = []
+    for r in result.summary["ranks"]:
+        rank = r["rank"]
+        calls = con.execute(
+            "SELECT row_number() OVER (ORDER BY step, ord) - 1 AS i, step, coalesce(t_name, b_name) AS name, "
+            "t_name, b_name, kind, verdict, e, module, reason, stack_id FROM calls WHERE rank = ? ORDER BY step, ord",
+            [rank]).fetchall()
+        names = ("i", "step", "name", "t_name", "b_name", "kind", "verdict", "e", "module", "reason", "stack_id")
+        rows = [dict(zip(names, c)) for c in calls]
+        plotted = [c for c in rows if c["verdict"] != "pass"]
+        passing = [c for c in rows if c["verdict"] == "pass"]
+        room = max(MAX_PLOTTED - len(plotted), 0)
+        if len(passing) > room:
+            passing = [passing[k * len(passing) // room] for k in range(room)] if room else []
+        plotted = sorted(plotted + passing, key=lambda c: c["i"])
+        table = [c for c in rows if c["verdict"] != "pass"][:MAX_ROWS]
+        stack_ids = {c["stack_id"] for c in table if c["stack_id"] is not None}
+        stacks = {}
+        for stack_id in sorted(stack_ids):
+            stacks[str(stack_id)] = [f for (f,) in con.execute(
+                "SELECT frame FROM t_stacks WHERE stack_id = ? ORDER BY depth", [stack_id]).fetchall()]
+        origin = r["first_origin"] or r["first_diverged"]
+        tree_step = origin["step"] if origin else (rows[0]["step"] if rows else None)
+        tree = [{"name": c["name"], "parent": c["module"], "kind": c["kind"], "verdict": c["verdict"], "e": c["e"]}
+                for c in rows if c["step"] == tree_step and c["kind"] == "module_forward"]
+        if origin and not any(n["name"] == origin["name"] for n in tree):
+            tree.append({"name": origin["name"], "parent": origin["module"], "kind": origin["kind"],
+                         "verdict": "origin" if r["first_origin"] else "propagated", "e": origin["e"]})
+        origin_index = next((c["i"] for c in rows if origin and c["name"] == origin["name"]
+                             and c["step"] == origin["step"]), None)
+        out.append({
+            "rank": rank, "counts": r["counts"], "first_origin": r["first_origin"],
+            "first_diverged": r["first_diverged"], "origin_index": origin_index, "calls_total": len(rows),
+            "plot": [[c["i"], c["e"], c["verdict"], c["name"], c["step"]] for c in plotted],
+            "rows": [{k: c[k] for k in ("i", "step", "t_name", "b_name", "kind", "verdict", "e", "module", "reason")}
+                     | {"stack_id": None if c["stack_id"] is None else str(c["stack_id"])} for c in table],
+            "non_pass": sum(1 for c in rows if c["verdict"] != "pass"), "stacks": stacks,
+            "tree": tree, "tree_step": tree_step,
+        })
+    return out
 
 
 def write_html(result, path: Path) -> Path:
-    """Write the report to ``path`` (no external resources); returns ``path``."""
+    """Write the report of a :class:`msprobe.compare.engine.CompareResult` to ``path``
+    (no external resources); returns ``path``."""
     summary = result.summary
-    body = [f"<h1>msprobe compare: {html.escape(summary['verdict'])}</h1>",
-            "<p>Legend: " + " ".join(f'<span style="color:{c}">● {v}</span>' for v, c in COLOURS.items())
-            + ' · shaded: backward · dashed line: first origin</p>']
-    for r in summary["ranks"]:
-        rank = r["rank"]
-        rows = result.con.execute(
-            "SELECT t_name, b_name, kind, verdict, e, reason, module, step FROM calls WHERE rank = ? ORDER BY step, ord",
-            [rank]).fetchall()
-        calls = [dict(zip(("t_name", "b_name", "kind", "verdict", "e", "reason", "module", "step"), row)) for row in rows]
-        first = r["first_origin"]["name"] if r["first_origin"] else None
-        body.append(f"<h2>rank {rank}</h2><p>{html.escape(str(r['counts']))}</p>")
-        for key in ("first_origin", "first_diverged"):
-            f = r.get(key)
-            if f:
-                body.append(f"<p><b>{key.replace('_', ' ')}</b>: {html.escape(f['name'])} "
-                            f"({html.escape(str(f['module']))}) — {html.escape(str(f['reason']))}</p>"
-                            f"<pre>{html.escape(chr(10).join(f['stack']))}</pre>")
-        body.append(_svg(calls, first))
-        bad = [c for c in calls if c["verdict"] != "pass"][:50]
-        body.append("<table border=1 cellspacing=0><tr><th>step</th><th>target</th><th>baseline</th>"
-                    "<th>verdict</th><th>e</th><th>module</th><th>reason</th></tr>")
-        for c in bad:
-            body.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                c["step"], c["t_name"], c["b_name"], c["verdict"], c["e"], c["module"], c["reason"])) + "</tr>")
-        body.append("</table>")
-    text = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>msprobe compare</title></head><body>"
-            + "".join(body) + "</body></html>")
-    path.write_text(text, encoding="utf-8")
+    data = plain({"verdict": summary["verdict"], "mode": summary["mode"], "notes": summary.get("notes", []),
+                  "ranks": _ranks(result), "max_plotted": MAX_PLOTTED, "max_rows": MAX_ROWS})
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render("msprobe compare", _BODY, data, "compare.js"), encoding="utf-8")
+    os.replace(tmp, path)
     return path

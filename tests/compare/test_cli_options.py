@@ -39,7 +39,7 @@ def test_cli_exit_codes_and_outputs(runs, tmp_path, capsys):
     tensors = pq.read_table(out / "tensors.parquet")
     assert "Functional.gelu.0.forward" in tensors["t_call"].to_pylist()
     html = (out / "report.html").read_text()
-    assert "Functional.gelu.0.forward" in html and "<svg" in html and "http" not in html.replace(
+    assert "Functional.gelu.0.forward" in html and "msprobe-data" in html and "http" not in html.replace(
         "http://www.w3.org/2000/svg", "")
     # msprobe query reads the OUT directory
     assert main(["query", str(out), "SELECT count(*) AS n FROM calls WHERE verdict = 'origin'", "--format", "csv"]) == 0

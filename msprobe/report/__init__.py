@@ -1,0 +1,52 @@
+"""``msprobe report``: one self-contained HTML file that shows a recording.
+
+:func:`write_report` builds it from the SQL views (:mod:`msprobe.report.data`) and draws
+it with inline JavaScript (:mod:`msprobe.report.page`): overview and first NaN/Inf per
+rank, step × module heat maps of output and parameter-gradient Norms, the largest movers,
+the module tree, the largest values. Imports no deep-learning framework.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from msprobe.report.data import collect
+from msprobe.report.page import render
+
+__all__ = ["write_report"]
+
+_BODY = """<h1 id='title'>msprobe report</h1>
+<nav><a href='#s-overview'>overview</a><a href='#s-trends'>trends</a><a href='#s-tree'>module tree</a>
+<a href='#s-largest'>largest values</a> <label>rank <select id='rank'></select></label></nav>
+<h2 id='s-overview'>Overview</h2><div id='overview'></div>
+<h2 id='s-trends'>Trends</h2><div id='trends'></div>
+<h2 id='s-tree'>Module tree</h2><div id='tree'></div>
+<h2 id='s-largest'>Largest values</h2><div id='largest'></div>"""
+
+
+def write_report(
+    dump_path: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
+    progress: Optional[Callable[[str], None]] = None, **limits,
+) -> Path:
+    """Write the report of the recording under ``dump_path`` to the file ``out``.
+
+    Args:
+        dump_path: the dump directory (log under ``.msprobe/log/``).
+        out: the HTML file to write (its directory is created).
+        progress: called with each part's name as it starts.
+        limits: ``threshold``, ``jump``, ``max_rows``, ``max_steps``, ``max_tree``,
+            ``movers`` of :func:`msprobe.report.data.collect`.
+    Returns:
+        ``out`` as a Path.
+    Raises:
+        LogNotFoundError: no log under ``dump_path``.
+        ValueError: a bad limit (see :func:`collect`).
+    """
+    data = collect(dump_path, progress=progress, **limits)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(f"msprobe report: {dump_path}", _BODY, data, "dump.js"), encoding="utf-8")
+    os.replace(tmp, out)
+    return out

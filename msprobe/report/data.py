@@ -1,0 +1,283 @@
+"""What ``msprobe report`` shows, computed with SQL over the views of :mod:`store.query`.
+
+:func:`collect` returns one JSON-ready dict (floats that are NaN or infinite become the
+strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; see :func:`plain`), which
+:mod:`msprobe.report.page` embeds in the page. Definitions, each also stated on the page:
+
+- a *row* of the heat maps is a module (``Module.layers.0.Linear``: the entry name without
+  ``.forward.N``/``.parameters_grad``); a dump without module entries (level ``L1``) uses
+  its API calls (``Functional.linear.4``) instead;
+- a module's *output Norm* in a step is the L2 norm of all its forward output tensors of
+  that step (``sqrt(sum(Norm^2))`` over the output tensors of every call of the module);
+- a module's *gradient Norm* is the same over the gradients of its own parameters
+  (``parameters_grad`` entries);
+- *movers* are the parameters whose gradient Norm spans the largest ratio
+  ``max/min`` over the steps;
+- a *large value* is a tensor (rank, entry name, io, arg) whose ``|Max|`` or ``|Min|``
+  reaches ``threshold`` in some step (NaN is left to the first-NaN section); listed
+  once, with the steps where it does;
+- a *Norm jump* is a tensor (same rank, entry name, io and arg) whose Norm changed by at
+  least ``jump`` times between two consecutive recorded steps.
+
+Big dumps are reduced before they are embedded: at most ``max_rows`` rows per heat map
+(taken evenly along execution order) and at most ``max_steps`` columns (consecutive
+recorded steps binned, the cell showing the bin's largest value), and the tree keeps at
+most ``max_tree`` nodes; ``notes`` says what was reduced.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Callable, Optional, Union
+
+from store import arrow_np
+from store import schema as S
+from store.log_reader import read_log
+from store.query import connect
+
+__all__ = ["collect", "plain"]
+
+_MODULE_KEY = r"regexp_replace(name, '\.(forward|backward)\.[0-9]+$|\.parameters_grad$', '')"
+_API_KEY = r"regexp_replace(name, '\.(forward|backward)$', '')"
+# a tensor the call received (a parameter gradient's tensors are all results)
+_IS_INPUT = ("(io IN ('input_args', 'input_kwargs', 'parameters', 'input') "
+             "AND name NOT LIKE '%.parameters_grad')")
+
+
+def plain(value: Any) -> Any:
+    """``value`` with NaN/Infinity floats (at any depth of lists, tuples and dicts) as the
+    strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so that strict JSON can hold it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def _rows(con, sql: str, params: Optional[list] = None) -> list[dict]:
+    cursor = con.execute(sql, params or [])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def _first_meta(contents) -> dict:
+    table = contents.table
+    markers = arrow_np.select(table, arrow_np.equals(table[S.ROW], S.ROW_MARKER))
+    for text in arrow_np.pylist(markers[S.META]):
+        try:
+            meta = json.loads(text) if text else None
+        except ValueError:
+            continue
+        if isinstance(meta, dict):
+            return meta
+    return {}
+
+
+def _stack(con, stack_id) -> list[str]:
+    if stack_id is None:
+        return []
+    return [r["frame"] for r in _rows(con, "SELECT frame FROM stacks WHERE stack_id = ? ORDER BY depth",
+                                      [stack_id])]
+
+
+def _module_path(con, rank: int, step: int, name: Optional[str]) -> list[str]:
+    """Outermost first: ``name`` and the chain of construct.json parents above it."""
+    path: list[str] = []
+    while name and name not in path:
+        path.append(name)
+        found = _rows(con, "SELECT parent FROM calls WHERE rank = ? AND step = ? AND name = ? LIMIT 1",
+                      [rank, step, name])
+        name = found[0]["parent"] if found else None
+    return path[::-1]
+
+
+def _nonfinite(con, rank: int) -> dict:
+    """The rank's first origin of NaN/Inf (the first call, by seq, whose inputs are finite
+    and whose outputs are not) and the first tensor holding NaN/Inf at all."""
+    origin = _rows(con, f"""
+        SELECT step, name, min(seq) AS seq FROM tensors
+        WHERE rank = ? AND (has_nan OR has_inf)
+        GROUP BY step, name HAVING bool_or(NOT {_IS_INPUT}) AND NOT bool_or({_IS_INPUT})
+        ORDER BY seq LIMIT 1""", [rank])
+    if origin:
+        origin = _rows(con, "SELECT step, seq, name, kind, parent, stack_id FROM calls "
+                            "WHERE rank = ? AND step = ? AND name = ? ORDER BY seq LIMIT 1",
+                       [rank, origin[0]["step"], origin[0]["name"]])
+    first = _rows(con, """
+        SELECT step, seq, name, io, arg, has_nan, has_inf FROM tensors
+        WHERE rank = ? AND (has_nan OR has_inf) ORDER BY seq LIMIT 1""", [rank])
+    if first:
+        call = _rows(con, "SELECT parent, stack_id FROM calls WHERE rank = ? AND step = ? AND name = ? "
+                          "ORDER BY seq LIMIT 1", [rank, first[0]["step"], first[0]["name"]])
+        first[0].update(call[0] if call else {"parent": None, "stack_id": None})
+    out = {}
+    for key, found in (("origin", origin), ("first_tensor", first)):
+        if not found:
+            out[key] = None
+            continue
+        row = found[0]
+        row["module_path"] = _module_path(con, rank, row["step"], row.pop("parent"))
+        row["stack"] = _stack(con, row.pop("stack_id"))
+        out[key] = row
+    return out
+
+
+def _keyed(con, level_has_modules: bool) -> tuple[str, str]:
+    """(key expression, WHERE clause) of the output heat map's rows."""
+    if level_has_modules:
+        return _MODULE_KEY, "api_type = 'Module' AND direction = 'forward' AND io = 'output'"
+    return _API_KEY, "api_type <> 'Module' AND direction = 'forward' AND io = 'output'"
+
+
+def _heat(con, rank: int, key: str, where: str, max_rows: int, max_steps: int) -> dict:
+    """One heat map: ``values[row][column]`` (None where nothing was recorded); rows in
+    execution order (first ``seq``), sampled evenly beyond ``max_rows``; consecutive steps
+    binned beyond ``max_steps``, a bin holding its largest value (NaN when one is NaN)."""
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE msprobe_cells AS
+        SELECT {key} AS key, step, sqrt(sum(norm * norm)) AS value, min(seq) AS seq
+        FROM tensors WHERE rank = ? AND {where} AND norm IS NOT NULL GROUP BY ALL""", [rank])
+    try:
+        keys = [r["key"] for r in _rows(con, "SELECT key FROM msprobe_cells GROUP BY key ORDER BY min(seq)")]
+        steps = [r["step"] for r in _rows(con, "SELECT DISTINCT step FROM msprobe_cells ORDER BY step")]
+        rows_total = len(keys)
+        if rows_total > max_rows:  # evenly along execution order
+            keys = [keys[i * rows_total // max_rows] for i in range(max_rows)]
+        size = max(1, math.ceil(len(steps) / max_steps))
+        cells = _rows(con, """
+            WITH s AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // ? AS col
+                       FROM (SELECT DISTINCT step FROM msprobe_cells))
+            SELECT key, col, max(value) AS value FROM msprobe_cells JOIN s USING (step)
+            WHERE list_contains(?, key) GROUP BY key, col""", [size, keys])
+    finally:
+        con.execute("DROP TABLE IF EXISTS msprobe_cells")
+    columns = [steps[i:i + size] for i in range(0, len(steps), size)]
+    row_of = {k: i for i, k in enumerate(keys)}
+    values: list[list] = [[None] * len(columns) for _ in keys]
+    for c in cells:
+        values[row_of[c["key"]]][c["col"]] = c["value"]
+    labels = [str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in columns]
+    return {"rows": keys, "columns": labels, "values": values, "rows_total": rows_total,
+            "steps_total": len(steps), "bin": size}
+
+
+def _movers(con, rank: int, count: int, max_steps: int) -> list[dict]:
+    lines = _rows(con, f"""
+        SELECT {_MODULE_KEY} || '.' || io AS param, list(step ORDER BY step) AS steps,
+               list(norm ORDER BY step) AS norms,
+               max(norm) FILTER (WHERE isfinite(norm) AND norm > 0)
+                 / min(norm) FILTER (WHERE isfinite(norm) AND norm > 0) AS ratio
+        FROM tensors WHERE rank = ? AND name LIKE '%.parameters_grad' AND norm IS NOT NULL
+        GROUP BY ALL HAVING count(*) > 1 ORDER BY ratio DESC NULLS LAST, param LIMIT ?""", [rank, count])
+    for line in lines:
+        if len(line["steps"]) > max_steps:  # every k-th step: a line keeps its shape
+            k = math.ceil(len(line["steps"]) / max_steps)
+            line["steps"], line["norms"] = line["steps"][::k], line["norms"][::k]
+    return lines
+
+
+def _tree(con, rank: int, step: int, max_tree: int) -> dict:
+    """Forward entries of one step as construct.json's tree, with statistics per node:
+    calls, output Norm (L2 over output tensors), largest |Max|/|Min| of its outputs, NaN/Inf."""
+    nodes = _rows(con, """
+        SELECT c.name, c.parent, c.kind, c.seq,
+               sqrt(sum(t.norm * t.norm) FILTER (WHERE t.io = 'output')) AS norm,
+               max(greatest(abs(t.max), abs(t.min))) FILTER (WHERE t.io = 'output') AS absmax,
+               coalesce(bool_or(t.has_nan OR t.has_inf) FILTER (WHERE t.io = 'output'), false) AS nonfinite
+        FROM calls c LEFT JOIN tensors t ON t.rank = c.rank AND t.step = c.step AND t.name = c.name
+        WHERE c.rank = ? AND c.step = ? AND c.kind IN ('module_forward', 'api_forward')
+        GROUP BY ALL ORDER BY c.seq""", [rank, step])
+    total = len(nodes)
+    if total > max_tree:
+        modules = [n for n in nodes if n["kind"] == "module_forward"]
+        nodes = (modules if len(modules) <= max_tree else modules[:max_tree])
+    names = {n["name"] for n in nodes}
+    for n in nodes:
+        if n["parent"] not in names:
+            n["parent"] = None
+        del n["seq"]
+    return {"step": step, "nodes": nodes, "total": total}
+
+
+def _largest(con, threshold: float, jump: float, limit: int) -> dict:
+    extremes = _rows(con, """
+        SELECT rank, name, io, arg, count(*) AS steps, min(step) AS first_step, max(max) AS max,
+               min(min) AS min, max(greatest(abs(max), abs(min))) AS largest
+        FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
+        GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq) LIMIT ?""", [threshold, limit])
+    jumps = _rows(con, """
+        WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
+                          lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
+                          lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
+                   FROM tensors WHERE norm IS NOT NULL)
+        SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio
+        FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
+                 AND greatest(norm / previous, previous / norm) >= ?
+        ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq LIMIT ?""", [jump, limit])
+    return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
+
+
+def collect(
+    dump_path: Union[str, os.PathLike], *, threshold: float = 1e4, jump: float = 10.0,
+    max_rows: int = 200, max_steps: int = 200, max_tree: int = 3000, movers: int = 8,
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
+    """Everything the report page shows for the recording under ``dump_path``.
+
+    Args:
+        dump_path: the dump directory (log under ``.msprobe/log/``).
+        threshold: a tensor is listed under "largest values" when ``|Max|`` or ``|Min|``
+            is at least this.
+        jump: a Norm jump is a change by at least this factor between recorded steps.
+        max_rows, max_steps: heat map size limits (rows sampled, steps binned beyond them).
+        max_tree: most nodes in the module tree (modules kept first, then APIs dropped).
+        movers: how many parameter-gradient lines to draw.
+        progress: called with the name of each part as it starts (for a progress bar).
+    Returns:
+        A dict of plain JSON values; non-finite floats as strings (see :func:`plain`).
+    Raises:
+        LogNotFoundError: no log under ``dump_path``.
+        ValueError: a limit below 1, or a ``threshold``/``jump`` that is not a positive number.
+    """
+    for label, value in (("max_rows", max_rows), ("max_steps", max_steps), ("max_tree", max_tree),
+                         ("movers", movers)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label}: expected an integer >= 1, got {value!r}")
+    for label, value in (("threshold", threshold), ("jump", jump)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{label}: expected a positive number, got {value!r}")
+    tick = progress or (lambda _part: None)
+    contents = read_log(dump_path)
+    con = connect(dump_path, contents=contents)
+    try:
+        tick("overview")
+        per_step = _rows(con, """
+            WITH c AS (SELECT rank, step, count(*) AS entries FROM calls GROUP BY ALL),
+                 t AS (SELECT rank, step, count(*) AS tensors FROM tensors GROUP BY ALL)
+            SELECT c.rank, c.step, c.entries, coalesce(t.tensors, 0) AS tensors
+            FROM c LEFT JOIN t USING (rank, step) ORDER BY c.rank, c.step""")
+        ranks = sorted({r["rank"] for r in per_step})
+        has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
+        key, where = _keyed(con, has_modules)
+        out: dict[str, Any] = {
+            "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
+            "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
+        }
+        for rank in ranks:
+            tick(f"rank {rank}")
+            steps = [r["step"] for r in per_step if r["rank"] == rank]
+            out["per_rank"][str(rank)] = {
+                "nonfinite": _nonfinite(con, rank),
+                "output": _heat(con, rank, key, where, max_rows, max_steps),
+                "grad": _heat(con, rank, _MODULE_KEY, "name LIKE '%.parameters_grad'", max_rows, max_steps),
+                "movers": _movers(con, rank, movers, max_steps),
+                "tree": _tree(con, rank, steps[0], max_tree) if steps else {"step": None, "nodes": [], "total": 0},
+            }
+        tick("largest values")
+        out["largest"] = _largest(con, float(threshold), float(jump), 50)
+        out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree}
+    finally:
+        con.close()
+    return plain(out)

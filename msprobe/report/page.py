@@ -1,0 +1,40 @@
+"""One self-contained HTML page: the data as JSON in ``<script id="msprobe-data">``, the
+style and the drawing code inline (``page.css``, ``page.js`` and one page script of this
+package), nothing fetched from the network."""
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from typing import Any
+
+__all__ = ["render"]
+
+
+def _resource(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _script_json(data: Any) -> str:
+    """``data`` as JSON that cannot end its ``<script>`` element early (``</`` escaped)."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"), default=str)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def render(title: str, body: str, data: Any, script: str) -> str:
+    """The page's HTML text.
+
+    Args:
+        title: the ``<title>`` (escaped here).
+        body: HTML of the ``<body>`` (trusted: written by this package).
+        data: JSON-ready value (no NaN/Infinity floats: see :func:`msprobe.report.data.plain`).
+        script: file name of the page script in this package (``dump.js``, ``compare.js``),
+            which runs after ``page.js`` and reads the data.
+    Raises:
+        ValueError: ``data`` holds a NaN or infinite float.
+    """
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{_resource('page.css')}</style></head><body>"
+            f"{body}<div id='tooltip'></div>"
+            f"<script type='application/json' id='msprobe-data'>{_script_json(data)}</script>"
+            f"<script>{_resource('page.js')}\n{_resource(script)}</script></body></html>\n")

@@ -1,0 +1,51 @@
+"""``msprobe compare``'s report.html rendered in headless Chromium: no console errors, the
+path to the first origin marked in the module tree, labelled axes, no Python reprs, each
+table row linked to a stack on the page."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from msprobe.compare import compare
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
+from chromium_page import browser_or_skip  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gelu_report(tmp_path_factory, record_run, scaled_fn):
+    d = tmp_path_factory.mktemp("compare_html")
+    base = record_run(d / "base", md5=True)
+    gelu = record_run(d / "gelu", md5=True, perturb={"F.gelu": scaled_fn(1 + 1e-3)})
+    compare(gelu, base, out=d / "out", formats="summary,html")
+    return d / "out"
+
+
+def test_report_html_in_browser(gelu_report):
+    summary = json.loads((gelu_report / "summary.json").read_text())
+    origin = summary["ranks"][0]["first_origin"]
+    browser = browser_or_skip()
+    try:
+        browser.open(gelu_report / "report.html")
+        assert browser.js("document.body.dataset.ready") == "1"
+        assert browser.errors == []
+        assert browser.js("document.querySelector('.first-origin .call-name').textContent") == origin["name"]
+        # the path: the origin and each module above it, outermost open
+        marked = browser.js("[...document.querySelectorAll('.tree .path')].map(e => e.dataset.name)")
+        assert origin["name"] in marked and origin["module"] in marked
+        assert browser.js(f"document.querySelector('.tree [data-name=\"{origin['name']}\"]').checkVisibility()")
+        labels = browser.js("[...document.querySelectorAll('.e-plot svg text')].map(t => t.textContent)")
+        assert "call (execution order, all steps)" in labels and "largest relative error e (log scale)" in labels
+        # tables, headings and the first-origin line (stacks quote source code and are left out)
+        text = browser.js("[...document.querySelectorAll('td, th, h1, h2, .first-origin > p')]"
+                          ".map(e => e.innerText).join(' | ')")
+        assert origin["name"] in text
+        assert "None" not in text and "{'" not in text and "nan" not in text
+        links = browser.js("[...document.querySelectorAll('a.stack-link')].map(a => a.getAttribute('href'))")
+        assert len(links) == sum(v for k, v in summary["ranks"][0]["counts"].items() if k != "pass")
+        assert all(browser.js(f"document.getElementById({json.dumps(h[1:])}) !== null") for h in links)
+    finally:
+        browser.close()
