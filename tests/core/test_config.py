@@ -179,6 +179,15 @@ def test_rank_and_step_ranges(make):
     assert everything.last_step is None
 
 
+def test_rank_and_step_as_strings_mixed_with_integers(make):
+    # upstream 26.x config.json files write steps and ranks as strings: "0", "4-6"
+    cfg = load_config(make(step=["0", "4-6", 2], rank=["1", 0, "3-4"]))
+    assert cfg.step == (0, 2, 4, 5, 6)
+    assert cfg.rank == (0, 1, 3, 4)
+    assert load_config(make(), step=["3", "5-6"]).step == (3, 5, 6)  # the constructor argument too
+    assert load_config(make(step=["2"]), framework="mindspore").step == (2,)
+
+
 def test_step_upper_bound_is_inclusive(make):
     assert load_config(make(step=[1_000_000])).step == (1_000_000,)
 
@@ -201,7 +210,7 @@ def test_step_upper_bound_is_inclusive(make):
         ({"step": ["5-3"]}, r"`step`: got '5-3';.*range start 5 is greater than end 3"),
         ({"step": [True]}, r"`step`: got True;.*element of type bool"),
         ({"rank": [1.0]}, r"`rank`: got 1\.0;.*element of type float"),
-        ({"step": ["3"]}, r"`step`: got '3';.*must be a range"),
+        ({"step": ["3x"]}, r"`step`: got '3x';.*must be an integer '4' or a range"),
         ({"step": ["1-2000000"]}, r"`step`: got '1-2000000';.*out of range"),
         ({"step": ["0-" + "9" * 5000]}, r"`step`:.*out of range"),
         ({"step": [[1]]}, r"`step`: got \[1\];.*element of type list"),
