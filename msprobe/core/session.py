@@ -374,6 +374,7 @@ class Session:
             "framework": self.framework,
             "dump_data_dir": self._dump_data_dir(step_dir),
             "rank_dir": self.rank_dir,
+            "extra_info": self.config.extra_info,
         }
 
     def step_dir(self, step: int | None = None) -> Path:

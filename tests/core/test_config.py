@@ -188,6 +188,19 @@ def test_rank_and_step_as_strings_mixed_with_integers(make):
     assert load_config(make(step=["2"]), framework="mindspore").step == (2,)
 
 
+def test_upstream_26_keys_defaults_and_values(make):
+    cfg = load_config(make())
+    assert (cfg.extra_info, cfg.precision, cfg.risk_level, cfg.tensor_list, cfg.dump_enable) == (
+        True, "low", "ALL", (), None)
+    cfg = load_config(make(extra_info=False, precision="high", risk_level="CORE", dump_enable=False,
+                           statistics={"tensor_list": ["relu", "Module.fc"], "summary_mode": "xor"}))
+    assert (cfg.extra_info, cfg.precision, cfg.risk_level, cfg.tensor_list, cfg.dump_enable, cfg.summary_mode) == (
+        False, "high", "CORE", ("relu", "Module.fc"), False, "xor")
+    # tensor_list belongs to task statistics; the tensor task reads its own summary_mode
+    cfg = load_config(make(task="tensor", tensor={"summary_mode": "md5"}, statistics={"tensor_list": ["x"]}))
+    assert cfg.tensor_list == () and cfg.summary_mode == "md5"
+
+
 def test_step_upper_bound_is_inclusive(make):
     assert load_config(make(step=[1_000_000])).step == (1_000_000,)
 
@@ -224,8 +237,16 @@ def test_step_upper_bound_is_inclusive(make):
         ({"statistics": {"list": "relu"}}, r"config field `statistics.list`: got 'relu';.*expected a list"),
         ({"statistics": {"list": ["relu", 1]}}, r"`statistics.list`: got 1; allowed: a list of non-empty strings"),
         ({"statistics": {"list": [""]}}, r"`statistics.list`: got ''"),
-        ({"statistics": {"summary_mode": "xor"}}, r"`statistics.summary_mode`: got 'xor'; allowed: statistics, md5$"),
+        ({"statistics": {"summary_mode": "sha1"}}, r"`statistics.summary_mode`: got 'sha1'; allowed: statistics, md5, xor$"),
+        ({"tensor": {"summary_mode": "crc"}, "task": "tensor"}, r"`tensor.summary_mode`: got 'crc'; allowed: statistics, md5, xor$"),
         ({"task": "tensor", "tensor": {"file_format": "pt"}}, r"`tensor.file_format`: got 'pt'; allowed: npy, bin$"),
+        ({"precision": "double"}, r"`precision`: got 'double'; allowed: low, high$"),
+        ({"risk_level": "focus"}, r"`risk_level`: got 'focus'; allowed: ALL, FOCUS, CORE$"),
+        ({"risk_level": "LOW"}, r"`risk_level`: got 'LOW'; allowed: ALL, FOCUS, CORE$"),
+        ({"dump_enable": 1}, r"`dump_enable`: got 1; allowed: true, false$"),
+        ({"extra_info": None}, r"`extra_info`: got None; allowed: true, false$"),
+        ({"statistics": {"tensor_list": "relu"}}, r"`statistics.tensor_list`: got 'relu';.*expected a list"),
+        ({"statistics": {"tensor_list": ["relu", ""]}}, r"`statistics.tensor_list`: got ''"),
         ({"statistics": {"data_mode": []}}, r"`statistics.data_mode`: got \[\];.*must not be empty"),
         ({"statistics": {"data_mode": "all"}}, r"`statistics.data_mode`: got 'all';.*expected a list"),
         ({"statistics": {"data_mode": ["all", "input"]}}, r"`statistics.data_mode`:.*'all' cannot be combined"),
