@@ -232,6 +232,8 @@ def load_config(
         raise ConfigError(
             "tensor.list", [], "a non-empty list of names when async_dump is true and task is tensor"
         )
+    if framework == "mindspore":
+        _check_mindspore_keys(doc, summary_mode, eff_task, precision, risk_level, tensor_list)
     _check_level_options(eff_task, eff_level, scope, names)
     _check_dump_path(eff_dump_path)
 
@@ -330,6 +332,29 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         result[key] = value
     return result
+
+
+def _check_mindspore_keys(doc: dict[str, Any], summary_mode: str, task: str, precision: str, risk_level: str,
+                          tensor_list: tuple[str, ...]) -> None:
+    """The upstream 26.x keys msprobe for MindSpore does not implement are a ConfigError
+    when set to anything but their default (docs/pytorch-features.md lists which keys each
+    framework supports)."""
+    detail = "not supported by msprobe for MindSpore"
+    if summary_mode == "xor":
+        raise ConfigError(f"{task}.summary_mode", "xor", ("statistics", "md5"), detail)
+    if precision != "low":
+        raise ConfigError("precision", precision, ("low",), detail)
+    if risk_level != "ALL":
+        raise ConfigError("risk_level", risk_level, ("ALL",), detail)
+    if tensor_list:
+        raise ConfigError("statistics.tensor_list", list(tensor_list), "[]", detail)
+    for key in ("dump_enable", "load"):
+        if key in doc:
+            raise ConfigError(key, doc[key], "absent", detail)
+    if isinstance(doc.get(task), dict):
+        for key in ("bench_path", "diff_nums"):
+            if key in doc[task]:
+                raise ConfigError(f"{task}.{key}", doc[task][key], "absent", detail)
 
 
 def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: tuple[str, ...]) -> None:

@@ -201,6 +201,21 @@ def test_upstream_26_keys_defaults_and_values(make):
     assert cfg.tensor_list == () and cfg.summary_mode == "md5"
 
 
+@pytest.mark.parametrize(("fields", "pattern"), [
+    ({"statistics": {"summary_mode": "xor"}}, r"`statistics.summary_mode`: got 'xor'; allowed: statistics, md5; "
+                                              r"not supported by msprobe for MindSpore"),
+    ({"precision": "high"}, r"`precision`: got 'high'; allowed: low; not supported"),
+    ({"risk_level": "CORE"}, r"`risk_level`: got 'CORE'; allowed: ALL; not supported"),
+    ({"statistics": {"tensor_list": ["relu"]}}, r"`statistics.tensor_list`: got \['relu'\]"),
+    ({"dump_enable": True}, r"`dump_enable`: got True; allowed: absent; not supported"),
+])
+def test_mindspore_rejects_the_26_keys_it_does_not_implement(make, fields, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(make(**fields), framework="mindspore")
+    load_config(make(**fields))  # PyTorch implements them
+    load_config(make(extra_info=False, step=["1"], risk_level="ALL", precision="low"), framework="mindspore")
+
+
 def test_step_upper_bound_is_inclusive(make):
     assert load_config(make(step=[1_000_000])).step == (1_000_000,)
 
