@@ -143,18 +143,22 @@ class LeafBuilder:
             the tensor's values; the reference goes to the leaf's ``payload``.
         defer: ``async_dump``: ``defer(io, path, tensor) -> placeholder leaf`` replaces the
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
+        high: config.json ``precision: "high"``: statistics accumulated in float64 on every
+            path (``tensor_stats(..., high=True)``).
         xor: summary_mode xor: instead of the statistics, the 64-bit XOR fold of the
             tensor's C-order bytes (:func:`msprobe.core.checksum.xor64_hex`) in the
             leaf's ``crc32`` (dump.json ``md5``); computed on the host (a device tensor
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
-                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None, xor: bool = False) -> None:
+                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None, xor: bool = False,
+                 high: bool = False) -> None:
         self.md5 = md5
+        self.high = high
         self.xor = xor and with_data
         self.with_data = with_data
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
@@ -265,10 +269,10 @@ class LeafBuilder:
                     # task tensor, a transposed view: the statistics are those of its C-order
                     # copy, read right after the copy is made (what summary_mode md5 reads too)
                     payload, reduced = self._snapshot(t, lambda: _copy_reduce(t, kind))
-                    st = native_stats(t, reduced) if reduced is not None else tensor_stats(t)
+                    st = native_stats(t, reduced) if reduced is not None else tensor_stats(t, high=self.high)
                 else:
                     payload = self._payload_of(t)
-                    st = tensor_stats(t)
+                    st = tensor_stats(t, high=self.high)
                     if self.md5:
                         crc = _crc_or_none(t)
                 if remember:
@@ -330,7 +334,7 @@ class LeafBuilder:
         if flat is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                         requires_grad=requires_grad)
-        st = tensor_stats(flat)
+        st = tensor_stats(flat, high=self.high)
         crc = _crc_or_none(flat) if self.md5 else None
         return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                     numel=flat.numel(), max=st.max, min=st.min, mean=st.mean, norm=st.norm,

@@ -85,7 +85,8 @@ class Recorder:
         self._bwd_keys = dm.backward_keys()
         self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
-                                  capture=self.capture, xor=cfg.summary_mode == "xor")
+                                  capture=self.capture, xor=cfg.summary_mode == "xor",
+                                  high=cfg.precision == "high")
         # the memo is sound only where intercepted calls (which clear it) separate the records:
         # at L0 and debug nothing clears it between module hooks / save() calls
         if cfg.level not in ("L1", "mix"):
