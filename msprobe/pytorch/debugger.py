@@ -29,6 +29,7 @@ import torch
 from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError, MsprobeError
 from msprobe.core.handles import HandleGroup
+from msprobe.core.risk import recorded_at
 from msprobe.core.session import Session
 from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
 from msprobe.pytorch.autograd_guard import install_autograd_guard
@@ -124,7 +125,9 @@ class PrecisionDebugger:
         self.unknown_apis: list[str] = []
         self._api_specs = None
         if self.config.level in _API_LEVELS:
-            self._api_specs, self.unknown_apis = load_api_list(self.config.api_list)
+            specs, self.unknown_apis = load_api_list(self.config.api_list)
+            # risk_level: APIs it leaves out are not hooked at all (msprobe.core.risk)
+            self._api_specs = [spec for spec in specs if recorded_at(self.config.risk_level, spec.family, spec.api)]
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json from now on (spec 1.2)
