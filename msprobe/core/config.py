@@ -228,6 +228,8 @@ def load_config(
     if eff_task == "structure" and eff_level == "L1":
         logger.warning("task `structure` does not support level L1; using level mix (spec 5.3)")
         eff_level = "mix"
+    if async_dump and tensor_list:
+        raise ConfigError("statistics.tensor_list", list(tensor_list), "[] when async_dump is true")
     if async_dump and eff_task == "tensor" and not names:
         raise ConfigError(
             "tensor.list", [], "a non-empty list of names when async_dump is true and task is tensor"

@@ -109,7 +109,8 @@ class PrecisionDebugger:
         if model is not None:
             _as_models(model, self.config.level)
         self.model = model
-        tensor_task = self.config.task == "tensor"
+        # task statistics with tensor_list stores the full tensors of the entries it names
+        tensor_task = self.config.task == "tensor" or bool(self.config.tensor_list)
         self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,),
                                dump_data_dir=_dump_data_dir(self.config.dump_path, self.config.level) if tensor_task else None,
                                write_tensor=write_pt if tensor_task else None, tensor_ext="pt")

@@ -30,6 +30,7 @@ import torch
 
 from msprobe.core.arrays import array_stats
 from msprobe.core.checksum import xor64_hex
+from msprobe.core.filters import NameList
 from msprobe.core.statistics import TensorStats
 from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
@@ -145,18 +146,21 @@ class LeafBuilder:
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
         high: config.json ``precision: "high"``: statistics accumulated in float64 on every
             path (``tensor_stats(..., high=True)``).
+        tensor_list: task statistics with ``tensor_list``: the entry names whose tensors
+            are stored through ``capture`` (:meth:`for_entry` turns ``capture`` on and off
+            per entry; off until the first call).
         xor: summary_mode xor: instead of the statistics, the 64-bit XOR fold of the
             tensor's C-order bytes (:func:`msprobe.core.checksum.xor64_hex`) in the
             leaf's ``crc32`` (dump.json ``md5``); computed on the host (a device tensor
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "high", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None, xor: bool = False,
-                 high: bool = False) -> None:
+                 high: bool = False, tensor_list: Optional[NameList] = None) -> None:
         self.md5 = md5
         self.high = high
         self.xor = xor and with_data
@@ -181,6 +185,23 @@ class LeafBuilder:
         # another copy: store.direct_io); None where the extension predates snapshot_at's align
         self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
         self._texts = _ValueTexts()  # record texts of the scalars met (leaves)
+        self.tensor_list = tensor_list
+        self._capture_all, self._snapshot_all = self.capture, self._snapshot
+        if tensor_list is not None:
+            self.capture = self._snapshot = None
+
+    def for_entry(self, name: str) -> None:
+        """The leaves built next belong to the entry ``name``: with ``tensor_list``, its
+        tensors are stored (task statistics' full tensors) only if ``name`` contains one
+        of its strings; without it a no-op. The recorder calls this before building each
+        entry's leaves, on the thread that builds them (forward and backward of one step
+        never build leaves at the same time)."""
+        if self.tensor_list is None:
+            return
+        if self.tensor_list.matches(name):
+            self.capture, self._snapshot = self._capture_all, self._snapshot_all
+        else:
+            self.capture = self._snapshot = None
 
     def _align(self, nbytes: int) -> tuple:
         """snapshot_at's arguments after ``kind`` for a snapshot of ``nbytes`` bytes:

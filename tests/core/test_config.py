@@ -262,6 +262,8 @@ def test_step_upper_bound_is_inclusive(make):
         ({"extra_info": None}, r"`extra_info`: got None; allowed: true, false$"),
         ({"statistics": {"tensor_list": "relu"}}, r"`statistics.tensor_list`: got 'relu';.*expected a list"),
         ({"statistics": {"tensor_list": ["relu", ""]}}, r"`statistics.tensor_list`: got ''"),
+        ({"async_dump": True, "statistics": {"tensor_list": ["relu"]}},
+         r"`statistics.tensor_list`: got \['relu'\]; allowed: \[\] when async_dump is true"),
         ({"statistics": {"data_mode": []}}, r"`statistics.data_mode`: got \[\];.*must not be empty"),
         ({"statistics": {"data_mode": "all"}}, r"`statistics.data_mode`: got 'all';.*expected a list"),
         ({"statistics": {"data_mode": ["all", "input"]}}, r"`statistics.data_mode`:.*'all' cannot be combined"),
