@@ -443,10 +443,15 @@ static inline int is_str_or_none(PyObject *v) {
     return v == Py_None || PyUnicode_CheckExact(v);
 }
 
-/* 1 when every field of the 12-tuple `r` has the type EntryBuilder gives it */
+/* 1 when every field of the 12-tuple `r` has the type EntryBuilder gives it and its md5
+ * is not summary_mode xor's "0x..." checksum (such a record, without statistics keys, is
+ * written by the Python path: store.entries._tensor_record) */
 static int record_is_exact(PyObject *r) {
     PyObject **f = &PyTuple_GET_ITEM(r, 0);
     if (!is_str_or_none(f[0]) || !is_str_or_none(f[1]) || !is_str_or_none(f[10]) || !is_str_or_none(f[11]))
+        return 0;
+    if (f[10] != Py_None && PyUnicode_GET_LENGTH(f[10]) >= 2 && PyUnicode_READ_CHAR(f[10], 0) == '0'
+        && PyUnicode_READ_CHAR(f[10], 1) == 'x')
         return 0;
     if (f[7] != Py_None && !PyBool_Check(f[7]))
         return 0;

@@ -68,10 +68,19 @@ def _tensor_record(
     data_name,
 ) -> dict:
     """dump.json record of a tensor leaf (spec 3.3), keys in upstream order (``shape``
-    given as a tuple becomes a list)."""
+    given as a tuple becomes a list). A record whose ``crc32`` is an XOR checksum
+    (:func:`store.schema.is_xor_checksum`, summary_mode xor) has no statistics keys:
+    ``type, dtype, shape, md5, requires_grad[, data_name]``, as upstream 26.x writes it."""
     if type(shape) is tuple:
         shape = list(shape)
     record: dict[str, Any] = {"type": type_, "dtype": dtype, "shape": shape}
+    if S.is_xor_checksum(crc32):  # summary_mode xor: the checksum instead of the statistics
+        record["md5"] = crc32
+        if requires_grad is not None:
+            record["requires_grad"] = requires_grad
+        if data_name is not None:
+            record["data_name"] = data_name
+        return record
     if dtype in S.BOOL_DTYPES:
         record["Max"] = None if max_ is None else bool(max_)
         record["Min"] = None if min_ is None else bool(min_)

@@ -135,12 +135,13 @@ def export_step(
         rows: call, leaf (and possibly marker/stack, ignored) rows of one rank and one
             step, in any order (:data:`store.schema.LOG_SCHEMA`).
         stacks: ``{stack_id: frames}``; stacks not referenced by a call are ignored.
-        meta: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
+        meta: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``, and
+            optionally ``extra_info`` (False: stack.json and construct.json are not written).
         out_dir: the rank directory (``{dump_path}/step{N}/{rank_dir}``); created with
             mode 0o750 if missing.
         payloads, write_tensor, done: see :func:`export_tensors`.
     Returns:
-        The three files written, in the order above (tensor files are not listed).
+        The files written, in the order above (tensor files are not listed).
     Raises:
         ExportError: ``meta`` lacks a key or has an unsafe ``rank_dir``.
         OSError: a file could not be written (earlier files may have been replaced).
@@ -188,12 +189,14 @@ def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optiona
     construct = [(name, entries[name].parent) for name in order if entries[name].kind in kinds]
     directory = make_dirs(out_dir, own_levels=2)
     written = []
-    for file_name, source, text_of in (
-        (DUMP_FILE, (version, tuple(meta.items())) if memo is not None else None,
-         lambda: _dump_text(meta, level, order, entries, chunks)),
-        (STACK_FILE, stack_items, lambda: _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
-        (CONSTRUCT_FILE, construct, lambda: _items_text(construct, None, chunks)),
-    ):
+    files = [(DUMP_FILE, (version, tuple(meta.items())) if memo is not None else None,
+              lambda: _dump_text(meta, level, order, entries, chunks))]
+    if meta.get("extra_info", True):  # config.json ``extra_info: false``: dump.json only
+        files += [
+            (STACK_FILE, stack_items, lambda: _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
+            (CONSTRUCT_FILE, construct, lambda: _items_text(construct, None, chunks)),
+        ]
+    for file_name, source, text_of in files:
         target = directory / file_name
         written.append(target)
         if memo is not None:

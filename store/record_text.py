@@ -89,6 +89,13 @@ def _record_fast(record: tuple, frame: _Frame) -> str:
     (l_type, l_dtype, l_shape, l_max, l_min, l_mean, l_norm, l_grad, l_max_finite, l_min_finite, l_md5,
      l_name) = frame.labels
     shape_text = frame.shapes.get(shape) or _shape_text(shape, frame)
+    if S.is_xor_checksum(crc32):  # summary_mode xor: no statistics keys (store.entries._tensor_record)
+        tail = frame.close
+        if data_name is not None:
+            tail = l_name + _ENCODE_STR(data_name) + tail
+        if requires_grad is not None:
+            tail = l_grad + _flag(requires_grad) + tail
+        return f"{l_type}{_ENCODE_STR(type_)}{l_dtype}{_ENCODE_STR(dtype)}{l_shape}{shape_text}{l_md5}{_ENCODE_STR(crc32)}{tail}"
     if dtype in _BOOL_DTYPES:
         max_text = "null" if max_ is None else "true" if max_ else "false"
         min_text = "null" if min_ is None else "true" if min_ else "false"

@@ -149,6 +149,13 @@ LEAF_KINDS = (LEAF_TENSOR, LEAF_VALUE, LEAF_NONE, LEAF_EMPTY_LIST, LEAF_EMPTY_DI
 # dtype spellings whose Max/Min are booleans (any/all) in dump.json
 BOOL_DTYPES = frozenset({"torch.bool", "Bool", "bool"})
 
+def is_xor_checksum(text) -> bool:
+    """True if a leaf's ``crc32`` text is summary_mode xor's 64-bit XOR checksum
+    (``"0x"`` + 16 hex digits, :func:`msprobe.core.checksum.xor64_hex`) rather than a
+    CRC-32 (8 hex digits); such a dump.json record carries no statistics."""
+    return text is not None and text[:2] == "0x"
+
+
 # top-level keys whose empty value is a JSON object; all others are lists
 DICT_ROOTS = frozenset({"input_kwargs", "parameters"})
 

@@ -26,6 +26,8 @@ __all__ = [
     "FileFormat",
     "Framework",
     "Level",
+    "Precision",
+    "RiskLevel",
     "SummaryMode",
     "Task",
     "load_config",
@@ -35,7 +37,9 @@ logger = logging.getLogger(__name__)
 
 Task = Literal["statistics", "tensor", "structure"]
 Level = Literal["L0", "L1", "L2", "mix", "debug"]
-SummaryMode = Literal["statistics", "md5"]
+SummaryMode = Literal["statistics", "md5", "xor"]
+Precision = Literal["low", "high"]
+RiskLevel = Literal["ALL", "FOCUS", "CORE"]
 FileFormat = Literal["npy", "bin"]
 Framework = Literal["pytorch", "mindspore"]
 
@@ -44,6 +48,8 @@ LEVELS: Final[tuple[str, ...]] = get_args(Level)
 SUMMARY_MODES: Final[tuple[str, ...]] = get_args(SummaryMode)
 FILE_FORMATS: Final[tuple[str, ...]] = get_args(FileFormat)
 FRAMEWORKS: Final[tuple[str, ...]] = get_args(Framework)
+PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)
+RISK_LEVELS: Final[tuple[str, ...]] = get_args(RiskLevel)
 
 #: The packaged default config (spec 5.1: used when no path is given).
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config.json"
@@ -53,7 +59,8 @@ DEFAULT_TASK: Final = "statistics"
 DEFAULT_LEVEL: Final = "L1"
 
 #: Top-level keys this module reads; the task sub-objects are read by name.
-_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list"})
+_KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list",
+                                "extra_info", "precision", "risk_level", "dump_enable"})
 
 #: Scope endpoint patterns (spec 5.3).
 _API_NAME_RE: Final = re.compile(
@@ -81,11 +88,22 @@ class Config:
         scope: ``()`` or ``(first, last)`` entry names of an inclusive range (spec 5.5).
         list: substring filters on entry names (spec 5.5); ``()`` keeps everything.
         data_mode: values from ``all, forward, backward, input, output`` (spec 5.4).
-        summary_mode: ``statistics`` or ``md5`` (CRC-32); read for task statistics only.
+        summary_mode: ``statistics``, ``md5`` (CRC-32 besides the statistics) or ``xor``
+            (a 64-bit XOR fold instead of the statistics); read for tasks statistics and
+            tensor.
         file_format: ``npy`` or ``bin``; read for task tensor only.
         framework: ``pytorch`` or ``mindspore``.
         api_list: path of the user's own API list YAML (``support_wrap_ops.yaml`` format)
             replacing the packaged one; None = the packaged list.
+        extra_info: write stack.json and construct.json (False: dump.json only).
+        precision: ``low`` or ``high`` (all statistics accumulated in float64).
+        risk_level: ``ALL`` (every API of the list), ``FOCUS`` (without the low-risk
+            shape, copy and creation APIs) or ``CORE`` (:mod:`msprobe.core.risk`).
+        tensor_list: task statistics: substrings of entry names whose tensors are also
+            saved in full (``()``: none).
+        dump_enable: None when config.json has no ``dump_enable`` (no re-reading);
+            else whether recording is switched on, and the file is re-read while the
+            job runs (docs/pytorch-features.md).
     """
 
     task: Task = "statistics"
@@ -101,6 +119,11 @@ class Config:
     file_format: FileFormat = "npy"
     framework: Framework = "pytorch"
     api_list: str | None = None
+    extra_info: bool = True
+    precision: Precision = "low"
+    risk_level: RiskLevel = "ALL"
+    tensor_list: tuple[str, ...] = ()
+    dump_enable: bool | None = None
 
     def step_selected(self, step: int) -> bool:
         """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
@@ -148,7 +171,7 @@ def load_config(
     Raises:
         ConfigError: for an unreadable or invalid file and for every invalid value (spec
             5.3): unknown task/level, bad rank/step/scope/list/data_mode/summary_mode/
-            file_format/async_dump, async_dump with task tensor and an empty list, L2
+            file_format/async_dump/extra_info/dump_enable/precision/risk_level/tensor_list, async_dump with task tensor and an empty list, L2
             without exactly one list name or with a scope, and a dump_path that is
             missing, empty, a file, a symlink, or whose parent cannot be created.
 
@@ -177,9 +200,11 @@ def load_config(
     api_list = doc.get("api_list")
     if api_list is not None and (not isinstance(api_list, str) or not os.path.isfile(api_list)):
         raise ConfigError("api_list", api_list, "the path of an existing YAML file (support_wrap_ops.yaml format)")
-    async_dump = doc.get("async_dump", False)
-    if not isinstance(async_dump, bool):
-        raise ConfigError("async_dump", async_dump, "true, false")
+    async_dump = _flag(doc, "async_dump", False)
+    extra_info = _flag(doc, "extra_info", True)
+    dump_enable = _flag(doc, "dump_enable", None)
+    precision = _choice("precision", doc.get("precision", "low"), PRECISIONS)
+    risk_level = _choice("risk_level", doc.get("risk_level", "ALL"), RISK_LEVELS)
 
     sub = doc.get(eff_task, {})
     if not isinstance(sub, dict):
@@ -191,8 +216,11 @@ def load_config(
     data_mode_value = sub.get("data_mode", ["all"])
     DataMode.from_config(data_mode_value, field=f"{eff_task}.data_mode")
     summary_mode = "statistics"
+    if eff_task in ("statistics", "tensor"):
+        summary_mode = _choice(f"{eff_task}.summary_mode", sub.get("summary_mode", "statistics"), SUMMARY_MODES)
+    tensor_list: tuple[str, ...] = ()
     if eff_task == "statistics":
-        summary_mode = _choice("statistics.summary_mode", sub.get("summary_mode", "statistics"), SUMMARY_MODES)
+        tensor_list = _string_list("statistics.tensor_list", sub.get("tensor_list", []))
     file_format = "npy"
     if eff_task == "tensor":
         file_format = _choice("tensor.file_format", sub.get("file_format", "npy"), FILE_FORMATS)
@@ -200,10 +228,14 @@ def load_config(
     if eff_task == "structure" and eff_level == "L1":
         logger.warning("task `structure` does not support level L1; using level mix (spec 5.3)")
         eff_level = "mix"
+    if async_dump and tensor_list:
+        raise ConfigError("statistics.tensor_list", list(tensor_list), "[] when async_dump is true")
     if async_dump and eff_task == "tensor" and not names:
         raise ConfigError(
             "tensor.list", [], "a non-empty list of names when async_dump is true and task is tensor"
         )
+    if framework == "mindspore":
+        _check_mindspore_keys(doc, summary_mode, eff_task, precision, risk_level, tensor_list)
     _check_level_options(eff_task, eff_level, scope, names)
     _check_dump_path(eff_dump_path)
 
@@ -221,6 +253,11 @@ def load_config(
         file_format=file_format,
         framework=framework,
         api_list=api_list,
+        extra_info=extra_info,
+        precision=precision,
+        risk_level=risk_level,
+        tensor_list=tensor_list,
+        dump_enable=dump_enable,
     )
 
 
@@ -229,6 +266,14 @@ def _check_argument(field: str, value: Any, types: type | tuple[type, ...]) -> N
     if value is not None and not isinstance(value, types):
         allowed = "a list" if types == (list, tuple) else "a string"
         raise ConfigError(field, value, allowed, f"argument of type {type(value).__name__}")
+
+
+def _flag(doc: dict[str, Any], field: str, default: bool | None) -> bool | None:
+    """The boolean top-level ``field`` of ``doc`` (``default`` when absent)."""
+    value = doc.get(field, default)
+    if value is not default and not isinstance(value, bool):
+        raise ConfigError(field, value, "true, false")
+    return value
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> Any:
@@ -291,6 +336,29 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def _check_mindspore_keys(doc: dict[str, Any], summary_mode: str, task: str, precision: str, risk_level: str,
+                          tensor_list: tuple[str, ...]) -> None:
+    """The upstream 26.x keys msprobe for MindSpore does not implement are a ConfigError
+    when set to anything but their default (docs/pytorch-features.md lists which keys each
+    framework supports)."""
+    detail = "not supported by msprobe for MindSpore"
+    if summary_mode == "xor":
+        raise ConfigError(f"{task}.summary_mode", "xor", ("statistics", "md5"), detail)
+    if precision != "low":
+        raise ConfigError("precision", precision, ("low",), detail)
+    if risk_level != "ALL":
+        raise ConfigError("risk_level", risk_level, ("ALL",), detail)
+    if tensor_list:
+        raise ConfigError("statistics.tensor_list", list(tensor_list), "[]", detail)
+    for key in ("dump_enable", "load"):
+        if key in doc:
+            raise ConfigError(key, doc[key], "absent", detail)
+    if isinstance(doc.get(task), dict):
+        for key in ("bench_path", "diff_nums"):
+            if key in doc[task]:
+                raise ConfigError(f"{task}.{key}", doc[task][key], "absent", detail)
+
+
 def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: tuple[str, ...]) -> None:
     """Level-dependent rules for scope and list (spec 5.3)."""
     if level == "L2":
@@ -324,8 +392,7 @@ def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: t
 # keys of upstream's config.json that this project accepts and does not use (spec 5.1)
 _UPSTREAM_ONLY_KEYS = frozenset({
     "enable_dataloader", "is_deterministic", "overflow_check", "free_benchmark", "run_ut",
-    "grad_probe", "acc_check", "nan_check", "diff_check", "exception_dump", "extra_info",
-    "dump_enable", "precision", "risk_level", "custom_op_namespaces",
+    "grad_probe", "acc_check", "nan_check", "diff_check", "exception_dump", "custom_op_namespaces",
 })
 
 

@@ -40,9 +40,9 @@ MAX_RANK_OR_STEP: Final = 1_000_000
 
 _DIRECTIONS: Final = ("forward", "backward")
 _SIDES: Final = ("input", "output")
-_RANGE_RE: Final = re.compile(r"(\d+)-(\d+)", re.ASCII)
+_RANGE_RE: Final = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
 _INT_LIST_ALLOWED: Final = (
-    f"a list of integers 0..{MAX_RANK_OR_STEP} and 'a-b' range strings with a <= b"
+    f"a list of integers 0..{MAX_RANK_OR_STEP}, integer strings ('4') and 'a-b' range strings with a <= b"
 )
 
 
@@ -56,8 +56,9 @@ def parse_int_list(field: str, value: Any) -> tuple[int, ...]:
     Args:
         field: the field name used in errors (``"rank"`` or ``"step"``).
         value: a ``list`` (or ``tuple``) whose elements are ints in
-            ``0..MAX_RANK_OR_STEP`` (``bool`` is not an int here) or ``"a-b"`` strings
-            with ``a <= b``, both ends inclusive and in the same bounds.
+            ``0..MAX_RANK_OR_STEP`` (``bool`` is not an int here), strings of ASCII
+            digits (``"4"``, as upstream 26.x accepts) or ``"a-b"`` strings with
+            ``a <= b``, both ends inclusive and in the same bounds.
 
     Returns:
         The expanded values, deduplicated and sorted; ``()`` for an empty list, which
@@ -66,7 +67,8 @@ def parse_int_list(field: str, value: Any) -> tuple[int, ...]:
     Raises:
         ConfigError: naming ``field`` when ``value`` is not a list or an element is bad.
 
-    Example: ``parse_int_list("step", [0, "2-4", 3])`` returns ``(0, 2, 3, 4)``.
+    Example: ``parse_int_list("step", [0, "2-4", 3])`` returns ``(0, 2, 3, 4)``;
+    ``parse_int_list("step", ["0", "4-6"])`` returns ``(0, 4, 5, 6)``.
     """
     if not isinstance(value, (list, tuple)):
         raise ConfigError(field, value, _INT_LIST_ALLOWED, f"expected a list, got {type(value).__name__}")
@@ -79,10 +81,12 @@ def parse_int_list(field: str, value: Any) -> tuple[int, ...]:
         elif isinstance(element, str):
             match = _RANGE_RE.fullmatch(element)
             if match is None:
-                raise ConfigError(field, element, _INT_LIST_ALLOWED, "a string must be a range 'a-b'")
-            if max(len(match[1]), len(match[2])) > len(str(MAX_RANK_OR_STEP)):
+                raise ConfigError(field, element, _INT_LIST_ALLOWED,
+                                  "a string must be an integer '4' or a range 'a-b'")
+            last_text = match[1] if match[2] is None else match[2]
+            if max(len(match[1]), len(last_text)) > len(str(MAX_RANK_OR_STEP)):
                 raise ConfigError(field, element, _INT_LIST_ALLOWED, "value out of range")
-            first, last = int(match[1]), int(match[2])
+            first, last = int(match[1]), int(last_text)
             if first > last:
                 raise ConfigError(
                     field, element, _INT_LIST_ALLOWED, f"range start {first} is greater than end {last}"

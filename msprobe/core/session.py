@@ -130,6 +130,29 @@ class Session:
         self._dirty = True  # entries arrived since the last export of the step
         self._emitted = False  # a call of this step went to the log since end_step
 
+    def reconfigure(self, config: Config, *, dump_data_dir: Callable[[Path], Optional[str]] | None = None,
+                    write_tensor: TensorFileWriter | None = None) -> None:
+        """Use ``config`` from now on (config.json re-read under ``dump_enable``, see
+        :mod:`msprobe.core.reload`): filters, selected steps, task and tensor files. Called
+        between steps only (no step open); the step counter, the log and what was recorded
+        stay. The flush hooks are dropped (the adapter's new recorder adds its own).
+
+        Raises:
+            ValueError: a step is open, or ``config`` has another ``dump_path``.
+        """
+        if self._opened_step == self.step:
+            raise ValueError("Session.reconfigure: a step is open; call it between steps")
+        if config.dump_path != self.config.dump_path:
+            raise ValueError("Session.reconfigure: dump_path cannot change")
+        self.config = config
+        self.data_mode = DataMode.from_config(config.data_mode)
+        self.name_list = NameList(config.list)
+        self._last_step = max(config.step) if config.step else None
+        self.finished = self._last_step is not None and self.step > self._last_step
+        self._dump_data_dir = dump_data_dir or (lambda _d: None)
+        self._write_tensor = write_tensor
+        self._flush_hooks = []
+
     def add_flush_hook(self, fn: Callable[[], None]) -> None:
         """Register ``fn`` to run before every export and at close (adapters resolve entries
         whose statistics are still pending on a device there)."""
@@ -383,6 +406,7 @@ class Session:
             "framework": self.framework,
             "dump_data_dir": self._dump_data_dir(step_dir),
             "rank_dir": self.rank_dir,
+            "extra_info": self.config.extra_info,
         }
         if self.world_size is not None:
             meta["world_size"] = self.world_size

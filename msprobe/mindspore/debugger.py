@@ -83,7 +83,7 @@ class PrecisionDebugger:
         dump_path: output directory; overrides the file.
         level: ``"L0"``, ``"L1"``, ``"mix"``, ``"debug"`` (PyNative) or ``"L2"``
             (GRAPH_MODE only); overrides the file.
-        step: steps to record (ints and ``"a-b"`` ranges); overrides the file.
+        step: steps to record (ints, integer strings and ``"a-b"`` ranges); overrides the file.
 
     Raises:
         ConfigError: any invalid value, naming the field, the value and what is allowed;

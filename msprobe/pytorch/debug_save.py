@@ -64,6 +64,7 @@ class DebugSaver:
             k = self.counter.next(name)
             entry = f"{name}.{k}"
             leaves: list[Leaf] = []
+            rec.leaves.for_entry(entry)
             rec.leaves.leaves("", variable, leaves)
             rec.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=entry, api_type="debug", leaves=tuple(leaves)))
             if save_backward:
@@ -91,6 +92,7 @@ class DebugSaver:
             prev = getattr(tls, "busy", False)
             tls.busy = True
             try:
+                rec.leaves.for_entry(entry)
                 leaf = rec.leaves.tensor_leaf("", path, grad)
                 rec.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=entry, api_type="debug", leaves=(leaf,)))
             except Exception as exc:

@@ -29,6 +29,8 @@ import torch
 from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError, MsprobeError
 from msprobe.core.handles import HandleGroup
+from msprobe.core.reload import ConfigWatcher
+from msprobe.core.risk import recorded_at
 from msprobe.core.session import Session
 from msprobe.pytorch.api_hooks import install_api_hooks, load_api_list
 from msprobe.pytorch.autograd_guard import install_autograd_guard
@@ -108,10 +110,8 @@ class PrecisionDebugger:
         if model is not None:
             _as_models(model, self.config.level)
         self.model = model
-        tensor_task = self.config.task == "tensor"
-        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,),
-                               dump_data_dir=_dump_data_dir(self.config.dump_path, self.config.level) if tensor_task else None,
-                               write_tensor=write_pt if tensor_task else None, tensor_ext="pt")
+        self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,), tensor_ext="pt",
+                               **_tensor_files(self.config))
         self.recorder = Recorder(self.session)
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
@@ -123,12 +123,60 @@ class PrecisionDebugger:
         #: API-list names not found in this PyTorch (reported, not fatal); levels L1/mix
         self.unknown_apis: list[str] = []
         self._api_specs = None
-        if self.config.level in _API_LEVELS:
-            self._api_specs, self.unknown_apis = load_api_list(self.config.api_list)
+        self._load_api_specs()
+        # dump_enable: config.json is re-read while the job runs (msprobe.core.reload)
+        self._watcher: Optional[ConfigWatcher] = None
+        self._staged: Optional[Config] = None
+        if self.config.dump_enable is not None and config_path is not None:
+            def load_again() -> Config:
+                return _same_run(self.config, load_config(config_path, task=task, dump_path=dump_path, level=level,
+                                                          step=step, framework="pytorch"))
+            self._watcher = ConfigWatcher(config_path, load_again, self.config)
         PrecisionDebugger._latest = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
         if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json from now on (spec 1.2)
             self.session.start(*_current_rank())
+
+    def _load_api_specs(self) -> None:
+        """The APIs to hook at levels L1/mix: the API list, less what ``risk_level`` leaves
+        out (those are not hooked at all: msprobe.core.risk)."""
+        self._api_specs = None
+        if self.config.level in _API_LEVELS:
+            specs, self.unknown_apis = load_api_list(self.config.api_list)
+            self._api_specs = [spec for spec in specs if recorded_at(self.config.risk_level, spec.family, spec.api)]
+
+    def _poll_config(self) -> None:
+        """dump_enable: take a changed config.json (:class:`ConfigWatcher`), and apply it
+        when no step is open (at ``start()`` of a new step or after ``step()``)."""
+        if self._watcher is None:
+            return
+        # looked at every 0.5 s while recording is switched on, every 3 s while off
+        new = self._watcher.poll(self.config.dump_enable is not False and not self.session.finished)
+        if new is not None:
+            self._staged = new
+        if self._staged is None or self.session._opened_step == self.session.step:
+            return
+        config, self._staged = self._staged, None
+        try:
+            self._reconfigure(config)
+        except Exception as exc:  # never into training: the recorder stops, the run goes on
+            self.recorder.internal_error(exc)
+
+    def _reconfigure(self, config: Config) -> None:
+        """Use ``config`` (level, task, steps, filters, ...) from the next ``start()`` on:
+        the hooks are removed and installed again at ``start()`` by a new recorder."""
+        self.recorder.drain()
+        self.recorder.flush_deferred()
+        for handles in (self._api_handles, self._model_handles):
+            if handles is not None:
+                handles.remove()
+        self._api_handles = self._model_handles = None
+        self._hooked_models = []
+        self.config = config
+        self.session.reconfigure(config, **_tensor_files(config))
+        self.recorder = Recorder(self.session)
+        self._saver = DebugSaver(self.recorder)
+        self._load_api_specs()
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
@@ -140,8 +188,9 @@ class PrecisionDebugger:
         Raises:
             ConfigError: level L0/mix without a model, or a model of the wrong type.
         """
+        self._poll_config()
         level = self.config.level
-        if level == "debug":
+        if level == "debug" or self.config.dump_enable is False:
             return
         model = model if model is not None else self.model
         models: list[torch.nn.Module] = []
@@ -185,6 +234,7 @@ class PrecisionDebugger:
         self.recorder.drain()
         self.recorder.leaves.memo.clear()
         self.session.stop()
+        self._poll_config()
 
     @staticmethod
     def save(variable: Any, name: str, save_backward: bool = True) -> None:
@@ -252,6 +302,7 @@ class PrecisionDebugger:
         if self.config.level == "debug":
             return
         self.session.end_step(before_export=self.recorder.flush_pending)
+        self._poll_config()
 
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
@@ -271,6 +322,28 @@ class PrecisionDebugger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _tensor_files(config: Config) -> dict:
+    """The Session's ``dump_data_dir`` and ``write_tensor`` for ``config``: set for task
+    tensor and for task statistics with a ``tensor_list`` (the entries it names keep their
+    full tensors), None otherwise."""
+    if config.task == "tensor" or config.tensor_list:
+        return {"dump_data_dir": _dump_data_dir(config.dump_path, config.level), "write_tensor": write_pt}
+    return {"dump_data_dir": None, "write_tensor": None}
+
+
+def _same_run(old: Config, new: Config) -> Config:
+    """``new`` if a running debugger built with ``old`` can switch to it (dump_enable);
+    raises ConfigError for what cannot change while the job runs: ``dump_path``,
+    ``async_dump``, ``api_list``, and level ``debug`` (or ``L2``) on either side."""
+    for field in ("dump_path", "async_dump", "api_list"):
+        if getattr(new, field) != getattr(old, field):
+            raise ConfigError(field, getattr(new, field), repr(getattr(old, field)),
+                              detail="it cannot change while the job runs (dump_enable)")
+    if new.level != old.level and "debug" in (new.level, old.level) or new.level == "L2":
+        raise ConfigError("level", new.level, "L0, L1, mix", detail=f"the job runs at level {old.level}")
+    return new
 
 
 def _latest_debugger() -> PrecisionDebugger:

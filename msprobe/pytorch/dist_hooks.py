@@ -178,6 +178,7 @@ class DistributedCalls:
         leaves: list[Leaf] = []
         keys: list[str] = []
         if dm.allows("forward", "input"):
+            rec.leaves.for_entry(name)
             rec.leaves.sequence("input_args", [_plain(a) for a in args], leaves)
             rec.leaves.mapping("input_kwargs", {k: _plain(v) for k, v in kwargs.items()}, leaves)
             keys += ["input_args", "input_kwargs"]
@@ -194,7 +195,7 @@ class DistributedCalls:
             if want_out:
                 plan = Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
                             parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.is_recompute,
-                            keys=plan.keys + ("output",), leaves=plan.leaves + self._output_leaves(args, kwargs))
+                            keys=plan.keys + ("output",), leaves=plan.leaves + self._output_leaves(plan.name, args, kwargs))
             self.recorder.emit(plan)
             return out
         self.recorder.emit(plan)
@@ -213,9 +214,10 @@ class DistributedCalls:
         wrapped = [RecordingWork(w, done) for w in works]
         return wrapped[0] if len(works) == 1 and not isinstance(out, list) else wrapped
 
-    def _output_leaves(self, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
+    def _output_leaves(self, name: str, args: tuple, kwargs: dict) -> tuple[Leaf, ...]:
         leaves: list[Leaf] = []
         self.recorder.leaves.memo.clear()  # maybe completed later, on another thread
+        self.recorder.leaves.for_entry(name)
         self.recorder.leaves.sequence("output", [_plain(v) for v in (*args, *kwargs.values())], leaves)
         return tuple(leaves)
 
@@ -229,7 +231,7 @@ class DistributedCalls:
         tls.busy = True
         try:
             self.recorder.emit(Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
-                        keys=("output",), leaves=self._output_leaves(args, kwargs)))
+                        keys=("output",), leaves=self._output_leaves(plan.name, args, kwargs)))
         except Exception as exc:
             self.recorder.internal_error(exc)
         finally:

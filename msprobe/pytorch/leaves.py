@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from msprobe.core.arrays import array_stats
+from msprobe.core.checksum import xor64_hex
+from msprobe.core.filters import NameList
 from msprobe.core.statistics import TensorStats
 from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
@@ -142,14 +144,26 @@ class LeafBuilder:
             the tensor's values; the reference goes to the leaf's ``payload``.
         defer: ``async_dump``: ``defer(io, path, tensor) -> placeholder leaf`` replaces the
             synchronous statistics (see :mod:`msprobe.pytorch.async_dump`).
+        high: config.json ``precision: "high"``: statistics accumulated in float64 on every
+            path (``tensor_stats(..., high=True)``).
+        tensor_list: task statistics with ``tensor_list``: the entry names whose tensors
+            are stored through ``capture`` (:meth:`for_entry` turns ``capture`` on and off
+            per entry; off until the first call).
+        xor: summary_mode xor: instead of the statistics, the 64-bit XOR fold of the
+            tensor's C-order bytes (:func:`msprobe.core.checksum.xor64_hex`) in the
+            leaf's ``crc32`` (dump.json ``md5``); computed on the host (a device tensor
+            is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
-                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None) -> None:
+                 capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None, xor: bool = False,
+                 high: bool = False, tensor_list: Optional[NameList] = None) -> None:
         self.md5 = md5
+        self.high = high
+        self.xor = xor and with_data
         self.with_data = with_data
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
         # CPU tensors there too (tests of the deferred path on machines without a device)
@@ -171,6 +185,23 @@ class LeafBuilder:
         # another copy: store.direct_io); None where the extension predates snapshot_at's align
         self._page_args = (0, False, PAGE) if self._snapshot is not None and _snapshot_aligns() else None
         self._texts = _ValueTexts()  # record texts of the scalars met (leaves)
+        self.tensor_list = tensor_list
+        self._capture_all, self._snapshot_all = self.capture, self._snapshot
+        if tensor_list is not None:
+            self.capture = self._snapshot = None
+
+    def for_entry(self, name: str) -> None:
+        """The leaves built next belong to the entry ``name``: with ``tensor_list``, its
+        tensors are stored (task statistics' full tensors) only if ``name`` contains one
+        of its strings; without it a no-op. The recorder calls this before building each
+        entry's leaves, on the thread that builds them (forward and backward of one step
+        never build leaves at the same time)."""
+        if self.tensor_list is None:
+            return
+        if self.tensor_list.matches(name):
+            self.capture, self._snapshot = self._capture_all, self._snapshot_all
+        else:
+            self.capture = self._snapshot = None
 
     def _align(self, nbytes: int) -> tuple:
         """snapshot_at's arguments after ``kind`` for a snapshot of ``nbytes`` bytes:
@@ -187,6 +218,8 @@ class LeafBuilder:
         and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md).
         ``keep``: ``t`` lives on anyway (a parameter's ``.grad``): the memo may hold it
         until its next clear, like a parameter."""
+        if self.xor:
+            return self._xor_leaf(io, path, t)
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
         if (self.defer is None and not self.md5 and self.with_data and not self.defer_all
@@ -257,10 +290,10 @@ class LeafBuilder:
                     # task tensor, a transposed view: the statistics are those of its C-order
                     # copy, read right after the copy is made (what summary_mode md5 reads too)
                     payload, reduced = self._snapshot(t, lambda: _copy_reduce(t, kind))
-                    st = native_stats(t, reduced) if reduced is not None else tensor_stats(t)
+                    st = native_stats(t, reduced) if reduced is not None else tensor_stats(t, high=self.high)
                 else:
                     payload = self._payload_of(t)
-                    st = tensor_stats(t)
+                    st = tensor_stats(t, high=self.high)
                     if self.md5:
                         crc = _crc_or_none(t)
                 if remember:
@@ -270,6 +303,38 @@ class LeafBuilder:
                         dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                         requires_grad=bool(t.requires_grad), payload=payload)
         return _stats_leaf(io, path, t, t.numel(), st, crc, payload)
+
+    def _xor_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
+        """:meth:`tensor_leaf` in summary_mode xor: dtype, shape, ``requires_grad``, the
+        payload (task tensor) and the XOR checksum of the C-order bytes in the tensor's own
+        dtype (bfloat16 and float8 are not widened), no statistics. A nested tensor's
+        checksum is over its components' bytes one after the other; tensors whose bytes
+        cannot be read (meta, sparse, quantized, freed storage) get no checksum."""
+        if t.is_nested:
+            requires_grad = bool(t.requires_grad)
+            try:
+                with torch.no_grad():
+                    parts = [p.detach().reshape(-1) for p in t.unbind()]
+                    t = torch.cat(parts) if parts else torch.empty(0, dtype=t.dtype)
+            except (RuntimeError, TypeError, NotImplementedError):
+                return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                            dtype=str(t.dtype), requires_grad=requires_grad)
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
+                        numel=t.numel(), crc32=_xor_or_none(t), requires_grad=requires_grad)
+        with (_no_functorch() if _transforms_active() else contextlib.nullcontext()):
+            t = local_shard(t)
+            wrapped, value = functorch_value(t)
+            requires_grad = bool(t.requires_grad)
+            if wrapped:
+                if value is None:  # vmap: no one tensor of this shape holds the values
+                    return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                requires_grad=requires_grad)
+                t = value
+            t = materialized(t)
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
+                        shape=tuple(t.shape), numel=t.numel(), crc32=_xor_or_none(t),
+                        requires_grad=requires_grad, payload=self._payload_of(t))
 
     def _nested_leaf(self, io: str, path: tuple, t: torch.Tensor) -> Leaf:
         """The leaf of a nested tensor (``torch.nested``, strided or jagged layout; the
@@ -290,7 +355,7 @@ class LeafBuilder:
         if flat is None:
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                         requires_grad=requires_grad)
-        st = tensor_stats(flat)
+        st = tensor_stats(flat, high=self.high)
         crc = _crc_or_none(flat) if self.md5 else None
         return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                     numel=flat.numel(), max=st.max, min=st.min, mean=st.mean, norm=st.norm,
@@ -385,6 +450,19 @@ class LeafBuilder:
         shape = tuple(int(d) for d in a.shape)
         numel = int(a.size)
         st = None
+        if self.xor:
+            try:
+                xor = xor64_hex(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) if a.dtype != object else None
+            except (TypeError, ValueError):
+                xor = None
+            payload = None
+            if self.capture is not None:
+                try:
+                    payload = self._payload_of(torch.tensor(a))
+                except (TypeError, ValueError, RuntimeError):
+                    payload = None
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="numpy.ndarray", dtype=str(a.dtype),
+                        shape=shape, numel=numel, crc32=xor, payload=payload)
         if self.with_data:
             try:
                 st = array_stats(a)
@@ -604,6 +682,16 @@ def _copy_reduce(t: torch.Tensor, kind: int) -> tuple:
     if snap is None or not len(snap[0]):
         return None, None
     return snap[0], NATIVE.reduce(snap[0], kind)
+
+
+def _xor_or_none(t: torch.Tensor) -> Optional[str]:
+    """:func:`~msprobe.core.checksum.xor64_hex` of ``t``'s C-order bytes
+    (:func:`~msprobe.pytorch.payload.tensor_bytes`), None when they cannot be read."""
+    try:
+        snap = tensor_bytes(t)
+        return None if snap is None else xor64_hex(snap[0])
+    except Exception:  # noqa: BLE001  (a missing checksum, never a stopped recording)
+        return None
 
 
 def _crc_or_none(t: torch.Tensor) -> Optional[str]:

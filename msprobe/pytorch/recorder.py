@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from msprobe.core.filters import ScopeRange
+from msprobe.core.filters import NameList, ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
@@ -86,7 +86,9 @@ class Recorder:
         self._bwd_keys = dm.backward_keys()
         self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
-                                  capture=self.capture)
+                                  capture=self.capture, xor=cfg.summary_mode == "xor",
+                                  high=cfg.precision == "high",
+                                  tensor_list=NameList(cfg.tensor_list) if cfg.tensor_list else None)
         # the memo is sound only where intercepted calls (which clear it) separate the records:
         # at L0 and debug nothing clears it between module hooks / save() calls
         if cfg.level not in ("L1", "mix"):
@@ -250,6 +252,7 @@ class Recorder:
         plan.stack_id = s.stacks.capture()
         plan.recompute = in_recompute()
         leaves: list[Leaf] = []
+        self.leaves.for_entry(fwd)
         if want_fwd and self._fwd_input:
             self.leaves.sequence("input_args", args, leaves)
             if kwargs:
@@ -273,6 +276,7 @@ class Recorder:
 
         if plan.want_fwd:
             if self._fwd_output:
+                self.leaves.for_entry(plan.fwd)
                 self.leaves.sequence("output", _as_list(out), plan.leaves)
             self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
                            parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
@@ -330,6 +334,7 @@ class Recorder:
         frame.scope_end = self._closing is not None
         frame.tap = None
         leaves: list[Leaf] = []
+        self.leaves.for_entry(fwd)
         if want_fwd:
             if dm.allows("forward", "input"):
                 self.leaves.sequence("input_args", args, leaves)
@@ -383,6 +388,7 @@ class Recorder:
                     keys += ["input_args", "input_kwargs"]
                 if dm.allows("forward", "output"):
                     keys.append("output")
+                    self.leaves.for_entry(frame.name)
                     self.leaves.sequence("output", _as_list(output), frame.leaves)
                 if dm.allows_parameters():
                     keys.append("parameters")
@@ -414,6 +420,7 @@ class Recorder:
         tls.busy = True
         try:
             grad = param.grad
+            self.leaves.for_entry(name)
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad, keep=True) if grad is not None
                     else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
             self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
@@ -442,6 +449,7 @@ class Recorder:
                 return
             grads = pending.grads_in if side == "input" else pending.grads_out
             if grad is not None and isinstance(grad, torch.Tensor):
+                self.leaves.for_entry(pending.name)
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 grads[paths[0]] = first
                 for p in paths[1:]:  # slots holding the same tensor: an alias of the first

@@ -243,8 +243,13 @@ def materialized(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
 
 
-def tensor_stats(t: torch.Tensor) -> TensorStats:
+def tensor_stats(t: torch.Tensor, *, high: bool = False) -> TensorStats:
     """Compute the statistics of ``t`` (any shape/dtype/device); never modifies ``t``.
+
+    ``high`` (config.json ``precision: "high"``): Mean and Norm accumulate in float64 on
+    every path; without it the host fallback for large float16/bfloat16/float32 tensors
+    (no native extension) accumulates in float32 (:func:`_host_stats`). Every other path
+    accumulates in float64 either way.
 
     Raises nothing for odd tensors: those without readable data and those of a dtype
     PyTorch cannot compute with (:func:`opaque`: :data:`OPAQUE_DTYPES`, views of packed
@@ -275,7 +280,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             s.has_nan = s.has_inf = False
             return s
         if x.device.type == "cpu" and (dtype in _NUMPY_DTYPES or dtype == torch.bfloat16 or x.is_complex()):
-            vals = _host_stats(x)
+            vals = _host_stats(x, high)
         elif x.is_complex():
             mag = x.abs().to(_F64)
             vals = torch.stack([mag.max(), mag.min(), mag.mean(), torch.linalg.vector_norm(mag)]).tolist()
@@ -412,7 +417,7 @@ def _small_f32_stats(t: torch.Tensor) -> Optional[TensorStats]:
     return s
 
 
-def _host_stats(x: torch.Tensor) -> list[float]:
+def _host_stats(x: torch.Tensor, high: bool = False) -> list[float]:
     """Max, Min, Mean, Norm of a CPU tensor, single-threaded.
 
     * with :data:`NATIVE` (the compiled one-pass reduction) and a float32/bfloat16/float16/
@@ -430,6 +435,7 @@ def _host_stats(x: torch.Tensor) -> list[float]:
       ``eps32 * log2(n) * sum(|x|)``, typically ~1e-8 relative) and :func:`_norm32` for
       Norm (typically ~1e-7 relative); spec section 9 asks for at least float32
       accumulation. Both are re-done in float64 if they overflow while the data is finite.
+      With ``high`` (``precision: "high"``) these tensors take numpy's float64 path too.
 
     Complex tensors go through ``|z|``. This fallback costs about 1.6 ms per 1M float32
     elements on one core (three passes), numpy's float64 path about 0.9 ms.
@@ -443,7 +449,7 @@ def _host_stats(x: torch.Tensor) -> list[float]:
         x = x.to(_F32)
     x = x.resolve_conj().resolve_neg()
     n = x.numel()
-    if x.dtype == _F32 and n > SMALL_NUMEL:
+    if x.dtype == _F32 and n > SMALL_NUMEL and not high:
         x = in_memory_order(x)  # the statistics do not depend on the order of the elements
         mn_t, mx_t = torch.aminmax(x)
         mx, mn = mx_t.item(), mn_t.item()

@@ -1,4 +1,5 @@
-"""msprobe.core.checksum.crc32 equals zlib.crc32 (the value dump.json's md5 field holds)."""
+"""msprobe.core.checksum: crc32 equals zlib.crc32 (the value dump.json's md5 field holds in
+summary_mode md5); xor64 is the XOR of little-endian 64-bit words (summary_mode xor)."""
 from __future__ import annotations
 
 import zlib
@@ -51,3 +52,38 @@ def test_c_crc32_address_guards(monkeypatch):
     assert checksum._c_crc32_address() is None
     monkeypatch.setattr(checksum, "_isal_zlib", types.SimpleNamespace(__file__="/nonexistent/libnothing.so"))
     assert checksum._c_crc32_address() is None
+
+
+def _xor_words(data: bytes) -> int:
+    """Independent reference: pad with zero bytes to a multiple of 8, XOR the words."""
+    data = data + bytes(-len(data) % 8)
+    value = 0
+    for i in range(0, len(data), 8):
+        value ^= int.from_bytes(data[i:i + 8], "little")
+    return value
+
+
+def test_xor64_equals_word_by_word_reference_on_odd_sizes():
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 7, 8, 9, 15, 16, 17, 1001):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert checksum.xor64(data) == _xor_words(data), n
+        assert checksum.xor64_hex(data) == "0x%016x" % _xor_words(data)
+        assert checksum.xor64(np.frombuffer(data, np.uint8)) == _xor_words(data)  # an array too
+
+
+def test_xor64_known_values():
+    assert checksum.xor64_hex(b"") == "0x0000000000000000"
+    # int8 0..6: one word, zero-padded; little-endian
+    assert checksum.xor64_hex(bytes(range(7))) == "0x0006050403020100"
+    assert checksum.xor64(bytes(range(16))) == 0x0706050403020100 ^ 0x0F0E0D0C0B0A0908
+
+
+def test_xor64_blind_spots_that_crc32_sees():
+    # documented limits: the order of 8-byte words and changes that cancel
+    a, b = bytes(range(8)), bytes(range(8, 16))
+    assert checksum.xor64(a + b) == checksum.xor64(b + a)
+    assert checksum.crc32(a + b) != checksum.crc32(b + a)
+    flipped = bytes([a[0] ^ 1]) + a[1:] + bytes([b[0] ^ 1]) + b[1:]
+    assert checksum.xor64(flipped) == checksum.xor64(a + b)
+    assert checksum.crc32(flipped) != checksum.crc32(a + b)

@@ -179,6 +179,43 @@ def test_rank_and_step_ranges(make):
     assert everything.last_step is None
 
 
+def test_rank_and_step_as_strings_mixed_with_integers(make):
+    # upstream 26.x config.json files write steps and ranks as strings: "0", "4-6"
+    cfg = load_config(make(step=["0", "4-6", 2], rank=["1", 0, "3-4"]))
+    assert cfg.step == (0, 2, 4, 5, 6)
+    assert cfg.rank == (0, 1, 3, 4)
+    assert load_config(make(), step=["3", "5-6"]).step == (3, 5, 6)  # the constructor argument too
+    assert load_config(make(step=["2"]), framework="mindspore").step == (2,)
+
+
+def test_upstream_26_keys_defaults_and_values(make):
+    cfg = load_config(make())
+    assert (cfg.extra_info, cfg.precision, cfg.risk_level, cfg.tensor_list, cfg.dump_enable) == (
+        True, "low", "ALL", (), None)
+    cfg = load_config(make(extra_info=False, precision="high", risk_level="CORE", dump_enable=False,
+                           statistics={"tensor_list": ["relu", "Module.fc"], "summary_mode": "xor"}))
+    assert (cfg.extra_info, cfg.precision, cfg.risk_level, cfg.tensor_list, cfg.dump_enable, cfg.summary_mode) == (
+        False, "high", "CORE", ("relu", "Module.fc"), False, "xor")
+    # tensor_list belongs to task statistics; the tensor task reads its own summary_mode
+    cfg = load_config(make(task="tensor", tensor={"summary_mode": "md5"}, statistics={"tensor_list": ["x"]}))
+    assert cfg.tensor_list == () and cfg.summary_mode == "md5"
+
+
+@pytest.mark.parametrize(("fields", "pattern"), [
+    ({"statistics": {"summary_mode": "xor"}}, r"`statistics.summary_mode`: got 'xor'; allowed: statistics, md5; "
+                                              r"not supported by msprobe for MindSpore"),
+    ({"precision": "high"}, r"`precision`: got 'high'; allowed: low; not supported"),
+    ({"risk_level": "CORE"}, r"`risk_level`: got 'CORE'; allowed: ALL; not supported"),
+    ({"statistics": {"tensor_list": ["relu"]}}, r"`statistics.tensor_list`: got \['relu'\]"),
+    ({"dump_enable": True}, r"`dump_enable`: got True; allowed: absent; not supported"),
+])
+def test_mindspore_rejects_the_26_keys_it_does_not_implement(make, fields, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(make(**fields), framework="mindspore")
+    load_config(make(**fields))  # PyTorch implements them
+    load_config(make(extra_info=False, step=["1"], risk_level="ALL", precision="low"), framework="mindspore")
+
+
 def test_step_upper_bound_is_inclusive(make):
     assert load_config(make(step=[1_000_000])).step == (1_000_000,)
 
@@ -201,7 +238,7 @@ def test_step_upper_bound_is_inclusive(make):
         ({"step": ["5-3"]}, r"`step`: got '5-3';.*range start 5 is greater than end 3"),
         ({"step": [True]}, r"`step`: got True;.*element of type bool"),
         ({"rank": [1.0]}, r"`rank`: got 1\.0;.*element of type float"),
-        ({"step": ["3"]}, r"`step`: got '3';.*must be a range"),
+        ({"step": ["3x"]}, r"`step`: got '3x';.*must be an integer '4' or a range"),
         ({"step": ["1-2000000"]}, r"`step`: got '1-2000000';.*out of range"),
         ({"step": ["0-" + "9" * 5000]}, r"`step`:.*out of range"),
         ({"step": [[1]]}, r"`step`: got \[1\];.*element of type list"),
@@ -215,8 +252,18 @@ def test_step_upper_bound_is_inclusive(make):
         ({"statistics": {"list": "relu"}}, r"config field `statistics.list`: got 'relu';.*expected a list"),
         ({"statistics": {"list": ["relu", 1]}}, r"`statistics.list`: got 1; allowed: a list of non-empty strings"),
         ({"statistics": {"list": [""]}}, r"`statistics.list`: got ''"),
-        ({"statistics": {"summary_mode": "xor"}}, r"`statistics.summary_mode`: got 'xor'; allowed: statistics, md5$"),
+        ({"statistics": {"summary_mode": "sha1"}}, r"`statistics.summary_mode`: got 'sha1'; allowed: statistics, md5, xor$"),
+        ({"tensor": {"summary_mode": "crc"}, "task": "tensor"}, r"`tensor.summary_mode`: got 'crc'; allowed: statistics, md5, xor$"),
         ({"task": "tensor", "tensor": {"file_format": "pt"}}, r"`tensor.file_format`: got 'pt'; allowed: npy, bin$"),
+        ({"precision": "double"}, r"`precision`: got 'double'; allowed: low, high$"),
+        ({"risk_level": "focus"}, r"`risk_level`: got 'focus'; allowed: ALL, FOCUS, CORE$"),
+        ({"risk_level": "LOW"}, r"`risk_level`: got 'LOW'; allowed: ALL, FOCUS, CORE$"),
+        ({"dump_enable": 1}, r"`dump_enable`: got 1; allowed: true, false$"),
+        ({"extra_info": None}, r"`extra_info`: got None; allowed: true, false$"),
+        ({"statistics": {"tensor_list": "relu"}}, r"`statistics.tensor_list`: got 'relu';.*expected a list"),
+        ({"statistics": {"tensor_list": ["relu", ""]}}, r"`statistics.tensor_list`: got ''"),
+        ({"async_dump": True, "statistics": {"tensor_list": ["relu"]}},
+         r"`statistics.tensor_list`: got \['relu'\]; allowed: \[\] when async_dump is true"),
         ({"statistics": {"data_mode": []}}, r"`statistics.data_mode`: got \[\];.*must not be empty"),
         ({"statistics": {"data_mode": "all"}}, r"`statistics.data_mode`: got 'all';.*expected a list"),
         ({"statistics": {"data_mode": ["all", "input"]}}, r"`statistics.data_mode`:.*'all' cannot be combined"),

@@ -21,6 +21,17 @@ def test_parse_int_list_expands_sorts_and_deduplicates():
     assert parse_int_list("step", ("1-3",)) == (1, 2, 3)
 
 
+def test_parse_int_list_accepts_integer_strings_mixed_with_ints_and_ranges():
+    # upstream 26.x accepts "0" as well as 0 and "4-6"
+    assert parse_int_list("step", ["0", "4-6", 2]) == (0, 2, 4, 5, 6)
+    assert parse_int_list("rank", ["1", 0, "3-4", "1"]) == (0, 1, 3, 4)
+    assert parse_int_list("step", ["007"]) == (7,)
+    with pytest.raises(ConfigError, match=r"`step`: got '1000001';.*out of range"):
+        parse_int_list("step", ["1000001"])
+    with pytest.raises(ConfigError, match=r"`step`: got '12345678';.*out of range"):
+        parse_int_list("step", ["12345678"])
+
+
 @pytest.mark.parametrize(
     ("value", "pattern"),
     [
@@ -28,7 +39,10 @@ def test_parse_int_list_expands_sorts_and_deduplicates():
         ([-1], r"`rank`: got -1;.*out of range"),
         ([False], r"`rank`: got False;.*element of type bool"),
         (["5-3"], r"`rank`: got '5-3';.*range start 5 is greater than end 3"),
-        (["1 - 3"], r"`rank`: got '1 - 3';.*must be a range"),
+        (["1 - 3"], r"`rank`: got '1 - 3';.*must be an integer '4' or a range"),
+        ([""], r"`rank`: got '';.*must be an integer '4' or a range"),
+        (["+1"], r"`rank`: got '\+1'"),
+        (["1.0"], r"`rank`: got '1.0'"),
         (["-1-3"], r"`rank`: got '-1-3'"),
         (["１-２"], r"`rank`: got '１-２'"),  # full-width digits are not ASCII digits
         ([None], r"`rank`: got None"),

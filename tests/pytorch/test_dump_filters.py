@@ -183,6 +183,13 @@ def test_step_list_with_range(tmp_path):
         assert names_of(dump, step) == both("Functional.relu.0")
 
 
+def test_step_and_rank_lists_as_strings(tmp_path):
+    # upstream 26.x writes "0" and "2-3" as strings
+    dump = run(tmp_path, "L1", names=["relu"], steps=5, step=["0", "3-4"], rank=["0"])
+    assert sorted(p.name for p in dump.iterdir() if p.name.startswith("step")) == ["step0", "step3", "step4"]
+    assert names_of(dump, 3) == both("Functional.relu.0")
+
+
 def test_rank_list_selects_rank0_of_non_distributed_run(tmp_path):
     dump = run(tmp_path, "L1", names=["relu"], rank=[0, "2-3"])
     assert names_of(dump) == both("Functional.relu.0")
