@@ -392,6 +392,8 @@ class EntryBuilder:
             if leaf_kind == tensor_kind:
                 # a tensor leaf's value_json holds extra keys of its record ("alias_of")
                 value = record if value_json is None else {**_tensor_record(*record), **json.loads(value_json)}
+                if value is record and S.is_xor_checksum(record[10]):
+                    value = _tensor_record(*record)  # no statistics keys: a dict, for every encoder
             elif leaf_kind == S.LEAF_VALUE:
                 value = self._value(value_json)
             elif leaf_kind == S.LEAF_EMPTY_LIST:
