@@ -67,7 +67,7 @@ def test_project_metadata():
     assert project["name"] == "msprobe-recorder"
     assert project["dependencies"] == [
         "numpy>=1.24", "pyarrow>=14", "duckdb>=1.0", "pyyaml>=6", "safetensors>=0.4", "isal>=1.0",
-        "xxhash>=3.0",
+        "xxhash>=3.0", "tqdm>=4.66",
     ]
     extras = project["optional-dependencies"]
     assert extras["torch"] == ["torch>=2.1"]
@@ -78,8 +78,9 @@ def test_project_metadata():
 def test_package_data_is_declared_and_present():
     data = _pyproject()["tool"]["setuptools"]["package-data"]
     assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"], "msprobe.mindspore": ["*.yaml"],
-                    "msprobe.compare": ["*.yaml"]}
+                    "msprobe.compare": ["*.yaml"], "msprobe.report": ["*.js", "*.css"]}
     assert (REPO / "msprobe" / "config.json").is_file()
+    assert list((REPO / "msprobe" / "report").glob("*.js")) and list((REPO / "msprobe" / "report").glob("*.css"))
     assert (REPO / "msprobe" / "pytorch" / "support_wrap_ops.yaml").is_file()
     assert (REPO / "msprobe" / "mindspore" / "support_wrap_ops.yaml").is_file()
     assert (REPO / "msprobe" / "compare" / "ms_pt_table.yaml").is_file()
