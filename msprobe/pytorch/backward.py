@@ -143,10 +143,6 @@ def _fill(out: list[Leaf], io: str, slots: list[tuple[Path, bool]], grads: dict[
         out.append(leaf if leaf is not None else null_leaf(io, path))
 
 
-def _wants_grad(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.requires_grad and t.layout is _STRIDED
-
-
 class TapState:
     """What :meth:`BackwardTaps.tap_inputs` noted of one call's inputs.
 
@@ -198,7 +194,7 @@ class BackwardTaps:
     def _note_in(self, pending: PendingBackward, value: Any, path: Path, state: TapState, depth: int) -> None:
         if isinstance(value, torch.Tensor):
             pending.out_slots.append((path, True))
-            if not (value.requires_grad and value.layout is _STRIDED):  # _wants_grad, inlined
+            if not (value.requires_grad and value.layout is _STRIDED):
                 return
             known = state.inputs.get(id(value))
             if known is not None:
