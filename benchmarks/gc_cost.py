@@ -1,4 +1,4 @@
-"""What the cyclic garbage collector costs in recorded training steps (issue 5).
+"""What the cyclic garbage collector costs in recorded training steps.
 
 Usage::
 

@@ -1,5 +1,4 @@
-"""Does memory grow with the number of recorded steps? (issue 5: "memory does not grow with
-the number of steps"). RSS and the number of objects the cyclic GC tracks after N steps,
+"""Does memory grow with the number of recorded steps? RSS and the number of objects the cyclic GC tracks after N steps,
 recorded and uninstrumented.
 
 Usage::
