@@ -93,7 +93,7 @@ def record(dump_path, workload: str, level: str, *, perturb: bool = False, summa
         workload: ``"cnn"`` or ``"mlp"``.
         level: ``"L1"`` or ``"mix"``.
         perturb: scale the output of :data:`PERTURBED` ``[workload]`` by 1 + 1e-3.
-        summary_mode: ``"statistics"`` or ``"md5"``.
+        summary_mode: ``"statistics"``, ``"md5"`` or ``"xor"`` (upstream 26.x and ours).
     Returns:
         the loss (float) of the recorded step.
     Raises:
@@ -128,7 +128,7 @@ def record(dump_path, workload: str, level: str, *, perturb: bool = False, summa
     finally:
         setattr(owner, attr, original)
     config.unlink()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _keep_json(root: Path) -> None:
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workload", choices=WORKLOADS, action="append")
     parser.add_argument("--level", choices=LEVELS, action="append")
     parser.add_argument("--perturb", action="store_true")
-    parser.add_argument("--summary-mode", default="statistics", choices=("statistics", "md5"))
+    parser.add_argument("--summary-mode", default="statistics", choices=("statistics", "md5", "xor"))
     parser.add_argument("--keep-json", action="store_true", help="keep only dump/stack/construct.json")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -196,10 +196,40 @@ def _tensor_leaf(io: str, arg: str, rec: dict) -> dict:
         "shape": shape, "numel": numel,
         "max": stats[0], "min": stats[1], "mean": stats[2], "norm": stats[3],
         "max_finite": _num(rec.get("Max_except_inf_nan")), "min_finite": _num(rec.get("Min_except_inf_nan")),
-        "crc32": rec.get("md5"), "requires_grad": rec.get("requires_grad"),
+        "crc32": _checksum(rec, shape), "requires_grad": rec.get("requires_grad"),
         "has_nan": has_nan, "has_inf": has_inf, "data_name": rec.get("data_name"),
         "value_json": _extras(rec),
     }
+
+
+_SCALAR_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4",
+                  "int16": "<i2", "int8": "<i1", "uint8": "<u1", "bool": "<?"}
+
+
+def _checksum(rec: dict, shape: Optional[list]) -> Optional[str]:
+    """The ``md5`` field as text. Upstream 26.x (summary_mode xor) writes a 0-dim tensor's
+    value there instead of a checksum (observed: ``"md5": 1.0``); that value is the
+    tensor, so its XOR checksum is computed from it (little-endian bytes of the dtype,
+    zero-padded to 8 bytes, as :func:`msprobe.core.checksum.xor64`). None for other
+    non-text values."""
+    value = rec.get("md5")
+    if value is None or isinstance(value, str):
+        return value
+    if shape != [] or isinstance(value, (dict, list)):
+        return None
+    import numpy as np
+
+    dtype = str(rec.get("dtype") or "").rsplit(".", 1)[-1]
+    try:
+        if dtype == "bfloat16":
+            raw = (np.array(float(value), np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        elif dtype in _SCALAR_DTYPES:
+            raw = np.array(value, dtype=_SCALAR_DTYPES[dtype]).tobytes()
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return "0x%016x" % int.from_bytes(raw.ljust(8, b"\0"), "little")
 
 
 def _extras(rec: dict) -> Optional[str]:
@@ -265,7 +295,5 @@ def entry_leaves(kind: str, entry: Any) -> list[dict]:
     for io, value in entry.items():
         if io == "is_recompute" or value == {} or value == []:
             continue  # empty top-level containers carry no leaf (as in the store)
-        if kind == "parameters_grad" and isinstance(value, list) and len(value) == 1:
-            value = value[0]    # upstream 26.x: {"weight": [record]}; 1.2.2 and ours: {"weight": record}
         _walk(io, [], value, out)
     return out
