@@ -24,7 +24,7 @@ mindstudio-probe 1.x (``upstream-1.x``, 1.2.2 and the releases it documents) or 
   64-bit XOR of summary_mode ``xor`` (``0x`` + 16 hex digits); checksums of different
   kinds are never compared (the statistics are; ``--mode md5`` then stops with an error).
 
-Statistics noise (:func:`noise_profiles`, :data:`PROFILES`): each producer computes
+Statistics noise (:func:`noise_profiles`): each producer computes
 Mean and Norm in its own way (ours in float64, upstream with ``torch.mean``/``torch.norm``
 in the tensor's dtype, accumulating in float32), so two tools' statistics of the same
 tensor differ by rounding; :func:`msprobe.compare.metrics.leaf_pairs_sql` subtracts that
@@ -84,7 +84,7 @@ def detect(dump_files: Iterable[Path], *, stack_v26: bool, names: Iterable[str],
     Args:
         dump_files: the dump.json paths of the side.
         stack_v26: whether some stack.json had the deduplicated format.
-        names: the entry names read.
+        names: entry names of the side (as written in dump.json).
         leaves: the side's leaf table (columns ``value_json``, ``crc32``).
     """
     files = list(dump_files)
