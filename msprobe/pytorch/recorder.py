@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.core.handles import records_inside
 from msprobe.core.filters import NameList, ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
@@ -206,8 +207,8 @@ class Recorder:
                 if closing is not None:
                     self.scope.exit(closing)
                 return out
-            if getattr(original, "__msprobe_original__", None) is not None:
-                tls.busy = False  # another debugger's wrapper: let it record the call too
+            if records_inside(original):
+                tls.busy = False  # another debugger's wrapper that records now: let it record the call too
                 try:
                     out = original(*args, **kwargs)
                 finally:
