@@ -75,7 +75,8 @@ function ramp(t) {
 const NAN_COLOUR = "#e53935", INF_COLOUR = "#ff00ff";
 
 // heat map on a canvas: rows x columns, log10 colour scale; hover shows the values.
-// Sets data-cells on the canvas to the number of cells drawn (cells holding a value).
+// Sets data-cells on the canvas to the number of cells drawn (cells holding a value), data-rows,
+// data-columns, and data-grid ("left,top,width,height": the first cell, CSS pixels).
 function heatmap(container, heat, rowLabel, valueLabel) {
   const rows = heat.rows, cols = heat.columns, values = heat.values;
   if (!rows.length) { container.append(el("p", {class: "note", text: "nothing recorded"})); return null; }
@@ -116,6 +117,7 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   g.fillText("step", left + cols.length * cw / 2, top + rows.length * ch + 22);
   canvas.dataset.cells = String(drawn);
   canvas.dataset.rows = String(rows.length); canvas.dataset.columns = String(cols.length);
+  canvas.dataset.grid = [left, top, cw, ch].join(",");   // CSS px: first cell's corner, cell size
   canvas.addEventListener("mousemove", (ev) => {
     const b = canvas.getBoundingClientRect();
     const j = Math.floor((ev.clientX - b.left - left) / cw), i = Math.floor((ev.clientY - b.top - top) / ch);
@@ -151,9 +153,11 @@ function plot(container, series, opts) {
   svg.append(svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888"}),
              svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#888"}));
   const xticks = [];
-  for (let k = 0; k <= 4; k++) {
-    const xv = x0 + k * (x1 - x0) / 4, t = opts.integerX ? Math.round(xv) : xv;
-    if (!xticks.includes(t)) xticks.push(t);
+  if (opts.integerX) {  // evenly spaced integers: x0, x0 + k, ... up to x1
+    const every = Math.max(1, Math.ceil((x1 - x0) / 4));
+    for (let t = Math.ceil(x0); t <= x1; t += every) xticks.push(t);
+  } else {
+    for (let k = 0; k <= 4; k++) xticks.push(x0 + k * (x1 - x0) / 4);
   }
   for (let k = 0; k <= 4; k++) {
     const yv = y0 + k * (y1 - y0) / 4;
@@ -189,6 +193,10 @@ function plot(container, series, opts) {
 
 // collapsible, searchable tree of nodes [{name, parent, ...}]; label(node) -> text,
 // stats(node) -> text; marked: Set of names drawn as a path (class "path", opened).
+// A run of more than GROUP_RUN consecutive top-level API calls without children (an
+// optimizer's updates, outside any module) is drawn inside one collapsed group.
+// Sets data-nodes on the returned box to the number of nodes drawn (groups not counted).
+const GROUP_RUN = 5;
 function tree(container, nodes, label, stats, marked) {
   const kids = new Map(), roots = [];
   for (const n of nodes) { if (n.parent === null || n.parent === undefined) roots.push(n); else { if (!kids.has(n.parent)) kids.set(n.parent, []); kids.get(n.parent).push(n); } }
@@ -214,8 +222,24 @@ function tree(container, nodes, label, stats, marked) {
     if (marked && marked.has(n.name)) { e.classList.add("path"); if (e.tagName === "DETAILS") e.open = true; }
     into.append(e);
   }
-  for (const r of roots) render(r, box, null);
-  for (const e of box.children) if (e.tagName === "DETAILS" && !marked) e.open = true;
+  const groups = [];   // [details, item, nodes]
+  let run = [];
+  const flush = () => {
+    if (run.length > GROUP_RUN) {
+      const g = el("details", {class: "group"}, el("summary", {}, el("span", {class: "label api",
+        text: `${run.length} API calls outside any module (${run[0].name} … ${run[run.length - 1].name})`})));
+      const item = [{name: ""}, g, null]; items.push(item);
+      for (const n of run) render(n, g, item);
+      box.append(g); groups.push(g);
+    } else for (const n of run) render(n, box, null);
+    run = [];
+  };
+  for (const r of roots) {
+    if (r.kind === "api_forward" && !kids.has(r.name)) { run.push(r); continue; }
+    flush(); render(r, box, null);
+  }
+  flush();
+  for (const e of box.children) if (e.tagName === "DETAILS" && !marked && !groups.includes(e)) e.open = true;
   expand.onclick = () => box.querySelectorAll("details").forEach((d) => { d.open = true; });
   collapse.onclick = () => box.querySelectorAll("details").forEach((d) => { d.open = false; });
   search.addEventListener("input", () => {
@@ -235,7 +259,7 @@ function tree(container, nodes, label, stats, marked) {
     }
     count.textContent = q ? `${hits} match${hits === 1 ? "" : "es"}` : "";
   });
-  box.dataset.nodes = String(items.length);
+  box.dataset.nodes = String(items.length - groups.length);
   return box;
 }
 
