@@ -136,10 +136,32 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   return canvas;
 }
 
+// the smallest of 1, 2, 5 x 10^k that is at least raw (> 0): a tick spacing easy to read
+function niceStep(raw) {
+  if (!(raw > 0) || !Number.isFinite(raw)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= raw * (1 - 1e-9));
+}
+// the multiples of step in [a, b]
+function multiples(a, b, step) {
+  const out = [];
+  for (let k = Math.ceil(a / step - 1e-9); k * step <= b + step * 1e-9; k++) out.push(Number((k * step).toPrecision(12)));
+  return out;
+}
+// a tick value as short text: "200", "0.05", "2e-9"
+function tickText(v) {
+  const r = Number(v.toPrecision(6));
+  return Math.abs(r) >= 1e5 || (r !== 0 && Math.abs(r) < 1e-3) ? r.toExponential() : String(r);
+}
+// 10^k as a tick label: "0.01", "1", "1000", "1e-7", "1e6"
+function decade(k) { return Math.abs(k) <= 3 ? String(Number(`1e${k}`)) : `1e${k}`; }
+
 // line or scatter plot in SVG. series: [{label, colour, points: [[x, y, title]]}];
-// opts: {xLabel, yLabel, logY, lines, width, height, marks: [x]} (marks: dashed verticals)
+// opts: {xLabel, yLabel, logY, lines, width, height, marks: [x]} (marks: dashed verticals).
+// Ticks (text of class "xtick"/"ytick"): multiples of 1, 2 or 5 x 10^k; on a log axis spanning
+// two decades or more, powers of ten.
 function plot(container, series, opts) {
-  const W = opts.width || 900, H = opts.height || 280, L = 70, R = 10, T = 10, B = 44;
+  const W = opts.width || 900, H = opts.height || 280, L = 84, R = 10, T = 10, B = 44;
   const svg = svgEl("svg", {width: W, height: H, class: "plot"});
   const ys = [], xs = [];
   const yOf = (v) => { const x = num(v); return opts.logY ? (x > 0 && Number.isFinite(x) ? Math.log10(x) : null) : x; };
@@ -150,21 +172,22 @@ function plot(container, series, opts) {
   if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
   const px = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const py = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const xticks = multiples(x0, x1, opts.integerX ? Math.max(1, niceStep((x1 - x0) / 5)) : niceStep((x1 - x0) / 5));
+  let yticks;   // [position (log10 when logY), label]
+  if (opts.logY && Math.floor(y1) - Math.ceil(y0) >= 1) {   // decades
+    yticks = multiples(y0, y1, Math.max(1, Math.ceil((y1 - y0) / 6))).map((k) => [k, decade(k)]);
+  } else if (opts.logY) {
+    yticks = [0, 1, 2, 3, 4].map((k) => y0 + k * (y1 - y0) / 4).map((y) => [y, fmt(Math.pow(10, y))]);
+  } else {
+    yticks = multiples(y0, y1, niceStep((y1 - y0) / 5)).map((y) => [y, tickText(y)]);
+  }
+  for (const [y, text] of yticks) {
+    svg.append(svgEl("line", {x1: L, x2: W - R, y1: py(y), y2: py(y), stroke: "#eee"}));
+    svg.append(svgEl("text", {x: L - 4, y: py(y) + 4, "text-anchor": "end", "font-size": 11, class: "ytick"}, text));
+  }
   svg.append(svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888"}),
              svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#888"}));
-  const xticks = [];
-  if (opts.integerX) {  // evenly spaced integers: x0, x0 + k, ... up to x1
-    const every = Math.max(1, Math.ceil((x1 - x0) / 4));
-    for (let t = Math.ceil(x0); t <= x1; t += every) xticks.push(t);
-  } else {
-    for (let k = 0; k <= 4; k++) xticks.push(x0 + k * (x1 - x0) / 4);
-  }
-  for (let k = 0; k <= 4; k++) {
-    const yv = y0 + k * (y1 - y0) / 4;
-    svg.append(svgEl("text", {x: L - 4, y: py(yv) + 4, "text-anchor": "end", "font-size": 11},
-                     opts.logY ? fmt(Math.pow(10, yv)) : fmt(yv)));
-  }
-  for (const t of xticks) svg.append(svgEl("text", {x: px(t), y: H - B + 14, "text-anchor": "middle", "font-size": 11}, fmt(t)));
+  for (const t of xticks) svg.append(svgEl("text", {x: px(t), y: H - B + 14, "text-anchor": "middle", "font-size": 11, class: "xtick"}, tickText(t)));
   svg.append(svgEl("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", "font-size": 12}, opts.xLabel));
   svg.append(svgEl("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", "font-size": 12,
                             transform: `rotate(-90 14 ${(T + H - B) / 2})`}, opts.yLabel));

@@ -4,6 +4,7 @@ table row linked to a stack on the page."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -39,6 +40,13 @@ def test_report_html_in_browser(gelu_report):
         assert browser.js(f"document.querySelector('.tree [data-name=\"{origin['name']}\"]').checkVisibility()")
         labels = browser.js("[...document.querySelectorAll('.e-plot svg text')].map(t => t.textContent)")
         assert "call (execution order, all steps)" in labels and "largest relative error e (log scale)" in labels
+        # ticks: x at a multiple of 1, 2 or 5 x 10^k from 0; y at powers of ten (e spans decades)
+        xticks = [float(v) for v in browser.js("[...document.querySelectorAll('.e-plot .xtick')].map(t => t.textContent)")]
+        step = xticks[1] - xticks[0]
+        assert xticks[0] == 0 and step / 10 ** math.floor(math.log10(step)) in (1, 2, 5)
+        assert xticks == [k * step for k in range(len(xticks))]
+        yticks = [float(v) for v in browser.js("[...document.querySelectorAll('.e-plot .ytick')].map(t => t.textContent)")]
+        assert len(yticks) >= 2 and all(math.log10(v) == round(math.log10(v)) for v in yticks)
         # tables, headings and the first-origin line (stacks quote source code and are left out)
         text = browser.js("[...document.querySelectorAll('td, th, h1, h2, .first-origin > p')]"
                           ".map(e => e.innerText).join(' | ')")
