@@ -19,8 +19,10 @@ so the pages are titled ``./dump_path``), runs ``msprobe compare`` of ``scaled``
 against ``example`` (baseline), opens the pages in headless
 Chromium (``tests/report/chromium_page.py``, the DevTools helper of the browser tests;
 needs the ``chromium`` binary and ``websocket-client``), clicks and hovers where a
-picture needs it, and writes each picture clipped to its section. PNGs are re-encoded
-with Pillow and reduced to a 256-colour palette when larger than :data:`MAX_BYTES`.
+picture needs it, and writes each picture clipped to its section. In the pages, the
+checkout's path in stack frames is replaced by :data:`CHECKOUT` before they are opened.
+PNGs are re-encoded with Pillow and reduced to a 256-colour palette when larger than
+:data:`MAX_BYTES`.
 The dumps and pages stay in ``--work`` (a new temporary directory by default).
 """
 from __future__ import annotations
@@ -43,8 +45,10 @@ NAN_STEP = 5
 #: The factor of the ``scaled`` run's ``torch.relu``.
 SCALE = 1 + 1e-3
 #: A picture larger than this (bytes) is reduced to a 256-colour palette.
-MAX_BYTES = 150_000
+MAX_BYTES = 60_000
 WIDTH, HEIGHT = 1400, 900
+#: how the pictures write the checkout's path in stack frames (as docs/query.md does)
+CHECKOUT = "/path/to/msprobe/"
 
 
 def record(kind: str, dump_path: str, steps: int) -> None:
@@ -168,6 +172,9 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         compare("scaled/dump_path", "example/dump_path", out="compare", formats="summary,html")
     finally:
         os.chdir(here)
+    pages = [example, example_jumps, nan, work / "compare" / "report.html"]
+    for page in pages:   # stack frames: the checkout's path written as docs/query.md writes it
+        page.write_text(page.read_text(encoding="utf-8").replace(str(ROOT) + os.sep, CHECKOUT), encoding="utf-8")
     s = Shooter(out)
     try:
         s.open(example)
@@ -175,11 +182,13 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         s.shot("report-overview.png", "h1", "#s-trends")
         s.shot("report-heatmaps.png", "#s-trends", "#trends h3:nth-of-type(3)")
         s.shot("report-movers.png", "#trends h3:nth-of-type(3)", "#s-tree", width=960)
-        s.js("document.querySelector('.tree details[data-name=\"Module.layers.0.TransformerEncoderLayer.forward.0\"]')"
-             ".querySelectorAll('details').forEach(d => { d.open = true; })")
-        s.shot("report-tree.png", "#s-tree", height=620, width=900)
+        s.js("[...document.querySelectorAll('#tree button')].find(b => b.textContent === 'collapse all').click()")
+        s.shot("report-tree-collapsed.png", "#s-tree", "#s-largest", width=1100)
+        s.js("(() => { const d = document.querySelector('.tree details[data-name=\"Module.layers.0.TransformerEncoderLayer.forward.0\"]');"
+             " d.open = true; d.querySelectorAll('details').forEach(e => { e.open = true; }); })()")
+        s.shot("report-tree.png", "#s-tree", height=620, width=1100)
         search(s, "linear2")
-        s.shot("report-tree-search.png", "#s-tree", height=330, width=900)
+        s.shot("report-tree-search.png", "#s-tree", height=330, width=1100)
 
         s.open(example_jumps)
         s.shot("report-largest.png", "#s-largest", height=640)
