@@ -191,7 +191,7 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         s.shot("report-tree-search.png", "#s-tree", height=330, width=1100)
 
         s.open(example_jumps)
-        s.shot("report-largest.png", "#s-largest", height=640)
+        s.shot("report-largest.png", "#s-largest", height=640, width=1400)
 
         s.open(nan)
         s.js("document.querySelector('#first-nan-0 details summary').click()")

@@ -50,7 +50,8 @@ function compareRank(D, R, box) {
         if (k === "t_name") {
           const cell = el("div", {}, el("div", {class: "call", text: r.t_name === null ? "— (no target call)" : r.t_name}));
           if (r.b_name !== r.t_name) cell.append(el("div", {class: "note", text: "baseline: " + (r.b_name === null ? "— (no partner)" : r.b_name)}));
-          cell.append(el("div", {class: "note", text: "in " + (r.module || "(top level)")}));
+          // module: the target call's (a call only the baseline has shows none)
+          if (r.module || r.t_name !== null) cell.append(el("div", {class: "note", text: "in " + (r.module || "(top level)")}));
           return cell;
         }
         if (k === "verdict") return el("span", {style: `color:${VERDICT_COLOURS[r.verdict] || "#333"}`, text: r.verdict});

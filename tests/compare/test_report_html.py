@@ -1,6 +1,6 @@
 """``msprobe compare``'s report.html rendered in headless Chromium: no console errors, the
 path to the first origin marked in the module tree, labelled axes, no Python reprs, each
-table row linked to a stack on the page."""
+table row linked to a stack on the page, unpaired rows naming the missing side."""
 from __future__ import annotations
 
 import json
@@ -55,5 +55,38 @@ def test_report_html_in_browser(gelu_report):
         links = browser.js("[...document.querySelectorAll('a.stack-link')].map(a => a.getAttribute('href'))")
         assert len(links) == sum(v for k, v in summary["ranks"][0]["counts"].items() if k != "pass")
         assert all(browser.js(f"document.getElementById({json.dumps(h[1:])}) !== null") for h in links)
+    finally:
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def inserted_reports(tmp_path_factory, record_run):
+    """report.html of a run with three inserted ops against one without, both ways."""
+    d = tmp_path_factory.mktemp("compare_html_ins")
+    base, ins = record_run(d / "base"), record_run(d / "ins", insert=True)
+    compare(ins, base, out=d / "inserted", formats="summary,html")
+    compare(base, ins, out=d / "deleted", formats="summary,html")
+    return d
+
+
+def call_cells(browser) -> list[list[str]]:
+    """The lines of each call cell of the table of calls that did not pass."""
+    return browser.js("[...document.querySelectorAll('table.calls tr')].slice(1)"
+                      ".map(r => r.cells[1].innerText.split('\\n'))")
+
+
+def test_unpaired_rows_name_the_missing_side(inserted_reports):
+    browser = browser_or_skip()
+    try:
+        for side in ("inserted", "deleted"):
+            browser.open(inserted_reports / side / "report.html")
+            assert browser.js("document.body.dataset.ready") == "1" and browser.errors == []
+            text = browser.js("[...document.querySelectorAll('td, th')].map(e => e.innerText).join(' | ')")
+            assert "None" not in text and "null" not in text and "undefined" not in text
+            cells = {tuple(c) for c in call_cells(browser)}
+            if side == "inserted":   # the target's extra calls: in their module, no partner
+                assert ("Torch.tanh.0.forward", "baseline: — (no partner)", "in Module.blocks.0.Block.forward.0") in cells
+            else:                    # the baseline's calls missing from the target: no module shown
+                assert ("— (no target call)", "baseline: Torch.tanh.0.forward") in cells
     finally:
         browser.close()
