@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
+from msprobe.core.bench import BenchBaseline, BenchSelector
 from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError, MsprobeError
 from msprobe.core.handles import HandleGroup
@@ -112,7 +113,10 @@ class PrecisionDebugger:
         self.model = model
         self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,), tensor_ext="pt",
                                **_tensor_files(self.config))
-        self.recorder = Recorder(self.session)
+        # tensor.bench_path: the baseline is read once, here (a bad one is a ConfigError now)
+        self._bench = (BenchSelector(BenchBaseline(self.config.bench_path), self.config.diff_nums)
+                       if self.config.bench_path is not None else None)
+        self.recorder = Recorder(self.session, self._bench)
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
         self._hooked_models: list[weakref.ref] = []
@@ -174,7 +178,9 @@ class PrecisionDebugger:
         self._hooked_models = []
         self.config = config
         self.session.reconfigure(config, **_tensor_files(config))
-        self.recorder = Recorder(self.session)
+        if self._bench is not None:
+            self._bench.limit = config.diff_nums
+        self.recorder = Recorder(self.session, self._bench)
         self._saver = DebugSaver(self.recorder)
         self._load_api_specs()
 
@@ -336,8 +342,8 @@ def _tensor_files(config: Config) -> dict:
 def _same_run(old: Config, new: Config) -> Config:
     """``new`` if a running debugger built with ``old`` can switch to it (dump_enable);
     raises ConfigError for what cannot change while the job runs: ``dump_path``,
-    ``async_dump``, ``api_list``, and level ``debug`` (or ``L2``) on either side."""
-    for field in ("dump_path", "async_dump", "api_list"):
+    ``async_dump``, ``api_list``, ``load``, ``tensor.bench_path``, and level ``debug`` (or ``L2``) on either side."""
+    for field in ("dump_path", "async_dump", "api_list", "load", "bench_path"):
         if getattr(new, field) != getattr(old, field):
             raise ConfigError(field, getattr(new, field), repr(getattr(old, field)),
                               detail="it cannot change while the job runs (dump_enable)")
