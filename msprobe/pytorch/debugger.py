@@ -41,6 +41,7 @@ from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
 from msprobe.pytorch.omp_team import share_once
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
+from msprobe.pytorch.replay import InputReplay
 from msprobe.pytorch.stats import NATIVE
 from store.export import TENSOR_DIR
 
@@ -117,6 +118,10 @@ class PrecisionDebugger:
         self._bench = (BenchSelector(BenchBaseline(self.config.bench_path), self.config.diff_nums)
                        if self.config.bench_path is not None else None)
         self.recorder = Recorder(self.session, self._bench)
+        # load: recorded module inputs replayed (msprobe.pytorch.replay)
+        self._replay = InputReplay(self.config.load) if self.config.load is not None else None
+        self._replay_handles: Optional[HandleGroup] = None
+        self._replay_models: list[weakref.ref] = []
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
         self._hooked_models: list[weakref.ref] = []
@@ -196,6 +201,10 @@ class PrecisionDebugger:
         """
         self._poll_config()
         level = self.config.level
+        if self._replay is not None:
+            self._start_replay(model if model is not None else self.model)
+            if not self.config.load.dump_after_load:
+                return
         if level == "debug" or self.config.dump_enable is False:
             return
         model = model if model is not None else self.model
@@ -222,6 +231,22 @@ class PrecisionDebugger:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
                 self._hooked_models = [weakref.ref(m) for m in models]
+
+    def _start_replay(self, model: Any) -> None:
+        """``load``: hook ``model``'s modules named in ``load.modules`` (again when the
+        model changed) and replay from the current step on."""
+        if model is None:
+            raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them",
+                              detail="load replays module inputs: pass model to PrecisionDebugger(...) or start(model)")
+        models, indexed = _as_models(model, self.config.level)
+        hooked = [ref() for ref in self._replay_models]
+        if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
+            handles = self._replay.install(models, indexed)
+            if self._replay_handles is not None:
+                self._replay_handles.remove()
+            self._replay_handles = handles
+            self._replay_models = [weakref.ref(m) for m in models]
+        self._replay.begin(self.session.step, _current_rank()[0])
 
     def _after_backward(self) -> None:
         """A backward pass returned. Under torch.distributed, DDP's reducer has allreduced the
@@ -307,6 +332,8 @@ class PrecisionDebugger:
         A no-op at level debug."""
         if self.config.level == "debug":
             return
+        if self._replay is not None:
+            self._replay.end_step()
         self.session.end_step(before_export=self.recorder.flush_pending)
         self._poll_config()
 
@@ -316,10 +343,11 @@ class PrecisionDebugger:
         if self.session.recording:
             self.session.stop()
         self.module_dump_end()
-        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles):
+        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles, self._replay_handles):
             if handles is not None:
                 handles.remove()
-        self._api_handles = self._model_handles = None
+        self._api_handles = self._model_handles = self._replay_handles = None
+        self._replay_models = []
         self._hooked_models = []
         self.session.close()
 
