@@ -63,6 +63,13 @@ DEFAULT_LEVEL: Final = "L1"
 _KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list",
                                 "extra_info", "precision", "risk_level", "dump_enable", "load"})
 
+#: Keys of the task sub-object this module reads: every task's, then each task's own.
+_SUB_KEYS: Final = frozenset({"scope", "list", "data_mode"})
+_TASK_KEYS: Final = {
+    "statistics": frozenset({"summary_mode", "tensor_list"}),
+    "tensor": frozenset({"summary_mode", "file_format", "bench_path", "diff_nums"}),
+}
+
 #: Scope endpoint patterns (spec 5.3).
 _API_NAME_RE: Final = re.compile(
     r"(Distributed|Functional|Torch|Tensor|Mint|MintFunctional|Primitive|Aten|VF|NPU|Jit)"
@@ -246,6 +253,9 @@ def load_config(
     sub = doc.get(eff_task, {})
     if not isinstance(sub, dict):
         raise ConfigError(eff_task, sub, f"a JSON object with the `{eff_task}` task's options")
+    read = _SUB_KEYS | _TASK_KEYS.get(eff_task, frozenset())
+    for key in sorted(sub.keys() - read):
+        logger.warning("config.json: %s.%s is not read by msprobe; ignored (docs/pytorch-features.md)", eff_task, key)
     scope = _string_list(f"{eff_task}.scope", sub.get("scope", []))
     if len(scope) not in (0, 2):
         raise ConfigError(f"{eff_task}.scope", list(scope), "an empty list or exactly 2 entry names")
@@ -263,8 +273,6 @@ def load_config(
     if eff_task == "tensor":
         file_format = _choice("tensor.file_format", sub.get("file_format", "npy"), FILE_FORMATS)
         bench_path, diff_nums = _bench_options(sub, summary_mode, async_dump, data_mode_value)
-    elif "bench_path" in sub:
-        logger.warning("config.json: %s.bench_path is read for task tensor only; ignored", eff_task)
     load = _load_options(doc) if "load" in doc else None
     if load is not None and not load.dump_after_load and eff_dump_path is MISSING:
         eff_dump_path = load.path  # nothing is recorded: the dump path is not used (as upstream)

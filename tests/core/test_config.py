@@ -150,6 +150,18 @@ def test_invalid_options_of_other_task_are_not_read(make):
     assert load_config(path).task == "statistics"
 
 
+def test_unread_keys_of_the_task_object_are_named_in_a_warning(make, caplog):
+    """Upstream 26.x keys msprobe does not implement (``slice``, ``request_id``) and typos
+    are named; the keys msprobe reads are not."""
+    with caplog.at_level(logging.WARNING, logger="msprobe.core.config"):
+        cfg = load_config(make(task="tensor", tensor={"slice": [{"dim": 0, "begin": 0, "end": 2}], "lsit": [],
+                                                      "request_id": "r1", "summary_mode": "md5", "list": []}))
+    assert cfg.summary_mode == "md5"
+    for key in ("tensor.slice", "tensor.lsit", "tensor.request_id"):
+        assert f"{key} is not read by msprobe" in caplog.text
+    assert "tensor.list" not in caplog.text and "summary_mode" not in caplog.text
+
+
 def test_structure_with_l1_becomes_mix(make, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe.core.config"):
         cfg = load_config(make(task="structure", level="L1"))
