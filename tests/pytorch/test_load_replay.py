@@ -190,3 +190,23 @@ def test_a_module_the_model_lacks_is_a_config_error_at_start(tmp_path, recorded)
 def test_hooks_are_removed_at_close(tmp_path, recorded):
     _, net = _replay_run(tmp_path, {"path": str(recorded), "modules": ["Module.fc2.Linear.forward.0"]})
     assert not net.fc2._forward_pre_hooks
+
+
+def test_load_alone_needs_no_dump_path_and_reports_calls_that_did_not_run(tmp_path, recorded, caplog):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "tensor", "level": "L0",
+                               "load": {"path": str(recorded), "modules": ["Module.fc2.Linear.forward.0",
+                                                                           "Module.fc1.Linear.forward.0"]}}))
+    before = sorted(str(p) for p in recorded.rglob("*"))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    net = _net()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        dbg.start(net)
+        y = net.fc2(torch.zeros(2, 4))  # fc1 does not run in this step
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    want = torch.load(_data(recorded, 0) / "Module.fc2.Linear.forward.0.output.0.pt", weights_only=True)
+    assert torch.equal(y, want)
+    assert "Module.fc1.Linear.forward.0" in caplog.text and "no forward call in step 0" in caplog.text
+    assert sorted(str(p) for p in recorded.rglob("*")) == before  # nothing written into the loaded dump
