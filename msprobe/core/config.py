@@ -272,8 +272,9 @@ def load_config(
     bench_path, diff_nums = None, 1
     if eff_task == "tensor":
         file_format = _choice("tensor.file_format", sub.get("file_format", "npy"), FILE_FORMATS)
-        bench_path, diff_nums = _bench_options(sub, summary_mode, async_dump, data_mode_value)
-    load = _load_options(doc) if "load" in doc else None
+        if framework == "pytorch":  # MindSpore: a ConfigError below (_check_mindspore_keys)
+            bench_path, diff_nums = _bench_options(sub, summary_mode, async_dump, data_mode_value)
+    load = _load_options(doc) if "load" in doc and framework == "pytorch" else None
     if load is not None and not load.dump_after_load and eff_dump_path is MISSING:
         eff_dump_path = load.path  # nothing is recorded: the dump path is not used (as upstream)
 

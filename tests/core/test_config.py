@@ -228,6 +228,18 @@ def test_mindspore_rejects_the_26_keys_it_does_not_implement(make, fields, patte
     load_config(make(extra_info=False, step=["1"], risk_level="ALL", precision="low"), framework="mindspore")
 
 
+@pytest.mark.parametrize(("fields", "pattern"), [
+    ({"task": "tensor", "tensor": {"bench_path": "nowhere", "summary_mode": "md5"}},
+     r"`tensor.bench_path`: got 'nowhere'; allowed: absent; not supported by msprobe for MindSpore"),
+    ({"task": "tensor", "tensor": {"diff_nums": 3}}, r"`tensor.diff_nums`: got 3; allowed: absent; not supported"),
+    ({"load": {"path": "nowhere", "modules": ["Module.fc.Linear.forward.0"]}}, r"`load`: got .*; allowed: absent"),
+])
+def test_mindspore_rejects_bench_path_and_load_before_reading_them(make, fields, pattern):
+    """The MindSpore error names the key, whatever its value (the paths are not looked at)."""
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(make(**fields), framework="mindspore")
+
+
 def test_step_upper_bound_is_inclusive(make):
     assert load_config(make(step=[1_000_000])).step == (1_000_000,)
 
