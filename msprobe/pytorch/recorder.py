@@ -262,7 +262,7 @@ class Recorder:
         self.leaves.for_entry(fwd)
         plan.held = None
         if want_fwd and self._fwd_input:
-            held = self._hold()
+            held = self._hold() if self.bench is not None else None
             self.leaves.sequence("input_args", args, leaves)
             if kwargs:
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
@@ -288,11 +288,13 @@ class Recorder:
         if plan.want_fwd:
             if self._fwd_output:
                 self.leaves.for_entry(plan.fwd)
-                start = len(plan.leaves)
-                held = self._hold() if plan.held is not None else None
-                self.leaves.sequence("output", _as_list(out), plan.leaves)
-                if held is not None:
-                    self._bench_outputs(plan.fwd, plan.leaves, start, plan.held + held)
+                if plan.held is None:
+                    self.leaves.sequence("output", _as_list(out), plan.leaves)
+                else:  # tensor.bench_path, the inputs matched
+                    start, held = len(plan.leaves), self._hold()
+                    self.leaves.sequence("output", _as_list(out), plan.leaves)
+                    if held is not None:
+                        self._bench_outputs(plan.fwd, plan.leaves, start, plan.held + held)
             self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
                            parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                            keys=self._api_keys, leaves=tuple(plan.leaves)))
@@ -352,7 +354,7 @@ class Recorder:
         self.leaves.for_entry(fwd)
         frame.held = None
         if want_fwd:
-            held = self._hold()
+            held = self._hold() if self.bench is not None else None
             if dm.allows("forward", "input"):
                 self.leaves.sequence("input_args", args, leaves)
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
@@ -410,12 +412,14 @@ class Recorder:
                 if dm.allows("forward", "output"):
                     keys.append("output")
                     self.leaves.for_entry(frame.name)
-                    start = len(frame.leaves)
-                    held = self._hold() if frame.held is not None else None
-                    self.leaves.sequence("output", _as_list(output), frame.leaves)
-                    if held is not None:
-                        self._bench_outputs(frame.name, frame.leaves, start, frame.held + held)
-                    frame.held = None
+                    if frame.held is None:
+                        self.leaves.sequence("output", _as_list(output), frame.leaves)
+                    else:  # tensor.bench_path, the inputs matched
+                        start, held = len(frame.leaves), self._hold()
+                        self.leaves.sequence("output", _as_list(output), frame.leaves)
+                        if held is not None:
+                            self._bench_outputs(frame.name, frame.leaves, start, frame.held + held)
+                        frame.held = None
                 if dm.allows_parameters():
                     keys.append("parameters")
                 keys.append("is_recompute")
@@ -432,10 +436,10 @@ class Recorder:
 
     # --- tensor.bench_path ---------------------------------------------------------------------
     def _hold(self) -> Optional[list]:
-        """tensor.bench_path, while calls may still be selected: a fresh list the leaf
-        builder fills with ``(io, path, tensor)`` of the leaves built next (until the next
-        call of this method or :meth:`_bench_outputs`); None otherwise."""
-        if self.bench is None or self.bench.exhausted:
+        """tensor.bench_path (``self.bench`` is set), while calls may still be selected: a
+        fresh list the leaf builder fills with ``(io, path, tensor)`` of the leaves built
+        next (until :meth:`_bench_inputs` or :meth:`_bench_outputs`); None otherwise."""
+        if self.bench.exhausted:
             return None
         held = self.leaves.held = []
         return held
