@@ -237,3 +237,57 @@ def test_a_baseline_without_crc32_is_a_config_error(tmp_path):
         with pytest.raises(ConfigError) as info:
             PrecisionDebugger(config_path=_config(tmp_path, {"summary_mode": "md5", "bench_path": str(dump)}))
         assert info.value.field == "tensor.bench_path" and words in str(info.value)
+
+
+#: md5 (CRC-32) and shape of each forward tensor that mindstudio-probe 26.2.0 wrote in
+#: step0/proc{pid}/dump.json for ``_upstream_script`` with eps 0 (task tensor, md5, L1)
+UPSTREAM_26_2_0 = {
+    "Functional.linear.0.forward": ([("c2fa8752", [3, 4]), ("9d6b4e22", [4, 4]), ("35743e7a", [4])],
+                                    [("d6c539e0", [3, 4])]),
+    "Torch.relu.0.forward": ([("d6c539e0", [3, 4])], [("8da52e76", [3, 4])]),
+    "Torch.add.0.forward": ([("8da52e76", [3, 4]), {"type": "float", "value": 0.0}], [("8da52e76", [3, 4])]),
+    "Functional.linear.1.forward": ([("8da52e76", [3, 4]), ("d4e3dab9", [2, 4]), ("4004052c", [2])],
+                                    [("ebc6a4c2", [3, 2])]),
+    "Tensor.sum.0.forward": ([("ebc6a4c2", [3, 2])], [("881fb560", [])]),
+}
+
+
+class _UpstreamNet(nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.fc1, self.fc2, self.eps = nn.Linear(4, 4), nn.Linear(4, 2), eps
+
+    def forward(self, x):
+        return self.fc2(torch.add(torch.relu(self.fc1(x)), self.eps))
+
+
+def test_baseline_written_by_upstream_26_2_0(tmp_path):
+    """The CRC-32s 26.2.0 recorded for the same seeded script are ours: the perturbed run
+    keeps exactly the add's tensors (26.2.0 itself, given this baseline, keeps the same two
+    files)."""
+    def record(crc_shape):
+        if isinstance(crc_shape, dict):
+            return crc_shape
+        crc, shape = crc_shape
+        return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": shape, "requires_grad": True, "md5": crc}
+    data = {name: {"input_args": [record(r) for r in ins], "input_kwargs": {}, "output": [record(r) for r in outs]}
+            for name, (ins, outs) in UPSTREAM_26_2_0.items()}
+    proc = tmp_path / "upstream" / "step0" / "proc15287"
+    proc.mkdir(parents=True)
+    (proc / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
+                                                "dump_data_dir": None, "data": data}))
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "tensor", "dump_path": str(tmp_path / "ours"), "level": "L1",
+                               "tensor": {"summary_mode": "md5", "bench_path": str(tmp_path / "upstream"),
+                                          "diff_nums": -1}}))
+    torch.manual_seed(0)
+    net = _UpstreamNet(EPS)
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    torch.manual_seed(1)
+    x = torch.randn(3, 4)
+    dbg.start(net)
+    net(x).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert _files(tmp_path / "ours") == ["Torch.add.0.forward.input.0.pt", "Torch.add.0.forward.output.0.pt"]
