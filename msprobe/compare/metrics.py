@@ -1,4 +1,4 @@
-"""Per-leaf metrics (issue 8, "Metrics"), float64.
+"""Per-leaf metrics, float64.
 
 ``statistics`` (SQL, :func:`leaf_pairs_sql`): upstream's ``X diff`` = X_N − X_B and
 ``XRelativeErr`` = |X_N − X_B| / |X_B| × 100 for X in Max, Min, Mean, Norm; our error

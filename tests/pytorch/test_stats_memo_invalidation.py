@@ -1,6 +1,6 @@
-"""Review of the statistics memo held across API calls (msprobe.pytorch.stats_memo,
-msprobe.pytorch.mutation): writes the version counter or the write rules could miss, and
-memory the memo could keep alive. Every recorded value is compared with numpy float64 over
+"""The statistics memo held across API calls (msprobe.pytorch.stats_memo,
+msprobe.pytorch.mutation): writes the version counter or the write rules must see, and
+memory the memo must not keep alive. Every recorded value is compared with numpy float64 over
 a clone of the tensor taken when it was recorded (zlib CRC-32 for summary_mode md5)."""
 from __future__ import annotations
 
