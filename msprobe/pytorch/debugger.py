@@ -73,14 +73,15 @@ def _dump_data_dir(dump_path: str, level: str):
     return of
 
 
-def _as_models(model: Any, level: str) -> tuple[list[torch.nn.Module], bool]:
-    """Validate ``model`` → ``(models, indexed)``; raises ConfigError for a bad type."""
+def _as_models(model: Any, level: str, why: Optional[str] = None) -> tuple[list[torch.nn.Module], bool]:
+    """Validate ``model`` → ``(models, indexed)``; raises ConfigError for a bad type
+    (``why`` the model is needed goes into its detail; default: the level records modules)."""
     if isinstance(model, torch.nn.Module):
         return [model], False
     if isinstance(model, (list, tuple)) and model and all(isinstance(m, torch.nn.Module) for m in model):
         return list(model), True
     raise ConfigError("model", model, "a torch.nn.Module or a non-empty list/tuple of torch.nn.Module",
-                      detail=f"level {level} records modules")
+                      detail=why or f"level {level} records modules")
 
 
 class PrecisionDebugger:
@@ -235,10 +236,10 @@ class PrecisionDebugger:
     def _start_replay(self, model: Any) -> None:
         """``load``: hook ``model``'s modules named in ``load.modules`` (again when the
         model changed) and replay from the current step on."""
+        why = "load replays module inputs: pass model to PrecisionDebugger(...) or start(model)"
         if model is None:
-            raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them",
-                              detail="load replays module inputs: pass model to PrecisionDebugger(...) or start(model)")
-        models, indexed = _as_models(model, self.config.level)
+            raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them", detail=why)
+        models, indexed = _as_models(model, self.config.level, why)
         hooked = [ref() for ref in self._replay_models]
         if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
             handles = self._replay.install(models, indexed)

@@ -181,9 +181,10 @@ def test_a_module_the_model_lacks_is_a_config_error_at_start(tmp_path, recorded)
     with pytest.raises(ConfigError) as info:
         dbg.start(nn.Sequential(nn.Linear(4, 4)))
     assert info.value.field == "load.modules" and "no module Module.fc2.Linear" in str(info.value)
-    with pytest.raises(ConfigError) as info:
-        dbg.start()
-    assert info.value.field == "model"
+    for model in (None, "net"):
+        with pytest.raises(ConfigError) as info:
+            dbg.start(model)
+        assert info.value.field == "model" and "load replays module inputs" in str(info.value)
     dbg.close()
 
 
