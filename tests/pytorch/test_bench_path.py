@@ -291,3 +291,93 @@ def test_baseline_written_by_upstream_26_2_0(tmp_path):
     dbg.step()
     dbg.close()
     assert _files(tmp_path / "ours") == ["Torch.add.0.forward.input.0.pt", "Torch.add.0.forward.output.0.pt"]
+
+
+class _InPlace(nn.Module):
+    """fc1, then ``h.add_(eps)`` (in place), then an in-place ReLU module, then fc2."""
+
+    def __init__(self, eps, shift):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2)
+        self.eps, self.shift = eps, shift
+
+    def forward(self, x):
+        h = self.fc1(x)
+        with torch.no_grad():
+            h.add_(self.eps)
+        return self.fc2(self.act(h - self.shift))
+
+
+def _in_place_run(tmp_path, name, eps, level, bench=None):
+    tensor = {"summary_mode": "md5"}
+    if bench is not None:
+        tensor.update(bench_path=str(bench), diff_nums=-1)
+    cfg = tmp_path / f"{name}.json"
+    cfg.write_text(json.dumps({"task": "tensor", "dump_path": str(tmp_path / name), "level": level,
+                               "tensor": tensor}))
+    torch.manual_seed(0)
+    net = _InPlace(eps, 0.1)
+    x = torch.randn(3, 4)
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    dbg.start(net)
+    net(x).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    with torch.no_grad():
+        h = net.fc1(x)
+    return tmp_path / name, h
+
+
+def test_a_call_that_writes_its_input_keeps_the_input_it_received(tmp_path):
+    """``Tensor.add_`` changes its input: the saved input is the value before the call,
+    the output the value after it (both computed again without recording)."""
+    base, _ = _in_place_run(tmp_path, "base", 0.0, "L1")
+    run, h = _in_place_run(tmp_path, "pert", EPS, "L1", bench=base)
+    assert _files(run) == ["Tensor.add_.0.forward.input.0.pt", "Tensor.add_.0.forward.output.0.pt"]
+    data = run / "step0" / "rank" / "dump_tensor_data"
+    before = torch.load(data / "Tensor.add_.0.forward.input.0.pt", weights_only=True)
+    after = torch.load(data / "Tensor.add_.0.forward.output.0.pt", weights_only=True)
+    assert torch.equal(before, h)
+    assert torch.equal(after, h + EPS)
+
+
+class _AddInPlace(nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        with torch.no_grad():
+            return x.add_(self.eps)
+
+
+def test_a_module_that_writes_its_input_keeps_the_input_it_received(tmp_path):
+    """A module adding ``eps`` to its input in place, at level L0: its saved input is the
+    value before its forward, its output the value after (computed again without
+    recording)."""
+    def run(name, eps, bench=None):
+        tensor = {"summary_mode": "md5"}
+        if bench is not None:
+            tensor.update(bench_path=str(bench), diff_nums=-1)
+        cfg = tmp_path / f"{name}.json"
+        cfg.write_text(json.dumps({"task": "tensor", "dump_path": str(tmp_path / name), "level": "L0",
+                                   "tensor": tensor}))
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 4), _AddInPlace(eps), nn.Linear(4, 2))
+        x = torch.randn(3, 4)
+        dbg = PrecisionDebugger(config_path=str(cfg))
+        dbg.start(net)
+        net(x)
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        with torch.no_grad():
+            return tmp_path / name, net[0](x)
+    base, _ = run("base", 0.0)
+    pert, h = run("pert", EPS, bench=base)
+    assert _files(pert) == ["Module.1._AddInPlace.forward.0.input.0.pt", "Module.1._AddInPlace.forward.0.output.0.pt"]
+    data = pert / "step0" / "rank" / "dump_tensor_data"
+    assert torch.equal(torch.load(data / "Module.1._AddInPlace.forward.0.input.0.pt", weights_only=True), h)
+    assert torch.equal(torch.load(data / "Module.1._AddInPlace.forward.0.output.0.pt", weights_only=True),
+                       h + EPS)
