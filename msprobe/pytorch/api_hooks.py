@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -24,6 +25,7 @@ from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
+from msprobe.pytorch.compiled import from_compiler, is_compiling
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
 from msprobe.pytorch.stats_memo import StatsMemo
@@ -151,6 +153,8 @@ def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
     entries, release = memo.entries, memo.release
 
     def wrapper(*args, **kwargs):
+        if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
+            return original(*args, **kwargs)
         if entries and not wrapper.__msprobe_disabled__:
             release(args, kwargs)
         out = original(*args, **kwargs)
@@ -188,8 +192,11 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
     clear = memo.clear
 
     def wrapper(*args, **kwargs):
+        if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
+            return original(*args, **kwargs)
         # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
-        if session.recording and not tls.busy and not wrapper.__msprobe_disabled__:
+        if (session.recording and not tls.busy and not wrapper.__msprobe_disabled__
+                and not from_compiler(sys._getframe(1))):
             return record(original, family, key, args, kwargs)
         if entries and not tls.busy:
             clear()  # backward entries are still recorded after stop(): a write here counts
