@@ -28,6 +28,7 @@ from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, ma
 from msprobe.pytorch.compiled import from_compiler, is_compiling
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
+from msprobe.pytorch.seqslot import restore_sq_item, saved_sq_item
 from msprobe.pytorch.stats_memo import StatsMemo
 
 logger = logging.getLogger("msprobe")
@@ -100,12 +101,23 @@ def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGr
     """Put ``wrapper`` in place of ``owner.name`` (``original``) and add the handle that
     restores it to ``group``; attributes that cannot be set are left alone."""
     own = name in vars(owner) if isinstance(owner, type) else True
+    slots = saved_sq_item(owner) if name == "__getitem__" else None
     try:
         setattr(owner, name, wrapper)
     except (AttributeError, TypeError):
         return
     restore = functools.partial(restore_attribute, owner, name, wrapper, original if own else None)
+    if slots:  # a tensor stays no sequence (msprobe.pytorch.seqslot)
+        restore_sq_item(slots)
+        restore = functools.partial(_restore_then, restore, functools.partial(restore_sq_item, slots))
     group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
+
+
+def _restore_then(restore: Callable[[], None], after: Callable[[], None]) -> None:
+    try:
+        restore()
+    finally:
+        after()
 
 
 def with_script_original(restore: Callable[[], None], wrapper: Any, original: Any) -> Callable[[], None]:
