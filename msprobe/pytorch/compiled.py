@@ -25,14 +25,16 @@ import torch
 is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 #: packages of torch.compile's machinery: Dynamo, AOTAutograd, Inductor
-_COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch", "torch._inductor")
+#: (``torch.func``'s transforms, also under ``torch._functorch``, call user functions: not listed)
+_COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch._aot_autograd", "torch._functorch.aot_autograd",
+                      "torch._inductor")
 
 
 def from_compiler(frame) -> bool:
     """Whether the Python frame ``frame`` (the caller of an API) runs code of
     torch.compile's machinery (:data:`_COMPILER_PACKAGES`)."""
     name = frame.f_globals.get("__name__", "")
-    return name.startswith(_COMPILER_PACKAGES) and name.partition(".")[0] == "torch"
+    return name.startswith(_COMPILER_PACKAGES)
 
 
 try:
