@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -24,8 +25,10 @@ from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
+from msprobe.pytorch.compiled import from_compiler, is_compiling
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
+from msprobe.pytorch.seqslot import restore_sq_item, saved_sq_item
 from msprobe.pytorch.stats_memo import StatsMemo
 
 logger = logging.getLogger("msprobe")
@@ -98,12 +101,23 @@ def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGr
     """Put ``wrapper`` in place of ``owner.name`` (``original``) and add the handle that
     restores it to ``group``; attributes that cannot be set are left alone."""
     own = name in vars(owner) if isinstance(owner, type) else True
+    slots = saved_sq_item(owner) if name == "__getitem__" else None
     try:
         setattr(owner, name, wrapper)
     except (AttributeError, TypeError):
         return
     restore = functools.partial(restore_attribute, owner, name, wrapper, original if own else None)
+    if slots:  # a tensor stays no sequence (msprobe.pytorch.seqslot)
+        restore_sq_item(slots)
+        restore = functools.partial(_restore_then, restore, functools.partial(restore_sq_item, slots))
     group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
+
+
+def _restore_then(restore: Callable[[], None], after: Callable[[], None]) -> None:
+    try:
+        restore()
+    finally:
+        after()
 
 
 def with_script_original(restore: Callable[[], None], wrapper: Any, original: Any) -> Callable[[], None]:
@@ -151,6 +165,8 @@ def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
     entries, release = memo.entries, memo.release
 
     def wrapper(*args, **kwargs):
+        if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
+            return original(*args, **kwargs)
         if entries and not wrapper.__msprobe_disabled__:
             release(args, kwargs)
         out = original(*args, **kwargs)
@@ -188,8 +204,11 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
     clear = memo.clear
 
     def wrapper(*args, **kwargs):
+        if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
+            return original(*args, **kwargs)
         # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
-        if session.recording and not tls.busy and not wrapper.__msprobe_disabled__:
+        if (session.recording and not tls.busy and not wrapper.__msprobe_disabled__
+                and not from_compiler(sys._getframe(1))):
             return record(original, family, key, args, kwargs)
         if entries and not tls.busy:
             clear()  # backward entries are still recorded after stop(): a write here counts

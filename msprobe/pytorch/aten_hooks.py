@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import torch
 
+from msprobe.pytorch.compiled import is_compiling
+
 FAMILY = "Aten"
 
 
@@ -90,7 +92,7 @@ class _Proxy:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.__dict__
         original, session = d["__msprobe_original__"], d["_session"]
-        if not session.recording or getattr(session._tls, "busy", False) or self._disabled():
+        if is_compiling() or not session.recording or getattr(session._tls, "busy", False) or self._disabled():
             return original(*args, **kwargs)
         return d["_record"](original, FAMILY, d["_key"], args, kwargs)
 

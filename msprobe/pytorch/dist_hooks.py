@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe.pytorch.compiled import is_compiling
 from store import schema
 from store.records import Call, Leaf
 
@@ -266,8 +267,10 @@ class DistributedWrapper:
         self.__msprobe_disabled__ = False
 
     def __call__(self, *args, **kwargs):
-        session = self._session
         original = self.__msprobe_original__
+        if is_compiling():  # torch.compile traces only the original (msprobe.pytorch.compiled)
+            return original(*args, **kwargs)
+        session = self._session
         if self._key == _BATCH_P2P:
             original = functools.partial(_call_unwrapped_p2p, original)
         busy = session._tls.busy

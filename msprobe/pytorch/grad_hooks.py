@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from msprobe.core.handles import HandleGroup
+from msprobe.pytorch.compiled import is_compiling
 
 
 def install_grad_hooks(module: torch.nn.Module, prefix: str, recorder: Any, group: HandleGroup) -> None:
@@ -19,5 +20,7 @@ def install_grad_hooks(module: torch.nn.Module, prefix: str, recorder: Any, grou
     names = tuple(n for n, _ in params)
     for pname, param in params:
         def hook(p, _pname=pname):
+            if is_compiling():  # compiled autograd traces it: nothing of msprobe's in the graph
+                return
             recorder.parameter_grad(prefix, _pname, names, p)
         group.add(param.register_post_accumulate_grad_hook(hook))

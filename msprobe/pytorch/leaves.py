@@ -35,6 +35,7 @@ from msprobe.core.statistics import TensorStats
 from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F401  (MAX_DEPTH: documented here)
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
+from msprobe.pytorch.compiled import is_fake
 from msprobe.pytorch.deferred import PendingLeaf, stats_vector
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
@@ -217,7 +218,13 @@ class LeafBuilder:
         (FSDP2 parameters and gradients) is recorded by its local shard: statistics, shape
         and numel of ``t.to_local()`` (no communication while recording; docs/distributed.md).
         ``keep``: ``t`` lives on anyway (a parameter's ``.grad``): the memo may hold it
-        until its next clear, like a parameter."""
+        until its next clear, like a parameter. A tensor without values (a ``FakeTensor``,
+        or a wrapper of one: :func:`msprobe.pytorch.compiled.is_fake`) gets dtype, shape and
+        ``requires_grad`` with null statistics, and no payload."""
+        if type(t) not in PLAIN_TYPES and is_fake(t):
+            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                        dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                        requires_grad=bool(t.requires_grad))
         if self.xor:
             return self._xor_leaf(io, path, t)
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a

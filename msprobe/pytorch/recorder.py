@@ -104,6 +104,7 @@ class Recorder:
         self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
+        self.ancestors: dict[str, tuple[str, ...]] = {}  # module prefix -> prefixes of the hooked modules containing it
         self.scope = ScopeRange.from_config(cfg.scope)
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
         # no scope and no list: only data_mode and autograd decide what a call records (_wanted)
@@ -473,7 +474,10 @@ class Recorder:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        seen = prefix in self.modules_seen or (prefix in self.root_prefixes and bool(self.modules_seen))
+        # recorded when the module, or a module containing it, ran in this step (a module
+        # inside a compiled region has no forward entry of its own)
+        seen = prefix in self.modules_seen or (bool(self.modules_seen) and (
+            prefix in self.root_prefixes or any(a in self.modules_seen for a in self.ancestors.get(prefix, ()))))
         if not seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
             return
         name = f"{prefix}.parameters_grad"
