@@ -11,8 +11,10 @@ whose outputs received a gradient, with that gradient's statistics in ``input``,
 ``grad.norm()``); the first input's statistics are the batch's (with task tensor its
 ``.pt`` file holds the batch).
 
-Levels: every model at L1 and mix; L0 (module hooks without API hooks) and task tensor
-at L1 for a subset (see :data:`PARAMS`), to keep the suite at a few minutes on 2 cores.
+Levels: every model at L1 and mix; L0 (module hooks without API hooks), task tensor at L1
+and task tensor at mix for subsets (:data:`L0_MODELS`, :data:`TENSOR_MODELS`,
+:data:`MIX_TENSOR_MODELS`), to keep the suite at a few minutes on 2 cores;
+``python tests/zoo/zoo_harness.py [MODEL ...]`` prints every model at every level.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ from zoo_models import CASES
 L0_MODELS = ("llama_ckpt", "bert", "resnet18", "root_params", "mlp_compiled")
 #: models also run with task tensor at L1 (in-place activations and residual adds, masks)
 TENSOR_MODELS = ("gpt2", "bert", "mobilenetv3", "resnet18")
+#: models also run with task tensor at mix: in-place activations on tensors recorded as
+#: module inputs, then backward
+MIX_TENSOR_MODELS = ("mobilenetv3",)
 
 _COMPILE = pytest.mark.xfail(strict=True, reason="torch.compile support: see docs/pytorch.md")
 #: (model, level) pairs that fail on this branch: torch.compile'd module hooks are not run
@@ -42,6 +47,8 @@ def _params():
             levels.insert(0, "L0")
         if name in TENSOR_MODELS:
             levels.append("L1-tensor")
+        if name in MIX_TENSOR_MODELS:
+            levels.append("mix-tensor")
         for level in levels:
             mark = _KNOWN.get((name, level))
             out.append(pytest.param(name, level, marks=mark or (), id=f"{name}-{level}"))

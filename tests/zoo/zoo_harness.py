@@ -42,7 +42,7 @@ BWD_RTOL = 1e-5
 
 #: (level, task) pairs a case can be run at
 LEVELS = {"L0": ("L0", "statistics"), "L1": ("L1", "statistics"), "mix": ("mix", "statistics"),
-          "L1-tensor": ("L1", "tensor")}
+          "L1-tensor": ("L1", "tensor"), "mix-tensor": ("mix", "tensor")}
 
 
 class _Errors(logging.Handler):
@@ -100,6 +100,7 @@ class Probe:
     def __init__(self, net: torch.nn.Module, boundary: bool = False) -> None:
         self.net, self.boundary = net, boundary
         self.prefix = {}
+        self.open: dict[int, list] = {}  # id(module) -> [(n, ids of its input tensors)] of calls in progress
         self.handles = []
         for name, m in net.named_modules():
             if name:
@@ -136,16 +137,16 @@ class Probe:
             if found:
                 io, key, t = found[0]
                 self.first[-1] = (f"{prefix}.forward.{n}", io, key, t.detach().clone())
-        module._zoo_n = n
         ids = set()
         _map((args, kwargs), (), lambda t, _: ids.add(id(t)) or t)
-        module._zoo_inputs = ids
+        self.open.setdefault(id(module), []).append((n, ids))
         return None
 
     def _post(self, module, args, output):
         if not self.calls:
             return None
-        key = (self.prefix[id(module)], module._zoo_n)
+        n, inputs = self.open[id(module)].pop()  # (a call that raised left its entry below)
+        key = (self.prefix[id(module)], n)
         self.returned[-1].add(key)
         if not torch.is_grad_enabled():
             return None
@@ -154,7 +155,7 @@ class Probe:
         def tap(t, path):
             if not t.requires_grad:
                 return t
-            if id(t) in module._zoo_inputs:
+            if id(t) in inputs:
                 self.passthrough[-1].add(key + (path,))
             if self.boundary:
                 t = t.clone()
@@ -345,12 +346,19 @@ class Report:
         return self.pgrad_found == self.pgrad_expected and not self.pgrad_bad
 
     def row(self) -> str:
-        pct = lambda a, b: f"{100.0 * a / b:.0f}% ({a}/{b})" if b else "-"  # noqa: E731
-        pg = f"{'yes' if self.pgrad_ok else 'NO'} ({self.pgrad_found}/{self.pgrad_expected})" \
-            if self.pgrad_expected else "-"
+        """This report as a row of :data:`HEADER`."""
+        def pct(a, b):
+            return f"{100.0 * a / b:.0f}% ({a}/{b})" if b else "-"
+
+        def ok(good, n):
+            return f"{'yes' if good else 'NO'} ({n})" if n else "-"
+
+        checked = self.bwd_input_checked
+        first = "yes" if self.first_input_ok and self.tensor_file_ok is not False else "NO"
         return (f"| {self.case} | {self.level} | {'yes' if self.identical else 'NO'} | "
-                f"{pct(self.fwd_found, self.fwd_expected)} | {pct(self.bwd_found, self.bwd_expected)} | {pg} | "
-                f"{'yes' if self.first_input_ok else 'NO'} | {'none' if not self.errors else 'YES'} |")
+                f"{pct(self.fwd_found, self.fwd_expected)} | {pct(self.bwd_found, self.bwd_expected)} | "
+                f"{ok(not self.bwd_input_bad, checked)} | {ok(self.pgrad_ok, self.pgrad_expected)} | {first} | "
+                f"{'none' if not self.errors else 'YES'} |")
 
 
 def check(case, level: str, dump: Path, reference: Run, probed: Run) -> Report:
@@ -421,6 +429,10 @@ def check(case, level: str, dump: Path, reference: Run, probed: Run) -> Report:
             fname, io, key, t = first
             record = _at(data.get(fname, {}).get(io), (key,))
             first_ok.append(stats_match(record, t) and torch.equal(t, rec.batches[s][case.first_input]))
+            if task == "tensor":
+                path = dump / f"step{s}" / "rank" / "dump_tensor_data" / str((record or {}).get("data_name"))
+                ok = path.is_file() and torch.equal(torch.load(path, weights_only=True), t)
+                rep.tensor_file_ok = ok and rep.tensor_file_ok is not False
     rep.first_input_ok = bool(first_ok) and all(first_ok)
     return rep
 
@@ -455,8 +467,10 @@ def reference_runs(case) -> tuple[Run, Run]:
     return _REFERENCE[case.name]
 
 
-HEADER = ("| model | level | bit-identical | forward coverage | backward coverage | parameters_grad | "
-          "first input | internal error |\n|---|---|---|---|---|---|---|---|")
+#: the table of :meth:`Report.row`: backward input = the gradients w.r.t. module outputs
+#: (slots checked), parameters_grad = every record present and its Norm right (records)
+HEADER = ("| model | level | bit-identical | forward coverage | backward coverage | backward input | "
+          "parameters_grad | first input | internal error |\n|---|---|---|---|---|---|---|---|---|")
 
 if __name__ == "__main__":
     import tempfile
@@ -473,12 +487,14 @@ if __name__ == "__main__":
             ref, probed = reference_runs(case)
             for level in LEVELS:
                 t0 = time.perf_counter()
-                r = check(case, level, Path(tmp) / cname / level, ref, probed)
+                try:
+                    r = check(case, level, Path(tmp) / cname / level, ref, probed)
+                except Exception as exc:  # the training itself raised
+                    print(f"| {cname} | {level} | raised {type(exc).__name__}: {str(exc)[:120]} |", flush=True)
+                    continue
                 print(r.row(), f"{time.perf_counter() - t0:.1f}s", flush=True)
                 for what in ("diffs", "errors", "fwd_missing", "fwd_extra", "recompute_bad", "bwd_missing", "bwd_input_bad",
                              "pgrad_bad"):
                     items = getattr(r, what)
                     if items:
                         print(f"    {what}: {len(items)}: {list(items)[:6]}", flush=True)
-                if r.tensor_file_ok is False:
-                    print("    tensor file of the first input wrong", flush=True)
