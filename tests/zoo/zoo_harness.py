@@ -457,7 +457,8 @@ _REFERENCE: dict = {}
 
 
 def reference_runs(case) -> tuple[Run, Run]:
-    """The unrecorded run and the probed run of ``case`` (computed once per process)."""
+    """The unrecorded run and the probed run of ``case`` (the latter with the boundary
+    probe's run in ``boundary``), computed once per process."""
     if case.name not in _REFERENCE:
         ref, probed = train(case), train(case, probe=True)
         diffs = same_training(ref, probed) if probed.net is probed.model else []  # compiled vs eager may differ
