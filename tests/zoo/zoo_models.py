@@ -88,7 +88,11 @@ def _lm_loss(model, batch):
     return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
 
 
-def _llama() -> nn.Module:
+def _llama(reentrant: bool = False) -> nn.Module:
+    """Llama with grouped-query attention (2 key/value heads for 4 query heads), RoPE and
+    activation checkpointing of each decoder layer (``use_reentrant`` as given: False,
+    HF's default, recomputes under saved-tensor hooks; True runs the first forward without
+    grad and builds the graph in the recomputation)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * SEQ,
@@ -96,8 +100,12 @@ def _llama() -> nn.Module:
     model = LlamaForCausalLM(cfg).train()
     with warnings.catch_warnings():  # the deprecated name of activation_checkpointing_enable
         warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     return model
+
+
+def _llama_reentrant() -> nn.Module:
+    return _llama(reentrant=True)
 
 
 def _bert() -> nn.Module:
@@ -312,6 +320,7 @@ def _bf16():
 CASES = {c.name: c for c in (
     Case("gpt2", _gpt2, _tokens, _lm_loss, _adamw, "input_ids"),
     Case("llama_ckpt", _llama, _tokens, _lm_loss, _sgd, "input_ids"),
+    Case("llama_reentrant", _llama_reentrant, _tokens, _lm_loss, _sgd, "input_ids"),
     Case("bert", _bert, _bert_batch, _bert_loss, _adamw, "input_ids"),
     Case("t5", _t5, _t5_batch, _t5_loss, _sgd, "input_ids"),
     Case("vit", _vit, _images, _vit_loss, _adamw, "pixel_values"),
