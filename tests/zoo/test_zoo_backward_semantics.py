@@ -9,7 +9,8 @@ what each slot holds") says, checked against probed runs of the same script
   record;
 - one tensor in three argument slots (``self_attn(x, x, x)`` of
   ``nn.TransformerEncoderLayer``): the first slot holds the combined gradient, the others
-  say ``alias_of``;
+  say ``alias_of``; one output tensor in two places (GPT-2's ``last_hidden_state`` and
+  ``hidden_states[-1]``) likewise;
 - parameters the root model owns (``cls_token``, ``pos_embed``) get their gradients.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo_harness import RTOL, check, grad_match, load_dump, np_stats, reference_runs, stats_match
+from msprobe.pytorch import PrecisionDebugger
+from zoo_harness import RTOL, assert_record, check, grad_match, load_dump, np_stats, reference_runs, stats_match
 from zoo_models import CASES
 
 
@@ -119,3 +121,40 @@ def test_root_model_parameters_get_their_gradients(recorded):
         g = reference.grads[0][key]
         assert stats_match(entry[key][0], g)
         assert entry[key][0]["Norm"] == pytest.approx(float(g.double().norm()), rel=RTOL)
+
+
+def _gpt2_hidden_states_run(dump=None):
+    """One GPT-2 step returning all hidden states, with a loss that also reads the last
+    one; recorded at L0 into ``dump`` when given. Returns (last hidden state with its
+    gradient retained, dump.json data or None)."""
+    torch.manual_seed(0)
+    model = CASES["gpt2"].build()
+    ids = CASES["gpt2"].batch(0)["input_ids"]
+    dbg = None
+    if dump is not None:
+        dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
+        dbg.start(model)
+    out = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    last = out.hidden_states[-1]
+    if dump is None:
+        last.retain_grad()
+    (out.loss + last.sum() * 0.01).backward()
+    if dbg is None:
+        return last, None
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return last, load_dump(dump)[0]["data"]
+
+
+def test_one_output_tensor_in_two_places_is_an_alias(tmp_path):
+    # GPT2Model returns its final hidden state as last_hidden_state and as hidden_states[-1]
+    last, _ = _gpt2_hidden_states_run()
+    _, data = _gpt2_hidden_states_run(tmp_path / "d")
+    entry = data["Module.transformer.GPT2Model.backward.0"]["input"][0]
+    assert_record(entry["last_hidden_state"], last.grad)  # nothing inside GPT2Model reads it
+    first, alias = entry["last_hidden_state"], entry["hidden_states"][-1]
+    assert alias["alias_of"] == "input.0.last_hidden_state"
+    assert {k: alias[k] for k in ("Max", "Min", "Mean", "Norm")} == {k: first[k] for k in ("Max", "Min", "Mean", "Norm")}
+    for rec in entry["hidden_states"][:-1]:  # read only inside the model: the caller's part is 0
+        assert "alias_of" not in rec and (rec["Max"], rec["Min"], rec["Norm"]) == (0.0, 0.0, 0.0)

@@ -25,8 +25,9 @@ from typing import Any, Optional
 
 import torch
 
+# the PyTorch tests' helpers (tests/pytorch/pt_helpers.py), for the zoo tests too
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch"))
-from pt_helpers import load_dump, np_stats  # noqa: E402
+from pt_helpers import assert_record, load_dump, np_stats  # noqa: E402,F401
 
 from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from msprobe.pytorch.stats import NATIVE  # noqa: E402
