@@ -1,4 +1,4 @@
-"""Build hook for the optional C extensions ``msprobe._native.fused_stats`` (issue 5) and
+"""Build hook for the optional C extensions ``msprobe._native.fused_stats`` and
 ``store._record_text`` (dump.json text).
 
 All metadata lives in pyproject.toml. The extensions are optional: without a C compiler (or

@@ -1,4 +1,4 @@
-"""In-process A/B of the live export's entry building and dump.json encoding (issue 5).
+"""In-process A/B of the live export's entry building and dump.json encoding.
 
 Usage::
 

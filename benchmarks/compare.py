@@ -9,7 +9,7 @@ right (first origin = the perturbed call, 10 inserted calls, 0 deleted).
 
 Cases (``--case``):
 
-``stats``   the above (issue 8 target: ≤ 10 s, ≤ 2 GB RSS on 2 cores).
+``stats``   the above (target: ≤ 10 s, ≤ 2 GB RSS on 2 cores).
 ``names``   every name differs: the target's module paths are ``Module.model.layers.N``
             (no module anchor pairs) and every API counter is shifted by one, so API
             calls pair only through the edit script on (API, signature) over the whole

@@ -1,4 +1,4 @@
-"""Per-step CPU cost of the live export (issue 5), by function, on the encoder workload.
+"""Per-step CPU cost of the live export, by function, on the encoder workload.
 
 Usage::
 

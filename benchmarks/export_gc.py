@@ -1,4 +1,4 @@
-"""Containers the cyclic GC tracks in the live exporter's state after ``stop()`` (issue 5).
+"""Containers the cyclic GC tracks in the live exporter's state after ``stop()``.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""What the cyclic garbage collector costs in recorded training steps (issue 5).
+"""What the cyclic garbage collector costs in recorded training steps.
 
 Usage::
 
@@ -17,7 +17,7 @@ counted in every step; a full collection (generation 2) walks every tracked obje
 process (~320,000 here, most of them torch's and the model's), so it shows as a rare long
 pause that medians of step times leave out and means do not.
 
-Session 18 (2026-12-01, l1_stats, 30 steps): recorded 2.9 young collections per step at 0.38
+Measured (l1_stats, 30 steps; log in benchmarks/RESULTS.md): recorded 2.9 young collections per step at 0.38
 ms each and 0.27 generation-1 collections at 0.84 ms (~1.3 ms per step), one full collection
 (168 ms) in 30 steps, ~760 objects promoted per step; uninstrumented: no collection.
 Not a test: pytest collects nothing here.

@@ -70,7 +70,7 @@ def config_json(name, dump_path):
 # --------------------------------------------------------------------------------------------
 
 def build_encoder(layers=4, seed=0, device="cpu"):
-    """Issue 5's encoder workload; one fixed batch reused every step. On a CUDA device each
+    """The encoder workload; one fixed batch reused every step. On a CUDA device each
     step ends with ``torch.cuda.synchronize()`` so that its time includes the device work."""
     import torch
     import torch.nn as nn

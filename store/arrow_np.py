@@ -1,6 +1,6 @@
 """Row selection and Python conversion of Arrow columns with numpy, without ``pyarrow.compute``.
 
-The recording process keeps its memory small (issue 5: ``import pyarrow.compute`` alone
+The recording process keeps its memory small (``import pyarrow.compute`` alone
 costs about 8 MB of resident memory, measured with pyarrow 25). pyarrow's own
 ``Table.filter``, ``take``, ``sort_by``, ``Array.is_null`` and ``fill_null`` import
 ``pyarrow.compute`` on first use, so the live path (log writer, entry builder, live

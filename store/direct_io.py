@@ -3,7 +3,7 @@
 Why: a buffered ``write`` copies every byte into freshly allocated page-cache pages, and on
 the 2-core benchmark VM that costs 1.2-2.5 ns per byte of CPU in the writing thread (plus
 the kernel's writeback later), CPU the training step competes for: 146 ms per step of the
-encoder benchmark for its 175 MB of shard bytes (issue 5). With ``O_DIRECT`` the bytes
+encoder benchmark for its 175 MB of shard bytes. With ``O_DIRECT`` the bytes
 are copied once into a reusable page-aligned buffer and the device reads them from there:
 about 10 ms of CPU per 100 MB (``benchmarks/RESULTS.md``, session 9). Shards are the
 durable copy, read back only by ``msprobe export`` and readers of the dump; keeping them out of

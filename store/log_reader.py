@@ -284,7 +284,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     Raises:
         LogNotFoundError: ``dump_path`` is not a directory, or holds no log file.
     """
-    import pyarrow.compute as pc  # offline only; kept out of the recording process (issue 5)
+    import pyarrow.compute as pc  # offline only; kept out of the recording process
 
     files = find_log_files(dump_path)
     tables: list[pa.Table] = []

@@ -1,4 +1,4 @@
-"""Crash recovery (issue 6, items 1 and 2): a training process killed with SIGKILL at several
+"""Crash recovery: a training process killed with SIGKILL at several
 points, including in the middle of a log write; ``msprobe export`` afterwards rebuilds every
 entry that reached the log, and everything up to the last flush point is there.
 

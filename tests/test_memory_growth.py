@@ -1,7 +1,7 @@
-"""Issue 5: memory does not grow with the number of recorded steps. Counts the objects the
+"""Memory does not grow with the number of recorded steps. Counts the objects the
 cyclic garbage collector tracks (after a full collection) over many steps of a tiny model:
-what the recorder kept per step (one small log batch, 13 tracked objects per step, before
-session 18) adds up; caches that fill and stop (torch's, msprobe's bounded ones) do not.
+anything the recorder kept per step (one small log batch is 13 tracked objects per step)
+adds up; caches that fill and stop (torch's, msprobe's bounded ones) do not.
 RSS over thousands of steps: ``benchmarks/memory_growth.py``."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The optional one-pass statistics extension (msprobe._native.fused_stats, issue 5) and its
+"""The optional one-pass statistics extension (msprobe._native.fused_stats) and its
 use by msprobe.pytorch.stats and msprobe.core.arrays, with the numpy/torch fallback.
 
 References are computed independently in float64 with numpy and ``math.fsum`` (exactly

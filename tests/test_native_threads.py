@@ -1,5 +1,5 @@
 """The native statistics pass shared with PyTorch's OpenMP threads (msprobe.pytorch.omp_team,
-``set_parallel`` in fused_stats.c, issue 5).
+``set_parallel`` in fused_stats.c).
 
 The pass reduces fixed chunks of 16,384 elements and adds their results in chunk order, so
 the statistics must be the same bits whether one thread or a team reduces the chunks. A fake

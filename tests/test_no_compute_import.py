@@ -1,4 +1,4 @@
-"""Issue 5: the recording process never imports pyarrow.compute (8 MB of resident memory).
+"""The recording process never imports pyarrow.compute (8 MB of resident memory).
 
 Each framework records in a fresh subprocess (every task and level); the child reports
 whether ``pyarrow.compute`` got imported, and the parent checks that the live files equal

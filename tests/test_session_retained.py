@@ -1,4 +1,4 @@
-"""Issue 5: steps that record nothing leave no rows behind in the log writer's memory, and
+"""Steps that record nothing leave no rows behind in the log writer's memory, and
 start() writes the skeleton without taking rows (the start marker is still flushed)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Optional compiled helpers (issue 5). Nothing here is required: every user falls back to
+"""Optional compiled helpers. Nothing here is required: every user falls back to
 numpy/torch code when a module is missing.
 
 ``fused_stats`` (``fused_stats.c``, built by ``pip install`` when a C compiler exists):

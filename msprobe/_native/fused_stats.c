@@ -1,6 +1,6 @@
 /*
  * msprobe._native.fused_stats: Max, Min, sum and sum of squares of a contiguous buffer of
- * float32, float64, bfloat16 or float16 values in one pass over memory (issue 5).
+ * float32, float64, bfloat16 or float16 values in one pass over memory.
  *
  * The sum and the sum of squares are accumulated in float64: every float32/bf16/fp16 value
  * and its square are exact in float64, so for those inputs neither can overflow or

@@ -1,4 +1,4 @@
-"""``msprobe compare``: find where two recorded runs start to disagree (issue 8).
+"""``msprobe compare``: find where two recorded runs start to disagree.
 
 Modules, one job each: :mod:`~msprobe.compare.load` (both sides into Arrow/DuckDB),
 :mod:`~msprobe.compare.dumpjson` (streaming upstream dump.json importer),

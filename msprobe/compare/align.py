@@ -1,6 +1,6 @@
 """Call matching: pairs the calls of target and baseline per (rank, step).
 
-Steps (issue 8, "Matching"):
+Steps:
 
 1. Forward-kind calls (API forward, module forward, debug save) of each side, in
    execution order, become tokens. API calls: ``(name without counter, signature)``

@@ -1,5 +1,5 @@
-"""The built-in MindSpore → PyTorch name table (issue 8, "Matching" 5: "Without one,
-PyTorch↔MindSpore uses a table built from MindSpore's published API mapping").
+"""The built-in MindSpore → PyTorch name table, used for
+PyTorch↔MindSpore when no mapping file is given; built from MindSpore's published API mapping.
 
 The data is ``ms_pt_table.yaml`` next to this module (shipped as package data): written by
 hand from MindSpore's "PyTorch and MindSpore API Mapping Table" for the names our two

@@ -1,5 +1,5 @@
-"""Cross-rank attribution of divergences received from another rank (issue 8, "The
-answer", multi-rank), and ``--rank-map``.
+"""Cross-rank attribution of divergences received from another rank,
+and ``--rank-map``.
 
 Collectives: ``Distributed.*`` calls pair across ranks by API, counter and group: within
 one step the call named ``Distributed.all_reduce.0.forward`` on rank 0 is the same

@@ -14,13 +14,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any, Iterator, Optional, Union
 
 from msprobe.compare.errors import CompareInputError
 
 __all__ = ["iter_entries", "entry_kind", "entry_leaves", "TENSOR_TYPES"]
 
-TENSOR_TYPES = frozenset({"torch.Tensor", "mindspore.Tensor", "numpy.ndarray", "torch.nn.parameter.Parameter"})
+TENSOR_TYPES = frozenset({"torch.Tensor", "mindspore.Tensor", "numpy.ndarray", "torch.nn.parameter.Parameter",
+                          "torch.distributed.tensor.DTensor"})
+#: keys of a tensor record kept, as a JSON object, in the leaf's ``value_json``: ``alias_of``
+#: (ours: the slot holds the same gradient as the slot named) and a DTensor's ``device_mesh``
+#: and ``placements`` (upstream 26.x: mesh ranks, ``[{"Shard": {"dim": 0}}]``)
+EXTRA_KEYS = ("alias_of", "device_mesh", "placements")
+_PGRAD_INDEX = re.compile(r"\.parameters_grad\.(\d+)$")
 _CHUNK = 1 << 20
 _WS = " \t\r\n"
 
@@ -153,11 +160,12 @@ def entry_kind(name: str) -> str:
     """Call kind of a dump.json entry name (spec section 2.1).
 
     ``Functional.linear.0.forward`` → ``api_forward``; ``Module.fc.Linear.forward.0`` →
-    ``module_forward``; ``....parameters_grad`` → ``parameters_grad``; anything else
+    ``module_forward``; ``....parameters_grad`` and upstream 26.x's ``....parameters_grad.{n}``
+    → ``parameters_grad``; anything else
     (``y.0``) → ``debug_save``.
     """
     parts = name.split(".")
-    if name.endswith(".parameters_grad"):
+    if name.endswith(".parameters_grad") or _PGRAD_INDEX.search(name):
         return "parameters_grad"
     if parts[0] in ("Module", "Cell") and len(parts) >= 3 and parts[-2] in ("forward", "backward") and parts[-1].isdigit():
         return "module_forward" if parts[-2] == "forward" else "module_backward"
@@ -188,9 +196,53 @@ def _tensor_leaf(io: str, arg: str, rec: dict) -> dict:
         "shape": shape, "numel": numel,
         "max": stats[0], "min": stats[1], "mean": stats[2], "norm": stats[3],
         "max_finite": _num(rec.get("Max_except_inf_nan")), "min_finite": _num(rec.get("Min_except_inf_nan")),
-        "crc32": rec.get("md5"), "requires_grad": rec.get("requires_grad"),
-        "has_nan": has_nan, "has_inf": has_inf, "data_name": rec.get("data_name"), "value_json": None,
+        "crc32": _checksum(rec, shape), "requires_grad": rec.get("requires_grad"),
+        "has_nan": has_nan, "has_inf": has_inf, "data_name": rec.get("data_name"),
+        "value_json": _extras(rec),
     }
+
+
+_SCALAR_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4",
+                  "int16": "<i2", "int8": "<i1", "uint8": "<u1", "bool": "<?"}
+
+
+def _checksum(rec: dict, shape: Optional[list]) -> Optional[str]:
+    """The ``md5`` field as text. Upstream 26.x (summary_mode xor) writes a 0-dim tensor's
+    value there instead of a checksum (observed: ``"md5": 1.0``); that value is the
+    tensor, so its XOR checksum is computed from it (little-endian bytes of the dtype,
+    zero-padded to 8 bytes, as :func:`msprobe.core.checksum.xor64`). None for other
+    non-text values."""
+    value = rec.get("md5")
+    if value is None or isinstance(value, str):
+        return value
+    if shape != [] or isinstance(value, (dict, list)):
+        return None
+    import numpy as np
+
+    dtype = str(rec.get("dtype") or "").rsplit(".", 1)[-1]
+    try:
+        if dtype == "bfloat16":
+            raw = (np.array(float(value), np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        elif dtype in _SCALAR_DTYPES:
+            raw = np.array(value, dtype=_SCALAR_DTYPES[dtype]).tobytes()
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return "0x%016x" % int.from_bytes(raw.ljust(8, b"\0"), "little")
+
+
+def _extras(rec: dict) -> Optional[str]:
+    extra = {k: rec[k] for k in EXTRA_KEYS if k in rec}
+    return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None
+
+
+def _is_tensor_record(value: dict) -> bool:
+    """A tensor record: a tensor ``type``, or ``dtype`` and ``shape`` with statistics, a
+    checksum or a file (an xor/md5 record has no statistics)."""
+    if value.get("type") in TENSOR_TYPES:
+        return True
+    return "dtype" in value and "shape" in value and any(k in value for k in ("Max", "md5", "data_name"))
 
 
 def _plain_leaf(io: str, arg: str, kind: str, value: Any = None) -> dict:
@@ -211,7 +263,7 @@ def _walk(io: str, path: list, value: Any, out: list) -> None:
         for i, item in enumerate(value):
             _walk(io, path + [i], item, out)
     elif isinstance(value, dict):
-        if value.get("type") in TENSOR_TYPES or ("dtype" in value and "shape" in value and "Max" in value):
+        if _is_tensor_record(value):
             out.append(_tensor_leaf(io, arg, value))
         elif not value:
             out.append(_plain_leaf(io, arg, "empty_dict"))

@@ -145,8 +145,16 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
         return side.leaves.num_rows > 0 and side.leaves[col].null_count < side.leaves.num_rows
     if opts.mode == "auto":
         from msprobe.compare.tensordata import has_tensor_data
-        return "tensor" if has_tensor_data(t) and has_tensor_data(b) else "statistics"
+        if has_tensor_data(t) and has_tensor_data(b):
+            return "tensor"
+        if (not (has(t, "max") and has(b, "max"))) and has(t, "crc32") and has(b, "crc32"):
+            return "md5"    # summary_mode xor: checksums without statistics
+        return "statistics"
     if opts.mode == "md5" and not (has(t, "crc32") and has(b, "crc32")):
+        kinds = [n for n in notes if n.startswith("checksums not compared: ")]
+        if kinds:
+            raise CompareInputError("--mode md5: the checksums are of different kinds (" + kinds[0].split(": ", 1)[1]
+                                    + "); record both with the same summary_mode, or use --mode statistics")
         raise CompareInputError("--mode md5: field 'md5' (CRC-32) missing from "
                                 + ("TARGET" if not has(t, "crc32") else "BASELINE")
                                 + "; record with summary_mode md5, or use --mode statistics")
@@ -198,6 +206,12 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
         _common_kinds(t, b, notes)
+    from msprobe.compare.producers import noise_profiles, reconcile
+    skipped = reconcile(t, b, notes)
+    noise = noise_profiles(t.producer, b.producer)
+    if t.producer != b.producer:
+        notes.append(f"producers differ: TARGET {t.producer}, BASELINE {b.producer}; statistics compared with "
+                     f"both tools' rounding allowed for (docs/compare-upstream-formats.md)")
     from msprobe.compare.mapping import apply_mapping, framework_mapping
     differ = bool(t.framework and b.framework and t.framework != b.framework)
     mapping, renames, b_renames = opts.mapping, None, None
@@ -244,7 +258,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
         con.unregister(f"{prefix}_leaves")
         side.leaves = None
-    pairs = leaf_pairs_sql(mode, opts.tol, opts.loss_scale)
+    pairs = leaf_pairs_sql(mode, opts.tol, opts.loss_scale, noise=noise)
     if mode == "tensor":
         from msprobe.compare.tensordata import TENSOR_COLUMNS, apply_tensor_metrics
         con.execute(f"CREATE OR REPLACE VIEW leaf_pairs AS {pairs}")
@@ -257,7 +271,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
-        tensors = _statistics_tensors(con, lp_wide, mode, opts)
+        tensors = _statistics_tensors(con, lp_wide, mode, opts, noise)
     del lp_wide
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
@@ -268,6 +282,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
     summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes, opts)
+    summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
+    summary["skipped"] = skipped
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
@@ -276,7 +292,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
 
 
 def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,
-                        opts: CompareOptions) -> pa.Table:
+                        opts: CompareOptions, noise: Optional[tuple] = None) -> pa.Table:
     """Table ``tensors`` of statistics/md5 mode: the rows and columns of
     ``leaf_verdicts_sql(leaf_pairs_sql(...))`` over ``lp_wide``, in ``lp_wide``'s row order.
     DuckDB computes only the columns the query derives (state, diffs, e, tol, verdict, and
@@ -285,7 +301,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
     import numpy as np
     import pyarrow.compute as pc
 
-    full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True))
+    full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True, noise=noise))
     schema = _arrow(con.sql(full).limit(0)).schema         # binds the query only
     out_names = [n for n in schema.names if n != "lp_row"]
     renamed = {"t_md5": "t_crc32", "b_md5": "b_crc32"}

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from msprobe.compare.dumpjson import entry_kind, entry_leaves, iter_entries
 from msprobe.compare.errors import CompareInputError
+from msprobe.compare.producers import OURS, detect
 from store import schema as S
 
 __all__ = ["Side", "load_side", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
@@ -53,7 +54,8 @@ STACK_SCHEMA = pa.schema([("stack_id", pa.int64()), ("depth", pa.int32()), ("fra
 @dataclass
 class Side:
     """One loaded side. ``task``/``level``/``framework`` are the first values found
-    (None when unknown); ``data_dirs`` maps (rank, step) to the directory holding tensor
+    (None when unknown); ``producer`` the tool that wrote it
+    (:func:`msprobe.compare.producers.detect`); ``data_dirs`` maps (rank, step) to the directory holding tensor
     files (upstream layouts); ``skipped`` lists unreadable parts of our logs."""
 
     path: str
@@ -66,6 +68,7 @@ class Side:
     framework: Optional[str] = None
     data_dirs: dict = field(default_factory=dict)
     skipped: tuple = ()
+    producer: Optional[str] = None  # msprobe.compare.producers: "msprobe", "upstream-1.x", "upstream-26"
 
 
 def load_side(path: Union[str, os.PathLike], label: str) -> Side:
@@ -197,7 +200,7 @@ def _load_log(p: Path) -> Side:
                        "frame": pa.array(frames, pa.string())})
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
-                skipped=contents.skipped)
+                skipped=contents.skipped, producer=OURS)
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -205,7 +208,8 @@ def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 # --- upstream layouts --------------------------------------------------------------------
-_RANK_DIR = re.compile(r"^rank(\d*)$")
+_RANK_DIR = re.compile(r"^rank(\d*)$")          # 26.x's non-distributed proc{pid} directory is rank 0
+_PGRAD_INDEX = re.compile(r"\.parameters_grad\.(\d+)$")
 _STEP_DIR = re.compile(r"^step(\d+)$")
 
 
@@ -237,6 +241,8 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
     header: dict[str, Any] = {}
     data_dirs = {}
     seen = set()
+    stack_v26 = False
+    indexed: list[str] = []
     for file in files:
         rank, step = _rank_step(file)
         if (rank, step) in seen:
@@ -245,7 +251,9 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
         seen.add((rank, step))
         data_dirs[(rank, step)] = str(file.parent / "dump_tensor_data")
         parents = _read_small_json(file.parent / "construct.json")
-        stack_of = _stack_map(_read_small_json(file.parent / "stack.json"))
+        raw_stacks = _read_small_json(file.parent / "stack.json")
+        stack_v26 = stack_v26 or _is_v26_stacks(raw_stacks)
+        stack_of = _stack_map(raw_stacks)
         for sid, frames in stack_of.values():
             stacks.setdefault(sid, frames)
         seq = 0
@@ -256,6 +264,12 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
                 continue
             seq += 2
             kind = entry_kind(name)
+            if kind == "parameters_grad":
+                m = _PGRAD_INDEX.search(name)
+                if m:       # 26.x: X.parameters_grad.{n}, n the micro-step; the first is ours' X.parameters_grad
+                    indexed.append(name)
+                    if m.group(1) == "0":
+                        name = name[: m.start()] + ".parameters_grad"
             sid = stack_of.get(name, (None, None))[0]
             for key, value in ((
                 "rank", rank), ("step", step), ("seq", seq), ("name", name), ("kind", kind),
@@ -274,12 +288,13 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
             ids.append(sid)
             depths.append(depth)
             frames_col.append(str(frame))
+    leaf_table = pa.table(leaves, schema=LEAF_SCHEMA)
     return Side(
         path=str(root), source="dump.json",
-        calls=pa.table(calls, schema=CALL_SCHEMA), leaves=pa.table(leaves, schema=LEAF_SCHEMA),
+        calls=pa.table(calls, schema=CALL_SCHEMA), leaves=leaf_table,
         stacks=pa.table({"stack_id": ids, "depth": depths, "frame": frames_col}, schema=STACK_SCHEMA),
         task=header.get("task"), level=header.get("level"), framework=header.get("framework"),
-        data_dirs=data_dirs,
+        data_dirs=data_dirs, producer=detect(files, stack_v26=stack_v26, names=indexed, leaves=leaf_table),
     )
 
 
@@ -293,7 +308,7 @@ def _move_parameters_grad(calls: dict[str, list], first: int) -> None:
             last_backward[name.rsplit(".", 2)[0]] = calls["seq"][i]
     for i in range(first, len(calls["name"])):
         if calls["kind"][i] == "parameters_grad":
-            seq = last_backward.get(calls["name"][i][: -len(".parameters_grad")])
+            seq = last_backward.get(re.sub(r"\.parameters_grad(\.\d+)?$", "", calls["name"][i]))
             if seq is not None:
                 calls["seq"][i] = seq + 1
 
@@ -308,14 +323,22 @@ def _read_small_json(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def _is_v26_entry(key: str, value) -> bool:
+    return (key.isdigit() and isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+            and isinstance(value[1], list) and all(isinstance(n, str) for n in value[0]))
+
+
+def _is_v26_stacks(raw: dict) -> bool:
+    """Whether a stack.json has 26.x's deduplicated format (``{"0": [[names], [frames]]}``)."""
+    return bool(raw) and all(_is_v26_entry(k, v) for k, v in raw.items())
+
+
 def _stack_map(raw: dict) -> dict[str, tuple[int, list]]:
     """``{entry name: (stack_id, frames)}`` from a 1.2.2 (``{name: [frames]}``) or v26
     (``{"0": [[names], [frames]]}``) stack.json."""
     out: dict[str, tuple[int, list]] = {}
     for key, value in raw.items():
-        if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
-                and isinstance(value[1], list) and all(isinstance(n, str) for n in value[0])
-                and key.isdigit()):
+        if _is_v26_entry(key, value):
             names, frames = value
         else:
             names, frames = [key], value if isinstance(value, list) else [str(value)]

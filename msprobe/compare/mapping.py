@@ -1,4 +1,4 @@
-"""Name mapping between two dumps (issue 8, "Matching" 5): one YAML file with sections
+"""Name mapping between two dumps: one YAML file with sections
 
 ``api``     ``{TARGET API: BASELINE API}``, names without counter and direction
             (``Primitive.relu.ReLU: Functional.relu``); mapped calls are renumbered per

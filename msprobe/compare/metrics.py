@@ -1,4 +1,4 @@
-"""Per-leaf metrics (issue 8, "Metrics"), float64.
+"""Per-leaf metrics, float64.
 
 ``statistics`` (SQL, :func:`leaf_pairs_sql`): upstream's ``X diff`` = X_N − X_B and
 ``XRelativeErr`` = |X_N − X_B| / |X_B| × 100 for X in Max, Min, Mean, Norm; our error
@@ -213,7 +213,45 @@ def _dclass_sql(col: str) -> str:
             f"WHEN contains({d}, 'bool') THEN 'bool' WHEN contains({d}, 'int') THEN 'int' ELSE {d} END")
 
 
-def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: bool = False) -> str:
+#: machine epsilon per dtype class (float32 for int: upstream computes their statistics in float32)
+_EPS_OF = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float": 2.0 ** -23, "float16": 2.0 ** -10,
+           "bfloat16": 2.0 ** -7, "int": 2.0 ** -23}
+
+
+def noise_allowance_sql(profile: str, stat: str, side: str) -> str:
+    """SQL for the rounding allowance of one producer's statistic (``stat``: ``max``
+    (Max and Min), ``mean`` or ``norm``), in the units of the e terms of
+    :func:`leaf_pairs_sql` (relative to S, R and Norm_B), for the leaf columns of
+    ``side`` (``t``/``b``: ``{side}_dclass``, ``{side}_numel``). ``profile`` is a producer
+    of :mod:`msprobe.compare.producers`; with n = numel, eps32 = 2**-23 and eps_d the
+    epsilon of the tensor's dtype:
+
+    - ours: Max/Min exact; Mean, Norm of 32/16-bit floats: eps32·(2 + log2 n) (the float32
+      cascade sum of the fallback path; float64 otherwise), float64/int 0.
+    - upstream 1.x: Max/Min of float64/int rounded to float32: eps32; Mean: eps_d (rounded
+      to a 16-bit dtype) + eps32·(2 + log2 n) (``torch.mean``, cascade sum);
+      Norm: eps_d + eps32·(2 + n/1000) (``torch.norm`` accumulates the squares in float32:
+      measured on torch 2.13 CPU, 1e6 elements 85·eps32, 1.6e7 elements 6,144·eps32).
+    - upstream 26.x: as 1.x, but Max/Min exact (Mean/Norm of float64/int are null there).
+    """
+    from msprobe.compare.producers import OURS, UPSTREAM_1
+
+    d, n = f"{side}_dclass", f"greatest(coalesce({side}_numel, 1), 1)"
+    eps32 = _EPS_OF["float32"]
+    own = f"(CASE {d} WHEN 'float16' THEN {_EPS_OF['float16']!r} WHEN 'bfloat16' THEN {_EPS_OF['bfloat16']!r} ELSE 0.0 END)"
+    if profile == OURS:
+        if stat == "max":
+            return "0.0"
+        return f"(CASE WHEN {d} IN ('float32', 'float', 'float16', 'bfloat16') THEN {eps32!r} * (2 + log2({n})) ELSE 0.0 END)"
+    if stat == "max":
+        return f"(CASE WHEN {d} IN ('float64', 'int') THEN {eps32!r} ELSE 0.0 END)" if profile == UPSTREAM_1 else "0.0"
+    if stat == "mean":
+        return f"({own} + {eps32!r} * (2 + log2({n})))"
+    return f"({own} + {eps32!r} * (2 + {n} / 1000.0))"
+
+
+def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: bool = False,
+                   noise: Optional[tuple] = None) -> str:
     """SELECT over ``lp_wide`` (see :func:`build_leaf_pairs`) giving the leaf pairs (plus a
     trailing ``watermark`` column) from ``alignment``, ``t_leaves``, ``b_leaves``:
     one row per leaf of a paired call (full outer join on ``io``, ``arg``; a tensor leaf
@@ -224,7 +262,11 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: 
     lower-precision dtype, 0 for non-floats) and ``state``: identical, structural,
     nonfinite, unpaired, or measured (to be judged against the tolerance).
     Target backward statistics are divided by ``loss_scale`` first. ``row_id``: carry
-    ``lp_wide``'s ``lp_row`` through (after ``in_b``).
+    ``lp_wide``'s ``lp_row`` through (after ``in_b``). ``noise``: None, or the two sides'
+    producers (:func:`msprobe.compare.producers.noise_profiles`): then each statistics
+    term of ``e`` is reduced by both producers' rounding allowance for that statistic
+    (:func:`noise_allowance_sql`), floored at 0, so ``e`` is the error that the two tools'
+    ways of computing statistics cannot explain.
     """
     floats = "('float64','float32','float','float16','bfloat16')"
     prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
@@ -238,6 +280,10 @@ def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: 
         "abs(t_mean - b_mean) / greatest(b_norm / sqrt(greatest(b_numel, 1)), atol)",
         "abs(t_norm - b_norm) / greatest(abs(b_norm), atol)",
     ]
+    if noise is not None:
+        stats = ("max", "max", "mean", "norm")
+        terms = [f"{x} - {noise_allowance_sql(noise[0], st, 't')} - {noise_allowance_sql(noise[1], st, 'b')}"
+                 for x, st in zip(terms, stats)]
     stat_e = "greatest(" + ", ".join(_fin(f"({x})") for x in terms) + ", 0.0)"
     md5_e = "CASE WHEN t_md5 = b_md5 AND t_dtype = b_dtype AND t_shape = b_shape THEN 0.0 ELSE 1.0 END"
     e_expr = md5_e if mode == "md5" else stat_e

@@ -1,4 +1,4 @@
-"""Compare options: tolerance tables, rank/step selections, modes (issue 8, "Verdicts").
+"""Compare options: tolerance tables, rank/step selections, modes.
 
 Tolerances are relative (rtol) per dtype; a leaf pair uses the rtol of its
 lower-precision dtype (``torch.testing.assert_close`` defaults: float64 1e-7,

@@ -1,4 +1,4 @@
-"""Tensor mode (issue 8, "Metrics", row ``tensor``): metrics from the saved tensor values.
+"""Tensor mode: metrics from the saved tensor values.
 
 Values come, per side, from (in this order):
 

@@ -1,6 +1,5 @@
 """Upstream msprobe's four mapping files for cross-framework compare, converted into one
-:class:`~msprobe.compare.mapping.Mapping` (issue 8, "Matching" 5: "upstream's mapping files
-also load"). The formats, and where each fact was read, are listed in
+:class:`~msprobe.compare.mapping.Mapping`: upstream's mapping files load too. The formats, and where each fact was read, are listed in
 ``docs/compare-upstream-formats.md``.
 
 Upstream compares a MindSpore dump (its ``npu_path``/``-tp``, our TARGET) with a PyTorch dump

@@ -1,4 +1,4 @@
-"""Leaf and call verdicts, and the first divergence (issue 8, "Verdicts", "The answer").
+"""Leaf and call verdicts, and the first divergence.
 
 Leaf (SQL, :data:`LEAF_VERDICTS_SQL`): ``identical``, ``close`` (e ≤ tol), ``diverged``,
 ``nonfinite``, ``structural``, ``unpaired``. The tolerance of a float leaf is the larger

@@ -1,4 +1,4 @@
-"""``--format xlsx``: upstream 1.2.2's result workbook (issue 8, "Outputs"; the facts and
+"""``--format xlsx``: upstream 1.2.2's result workbook (the facts and
 their sources are in ``docs/compare-upstream-formats.md``).
 
 One workbook per compared rank: ``compare_result_{timestamp}.xlsx`` for a single rank,

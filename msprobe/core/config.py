@@ -26,6 +26,7 @@ __all__ = [
     "FileFormat",
     "Framework",
     "Level",
+    "LoadSpec",
     "Precision",
     "RiskLevel",
     "SummaryMode",
@@ -60,7 +61,14 @@ DEFAULT_LEVEL: Final = "L1"
 
 #: Top-level keys this module reads; the task sub-objects are read by name.
 _KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list",
-                                "extra_info", "precision", "risk_level", "dump_enable"})
+                                "extra_info", "precision", "risk_level", "dump_enable", "load"})
+
+#: Keys of the task sub-object this module reads: every task's, then each task's own.
+_SUB_KEYS: Final = frozenset({"scope", "list", "data_mode"})
+_TASK_KEYS: Final = {
+    "statistics": frozenset({"summary_mode", "tensor_list"}),
+    "tensor": frozenset({"summary_mode", "file_format", "bench_path", "diff_nums"}),
+}
 
 #: Scope endpoint patterns (spec 5.3).
 _API_NAME_RE: Final = re.compile(
@@ -70,8 +78,33 @@ _API_NAME_RE: Final = re.compile(
 )
 _MODULE_NAME_RE: Final = re.compile(r"(Cell|Module)\..*\.(forward|backward)\.\d+", re.DOTALL)
 
+#: a ``load.modules`` entry: a module forward's dump.json name (spec 2.1)
+_LOAD_MODULE_RE: Final = re.compile(r"Module\.(.+)\.forward\.(\d+)", re.DOTALL)
+
 _MAX_PATH_CHARS: Final = 4096
 _MAX_NAME_CHARS: Final = 255
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSpec:
+    """The ``load`` object of config.json (upstream 26.x): module inputs replayed from an
+    earlier tensor dump (:mod:`msprobe.pytorch.replay`, docs/pytorch-features.md).
+
+    Attributes:
+        path: the earlier dump's root (the directory holding ``step{N}/``).
+        modules: module forward entry names, ``Module.{path}.{Class}.forward.{n}``.
+        step: steps in which inputs are replaced (``()``: every step); the tensors come
+            from the same step number of the earlier dump.
+        rank: ranks in which inputs are replaced (``()``: every rank); the tensors come
+            from the same rank of the earlier dump.
+        dump_after_load: also record the run (False: only replace inputs, record nothing).
+    """
+
+    path: str
+    modules: tuple[str, ...]
+    step: tuple[int, ...] = ()
+    rank: tuple[int, ...] = ()
+    dump_after_load: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +137,13 @@ class Config:
         dump_enable: None when config.json has no ``dump_enable`` (no re-reading);
             else whether recording is switched on, and the file is re-read while the
             job runs (docs/pytorch-features.md).
+        bench_path: task tensor with summary_mode md5: the root of a baseline recording
+            (an msprobe dump path or an upstream dump directory) whose CRC-32s decide
+            which calls keep their full tensors (:mod:`msprobe.core.bench`); None: all.
+        diff_nums: with ``bench_path``: at most this many calls keep their tensors
+            (``-1``: no limit).
+        load: module inputs replayed from an earlier tensor dump (:class:`LoadSpec`);
+            None without a ``load`` object.
     """
 
     task: Task = "statistics"
@@ -124,6 +164,9 @@ class Config:
     risk_level: RiskLevel = "ALL"
     tensor_list: tuple[str, ...] = ()
     dump_enable: bool | None = None
+    bench_path: str | None = None
+    diff_nums: int = 1
+    load: LoadSpec | None = None
 
     def step_selected(self, step: int) -> bool:
         """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
@@ -171,7 +214,8 @@ def load_config(
     Raises:
         ConfigError: for an unreadable or invalid file and for every invalid value (spec
             5.3): unknown task/level, bad rank/step/scope/list/data_mode/summary_mode/
-            file_format/async_dump/extra_info/dump_enable/precision/risk_level/tensor_list, async_dump with task tensor and an empty list, L2
+            file_format/async_dump/extra_info/dump_enable/precision/risk_level/tensor_list/
+            bench_path/diff_nums/load, async_dump with task tensor and an empty list, L2
             without exactly one list name or with a scope, and a dump_path that is
             missing, empty, a file, a symlink, or whose parent cannot be created.
 
@@ -209,6 +253,9 @@ def load_config(
     sub = doc.get(eff_task, {})
     if not isinstance(sub, dict):
         raise ConfigError(eff_task, sub, f"a JSON object with the `{eff_task}` task's options")
+    read = _SUB_KEYS | _TASK_KEYS.get(eff_task, frozenset())
+    for key in sorted(sub.keys() - read):
+        logger.warning("config.json: %s.%s is not read by msprobe; ignored (docs/pytorch-features.md)", eff_task, key)
     scope = _string_list(f"{eff_task}.scope", sub.get("scope", []))
     if len(scope) not in (0, 2):
         raise ConfigError(f"{eff_task}.scope", list(scope), "an empty list or exactly 2 entry names")
@@ -222,8 +269,14 @@ def load_config(
     if eff_task == "statistics":
         tensor_list = _string_list("statistics.tensor_list", sub.get("tensor_list", []))
     file_format = "npy"
+    bench_path, diff_nums = None, 1
     if eff_task == "tensor":
         file_format = _choice("tensor.file_format", sub.get("file_format", "npy"), FILE_FORMATS)
+        if framework == "pytorch":  # MindSpore: a ConfigError below (_check_mindspore_keys)
+            bench_path, diff_nums = _bench_options(sub, summary_mode, async_dump, data_mode_value)
+    load = _load_options(doc) if "load" in doc and framework == "pytorch" else None
+    if load is not None and not load.dump_after_load and eff_dump_path is MISSING:
+        eff_dump_path = load.path  # nothing is recorded: the dump path is not used (as upstream)
 
     if eff_task == "structure" and eff_level == "L1":
         logger.warning("task `structure` does not support level L1; using level mix (spec 5.3)")
@@ -238,6 +291,9 @@ def load_config(
         _check_mindspore_keys(doc, summary_mode, eff_task, precision, risk_level, tensor_list)
     _check_level_options(eff_task, eff_level, scope, names)
     _check_dump_path(eff_dump_path)
+    if bench_path is not None and os.path.realpath(bench_path) == os.path.realpath(eff_dump_path):
+        raise ConfigError("tensor.bench_path", bench_path, "a baseline dump other than dump_path",
+                          "the run would write its log beside the baseline's")
 
     return Config(
         task=eff_task,
@@ -258,7 +314,119 @@ def load_config(
         risk_level=risk_level,
         tensor_list=tensor_list,
         dump_enable=dump_enable,
+        bench_path=bench_path,
+        diff_nums=diff_nums,
+        load=load,
     )
+
+
+def _bench_options(sub: dict[str, Any], summary_mode: str, async_dump: bool,
+                   data_mode: Any) -> tuple[str | None, int]:
+    """``(bench_path, diff_nums)`` of the ``tensor`` sub-object (``(None, 1)`` without
+    ``bench_path``). The baseline's contents are read when the debugger is built
+    (:class:`msprobe.core.bench.BenchBaseline`); here its place is checked: an existing
+    directory holding an msprobe log (``.msprobe/log/``) or a ``dump.json`` below it."""
+    diff_nums = sub.get("diff_nums", 1)
+    if isinstance(diff_nums, bool) or not isinstance(diff_nums, int) or not (diff_nums == -1 or diff_nums >= 1):
+        raise ConfigError("tensor.diff_nums", diff_nums, "-1 (no limit) or a positive integer")
+    if "bench_path" not in sub:
+        if "diff_nums" in sub:
+            logger.warning("config.json: tensor.diff_nums is read only with tensor.bench_path; ignored")
+        return None, 1
+    value = sub["bench_path"]
+    allowed = "a directory holding a baseline dump: an msprobe dump path or step{N}/rank{R}/dump.json below it"
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise ConfigError("tensor.bench_path", value, allowed)
+    path = Path(value)
+    if not path.is_dir():
+        raise ConfigError("tensor.bench_path", value, allowed,
+                          "it does not exist" if not path.exists() else "it is not a directory")
+    if not (path / ".msprobe" / "log").is_dir() and not _has_dump_json(path):
+        raise ConfigError("tensor.bench_path", value, allowed, "neither .msprobe/log/ nor a dump.json below it")
+    if summary_mode != "md5":
+        raise ConfigError("tensor.summary_mode", summary_mode, ("md5",),
+                          "tensor.bench_path compares CRC-32s, recorded in summary_mode md5")
+    if async_dump:
+        raise ConfigError("async_dump", True, "false", "tensor.bench_path decides per call, while the call runs")
+    modes = set(data_mode)
+    if "all" not in modes and ("input" in modes) != ("output" in modes):
+        raise ConfigError("tensor.data_mode", list(data_mode), "a data_mode recording both input and output",
+                          "tensor.bench_path compares a call's inputs and outputs")
+    return value, diff_nums
+
+
+def _has_dump_json(root: Path) -> bool:
+    """True if ``root`` holds a ``dump.json`` at most three directory levels down
+    (``step{N}/rank{R}/dump.json``, or the step or rank directory itself)."""
+    for pattern in ("dump.json", "*/dump.json", "*/*/dump.json"):
+        if next(iter(root.glob(pattern)), None) is not None:
+            return True
+    return False
+
+
+def _load_options(doc: dict[str, Any]) -> LoadSpec:
+    """The top-level ``load`` object (upstream 26.x keys ``path``, ``modules``, ``step``,
+    ``rank``, ``dump_after_load``) as a :class:`LoadSpec`.
+
+    Checked here: the types, the entry-name form of each module, no duplicates, and that
+    ``path`` is a directory where every module has at least one input tensor file
+    (``step{N}/{rank dir}/dump_tensor_data/{module}.input.*`` or ``.kwargs.*``). That each
+    module exists in the model is checked at ``start(model)``."""
+    value = doc["load"]
+    if not isinstance(value, dict):
+        raise ConfigError("load", value, "a JSON object with path, modules, step, rank, dump_after_load")
+    for key in sorted(value.keys() - {"path", "modules", "step", "rank", "dump_after_load"}):
+        logger.warning("config.json: unknown key load.%s ignored", key)
+    modules = value.get("modules", MISSING)
+    entry_form = "a non-empty list of module forward names such as Module.layer1.Linear.forward.0"
+    if not isinstance(modules, list) or not modules:
+        raise ConfigError("load.modules", modules, entry_form)
+    seen: set[str] = set()
+    for name in modules:
+        if not isinstance(name, str) or not _LOAD_MODULE_RE.fullmatch(name) or ".backward." in name:
+            raise ConfigError("load.modules", name, entry_form)
+        if name in seen:
+            raise ConfigError("load.modules", name, entry_form, "listed twice")
+        seen.add(name)
+    path = value.get("path", MISSING)
+    allowed = "the directory of an earlier tensor dump (holding step{N}/)"
+    if not isinstance(path, str) or not path:
+        raise ConfigError("load.path", path, allowed)
+    if not os.path.isdir(path):
+        raise ConfigError("load.path", path, allowed, "it does not exist" if not os.path.exists(path)
+                          else "it is not a directory")
+    found = _tensor_file_prefixes(Path(path))
+    if not found:
+        raise ConfigError("load.path", path, allowed, "no step*/*/dump_tensor_data/ with tensor files below it")
+    for name in modules:
+        if name not in found:
+            raise ConfigError("load.modules", name, "a module whose input tensors the dump at load.path holds",
+                              f"no {name}.input.* or {name}.kwargs.* file under {path!r}")
+    dump_after_load = value.get("dump_after_load", False)
+    if not isinstance(dump_after_load, bool):
+        raise ConfigError("load.dump_after_load", dump_after_load, "true, false")
+    return LoadSpec(path=path, modules=tuple(modules), step=parse_int_list("load.step", value.get("step", [])),
+                    rank=parse_int_list("load.rank", value.get("rank", [])), dump_after_load=dump_after_load)
+
+
+def _tensor_file_prefixes(root: Path) -> set[str]:
+    """Module forward names with an input tensor file (``{entry}.input.*``, ``{entry}.kwargs.*``)
+    in any ``step*/*/dump_tensor_data/`` under ``root`` (one directory listing each)."""
+    found: set[str] = set()
+    for data_dir in root.glob("step*/*/dump_tensor_data"):
+        try:
+            names = os.listdir(data_dir)
+        except OSError:
+            continue
+        for file_name in names:
+            match = _INPUT_FILE_RE.match(file_name)
+            if match is not None:
+                found.add(match.group(1))
+    return found
+
+
+#: a module forward's input tensor file: ``{entry}.input.{i}...`` or ``{entry}.kwargs.{key}...``
+_INPUT_FILE_RE: Final = re.compile(r"(Module\..*?\.forward\.\d+)\.(?:input|kwargs)\.", re.DOTALL)
 
 
 def _check_argument(field: str, value: Any, types: type | tuple[type, ...]) -> None:

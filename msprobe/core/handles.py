@@ -76,16 +76,33 @@ class HandleGroup:
         self.remove()
 
 
-def finish_wrapper(wrapper: Callable, original: Any) -> Callable:
+def finish_wrapper(wrapper: Callable, original: Any, session: Any = None) -> Callable:
     """Give an API wrapper its original's name and docstring (where the original has them)
-    and the two attributes every msprobe wrapper carries: ``__msprobe_original__`` (the
-    function wrapped, for restoring and for chains of debuggers) and
-    ``__msprobe_disabled__`` (False; True makes the wrapper a pass-through). Returns
-    ``wrapper``."""
+    and the attributes every msprobe wrapper carries: ``__msprobe_original__`` (the
+    function wrapped, for restoring and for chains of debuggers), ``__msprobe_disabled__``
+    (False; True makes the wrapper a pass-through) and ``__msprobe_session__`` (the session
+    it records for, or None for a wrapper that never records). Returns ``wrapper``."""
     try:
         functools.update_wrapper(wrapper, original)
     except (AttributeError, TypeError):
         pass
     wrapper.__msprobe_original__ = original
     wrapper.__msprobe_disabled__ = False
+    wrapper.__msprobe_session__ = session
     return wrapper
+
+
+def records_inside(fn: Any) -> bool:
+    """True if ``fn`` is another debugger's API wrapper, or a chain of them, in which a wrapper
+    is enabled and its session is recording now: that debugger records the call too. A chain
+    of wrappers that only pass the call through (stopped or closed debuggers) gives False, so
+    the calls made inside the recorded call stay unrecorded (only the outermost API call is
+    recorded, spec section 2.1)."""
+    while True:
+        inner = getattr(fn, "__msprobe_original__", None)
+        if inner is None:
+            return False
+        session = getattr(fn, "__msprobe_session__", None)
+        if session is not None and session.recording and not fn.__msprobe_disabled__:
+            return True
+        fn = inner

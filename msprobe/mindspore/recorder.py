@@ -45,9 +45,13 @@ class _Plan:
 
 
 class CellFrame:
-    """A Cell forward in progress (the innermost one parents API calls)."""
+    """A Cell forward in progress (the innermost one parents API calls).
 
-    __slots__ = ("name", "prefix", "parent", "stack_id", "leaves", "pending", "want_fwd", "inputs", "swaps")
+    ``keep_fwd``/``keep_bwd``: the Cell's forward/backward name matched the ``list`` at level
+    mix, so everything running inside it is kept (spec 5.5)."""
+
+    __slots__ = ("name", "prefix", "parent", "stack_id", "leaves", "pending", "want_fwd", "inputs", "swaps",
+                 "keep_fwd", "keep_bwd")
 
 
 class Recorder:
@@ -71,6 +75,7 @@ class Recorder:
         self.pending: dict[int, PendingBackward] = {}
         self.cells_seen: set[str] = set()
         self.scope = ScopeRange.from_config(cfg.scope)
+        self.list_inside = cfg.level == "mix" and bool(cfg.list)
         self._fired = 0
 
     def _capture(self, a: Any) -> Optional[str]:
@@ -138,7 +143,14 @@ class Recorder:
         s, dm = self.session, self.dm
         if not self.scope.enter(fwd):
             return False, False
-        return dm.forward and s.accepts(fwd), dm.backward and s.accepts(bwd) and grad_active()
+        inside_fwd = inside_bwd = False
+        if self.list_inside:
+            for frame in getattr(s.local, "frames", None) or ():
+                if frame is not None:
+                    inside_fwd |= frame.keep_fwd
+                    inside_bwd |= frame.keep_bwd
+        return (dm.forward and (inside_fwd or s.accepts(fwd)),
+                dm.backward and (inside_bwd or s.accepts(bwd)) and grad_active())
 
     def _before(self, family: str, key: str, n: int, args: tuple, kwargs: dict) -> Optional[_Plan]:
         s, dm = self.session, self.dm
@@ -224,6 +236,8 @@ class Recorder:
         frame.stack_id = s.stacks.capture()
         frame.inputs = tuple(args) + tuple(kwargs.values())
         frame.swaps = []
+        frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
+        frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
         leaves: list[Leaf] = []
         if want_fwd:
             if dm.allows("forward", "input"):

@@ -195,4 +195,4 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
             clear()  # backward entries are still recorded after stop(): a write here counts
         return original(*args, **kwargs)
 
-    return finish_wrapper(wrapper, original)
+    return finish_wrapper(wrapper, original, session)

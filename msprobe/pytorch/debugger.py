@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
+from msprobe.core.bench import BenchBaseline, BenchSelector
 from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError, MsprobeError
 from msprobe.core.handles import HandleGroup
@@ -40,6 +41,7 @@ from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
 from msprobe.pytorch.omp_team import share_once
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
+from msprobe.pytorch.replay import InputReplay
 from msprobe.pytorch.stats import NATIVE
 from store.export import TENSOR_DIR
 
@@ -71,14 +73,15 @@ def _dump_data_dir(dump_path: str, level: str):
     return of
 
 
-def _as_models(model: Any, level: str) -> tuple[list[torch.nn.Module], bool]:
-    """Validate ``model`` → ``(models, indexed)``; raises ConfigError for a bad type."""
+def _as_models(model: Any, level: str, why: Optional[str] = None) -> tuple[list[torch.nn.Module], bool]:
+    """Validate ``model`` → ``(models, indexed)``; raises ConfigError for a bad type
+    (``why`` the model is needed goes into its detail; default: the level records modules)."""
     if isinstance(model, torch.nn.Module):
         return [model], False
     if isinstance(model, (list, tuple)) and model and all(isinstance(m, torch.nn.Module) for m in model):
         return list(model), True
     raise ConfigError("model", model, "a torch.nn.Module or a non-empty list/tuple of torch.nn.Module",
-                      detail=f"level {level} records modules")
+                      detail=why or f"level {level} records modules")
 
 
 class PrecisionDebugger:
@@ -112,7 +115,14 @@ class PrecisionDebugger:
         self.model = model
         self.session = Session(self.config, framework="pytorch", exclude_dirs=(_TORCH_DIR,), tensor_ext="pt",
                                **_tensor_files(self.config))
-        self.recorder = Recorder(self.session)
+        # tensor.bench_path: the baseline is read once, here (a bad one is a ConfigError now)
+        self._bench = (BenchSelector(BenchBaseline(self.config.bench_path), self.config.diff_nums)
+                       if self.config.bench_path is not None else None)
+        self.recorder = Recorder(self.session, self._bench)
+        # load: recorded module inputs replayed (msprobe.pytorch.replay)
+        self._replay = InputReplay(self.config.load) if self.config.load is not None else None
+        self._replay_handles: Optional[HandleGroup] = None
+        self._replay_models: list[weakref.ref] = []
         self._api_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[HandleGroup] = None
         self._hooked_models: list[weakref.ref] = []
@@ -174,7 +184,9 @@ class PrecisionDebugger:
         self._hooked_models = []
         self.config = config
         self.session.reconfigure(config, **_tensor_files(config))
-        self.recorder = Recorder(self.session)
+        if self._bench is not None:
+            self._bench.limit = config.diff_nums
+        self.recorder = Recorder(self.session, self._bench)
         self._saver = DebugSaver(self.recorder)
         self._load_api_specs()
 
@@ -190,6 +202,10 @@ class PrecisionDebugger:
         """
         self._poll_config()
         level = self.config.level
+        if self._replay is not None:
+            self._start_replay(model if model is not None else self.model)
+            if not self.config.load.dump_after_load:
+                return
         if level == "debug" or self.config.dump_enable is False:
             return
         model = model if model is not None else self.model
@@ -216,6 +232,22 @@ class PrecisionDebugger:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
                 self._hooked_models = [weakref.ref(m) for m in models]
+
+    def _start_replay(self, model: Any) -> None:
+        """``load``: hook ``model``'s modules named in ``load.modules`` (again when the
+        model changed) and replay from the current step on."""
+        why = "load replays module inputs: pass model to PrecisionDebugger(...) or start(model)"
+        if model is None:
+            raise ConfigError("model", None, "a torch.nn.Module or a list/tuple of them", detail=why)
+        models, indexed = _as_models(model, self.config.level, why)
+        hooked = [ref() for ref in self._replay_models]
+        if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
+            handles = self._replay.install(models, indexed)
+            if self._replay_handles is not None:
+                self._replay_handles.remove()
+            self._replay_handles = handles
+            self._replay_models = [weakref.ref(m) for m in models]
+        self._replay.begin(self.session.step, _current_rank()[0])
 
     def _after_backward(self) -> None:
         """A backward pass returned. Under torch.distributed, DDP's reducer has allreduced the
@@ -301,6 +333,8 @@ class PrecisionDebugger:
         A no-op at level debug."""
         if self.config.level == "debug":
             return
+        if self._replay is not None:
+            self._replay.end_step()
         self.session.end_step(before_export=self.recorder.flush_pending)
         self._poll_config()
 
@@ -310,10 +344,11 @@ class PrecisionDebugger:
         if self.session.recording:
             self.session.stop()
         self.module_dump_end()
-        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles):
+        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles, self._replay_handles):
             if handles is not None:
                 handles.remove()
-        self._api_handles = self._model_handles = None
+        self._api_handles = self._model_handles = self._replay_handles = None
+        self._replay_models = []
         self._hooked_models = []
         self.session.close()
 
@@ -336,8 +371,8 @@ def _tensor_files(config: Config) -> dict:
 def _same_run(old: Config, new: Config) -> Config:
     """``new`` if a running debugger built with ``old`` can switch to it (dump_enable);
     raises ConfigError for what cannot change while the job runs: ``dump_path``,
-    ``async_dump``, ``api_list``, and level ``debug`` (or ``L2``) on either side."""
-    for field in ("dump_path", "async_dump", "api_list"):
+    ``async_dump``, ``api_list``, ``load``, ``tensor.bench_path``, and level ``debug`` (or ``L2``) on either side."""
+    for field in ("dump_path", "async_dump", "api_list", "load", "bench_path"):
         if getattr(new, field) != getattr(old, field):
             raise ConfigError(field, getattr(new, field), repr(getattr(old, field)),
                               detail="it cannot change while the job runs (dump_enable)")

@@ -748,3 +748,24 @@ def is_structseq(value: Any) -> bool:
     which dump.json records as lists."""
     return isinstance(value, tuple) and (type(value).__module__ == "torch.return_types"
                                          or hasattr(type(value), "n_sequence_fields"))
+
+
+class HoldingLeafBuilder(LeafBuilder):
+    """A :class:`LeafBuilder` for ``tensor.bench_path`` (:mod:`msprobe.core.bench`): it
+    stores no tensor while building leaves, and while :attr:`held` is a list it appends
+    ``(io, path, tensor)`` of every tensor leaf it builds, so that the recorder can store
+    the tensors of a call afterwards (:attr:`store`, the capture it was given), once the
+    call turns out to be selected. Arguments as for :class:`LeafBuilder`."""
+
+    __slots__ = ("held", "store")
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.held: Optional[list] = None
+        self.store = self.capture
+        self.capture = self._capture_all = self._snapshot = self._snapshot_all = None
+
+    def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
+        if self.held is not None:
+            self.held.append((io, path, t))
+        return super().tensor_leaf(io, path, t, keep)

@@ -17,13 +17,15 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.core.bench import BenchSelector
+from msprobe.core.handles import records_inside
 from msprobe.core.filters import NameList, ScopeRange
 from msprobe.core.naming import to_backward
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
-from msprobe.pytorch.leaves import LeafBuilder, is_structseq
+from msprobe.pytorch.leaves import HoldingLeafBuilder, LeafBuilder, is_structseq
 from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
 from msprobe.pytorch.payload import PayloadCapture
 from store import schema
@@ -43,7 +45,7 @@ def in_recompute() -> bool:
 
 class _ApiPlan:
     __slots__ = ("family", "fwd", "want_fwd", "pending", "leaves", "tap",
-                 "parent", "stack_id", "recompute")
+                 "parent", "stack_id", "recompute", "held")
 
 
 class ModuleFrame:
@@ -55,7 +57,7 @@ class ModuleFrame:
 
     __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
                  "pending", "tap", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end",
-                 "done")
+                 "done", "held")
 
 
 class _ScopeEnd:
@@ -72,9 +74,11 @@ class Recorder:
 
     Args:
         session: the recording session (state, counters, filters, writer).
+        bench: ``tensor.bench_path``: decides which forward calls keep their tensors
+            (:mod:`msprobe.core.bench`; task tensor only); None: every call does.
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, bench: Optional[BenchSelector] = None) -> None:
         cfg = session.config
         self.session = session
         self.dm = dm = session.data_mode
@@ -85,10 +89,12 @@ class Recorder:
                           + (("output",) if self._fwd_output else ()))
         self._bwd_keys = dm.backward_keys()
         self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
-        self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
-                                  capture=self.capture, xor=cfg.summary_mode == "xor",
-                                  high=cfg.precision == "high",
-                                  tensor_list=NameList(cfg.tensor_list) if cfg.tensor_list else None)
+        self.bench = bench if self.capture is not None else None
+        builder = HoldingLeafBuilder if self.bench is not None else LeafBuilder
+        self.leaves = builder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
+                              capture=self.capture, xor=cfg.summary_mode == "xor",
+                              high=cfg.precision == "high",
+                              tensor_list=NameList(cfg.tensor_list) if cfg.tensor_list else None)
         # the memo is sound only where intercepted calls (which clear it) separate the records:
         # at L0 and debug nothing clears it between module hooks / save() calls
         if cfg.level not in ("L1", "mix"):
@@ -198,6 +204,8 @@ class Recorder:
             writes = self._writes(family, key, original, args, kwargs)
             if writes and memo.entries:
                 _forget(memo, writes, args, kwargs)
+            if writes and plan is not None and plan.held:  # the call may change its inputs: keep copies
+                plan.held = _copies(plan.held)
             closing = self._closing
             if plan is None:
                 out = original(*args, **kwargs)
@@ -206,8 +214,8 @@ class Recorder:
                 if closing is not None:
                     self.scope.exit(closing)
                 return out
-            if getattr(original, "__msprobe_original__", None) is not None:
-                tls.busy = False  # another debugger's wrapper: let it record the call too
+            if records_inside(original):
+                tls.busy = False  # another debugger's wrapper that records now: let it record the call too
                 try:
                     out = original(*args, **kwargs)
                 finally:
@@ -253,10 +261,14 @@ class Recorder:
         plan.recompute = in_recompute()
         leaves: list[Leaf] = []
         self.leaves.for_entry(fwd)
+        plan.held = None
         if want_fwd and self._fwd_input:
+            held = self._hold() if self.bench is not None else None
             self.leaves.sequence("input_args", args, leaves)
             if kwargs:
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
+            if held is not None:
+                plan.held = self._bench_inputs(fwd, leaves, held)
         plan.leaves = leaves
         plan.tap = None
         plan.pending = None
@@ -277,7 +289,13 @@ class Recorder:
         if plan.want_fwd:
             if self._fwd_output:
                 self.leaves.for_entry(plan.fwd)
-                self.leaves.sequence("output", _as_list(out), plan.leaves)
+                if plan.held is None:
+                    self.leaves.sequence("output", _as_list(out), plan.leaves)
+                else:  # tensor.bench_path, the inputs matched
+                    start, held = len(plan.leaves), self._hold()
+                    self.leaves.sequence("output", _as_list(out), plan.leaves)
+                    if held is not None:
+                        self._bench_outputs(plan.fwd, plan.leaves, start, plan.held + held)
             self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
                            parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                            keys=self._api_keys, leaves=tuple(plan.leaves)))
@@ -335,12 +353,18 @@ class Recorder:
         frame.tap = None
         leaves: list[Leaf] = []
         self.leaves.for_entry(fwd)
+        frame.held = None
         if want_fwd:
+            held = self._hold() if self.bench is not None else None
             if dm.allows("forward", "input"):
                 self.leaves.sequence("input_args", args, leaves)
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
             if dm.allows_parameters():
                 self.leaves.mapping("parameters", dict(module.named_parameters(recurse=False)), leaves)
+            if held is not None:
+                # the module may change its inputs in place (nn.ReLU(inplace=True)): copies
+                held = self._bench_inputs(fwd, leaves, held)
+                frame.held = None if held is None else _copies(held, keep_io="parameters")
         frame.leaves = leaves
         frame.pending = None
         if want_bwd:
@@ -389,7 +413,14 @@ class Recorder:
                 if dm.allows("forward", "output"):
                     keys.append("output")
                     self.leaves.for_entry(frame.name)
-                    self.leaves.sequence("output", _as_list(output), frame.leaves)
+                    if frame.held is None:
+                        self.leaves.sequence("output", _as_list(output), frame.leaves)
+                    else:  # tensor.bench_path, the inputs matched
+                        start, held = len(frame.leaves), self._hold()
+                        self.leaves.sequence("output", _as_list(output), frame.leaves)
+                        if held is not None:
+                            self._bench_outputs(frame.name, frame.leaves, start, frame.held + held)
+                        frame.held = None
                 if dm.allows_parameters():
                     keys.append("parameters")
                 keys.append("is_recompute")
@@ -403,6 +434,39 @@ class Recorder:
             return None
         finally:
             tls.busy = prev
+
+    # --- tensor.bench_path ---------------------------------------------------------------------
+    def _hold(self) -> Optional[list]:
+        """tensor.bench_path (``self.bench`` is set), while calls may still be selected: a
+        fresh list the leaf builder fills with ``(io, path, tensor)`` of the leaves built
+        next (until :meth:`_bench_inputs` or :meth:`_bench_outputs`); None otherwise."""
+        if self.bench.exhausted:
+            return None
+        held = self.leaves.held = []
+        return held
+
+    def _bench_inputs(self, name: str, leaves: list, held: list) -> Optional[list]:
+        """``held`` (the forward entry ``name``'s input tensors) if its input leaves equal
+        the baseline's, else None (the call cannot be selected and nothing is held)."""
+        self.leaves.held = None
+        s = self.session
+        return held if self.bench.inputs_match(s.rank or 0, s.step, name, leaves) else None
+
+    def _bench_outputs(self, name: str, leaves: list, start: int, held: list) -> None:
+        """The outputs of the forward entry ``name`` (``leaves[start:]``) are built: if one
+        differs from the baseline's (the inputs matched), the call is selected and every
+        tensor leaf in ``held`` gets its payload, in place in ``leaves``."""
+        self.leaves.held = None
+        s = self.session
+        if self.bench.exhausted or not self.bench.outputs_differ(s.rank or 0, s.step, name, leaves[start:]):
+            return
+        tensors = {(io, tuple(path)): t for io, path, t in held}
+        store = self.leaves.store
+        for i, leaf in enumerate(leaves):
+            t = tensors.get((leaf.io, tuple(leaf.path)))
+            if t is not None and leaf.leaf_kind == schema.LEAF_TENSOR and leaf.payload is None:
+                leaves[i] = leaf.replace(payload=store(t))
+        self.bench.select(name)
 
     # --- parameter gradients ----------------------------------------------------------------
     def parameter_grad(self, prefix: str, pname: str, names: tuple[str, ...], param: torch.Tensor) -> None:
@@ -541,6 +605,22 @@ def alias_leaf(first: Any, io: str, path: tuple, target: tuple) -> Any:
     if isinstance(first, PendingLeaf):
         return PendingLeaf(first.leaf.replace(path=path, value_json=extra), first.vector)
     return first.replace(path=path, value_json=extra)
+
+
+def _copies(held: list, keep_io: Optional[str] = None) -> list:
+    """``held`` (``(io, path, tensor)`` triples) with each tensor replaced by a detached
+    copy (those of ``io == keep_io`` kept as they are): the values as they are now, for
+    a call that may change them in place."""
+    out = []
+    with torch.no_grad():
+        for io, path, t in held:
+            if io != keep_io:
+                try:
+                    t = t.detach().clone()
+                except (RuntimeError, TypeError, NotImplementedError):  # no values to copy: kept as is
+                    pass
+            out.append((io, path, t))
+    return out
 
 
 def _as_list(out: Any) -> list:

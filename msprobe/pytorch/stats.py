@@ -376,7 +376,7 @@ def native_stats(t: torch.Tensor, reduced: tuple, n: Optional[int] = None,
 
 
 def fused_stats_crc(t: torch.Tensor, kind: int) -> tuple[TensorStats, str]:
-    """Statistics and CRC-32 of ``t`` in one pass over its memory (summary_mode md5, issue 5):
+    """Statistics and CRC-32 of ``t`` in one pass over its memory (summary_mode md5):
     ``(native_stats(t, ...), crc)``, equal to ``(tensor_stats(t), crc32_hex(t))``: the
     statistics bit for bit (the same kernels as :func:`_native_reduce`), the CRC over the same
     bytes (bfloat16 as float32; spec 3.5).

@@ -43,13 +43,24 @@ function compareRank(D, R, box) {
   box.append(el("h3", {text: "Calls that did not pass"}));
   if (R.non_pass > R.rows.length) box.append(el("p", {class: "note", text: `the first ${R.rows.length} of ${R.non_pass}`}));
   const anchor = (r) => `stack-${R.rank}-${r.stack_id}`;
-  box.append(R.rows.length ? table(R.rows, [["step", "step", "num"], ["t_name", "target"], ["b_name", "baseline"], ["kind", "kind"],
-    ["verdict", "verdict"], ["e", "e", "num"], ["module", "module"], ["reason", "reason"], ["stack_id", "stack"]],
-    (r, k) => {
-      if (k === "verdict") return el("span", {style: `color:${VERDICT_COLOURS[r.verdict] || "#333"}`, text: r.verdict});
-      if (k === "stack_id") return r.stack_id === null ? "—" : el("a", {href: "#" + anchor(r), class: "stack-link", text: "stack"});
-      return undefined;
-    }) : el("p", {class: "note", text: "none"}));
+  if (R.rows.length) {
+    const t = table(R.rows, [["step", "step", "num"], ["t_name", "call (target; the baseline's when it differs; module)"],
+      ["verdict", "verdict"], ["e", "e", "num"], ["reason", "reason"], ["stack_id", "stack"]],
+      (r, k) => {
+        if (k === "t_name") {
+          const cell = el("div", {}, el("div", {class: "call", text: r.t_name === null ? "— (no target call)" : r.t_name}));
+          if (r.b_name !== r.t_name) cell.append(el("div", {class: "note", text: "baseline: " + (r.b_name === null ? "— (no partner)" : r.b_name)}));
+          // module: the target call's (a call only the baseline has shows none)
+          if (r.module || r.t_name !== null) cell.append(el("div", {class: "note", text: "in " + (r.module || "(top level)")}));
+          return cell;
+        }
+        if (k === "verdict") return el("span", {style: `color:${VERDICT_COLOURS[r.verdict] || "#333"}`, text: r.verdict});
+        if (k === "stack_id") return r.stack_id === null ? "—" : el("a", {href: "#" + anchor(r), class: "stack-link", text: "stack"});
+        return undefined;
+      });
+    t.classList.add("calls");
+    box.append(t);
+  } else box.append(el("p", {class: "note", text: "none"}));
   const stacks = Object.entries(R.stacks);
   if (stacks.length) {
     box.append(el("h3", {text: "Stacks of the calls above"}));

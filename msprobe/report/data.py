@@ -206,7 +206,7 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
         SELECT rank, name, io, arg, count(*) AS steps, min(step) AS first_step, max(max) AS max,
                min(min) AS min, max(greatest(abs(max), abs(min))) AS largest
         FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
-        GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq) LIMIT ?""", [threshold, limit])
+        GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
     jumps = _rows(con, """
         WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
                           lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
@@ -215,7 +215,7 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
         SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio
         FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
                  AND greatest(norm / previous, previous / norm) >= ?
-        ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq LIMIT ?""", [jump, limit])
+        ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq, io, arg LIMIT ?""", [jump, limit])
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
 

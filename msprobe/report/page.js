@@ -75,7 +75,8 @@ function ramp(t) {
 const NAN_COLOUR = "#e53935", INF_COLOUR = "#ff00ff";
 
 // heat map on a canvas: rows x columns, log10 colour scale; hover shows the values.
-// Sets data-cells on the canvas to the number of cells drawn (cells holding a value).
+// Sets data-cells on the canvas to the number of cells drawn (cells holding a value), data-rows,
+// data-columns, and data-grid ("left,top,width,height": the first cell, CSS pixels).
 function heatmap(container, heat, rowLabel, valueLabel) {
   const rows = heat.rows, cols = heat.columns, values = heat.values;
   if (!rows.length) { container.append(el("p", {class: "note", text: "nothing recorded"})); return null; }
@@ -116,6 +117,7 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   g.fillText("step", left + cols.length * cw / 2, top + rows.length * ch + 22);
   canvas.dataset.cells = String(drawn);
   canvas.dataset.rows = String(rows.length); canvas.dataset.columns = String(cols.length);
+  canvas.dataset.grid = [left, top, cw, ch].join(",");   // CSS px: first cell's corner, cell size
   canvas.addEventListener("mousemove", (ev) => {
     const b = canvas.getBoundingClientRect();
     const j = Math.floor((ev.clientX - b.left - left) / cw), i = Math.floor((ev.clientY - b.top - top) / ch);
@@ -134,10 +136,32 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   return canvas;
 }
 
+// the smallest of 1, 2, 5 x 10^k that is at least raw (> 0): a tick spacing easy to read
+function niceStep(raw) {
+  if (!(raw > 0) || !Number.isFinite(raw)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= raw * (1 - 1e-9));
+}
+// the multiples of step in [a, b]
+function multiples(a, b, step) {
+  const out = [];
+  for (let k = Math.ceil(a / step - 1e-9); k * step <= b + step * 1e-9; k++) out.push(Number((k * step).toPrecision(12)));
+  return out;
+}
+// a tick value as short text: "200", "0.05", "2e-9"
+function tickText(v) {
+  const r = Number(v.toPrecision(6));
+  return Math.abs(r) >= 1e5 || (r !== 0 && Math.abs(r) < 1e-3) ? r.toExponential() : String(r);
+}
+// 10^k as a tick label: "0.01", "1", "1000", "1e-7", "1e6"
+function decade(k) { return Math.abs(k) <= 3 ? String(Number(`1e${k}`)) : `1e${k}`; }
+
 // line or scatter plot in SVG. series: [{label, colour, points: [[x, y, title]]}];
-// opts: {xLabel, yLabel, logY, lines, width, height, marks: [x]} (marks: dashed verticals)
+// opts: {xLabel, yLabel, logY, lines, width, height, marks: [x]} (marks: dashed verticals).
+// Ticks (text of class "xtick"/"ytick"): multiples of 1, 2 or 5 x 10^k; on a log axis spanning
+// two decades or more, powers of ten.
 function plot(container, series, opts) {
-  const W = opts.width || 900, H = opts.height || 280, L = 70, R = 10, T = 10, B = 44;
+  const W = opts.width || 900, H = opts.height || 280, L = 84, R = 10, T = 10, B = 44;
   const svg = svgEl("svg", {width: W, height: H, class: "plot"});
   const ys = [], xs = [];
   const yOf = (v) => { const x = num(v); return opts.logY ? (x > 0 && Number.isFinite(x) ? Math.log10(x) : null) : x; };
@@ -148,19 +172,22 @@ function plot(container, series, opts) {
   if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
   const px = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const py = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const xticks = multiples(x0, x1, opts.integerX ? Math.max(1, niceStep((x1 - x0) / 5)) : niceStep((x1 - x0) / 5));
+  let yticks;   // [position (log10 when logY), label]
+  if (opts.logY && Math.floor(y1) - Math.ceil(y0) >= 1) {   // decades
+    yticks = multiples(y0, y1, Math.max(1, Math.ceil((y1 - y0) / 6))).map((k) => [k, decade(k)]);
+  } else if (opts.logY) {
+    yticks = [0, 1, 2, 3, 4].map((k) => y0 + k * (y1 - y0) / 4).map((y) => [y, fmt(Math.pow(10, y))]);
+  } else {
+    yticks = multiples(y0, y1, niceStep((y1 - y0) / 5)).map((y) => [y, tickText(y)]);
+  }
+  for (const [y, text] of yticks) {
+    svg.append(svgEl("line", {x1: L, x2: W - R, y1: py(y), y2: py(y), stroke: "#eee"}));
+    svg.append(svgEl("text", {x: L - 4, y: py(y) + 4, "text-anchor": "end", "font-size": 11, class: "ytick"}, text));
+  }
   svg.append(svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888"}),
              svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#888"}));
-  const xticks = [];
-  for (let k = 0; k <= 4; k++) {
-    const xv = x0 + k * (x1 - x0) / 4, t = opts.integerX ? Math.round(xv) : xv;
-    if (!xticks.includes(t)) xticks.push(t);
-  }
-  for (let k = 0; k <= 4; k++) {
-    const yv = y0 + k * (y1 - y0) / 4;
-    svg.append(svgEl("text", {x: L - 4, y: py(yv) + 4, "text-anchor": "end", "font-size": 11},
-                     opts.logY ? fmt(Math.pow(10, yv)) : fmt(yv)));
-  }
-  for (const t of xticks) svg.append(svgEl("text", {x: px(t), y: H - B + 14, "text-anchor": "middle", "font-size": 11}, fmt(t)));
+  for (const t of xticks) svg.append(svgEl("text", {x: px(t), y: H - B + 14, "text-anchor": "middle", "font-size": 11, class: "xtick"}, tickText(t)));
   svg.append(svgEl("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", "font-size": 12}, opts.xLabel));
   svg.append(svgEl("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", "font-size": 12,
                             transform: `rotate(-90 14 ${(T + H - B) / 2})`}, opts.yLabel));
@@ -189,6 +216,10 @@ function plot(container, series, opts) {
 
 // collapsible, searchable tree of nodes [{name, parent, ...}]; label(node) -> text,
 // stats(node) -> text; marked: Set of names drawn as a path (class "path", opened).
+// A run of more than GROUP_RUN consecutive top-level API calls without children (an
+// optimizer's updates, outside any module) is drawn inside one collapsed group.
+// Sets data-nodes on the returned box to the number of nodes drawn (groups not counted).
+const GROUP_RUN = 5;
 function tree(container, nodes, label, stats, marked) {
   const kids = new Map(), roots = [];
   for (const n of nodes) { if (n.parent === null || n.parent === undefined) roots.push(n); else { if (!kids.has(n.parent)) kids.set(n.parent, []); kids.get(n.parent).push(n); } }
@@ -214,8 +245,24 @@ function tree(container, nodes, label, stats, marked) {
     if (marked && marked.has(n.name)) { e.classList.add("path"); if (e.tagName === "DETAILS") e.open = true; }
     into.append(e);
   }
-  for (const r of roots) render(r, box, null);
-  for (const e of box.children) if (e.tagName === "DETAILS" && !marked) e.open = true;
+  const groups = [];   // [details, item, nodes]
+  let run = [];
+  const flush = () => {
+    if (run.length > GROUP_RUN) {
+      const g = el("details", {class: "group"}, el("summary", {}, el("span", {class: "label api",
+        text: `${run.length} API calls outside any module (${run[0].name} … ${run[run.length - 1].name})`})));
+      const item = [{name: ""}, g, null]; items.push(item);
+      for (const n of run) render(n, g, item);
+      box.append(g); groups.push(g);
+    } else for (const n of run) render(n, box, null);
+    run = [];
+  };
+  for (const r of roots) {
+    if (r.kind === "api_forward" && !kids.has(r.name)) { run.push(r); continue; }
+    flush(); render(r, box, null);
+  }
+  flush();
+  for (const e of box.children) if (e.tagName === "DETAILS" && !marked && !groups.includes(e)) e.open = true;
   expand.onclick = () => box.querySelectorAll("details").forEach((d) => { d.open = true; });
   collapse.onclick = () => box.querySelectorAll("details").forEach((d) => { d.open = false; });
   search.addEventListener("input", () => {
@@ -235,7 +282,7 @@ function tree(container, nodes, label, stats, marked) {
     }
     count.textContent = q ? `${hits} match${hits === 1 ? "" : "es"}` : "";
   });
-  box.dataset.nodes = String(items.length);
+  box.dataset.nodes = String(items.length - groups.length);
   return box;
 }
 

@@ -1,4 +1,4 @@
-"""Issue 8, check 6: two ranks under ``torchrun --nproc_per_node=2`` (gloo); rank 1
+"""Two ranks under ``torchrun --nproc_per_node=2`` (gloo); rank 1
 perturbs ``torch.tanh`` before an all_reduce of its output (see dist_worker.py). Rank 1's
 origin is that tanh; rank 0's first diverged call is the all_reduce, attributed to rank 1."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8, check 5: PyTorch vs MindSpore (CPU PyNative), the same two-layer network,
+"""PyTorch vs MindSpore (CPU PyNative), the same two-layer network,
 weights and input. With a mapping (Cell → Module, Dense → Linear) every call pairs and
 nothing diverges under ``--tol loose``; a different MindSpore activation (Tanh, mapped
 onto ReLU) is the first origin; unmapped, the unmatched names are listed. Plus the

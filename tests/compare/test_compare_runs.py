@@ -1,6 +1,6 @@
-"""Issue 8, "How it will be checked", items 1-4, on seeded tiny CPU models whose
-differences are known by construction (see conftest.record). Tensor mode: test_tensor_mode.py; item 5 (MindSpore):
-test_compare_mindspore.py; item 6 (torchrun): test_compare_distributed.py."""
+"""Compare on seeded tiny CPU models whose differences are known by construction (see
+conftest.record). Tensor mode: test_tensor_mode.py; PyTorch vs MindSpore:
+test_compare_mindspore.py; torchrun: test_compare_distributed.py."""
 from __future__ import annotations
 
 import json

@@ -39,7 +39,7 @@ def test_tensor_metrics_zero_baseline_and_shapes():
 
 
 def _reference_metrics(target, baseline):
-    """Issue 8's tensor metrics, straight from the definitions on whole float64 arrays."""
+    """The tensor metrics, straight from the definitions on whole float64 arrays."""
     n = np.asarray(target, dtype=np.float64).ravel()
     b = np.asarray(baseline, dtype=np.float64).ravel()
     fin_n, fin_b = np.isfinite(n), np.isfinite(b)

@@ -1,4 +1,4 @@
-"""Multi-rank pairing (issue 8, "The answer", multi-rank): ``--rank-map`` pairs TARGET rank
+"""Multi-rank pairing: ``--rank-map`` pairs TARGET rank
 T with BASELINE rank B; point-to-point and rooted collectives attribute a divergence
 received through them to the sending rank. Dumps are hand-written upstream-layout
 ``step0/rank{N}/dump.json`` files whose answers are known by construction."""

@@ -1,4 +1,4 @@
-"""Issue 8, checks 1 and 2 in ``--mode tensor``: metrics from the saved tensor values
+"""``--mode tensor``: metrics from the saved tensor values
 (payload shards of our logs, ``.pt`` files of exported/upstream layouts), checked against
 numpy float64 recomputation from the recorded tensors."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``--format xlsx``: upstream 1.2.2's file name and columns per mode, rows judged by our
-leaf verdicts in its words, origin rows red, propagated rows yellow (issue 8, "Outputs")."""
+leaf verdicts in its words, origin rows red, propagated rows yellow."""
 from __future__ import annotations
 
 import re

@@ -150,6 +150,18 @@ def test_invalid_options_of_other_task_are_not_read(make):
     assert load_config(path).task == "statistics"
 
 
+def test_unread_keys_of_the_task_object_are_named_in_a_warning(make, caplog):
+    """Upstream 26.x keys msprobe does not implement (``slice``, ``request_id``) and typos
+    are named; the keys msprobe reads are not."""
+    with caplog.at_level(logging.WARNING, logger="msprobe.core.config"):
+        cfg = load_config(make(task="tensor", tensor={"slice": [{"dim": 0, "begin": 0, "end": 2}], "lsit": [],
+                                                      "request_id": "r1", "summary_mode": "md5", "list": []}))
+    assert cfg.summary_mode == "md5"
+    for key in ("tensor.slice", "tensor.lsit", "tensor.request_id"):
+        assert f"{key} is not read by msprobe" in caplog.text
+    assert "tensor.list" not in caplog.text and "summary_mode" not in caplog.text
+
+
 def test_structure_with_l1_becomes_mix(make, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe.core.config"):
         cfg = load_config(make(task="structure", level="L1"))
@@ -214,6 +226,18 @@ def test_mindspore_rejects_the_26_keys_it_does_not_implement(make, fields, patte
         load_config(make(**fields), framework="mindspore")
     load_config(make(**fields))  # PyTorch implements them
     load_config(make(extra_info=False, step=["1"], risk_level="ALL", precision="low"), framework="mindspore")
+
+
+@pytest.mark.parametrize(("fields", "pattern"), [
+    ({"task": "tensor", "tensor": {"bench_path": "nowhere", "summary_mode": "md5"}},
+     r"`tensor.bench_path`: got 'nowhere'; allowed: absent; not supported by msprobe for MindSpore"),
+    ({"task": "tensor", "tensor": {"diff_nums": 3}}, r"`tensor.diff_nums`: got 3; allowed: absent; not supported"),
+    ({"load": {"path": "nowhere", "modules": ["Module.fc.Linear.forward.0"]}}, r"`load`: got .*; allowed: absent"),
+])
+def test_mindspore_rejects_bench_path_and_load_before_reading_them(make, fields, pattern):
+    """The MindSpore error names the key, whatever its value (the paths are not looked at)."""
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(make(**fields), framework="mindspore")
 
 
 def test_step_upper_bound_is_inclusive(make):

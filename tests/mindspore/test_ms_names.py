@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from ms_helpers import load_dump, make_input, make_net, train_loop
+from ms_helpers import load_dump, make_input, make_net, np_stats, train_loop
 from msprobe.core.errors import ConfigError
 from msprobe.mindspore import PrecisionDebugger
 
@@ -140,8 +140,28 @@ def test_list_and_data_mode_filters(tmp_path):
     dbg = PrecisionDebugger(config_path=str(cfg))
     train_loop(net, make_input(), dbg, steps=1)
     dbg.close()
-    names = list(load_dump(tmp_path / "d")[0]["data"])
-    assert names == ["Cell.d1.Dense.forward.0", "Cell.d2.Dense.forward.0"]
+    data = load_dump(tmp_path / "d")[0]["data"]
+    # at mix, everything running inside a Cell that matches the list is kept (spec 5.5);
+    # data_mode forward keeps no backward entry
+    assert list(data) == ["Primitive.shape_op.Shape.0.forward", "Primitive.matmul.MatMul.0.forward",
+                          "Primitive.bias_add.BiasAdd.0.forward", "Cell.d1.Dense.forward.0",
+                          "Primitive.shape_op.Shape.1.forward", "Primitive.matmul.MatMul.1.forward",
+                          "Primitive.bias_add.BiasAdd.1.forward", "Cell.d2.Dense.forward.0"]
+    got = data["Primitive.matmul.MatMul.0.forward"]["input_args"][0]
+    want = np_stats(make_input())
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-6)
+
+
+def test_list_at_L1_keeps_only_matching_names(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"task": "statistics", "dump_path": "%s", "level": "L1", '
+                   '"statistics": {"list": ["mul"], "data_mode": ["forward"]}}' % (tmp_path / "d"))
+    net = make_net()
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    train_loop(net, make_input(), dbg, steps=1, level_model=False)
+    dbg.close()
+    # substring match: "mul" keeps ops.mul and the `* 1.5` of the loss, not MatMul (case)
+    assert list(load_dump(tmp_path / "d")[0]["data"]) == ["Functional.mul.0.forward", "Tensor.__mul__.0.forward"]
 
 
 def test_jit_function(tmp_path):

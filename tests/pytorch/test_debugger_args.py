@@ -1,4 +1,4 @@
-"""Property (issue 6, item 4): any ``PrecisionDebugger(...)`` arguments, and any model given
+"""Property: any ``PrecisionDebugger(...)`` arguments, and any model given
 to ``start()``, give either a working debugger or a ``ConfigError`` that names the field,
 the value and what is allowed: never another exception. (Arbitrary config.json documents:
 ``tests/core/test_config.py``.)"""

@@ -1,4 +1,4 @@
-"""Faults during training (issue 6, item 3): disk full (ENOSPC, through the writer's
+"""Faults during training: disk full (ENOSPC, through the writer's
 ``_open`` seam), permission lost (EACCES, same seam), an export directory that cannot be
 created, and the dump path removed while running. In each case the training finishes with
 bit-identical results, msprobe logs exactly one clear error and stops recording, and what

@@ -1,4 +1,4 @@
-"""Statistics and CRC-32 in one pass (summary_mode md5, issue 5): ``fused_stats.reduce_crc_at``
+"""Statistics and CRC-32 in one pass (summary_mode md5): ``fused_stats.reduce_crc_at``
 and its use by ``LeafBuilder.tensor_leaf``.
 
 The six statistics of ``reduce_crc_at`` must be bit-identical to ``reduce_at``'s over the same

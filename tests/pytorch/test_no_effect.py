@@ -1,4 +1,4 @@
-"""Recording changes nothing (issue 6, item 7; design "Rules every part keeps"): at every
+"""Recording changes nothing (design "Rules every part keeps"): at every
 level and task, several training steps of a model with dropout, layer norm and attention
 give bit-identical losses, outputs, gradients and parameters, and leave the global RNG in
 the same state, with and without msprobe."""

@@ -1,4 +1,4 @@
-"""Odd values and odd code (issue 6, item 5): recording works with correct statistics, the
+"""Odd values and odd code: recording works with correct statistics, the
 training results are bit-identical with and without the recorder, and msprobe logs no error.
 
 Statistics are checked against numpy float64 computations; training results by

@@ -1,4 +1,4 @@
-"""Safe paths (issue 6, item 6): names that come from user code (module attribute names,
+"""Safe paths: names that come from user code (module attribute names,
 class names) containing ``/``, ``..`` or thousands of characters never create files outside
 dump_path; created files are not world-accessible; a dump_path that is a symbolic link is
 refused at construction, and a symbolic link planted in place of one of msprobe's own

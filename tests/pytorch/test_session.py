@@ -180,6 +180,43 @@ def test_two_debuggers_share_nothing(tmp_path):
     assert set(load_dump(tmp_path / "b")[0]["data"]) == {"Torch.tanh.0.forward"}
 
 
+@pytest.mark.parametrize("first_recording", [False, True])
+def test_second_debugger_records_only_outermost_calls(tmp_path, first_recording):
+    """A debugger left open (stopped, or recording too) beneath a second one: inside
+    ``F.batch_norm`` neither records ``torch.batch_norm`` (only the outermost API call is
+    recorded); both record ``F.batch_norm`` with the statistics of its input."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    x = torch.randn(2, 1, 4, 4)
+    a = PrecisionDebugger(dump_path=str(tmp_path / "a"), level="L1")
+    a.start()
+    if not first_recording:
+        a.stop()
+    b = PrecisionDebugger(dump_path=str(tmp_path / "b"), level="mix")
+    b.start(m)
+    conv_out = m[0](x)
+    m[1](conv_out).sum().backward()
+    b.stop()
+    b.close()
+    a.stop()
+    a.close()
+    names_b = set(load_dump(tmp_path / "b")[0]["data"])
+    assert "Functional.batch_norm.0.forward" in names_b and "Module.1.BatchNorm2d.forward.0" in names_b
+    assert not any(n.startswith("Torch.batch_norm") for n in names_b)
+    dumps = [load_dump(tmp_path / "b")[0]["data"]]
+    if first_recording:
+        names_a = set(load_dump(tmp_path / "a")[0]["data"])
+        assert "Functional.batch_norm.0.forward" in names_a
+        assert not any(n.startswith("Torch.batch_norm") for n in names_a)
+        dumps.append(load_dump(tmp_path / "a")[0]["data"])
+    want = conv_out.detach().double()
+    for data in dumps:
+        got = data["Functional.batch_norm.0.forward"]["input_args"][0]
+        assert got["Max"] == pytest.approx(want.max().item(), rel=1e-6)
+        assert got["Min"] == pytest.approx(want.min().item(), rel=1e-6)
+        assert got["Norm"] == pytest.approx(want.norm().item(), rel=1e-6)
+
+
 def _earlier_run_warning(dump: Path, count: int) -> str:
     logs, beside = ("1 earlier log", "it") if count == 1 else (f"{count} earlier logs", "them")
     return (f"msprobe: dump_path {str(dump)!r} already holds {logs} of rank 0 (written by another "

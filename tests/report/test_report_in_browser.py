@@ -35,6 +35,19 @@ def cells(browser, which: str) -> int:
     return int(browser.js(f"document.querySelector('#heat-{which} canvas').dataset.cells"))
 
 
+def hover_cell(browser, which: str, row: int, column: int) -> str:
+    """Move the mouse (a real input event) to the centre of a heat-map cell; returns the
+    tooltip's text."""
+    canvas = f"document.querySelector('#heat-{which} canvas')"
+    browser.js(f"{canvas}.scrollIntoView({{block: 'center'}})")
+    x, y = browser.js(f"""(() => {{ const c = {canvas}, b = c.getBoundingClientRect();
+        const [left, top, w, h] = c.dataset.grid.split(',').map(Number);
+        return [b.left + left + ({column} + 0.5) * w, b.top + top + ({row} + 0.5) * h]; }})()""")
+    browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+    assert browser.js("document.getElementById('tooltip').style.display") == "block"
+    return browser.js("document.getElementById('tooltip').textContent")
+
+
 def test_nan_dump_page(browser, nan_dump, tmp_path):
     rendered(browser, nan_dump, tmp_path)
     assert browser.errors == []
@@ -47,6 +60,18 @@ def test_nan_dump_page(browser, nan_dump, tmp_path):
     browser.js("document.querySelector('#first-nan-0 details summary').click()")
     assert "torch.log" in browser.js("document.querySelector('#first-nan-0').innerText")
     assert browser.js("document.querySelector('#summary').textContent").startswith("1 rank (0), 3 steps (0–2)")
+    # hover: the cell's module, step and value (4 significant digits); rows in execution order
+    lines = hover_cell(browser, "output", 0, 0).split("\n")
+    assert lines[:2] == ["module: Module.fc1.Linear", "step 0"] and lines[2].startswith("output Norm: ")
+    assert float(lines[2].split(": ")[1]) == pytest.approx(expected_output_norms(by_step)[("Module.fc1.Linear", 0)],
+                                                           rel=1e-3)
+    # step 1's update wrote NaN into the weights: fc1's output of step 2 is NaN
+    assert hover_cell(browser, "output", 0, 2).split("\n")[2] == "output Norm: NaN"
+    # the NaN of step 1 reaches every parameter gradient of that step, none of step 0
+    for row in (0, 1):
+        assert hover_cell(browser, "grad", row, 1).split("\n")[2] == "gradient Norm: NaN"
+        assert float(hover_cell(browser, "grad", row, 0).split("\n")[2].split(": ")[1]) > 0
+    assert browser.errors == []
 
 
 def test_two_rank_page_redraws_per_rank(browser, two_rank_dump, tmp_path):
@@ -86,6 +111,25 @@ def test_example_page_tree_expands_and_filters(browser, example_dump, tmp_path):
                        ".map(e => e.dataset.name)")
     assert shown and all("linear2" in name.lower() for name in shown)
     assert {n for n in construct if "linear2" in n.lower() and ".forward" in n} == set(shown)
+    # runs of more than 5 top-level API calls (the loss, the optimizer's updates) sit in
+    # collapsed groups; construct.json lists the entries in execution order
+    browser.js("(() => { const s = document.getElementById('tree-search'); s.value = '';"
+               " s.dispatchEvent(new Event('input')); })()")
+    forward = [n for n in construct if ".forward" in n]
+    runs, run = [], []
+    for name in (n for n in forward if construct[n] is None):
+        if name.startswith("Module."):
+            runs, run = runs + [run], []
+        else:
+            run.append(name)
+    runs = [r for r in runs + [run] if len(r) > 5]
+    assert len(runs) == 1 and len(runs[0]) > 100 and runs[0][-1].startswith("Tensor.")   # AdamW's ops
+    assert int(browser.js("document.querySelector('.tree').dataset.nodes")) == len(forward)
+    groups = "[...document.querySelectorAll('.tree > details.group')]"
+    assert browser.js(f"{groups}.map(g => [g.open, [...g.querySelectorAll(':scope > .leaf')].map(e => e.dataset.name)])"
+                      ) == [[False, runs[0]]]
+    assert browser.js(f"{groups}[0].querySelector('summary').textContent").startswith(
+        f"{len(runs[0])} API calls outside any module ({runs[0][0]} … ")
     assert browser.errors == []
 
 

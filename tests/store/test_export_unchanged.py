@@ -1,4 +1,4 @@
-"""StepExporter leaves alone the files it wrote whose content would not change (issue 5),
+"""StepExporter leaves alone the files it wrote whose content would not change,
 and writes again a file deleted or replaced behind its back."""
 from __future__ import annotations
 

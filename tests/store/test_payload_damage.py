@@ -1,4 +1,4 @@
-"""Damaged payload shards (issue 6, item 2): a truncated or corrupted shard, or a damaged
+"""Damaged payload shards: a truncated or corrupted shard, or a damaged
 header, gives a PayloadDamagedError naming shard and key (never another exception); the
 exporter skips just those tensor files, writes every other one and logs each skip."""
 from __future__ import annotations

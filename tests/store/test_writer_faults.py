@@ -1,4 +1,4 @@
-"""LogWriter faults beyond disk full (issue 6, item 3): the log file deleted while written,
+"""LogWriter faults beyond disk full: the log file deleted while written,
 and a forked child that must never write into its parent's log."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Review of the statistics memo held across API calls (msprobe.pytorch.stats_memo,
-msprobe.pytorch.mutation): writes the version counter or the write rules could miss, and
-memory the memo could keep alive. Every recorded value is compared with numpy float64 over
+"""The statistics memo held across API calls (msprobe.pytorch.stats_memo,
+msprobe.pytorch.mutation): writes the version counter or the write rules must see, and
+memory the memo must not keep alive. Every recorded value is compared with numpy float64 over
 a clone of the tensor taken when it was recorded (zlib CRC-32 for summary_mode md5)."""
 from __future__ import annotations
 
@@ -343,16 +343,18 @@ def test_write_rules_review():
 
 
 def test_unlisted_inplace_wrappers_are_removed(tmp_path):
+    # what an earlier debugger of this process left open (never closed) stays as it was
     originals = (torch._foreach_add_, torch._fused_adam_)
-    assert "apply_" not in vars(torch.Tensor)
+    apply_before = vars(torch.Tensor).get("apply_")
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
     dbg.start()
-    assert torch._foreach_add_ is not originals[0] and "apply_" in vars(torch.Tensor)
+    assert torch._foreach_add_ is not originals[0]
+    assert vars(torch.Tensor).get("apply_") not in (None, apply_before)
     assert torch._foreach_add_.__msprobe_original__ is originals[0]
     dbg.stop()
     dbg.close()
     assert (torch._foreach_add_, torch._fused_adam_) == originals
-    assert "apply_" not in vars(torch.Tensor)
+    assert vars(torch.Tensor).get("apply_") is apply_before
 
 
 def _out_given_positionally(write):

@@ -1,10 +1,7 @@
-"""Review 12 (commit 7b26895): a tensor file must hold the tensor's values at the moment it
-was recorded, also where the statistics memo cannot see a write (stats_memo's documented gap:
-a write through ``x.numpy()``, ``x.untyped_storage()``, or an operator on ``x.data`` outside
-the API list). Before 7b26895 only the statistics of such a record could be stale; the file
-was always a fresh snapshot (the capture window proves reuse with memcmp). 7b26895 made a memo
-hit reuse the first record's payload reference without looking at the memory, so the file of
-the second record silently holds the old values."""
+"""A tensor file holds the tensor's values at the moment it was recorded, also where the
+statistics memo cannot see a write (stats_memo's documented gap: a write through
+``x.numpy()``, ``x.untyped_storage()``, or an operator on ``x.data`` outside the API list):
+a memo hit must not reuse an earlier record's payload without looking at the memory."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,5 @@
-"""Regression tests from the review of the statistics memo and the fast statistics path:
-every recorded value is compared with the tensor's real values when it was recorded
-(numpy float64, zlib CRC-32)."""
+"""The statistics memo and the fast statistics path record each tensor's real values at the
+moment it was recorded (compared with numpy float64 and zlib CRC-32)."""
 import json
 import math
 import zlib

@@ -1,12 +1,10 @@
-"""Review 13: PayloadCapture's view shortcut and tensors without memory.
+"""PayloadCapture's view shortcut and tensors without memory.
 
 * A dense view's reference is tied to the window's snapshot of its block by a memcmp made
-  *before* the view is copied: a write landing during the copy (another thread) gave a
-  copy of other values that was still remembered against the snapshot, and every later
-  record of the view while the block held the snapshot's bytes got that wrong reference.
-* A ZeroTensor (``torch._efficientzerotensor``, data_ptr 0) was snapshotted from address 0
-  (``ctypes.string_at(0, n)``: uninitialised bytes, not zeros) and recorded again it made
-  the window ``memcmp`` address 0: a segmentation fault that killed the training process.
+  *before* the view is copied, so a write landing during the copy (another thread) is never
+  remembered against the snapshot.
+* A ZeroTensor (``torch._efficientzerotensor``, data_ptr 0) is stored as zeros and recorded
+  twice does not make the window read address 0.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Review of the device (sync-free) statistics path: cases where it disagreed with the host
-path (:func:`msprobe.pytorch.stats.tensor_stats`) or with numpy float64, or broke the process.
-CPU tensors are sent through the device functions directly (``stats_vector`` -> ``gather``
--> ``_fill``), as the recorder does at a flush point."""
+"""The device (sync-free) statistics path agrees with the host path
+(:func:`msprobe.pytorch.stats.tensor_stats`) and with numpy float64, and never breaks the
+process. CPU tensors are sent through the device functions directly (``stats_vector`` ->
+``gather`` -> ``_fill``), as the recorder does at a flush point."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""Regenerate the screenshots of docs/report.md (PNG files in docs/img/).
+
+Usage: ``python tools/report_screenshots.py [--out docs/img] [--work DIR] [--steps 8]``
+
+Records three runs of ``examples/char_lm.py`` (each in its own process, ``--steps`` steps,
+into ``WORK/KIND/dump_path``):
+
+- ``example``: the example as it ships (``python examples/char_lm.py``);
+- ``nan``: ``torch.relu`` returns NaN in the first element of its output in layer 1 of
+  step :data:`NAN_STEP` (a stand-in for a faulty kernel: finite input, NaN output);
+- ``scaled``: ``torch.relu``'s output is multiplied by ``1 + 1e-3`` everywhere (a stand-in
+  for a changed kernel).
+
+The replacements of ``torch.relu`` are installed before the debugger is created, so the
+recorder wraps them like the original (the entries keep the name ``Torch.relu.N``).
+It writes ``msprobe report ./dump_path`` pages of ``example`` and ``nan`` (in their folders,
+so the pages are titled ``./dump_path``), runs ``msprobe compare`` of ``scaled`` (target)
+against ``example`` (baseline), opens the pages in headless
+Chromium (``tests/report/chromium_page.py``, the DevTools helper of the browser tests;
+needs the ``chromium`` binary and ``websocket-client``), clicks and hovers where a
+picture needs it, and writes each picture clipped to its section. In the pages, the
+checkout's path in stack frames is replaced by :data:`CHECKOUT` before they are opened.
+PNGs are re-encoded with Pillow and reduced to a 256-colour palette when larger than
+:data:`MAX_BYTES`.
+The dumps and pages stay in ``--work`` (a new temporary directory by default).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "report"))
+
+#: The step in which the ``nan`` run's ``torch.relu`` of layer 1 returns a NaN.
+NAN_STEP = 5
+#: The factor of the ``scaled`` run's ``torch.relu``.
+SCALE = 1 + 1e-3
+#: A picture larger than this (bytes) is reduced to a 256-colour palette.
+MAX_BYTES = 60_000
+WIDTH, HEIGHT = 1400, 900
+#: how the pictures write the checkout's path in stack frames (as docs/query.md does)
+CHECKOUT = "/path/to/msprobe/"
+
+
+def record(kind: str, dump_path: str, steps: int) -> None:
+    """Train the example ``steps`` steps with recording into ``dump_path``, ``torch.relu``
+    replaced as ``kind`` says (``nan``, ``scaled``)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    original = torch.relu
+    calls = [0]
+
+    def relu_nan(x):
+        y = original(x)
+        index, calls[0] = calls[0], calls[0] + 1
+        if index == 2 * NAN_STEP + 1:   # two layers, one relu each per forward
+            y = y.clone()
+            y.view(-1)[0] = float("nan")
+        return y
+
+    def relu_scaled(x):
+        return original(x) * SCALE
+
+    torch.relu = {"nan": relu_nan, "scaled": relu_scaled}[kind]
+    try:
+        import char_lm
+
+        char_lm.train(steps, dump_path)
+    finally:
+        torch.relu = original
+
+
+def save_png(png: bytes, path: Path) -> int:
+    """Write ``png`` to ``path`` re-encoded (optimised; palette when large); returns bytes."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", optimize=True)
+    if buffer.tell() > MAX_BYTES:
+        buffer = io.BytesIO()
+        image.quantize(256, method=Image.Quantize.MEDIANCUT).save(buffer, "PNG", optimize=True)
+    path.write_bytes(buffer.getvalue())
+    return buffer.tell()
+
+
+class Shooter:
+    """One headless Chromium; :meth:`shot` writes the region between two elements."""
+
+    def __init__(self, out: Path) -> None:
+        from chromium_page import Browser, chromium_binary
+
+        binary = chromium_binary()
+        if binary is None:
+            raise SystemExit("no Chromium on PATH (Debian package 'chromium')")
+        self.out = out
+        self.browser = Browser(binary, WIDTH, HEIGHT)
+        self.sizes: dict[str, int] = {}
+
+    def open(self, page: Path) -> None:
+        self.browser.open(page)
+        if self.browser.js("document.body.dataset.ready") != "1" or self.browser.errors:
+            raise RuntimeError(f"{page}: page not drawn: {self.browser.errors}")
+
+    def js(self, expression: str):
+        return self.browser.js(expression)
+
+    def top(self, selector: str) -> float:
+        """Page y (CSS px) of the top of the first element matching ``selector``."""
+        return self.js(f"document.querySelector({json.dumps(selector)}).getBoundingClientRect().top + scrollY")
+
+    def shot(self, name: str, start: str, end: str = None, *, height: float = None, width: float = 1100,
+             pad: float = 8) -> None:
+        """Write ``name`` (a PNG in ``out``): from the top of ``start`` to the top of ``end``
+        (or ``height`` CSS px, or the bottom of ``start``), ``width`` px wide."""
+        y0 = self.top(start) - pad
+        if end is not None:
+            y1 = self.top(end) - pad
+        elif height is not None:
+            y1 = y0 + height
+        else:
+            y1 = self.js(f"document.querySelector({json.dumps(start)}).getBoundingClientRect().bottom + scrollY") + pad
+        clip = {"x": 0, "y": max(y0, 0), "width": width, "height": y1 - max(y0, 0), "scale": 1}
+        data = self.browser.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)["data"]
+        import base64
+
+        self.sizes[name] = save_png(base64.b64decode(data), self.out / name)
+        if self.browser.errors:
+            raise RuntimeError(f"{name}: {self.browser.errors}")
+
+    def hover(self, selector: str, row: int, column: int) -> str:
+        """Move the mouse onto a heat-map cell (the canvas in ``selector``); returns the tooltip."""
+        canvas = f"document.querySelector({json.dumps(selector + ' canvas')})"
+        x, y = self.js(f"""(() => {{ const c = {canvas}, b = c.getBoundingClientRect();
+            const [left, top, w, h] = c.dataset.grid.split(',').map(Number);
+            return [b.left + left + ({column} + 0.5) * w, b.top + top + ({row} + 0.5) * h]; }})()""")
+        self.browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        return self.js("document.getElementById('tooltip').textContent")
+
+    def close(self) -> None:
+        self.browser.close()
+
+
+def search(shooter: Shooter, text: str) -> None:
+    shooter.js(f"(() => {{ const s = document.getElementById('tree-search'); s.value = {json.dumps(text)};"
+               " s.dispatchEvent(new Event('input')); })()")
+
+
+def screenshots(work: Path, out: Path) -> dict[str, int]:
+    """Build the pages from the dumps in ``work`` and write every picture into ``out``."""
+    from msprobe.compare import compare
+    from msprobe.report import write_report
+
+    here = os.getcwd()
+    try:
+        os.chdir(work / "example")
+        example = write_report("./dump_path", "report.html").resolve()
+        example_jumps = write_report("./dump_path", "report-jump3.html", jump=3.0).resolve()
+        os.chdir(work / "nan")
+        nan = write_report("./dump_path", "report.html").resolve()
+        os.chdir(work)
+        compare("scaled/dump_path", "example/dump_path", out="compare", formats="summary,html")
+    finally:
+        os.chdir(here)
+    pages = [example, example_jumps, nan, work / "compare" / "report.html"]
+    for page in pages:   # stack frames: the checkout's path written as docs/query.md writes it
+        page.write_text(page.read_text(encoding="utf-8").replace(str(ROOT) + os.sep, CHECKOUT), encoding="utf-8")
+    s = Shooter(out)
+    try:
+        s.open(example)
+        s.js("document.querySelector('#first-nan-0 details summary').click()")
+        s.shot("report-overview.png", "h1", "#s-trends")
+        s.shot("report-heatmaps.png", "#s-trends", "#trends h3:nth-of-type(3)")
+        s.shot("report-movers.png", "#trends h3:nth-of-type(3)", "#s-tree", width=960)
+        s.js("[...document.querySelectorAll('#tree button')].find(b => b.textContent === 'collapse all').click()")
+        s.shot("report-tree-collapsed.png", "#s-tree", "#s-largest", width=1100)
+        s.js("(() => { const d = document.querySelector('.tree details[data-name=\"Module.layers.0.TransformerEncoderLayer.forward.0\"]');"
+             " d.open = true; d.querySelectorAll('details').forEach(e => { e.open = true; }); })()")
+        s.shot("report-tree.png", "#s-tree", height=620, width=1100)
+        search(s, "linear2")
+        s.shot("report-tree-search.png", "#s-tree", height=330, width=1100)
+
+        s.open(example_jumps)
+        s.shot("report-largest.png", "#s-largest", height=640, width=1400)
+
+        s.open(nan)
+        s.js("document.querySelector('#first-nan-0 details summary').click()")
+        s.shot("report-nan-overview.png", "#overview h3:nth-of-type(2)", "#overview h3:nth-of-type(3)")
+        s.js("document.getElementById('heat-output').scrollIntoView()")
+        row = s.js("readData().per_rank['0'].output.rows.indexOf('Module.layers.1.dropout.Dropout')")
+        tip = s.hover("#heat-output", row, NAN_STEP)
+        if "NaN" not in tip:
+            raise RuntimeError(f"the hovered cell is not NaN: {tip!r}")
+        s.shot("report-nan-heatmap.png", "#trends h3:nth-of-type(1)", "#trends h3:nth-of-type(2)")
+
+        s.open(work / "compare" / "report.html")
+        s.shot("compare-report.png", "h1", "#compare h3:nth-of-type(2)", width=1400)
+        s.shot("compare-tree.png", "#compare h3:nth-of-type(2)", "#compare h3:nth-of-type(3)")
+        s.shot("compare-table.png", "#compare h3:nth-of-type(3)", height=480, width=1400)
+    finally:
+        s.close()
+    return s.sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "docs" / "img"), help="folder of the PNGs (default docs/img)")
+    parser.add_argument("--work", default=None, help="folder of the dumps and pages (default: a new temporary one)")
+    parser.add_argument("--steps", type=int, default=8, help="training steps of each run (default 8)")
+    parser.add_argument("--record", nargs=2, metavar=("KIND", "DUMP_PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.record:
+        record(args.record[0], args.record[1], args.steps)
+        return
+    work = Path(args.work or tempfile.mkdtemp(prefix="msprobe-screenshots-"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in ("example", "nan", "scaled"):
+        dump = str(work / kind / "dump_path")
+        command = ([sys.executable, str(ROOT / "examples" / "char_lm.py"), "--steps", str(args.steps), "--dump-path", dump]
+                   if kind == "example" else
+                   [sys.executable, __file__, "--steps", str(args.steps), "--record", kind, dump])
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    for name, size in screenshots(work, out).items():
+        print(f"{out / name}: {size / 1000:.0f} kB")
+    print(f"dumps and pages in {work}")
+
+
+if __name__ == "__main__":
+    main()
