@@ -403,6 +403,11 @@ class LeafBuilder:
                 or (self.capture is not None and _transforms_active())):
             return None
         zero_dim = n == 1 and not t.dim()
+        if n * _ITEMSIZE[kind] <= MEMO_MIN_BYTES and self.capture is None:
+            # reducing a small tensor again costs less than the memo's lookup and entry
+            # (the same native pass over the same memory: the same statistics)
+            st = native_stats(t, NATIVE.reduce_at(ptr, n, kind), n, zero_dim)
+            return _stats_leaf(io, path, t, n, st, None, None, dtype)
         memo = self.memo
         # StatsMemo's key of a dense tensor (layout_free; the count inlined from stats_memo.dense_count)
         key = (ptr, dtype, -1 if zero_dim else n, False, False)
@@ -531,6 +536,12 @@ class LeafBuilder:
         for k, v in values.items():
             self.leaves(io, v, out, (str(k),))
 
+
+#: contiguous CPU tensors of at most this many bytes (statistics summary modes, no tensor
+#: payload) are reduced at every record instead of going through the statistics memo: the
+#: native pass over 16 KiB costs about a microsecond, a memo lookup plus entry about three
+#: (benchmarks/host_cost.py, the dispatch workload)
+MEMO_MIN_BYTES = 16 << 10
 
 #: bytes per element of each native kind (:data:`~msprobe.pytorch.stats.NATIVE_KIND`)
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}

@@ -65,6 +65,7 @@ def test_plain_leaf_equals_general_leaf(case):
     assert fast.requires_grad == t.requires_grad
 
 
+@pytest.mark.usefixtures("memo_all_sizes")
 def test_plain_and_general_paths_share_the_memo():
     builder = LeafBuilder(md5=False)
     x = torch.randn(8, 6)
