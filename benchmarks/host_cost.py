@@ -42,7 +42,7 @@ COMPONENTS = collections.OrderedDict([
     ("tensor leaves, all (forward, backward, parameter gradients)", ["msprobe.pytorch.leaves:LeafBuilder.tensor_leaf"]),
     ("  statistics memo (get_at, put_at)", ["msprobe.pytorch.stats_memo:StatsMemo.get_at",
                                             "msprobe.pytorch.stats_memo:StatsMemo.put_at"]),
-    ("  statistics: native reduction", ["NATIVE.reduce_at"]),
+    ("  statistics: native pass (reduction; with md5 the fused reduction + CRC-32)", ["NATIVE.reduce_at", "msprobe.pytorch.stats:fused_stats_crc"]),
     ("  statistics: TensorStats from the reduction", ["msprobe.pytorch.leaves:native_stats"]),
     ("  leaf tuple", ["msprobe.pytorch.leaves:_stats_leaf"]),
     ("emit: Session.emit, log row append, Arrow batches", ["msprobe.pytorch.recorder:Recorder.emit"]),
