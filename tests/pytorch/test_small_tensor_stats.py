@@ -3,6 +3,8 @@
 statistics numpy computes in float64 from the values as they were when recorded."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -64,3 +66,20 @@ def test_small_tensor_written_in_place_between_records(tmp_path):
     assert (inp["Max"], inp["Min"]) == (float(b.max()), float(b.min()))
     assert inp["Norm"] == pytest.approx(np.sqrt((b * b).sum()), rel=1e-6)
     assert torch.isfinite(z).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_small_tensor_md5_on_the_plain_path(dtype, monkeypatch):
+    """summary_mode md5: a small contiguous tensor gets its statistics and CRC-32 from the
+    fused pass without the memo, the same leaf the general path (memo for every size) gives,
+    and the CRC-32 zlib computes over its bytes."""
+    torch.manual_seed(1)
+    x = (torch.randn(16, 24) * 3).to(dtype)
+    builder = LeafBuilder(md5=True)
+    small = builder.tensor_leaf("output", (0,), x)
+    assert len(builder.memo) == 0
+    assert small.crc32 == format(zlib.crc32(x.numpy().tobytes()) & 0xFFFFFFFF, "08x")
+    _expect(small, x.numpy())
+    monkeypatch.setattr(leaves_mod, "MEMO_MIN_BYTES", -1)
+    general = LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
+    assert small == general
