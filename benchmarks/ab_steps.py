@@ -31,6 +31,10 @@ def main(argv=None) -> None:
     p.add_argument("--config", default="l1_stats", help="a configuration of benchmarks/workloads.py")
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--workload", default="encoder", choices=["encoder", "dispatch"],
+                   help="the encoder's size (benchmarks/workloads.py, ENCODER_SIZES)")
+    p.add_argument("--steps", type=int, default=1,
+                   help="training steps per timed sample (several for the millisecond-long dispatch steps)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--breakdown", action="store_true", help="also time the statistics themselves")
     args = p.parse_args(argv)
@@ -60,7 +64,7 @@ def main(argv=None) -> None:
         leaves.tensor_stats = timed
     from msprobe.pytorch import PrecisionDebugger
 
-    model, train_step = build_encoder(args.layers)
+    model, train_step = build_encoder(args.layers, size=args.workload)
     root = tempfile.mkdtemp(prefix="ab-steps-")
     stopped = CONFIGS[args.config][3] == "stopped"
     made = [0]
@@ -80,20 +84,22 @@ def main(argv=None) -> None:
 
     def plain() -> float:
         t = time.process_time()
-        train_step()
-        return time.process_time() - t
+        for _ in range(args.steps):
+            train_step()
+        return (time.process_time() - t) / args.steps
 
     def recorded() -> float:
         dbg = debugger()
         t = time.process_time()
-        if stopped:
-            train_step()
-        else:
-            dbg.start(model)
-            train_step()
-            dbg.stop()
-            dbg.step()
-        elapsed = time.process_time() - t
+        for _ in range(args.steps):
+            if stopped:
+                train_step()
+            else:
+                dbg.start(model)
+                train_step()
+                dbg.stop()
+                dbg.step()
+        elapsed = (time.process_time() - t) / args.steps
         dbg.close()
         return elapsed
 
@@ -104,7 +110,7 @@ def main(argv=None) -> None:
         for _ in range(args.pairs):
             base.append(plain())
             rec.append(recorded())
-        print(f"{args.config} (encoder {args.layers} layers, {args.pairs} pairs, CPU time): "
+        print(f"{args.config} ({args.workload} {args.layers} layers, {args.pairs} pairs, CPU time): "
               f"plain min {min(base) * 1e3:.0f} ms median {statistics.median(base) * 1e3:.0f} ms | "
               f"recorded min {min(rec) * 1e3:.0f} ms median {statistics.median(rec) * 1e3:.0f} ms | "
               f"ratio of mins {min(rec) / min(base):.2f}, of medians {statistics.median(rec) / statistics.median(base):.2f}")

@@ -7,6 +7,7 @@ per configuration: median step time, ratio to the uninstrumented run, peak RSS, 
 per step and dump.json entries recorded per step.
 
     .venv/bin/python benchmarks/overhead.py --workload encoder --runs 5
+    .venv/bin/python benchmarks/overhead.py --workload dispatch --configs l1_stats,mix_stats,l1_md5,mix_stopped
     .venv/bin/python benchmarks/overhead.py --layers 2,4,8 --configs none,l1_stats
     MSPROBE_UPSTREAM_PYTHON=/work/venv-upstream/bin/python .venv/bin/python benchmarks/overhead.py
 
@@ -76,11 +77,23 @@ def busy_cpu_seconds():
     return busy / float(os.sysconf("SC_CLK_TCK"))
 
 
+def count_tensors(node):
+    """Tensor records (dicts with ``"type": "torch.Tensor"``) anywhere in a dump.json value."""
+    if isinstance(node, dict):
+        if node.get("type") == "torch.Tensor":
+            return 1
+        return sum(count_tensors(v) for v in node.values())
+    if isinstance(node, list):
+        return sum(count_tensors(v) for v in node)
+    return 0
+
+
 def dump_stats(dump_path):
-    """(bytes on disk, counting hard-linked files once; list of entry counts per dump.json)."""
-    total, seen, entries = 0, set(), []
+    """(bytes on disk, counting hard-linked files once; list of entry counts per dump.json;
+    list of tensor record counts per dump.json)."""
+    total, seen, entries, tensors = 0, set(), [], []
     if not os.path.isdir(dump_path):
-        return 0, entries
+        return 0, entries, tensors
     for root, _dirs, files in os.walk(dump_path):
         for name in files:
             full = os.path.join(root, name)
@@ -99,9 +112,11 @@ def dump_stats(dump_path):
                     with open(full) as f:
                         data = json.load(f).get("data", {})
                     entries.append(len(data))
+                    tensors.append(count_tensors(data))
                 except (OSError, ValueError):
                     entries.append(None)
-    return total, entries
+                    tensors.append(None)
+    return total, entries, tensors
 
 
 def drop_caches():
@@ -180,9 +195,10 @@ def _measure(python, impl, workload, layers, config, args, scratch):
         res["output_tail"] = "\n".join(lines[-30:])
     res["wall_s"] = wall
     res["foreign_cores"] = foreign
-    nbytes, entries = dump_stats(dump_path)
+    nbytes, entries, tensors = dump_stats(dump_path)
     res["dump_bytes"] = nbytes
     res["dump_entries"] = entries
+    res["dump_tensors"] = tensors
     if impl == "upstream" and res.get("msprobe_file") and os.path.realpath(res["msprobe_file"]).startswith(
             os.path.realpath(REPO_ROOT) + os.sep):
         res["error"] = "upstream child imported msprobe from this repository: %s" % res["msprobe_file"]
@@ -259,6 +275,8 @@ def summarise(runs):
     s["bytes_per_step"] = statistics.median(r["dump_bytes"] for r in ok) / steps
     ents = [e for r in ok for e in r["dump_entries"] if e is not None]
     s["entries_per_step"] = statistics.median(ents) if ents else 0
+    tens = [e for r in ok for e in r.get("dump_tensors", []) if e is not None]
+    s["tensors_per_step"] = statistics.median(tens) if tens else 0
     s["losses"] = ok[0]["losses"]
     s["msprobe_file"] = ok[0].get("msprobe_file")
     return s
@@ -312,7 +330,8 @@ def table(summaries, impls, configs):
         head += ["%s step ms" % impl, "%s ratio" % impl, "%s ratio 90%% interval" % impl,
                  "%s paired ratio" % impl, "%s CPU ratio" % impl,
                  "%s peak RSS MiB" % impl,
-                 "%s bytes/step" % impl, "%s entries/step" % impl]
+                 "%s bytes/step" % impl, "%s entries/step" % impl,
+                 "%s µs/entry" % impl, "%s tensors/step" % impl, "%s µs/tensor" % impl]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cfg in configs:
         row = [CONFIG_LABELS.get(cfg, cfg)]
@@ -321,7 +340,7 @@ def table(summaries, impls, configs):
             base = summaries.get((impl, "none"), {})
             if "step_s" not in s:
                 why = "skipped" if "skipped" in s else ("failed" if "error" in s else "—")
-                row += [why, "", "", "", "", "", "", ""]
+                row += [why, "", "", "", "", "", "", "", "", "", ""]
                 continue
             ms = "%.0f (%.0f–%.0f)" % (s["step_s"] * 1e3, s["step_s_min"] * 1e3, s["step_s_max"] * 1e3)
             ratio = "%.2f" % (s["step_s"] / base["step_s"]) if "step_s" in base else "?"
@@ -331,9 +350,17 @@ def table(summaries, impls, configs):
             rss = "%.0f" % s["peak_rss_mib"]
             if "peak_rss_mib" in base and cfg != "none":
                 rss += " (%+.0f%%)" % (100.0 * (s["peak_rss_mib"] / base["peak_rss_mib"] - 1))
+            per_entry = per_tensor = ""
+            if "step_s" in base and cfg != "none":
+                extra_us = (s["step_s"] - base["step_s"]) * 1e6
+                if s["entries_per_step"]:
+                    per_entry = "%.1f" % (extra_us / s["entries_per_step"])
+                if s["tensors_per_step"]:
+                    per_tensor = "%.1f" % (extra_us / s["tensors_per_step"])
             row += [ms, ratio, interval, paired, cpu_ratio, rss,
                     fmt_bytes(s["bytes_per_step"]) if cfg != "none" else "",
-                    "%.0f" % s["entries_per_step"] if cfg != "none" else ""]
+                    "%.0f" % s["entries_per_step"] if cfg != "none" else "",
+                    per_entry, "%.0f" % s["tensors_per_step"] if cfg != "none" else "", per_tensor]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -379,14 +406,19 @@ def memory_line():
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="msprobe overhead benchmark (see benchmarks/README.md)")
-    p.add_argument("--workload", default="encoder", choices=["encoder", "lm"])
+    p.add_argument("--workload", default="encoder", choices=["encoder", "dispatch", "lm"],
+                   help="encoder: compute-bound on a CPU; dispatch: the encoder shrunk to d_model 32, "
+                        "4 heads, feed-forward 128, batch 2 x 16, where the host time per recorded call "
+                        "decides the step time (as on a GPU); lm: the char-LM example")
     p.add_argument("--layers", default="4",
                    help="encoder layer counts, comma separated (e.g. 2,4,8); ignored for lm")
     p.add_argument("--configs", default=",".join(CONFIG_ORDER),
                    help="comma separated, from: %s (none is always added)" % ", ".join(CONFIG_ORDER))
     p.add_argument("--runs", type=int, default=5, help="fresh processes per configuration")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per process (after 1 warm-up)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in the child")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per process (after 1 warm-up); default 5, 40 for dispatch")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads in the child; default 2, 1 for dispatch")
     p.add_argument("--device", default="cpu",
                    help="torch device of the encoder workload (cpu; cuda on a GPU machine: each step "
                         "ends with torch.cuda.synchronize())")
@@ -416,7 +448,12 @@ def parse_args(argv=None):
     p.add_argument("--write-results", action="store_true",
                    help="append a section to benchmarks/RESULTS.md")
     p.add_argument("--quiet", action="store_true", help="no per-process progress lines")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 40 if args.workload == "dispatch" else 5
+    if args.threads is None:
+        args.threads = 1 if args.workload == "dispatch" else 2
+    return args
 
 
 def render(raw, meta):
@@ -478,7 +515,9 @@ def render(raw, meta):
              "over rounds of the run's median step / the uninstrumented run's of the same round; CPU ratio: the "
              "same for process CPU time per step; peak RSS: VmHWM of the child (change vs "
              "uninstrumented); bytes/step: size of dump_path / recorded steps (warm-up included); "
-             "entries/step: median number of keys in step*/rank*/dump.json.\n")
+             "entries/step: median number of keys in step*/rank*/dump.json; µs/entry, µs/tensor: "
+             "(step time - uninstrumented step time) / entries (tensor records) per step, the recorder's "
+             "host time per recorded call (tensor).\n")
     return text
 
 
@@ -526,7 +565,7 @@ def main(argv=None):
     if "none" not in configs:
         configs.insert(0, "none")
     configs = [c for c in CONFIG_ORDER if c in configs]
-    layer_counts = [int(x) for x in args.layers.split(",")] if args.workload == "encoder" else [0]
+    layer_counts = [int(x) for x in args.layers.split(",")] if args.workload != "lm" else [0]
 
     impls = []  # (name, python, configs)
     if not args.no_ours:

@@ -29,6 +29,8 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--config", default="l1_stats", choices=[c for c, v in CONFIGS.items() if v[3] == "record"])
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--workload", default="encoder", choices=["encoder", "dispatch"])
+    p.add_argument("--sort", default="tottime", help="pstats sort key (tottime, cumulative)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--top", type=int, default=30)
@@ -36,7 +38,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     from msprobe.pytorch import PrecisionDebugger
 
-    model, train_step = build_encoder(args.layers, device=args.device)
+    model, train_step = build_encoder(args.layers, device=args.device, size=args.workload)
     scratch = tempfile.mkdtemp(prefix="msprobe-profile-")
     atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
     cfg_path = os.path.join(scratch, "config.json")
@@ -57,7 +59,7 @@ def main(argv=None):
         step()
     prof.disable()
     dbg.close()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    pstats.Stats(prof).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -69,21 +69,32 @@ def config_json(name, dump_path):
 # optimizer step once.
 # --------------------------------------------------------------------------------------------
 
-def build_encoder(layers=4, seed=0, device="cpu"):
-    """The encoder workload; one fixed batch reused every step. On a CUDA device each
-    step ends with ``torch.cuda.synchronize()`` so that its time includes the device work."""
+#: sizes of the encoder workloads: ``encoder`` is compute-bound on a CPU (tens of ms of kernels
+#: per step); ``dispatch`` is the same model shrunk until the host time per call decides the
+#: step time, as on a GPU (about 7 ms per step on one CPU thread for ~320 API calls)
+ENCODER_SIZES = {
+    "encoder": dict(vocab=1000, d_model=256, nhead=4, ff=1024, batch=8, seq=128),
+    "dispatch": dict(vocab=1000, d_model=32, nhead=4, ff=128, batch=2, seq=16),
+}
+
+
+def build_encoder(layers=4, seed=0, device="cpu", size="encoder"):
+    """The encoder workload (``size``: a key of :data:`ENCODER_SIZES`); one fixed batch
+    reused every step. On a CUDA device each step ends with ``torch.cuda.synchronize()`` so
+    that its time includes the device work."""
     import torch
     import torch.nn as nn
 
     torch.manual_seed(seed)
-    vocab, d_model, batch, seq = 1000, 256, 8, 128
+    dims = ENCODER_SIZES[size]
+    vocab, d_model, batch, seq = dims["vocab"], dims["d_model"], dims["batch"], dims["seq"]
 
     class EncoderLM(nn.Module):
         def __init__(self):
             super().__init__()
             self.embed = nn.Embedding(vocab, d_model)
             layer = nn.TransformerEncoderLayer(
-                d_model=d_model, nhead=4, dim_feedforward=1024, dropout=0.0, batch_first=True
+                d_model=d_model, nhead=dims["nhead"], dim_feedforward=dims["ff"], dropout=0.0, batch_first=True
             )
             self.encoder = nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
             self.head = nn.Linear(d_model, vocab)
@@ -193,10 +204,10 @@ def run_child(args):
               "python": sys.executable, "torch": torch.__version__, "msprobe_file": None,
               "device": args.device}
 
-    if args.workload == "encoder":
-        model, train_step = build_encoder(args.layers, device=args.device)
+    if args.workload in ENCODER_SIZES:
+        model, train_step = build_encoder(args.layers, device=args.device, size=args.workload)
     elif args.device != "cpu":
-        raise SystemExit("--device applies to the encoder workload only")
+        raise SystemExit("--device applies to the encoder workloads only")
     elif args.workload == "lm":
         try:
             model, train_step = build_lm(args.repo_root, args.steps + 1)
@@ -265,7 +276,7 @@ def run_child(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", default="encoder", choices=["encoder", "lm"])
+    p.add_argument("--workload", default="encoder", choices=sorted(ENCODER_SIZES) + ["lm"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--config", default="none", choices=sorted(CONFIGS))
     p.add_argument("--steps", type=int, default=5)

@@ -229,8 +229,8 @@ class LeafBuilder:
             return self._xor_leaf(io, path, t)
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
-        if (self.defer is None and not self.md5 and self.with_data and not self.defer_all
-                and NATIVE is not None and self.memo.layout_free):
+        if (self.defer is None and self.with_data and not self.defer_all and NATIVE is not None
+                and (not self.md5 or _stats.FUSED_CRC is not None)):
             leaf = self._plain_leaf(io, path, t, keep)
             if leaf is not None:
                 return leaf
@@ -371,9 +371,10 @@ class LeafBuilder:
 
     def _plain_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool) -> Optional[Leaf]:
         """:meth:`tensor_leaf` of a plain (``torch.Tensor``/``nn.Parameter``), contiguous,
-        non-empty CPU tensor of a dtype the native pass reads, with data, without CRC-32
-        (what :func:`_native_kind` accepts): the same payload (task tensor), memo,
-        statistics and leaf as the general path; None for any other tensor (the caller
+        non-empty CPU tensor of a dtype the native pass reads, with data (what
+        :func:`_native_kind` accepts), without CRC-32 or, with CRC-32 (summary_mode md5), of
+        at most :data:`MEMO_MIN_BYTES` bytes without a payload: the same payload (task
+        tensor), memo, statistics, CRC-32 and leaf as the general path; None for any other tensor (the caller
         takes the general path), and with a payload to take inside ``torch.func``
         transforms (see :meth:`tensor_leaf`).
 
@@ -410,6 +411,16 @@ class LeafBuilder:
                 or (self.capture is not None and _transforms_active())):
             return None
         zero_dim = n == 1 and not t.dim()
+        if n * _ITEMSIZE[kind] <= MEMO_MIN_BYTES and self.capture is None:
+            # reducing a small tensor again costs less than the memo's lookup and entry
+            # (the same native pass over the same memory: the same statistics)
+            if self.md5:  # the fused statistics + CRC-32 pass of the general path
+                st, crc = _stats.fused_stats_crc(t, kind)
+                return _stats_leaf(io, path, t, n, st, crc, None, dtype)
+            st = native_stats(t, NATIVE.reduce_at(ptr, n, kind), n, zero_dim)
+            return _stats_leaf(io, path, t, n, st, None, None, dtype)
+        if self.md5:
+            return None  # a CRC-32's memo key depends on the layout: the general path
         memo = self.memo
         # StatsMemo's key of a dense tensor (layout_free; the count inlined from stats_memo.dense_count)
         key = (ptr, dtype, -1 if zero_dim else n, False, False)
@@ -538,6 +549,13 @@ class LeafBuilder:
         for k, v in values.items():
             self.leaves(io, v, out, (str(k),))
 
+
+#: contiguous CPU tensors of at most this many bytes (no tensor payload) are reduced at
+#: every record instead of going through the statistics memo, in summary_mode md5 by the
+#: fused statistics + CRC-32 pass on the plain leaf path: the native pass over 16 KiB costs
+#: about a microsecond, a memo lookup plus entry about three (benchmarks/host_cost.py, the
+#: dispatch workload)
+MEMO_MIN_BYTES = 16 << 10
 
 #: bytes per element of each native kind (:data:`~msprobe.pytorch.stats.NATIVE_KIND`)
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}

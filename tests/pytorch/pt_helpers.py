@@ -51,6 +51,15 @@ def assert_record(rec: dict, t: torch.Tensor, rel: float = 1e-6) -> None:
 
 
 @pytest.fixture
+def memo_all_sizes(monkeypatch):
+    """The statistics memo for tensors of every size: tests of the memo's reuse rules use
+    small tensors, which the plain leaf path otherwise reduces at every record
+    (``msprobe.pytorch.leaves.MEMO_MIN_BYTES``)."""
+    import msprobe.pytorch.leaves as leaves_mod
+    monkeypatch.setattr(leaves_mod, "MEMO_MIN_BYTES", -1)
+
+
+@pytest.fixture
 def quickstart():
     torch.manual_seed(0)
     return ModuleOP()

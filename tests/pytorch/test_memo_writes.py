@@ -113,6 +113,7 @@ def test_residual_input_reused_across_calls_and_alias_writes_seen(tmp_path, data
                         g2.sum().item()]).all()
 
 
+@pytest.mark.usefixtures("memo_all_sizes")
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_optimizer_step_reuses_parameter_statistics(tmp_path, level):
     """A weight recorded as F.linear's input is recorded again by the optimizer's in-place

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from msprobe.pytorch import stats as stats_mod
+import msprobe.pytorch.leaves as leaves_mod
 from msprobe.pytorch.leaves import LeafBuilder
 from pt_helpers import PLAIN_FLOAT_CASES, assert_same_leaf
 
@@ -65,6 +66,7 @@ def test_plain_leaf_equals_general_leaf(case):
     assert fast.requires_grad == t.requires_grad
 
 
+@pytest.mark.usefixtures("memo_all_sizes")
 def test_plain_and_general_paths_share_the_memo():
     builder = LeafBuilder(md5=False)
     x = torch.randn(8, 6)
@@ -139,11 +141,12 @@ def test_plain_path_with_payload_capture(monkeypatch):
 
 
 def test_plain_path_not_taken_for_other_tensors(monkeypatch):
-    """CRC-32, negative-bit views, channels_last, transposed, empty, freed-storage,
-    integer and Parameter-subclass tensors take the general path."""
+    """CRC-32 of a tensor above MEMO_MIN_BYTES, negative-bit views, channels_last,
+    transposed, empty, freed-storage, integer and Parameter-subclass tensors take the
+    general path."""
     calls = _spy(monkeypatch)
     x = torch.randn(4, 4)
-    LeafBuilder(md5=True).tensor_leaf("output", (0,), x)
+    LeafBuilder(md5=True).tensor_leaf("output", (0,), torch.randn(leaves_mod.MEMO_MIN_BYTES // 4 + 1))
     freed = torch.randn(8)
     freed.untyped_storage().resize_(0)
 

@@ -295,6 +295,7 @@ class _Twice(torch.autograd.Function):
         return g * 2
 
 
+@pytest.mark.usefixtures("memo_all_sizes")
 def test_memo_does_not_keep_the_autograd_graph_alive(tmp_path):
     """A remembered activation must not hold its autograd graph (saved tensors, far more
     than the bytes the memo counts) once the user dropped it."""
