@@ -334,12 +334,15 @@ class Session:
 
     # --- events -----------------------------------------------------------------------------
     def emit(self, call: Call) -> None:
-        """Append one entry to the log if its step is still open. Leaves holding a payload
-        get their ``data_name`` (spec 2.2) here."""
+        """Append one entry to the log if its step is still open and the log is not closed
+        (nothing is written after :meth:`close`). Leaves holding a payload get their
+        ``data_name`` (spec 2.2) here."""
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
         with self._lock:
-            if not self.open_step(call.step):  # step() ended it while this thread waited for the lock
+            if not self.open_step(call.step) or self._writer is None:
+                # step() ended it while this thread waited for the lock, or close() closed
+                # the log (gradients of a graph built while recording arrive after close())
                 return
             if self._payloads is not None and any(leaf.payload is not None for leaf in call.leaves):
                 call = dataclasses.replace(call, leaves=self._named(call))

@@ -278,3 +278,29 @@ def test_earlier_run_check_never_stops_recording(tmp_path, caplog, monkeypatch):
     train(tmp_path, steps=2)
     assert _warnings(caplog) == []
     assert "Module.linear_1.Linear.forward.0" in load_dump(tmp_path / "d", step=1)[0]["data"]
+
+
+@pytest.mark.parametrize("stop_first", [False, True])
+def test_backward_after_close_is_not_an_error(tmp_path, caplog, stop_first):
+    """A graph built while recording, its backward run after ``close()``: nothing is written
+    after close, no error is logged, and the gradients equal an unrecorded run's."""
+    def run(record):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+        x = torch.randn(5, 4)
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix") if record else None
+        if dbg:
+            dbg.start(m)
+        loss = m(x).sum()
+        if dbg:
+            if stop_first:
+                dbg.stop()
+            dbg.close()
+        loss.backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = run(False)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        got = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
