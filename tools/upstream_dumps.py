@@ -125,6 +125,9 @@ def record(dump_path, workload: str, level: str, *, perturb: bool = False, summa
         loss.backward()
         debugger.stop()
         debugger.step()
+        close = getattr(debugger, "close", None)  # ours: removes every hook (upstream has none)
+        if close is not None:
+            close()
     finally:
         setattr(owner, attr, original)
     config.unlink()

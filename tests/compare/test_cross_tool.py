@@ -277,6 +277,7 @@ def test_alias_slots_are_skipped_and_counted(tmp_path):
         (y * scale).sum().backward()
         dbg.stop()
         dbg.step()
+        dbg.close()
         return path
     a, b = run(tmp_path / "a", 1.0), run(tmp_path / "b", 1.0)
     data = dump_json(a)

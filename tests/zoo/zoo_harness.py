@@ -301,15 +301,18 @@ def _at(record: Any, path: tuple) -> Any:
 
 def owned_grads(net: torch.nn.Module, calls: dict, grads: dict) -> dict:
     """``{(parameters_grad entry, key): gradient}`` expected in a step whose module calls
-    are ``calls``: each module that ran, for each parameter it owns that got a gradient
+    are ``calls``: each module that ran or sits inside one that ran, for each parameter it owns that got a gradient
     (the root's own ones under ``Module.model.{Class}``). ``grads``: by parameter object id."""
     out = {}
-    owners = [(f"Module.{n}.{type(m).__name__}", m) for n, m in net.named_modules() if n]
+    named = [(n, m) for n, m in net.named_modules() if n]
+    ran = {n for n, m in named if f"Module.{n}.{type(m).__name__}" in calls}
+    # a module's parameters count when it or a module containing it ran (a parameter used
+    # by its owner's parent, like MultiheadAttention.out_proj's, docs/pytorch.md)
+    owners = [(f"Module.{n}.{type(m).__name__}", m) for n, m in named
+              if any(n == r or n.startswith(r + ".") for r in ran)]
     if calls and any(True for _ in net.children()):
         owners.append((f"Module.model.{type(net).__name__}", net))
     for prefix, m in owners:
-        if not prefix.startswith("Module.model.") and prefix not in calls:
-            continue
         for pname, q in m.named_parameters(recurse=False):
             if q.requires_grad and id(q) in grads:
                 out[(f"{prefix}.parameters_grad", pname)] = grads[id(q)]
