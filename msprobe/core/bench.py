@@ -32,7 +32,7 @@ logger = logging.getLogger("msprobe")
 #: leaf ``io`` values that are inputs of a forward entry (module parameters included)
 INPUT_IOS = frozenset({"input_args", "input_kwargs", "parameters"})
 _FORWARD_NAME = r"(\.forward|\.forward\.\d+)$"
-_CRC32 = re.compile(r"[0-9a-f]{8}")
+_CRC32 = re.compile(r"[0-9a-fA-F]{8}")
 _FIELD = "tensor.bench_path"
 _ALLOWED = "a baseline dump recorded with summary_mode md5 (an msprobe dump path or step{N}/rank{R}/dump.json below it)"
 
@@ -98,6 +98,8 @@ class BenchBaseline:
             entry = index.get(name)
             if entry is None:
                 entry = index[name] = ({}, {})
+            if crc is not None:
+                crc = crc.lower()  # ours writes lower-case hex; other tools may not
             if io in INPUT_IOS:
                 entry[0][(io, arg)] = (crc, shape)
             elif io == "output":

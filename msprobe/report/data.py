@@ -22,7 +22,8 @@ strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; see :func:`plain`), which
 Big dumps are reduced before they are embedded: at most ``max_rows`` rows per heat map
 (taken evenly along execution order) and at most ``max_steps`` columns (consecutive
 recorded steps binned, the cell showing the bin's largest value), and the tree keeps at
-most ``max_tree`` nodes; ``notes`` says what was reduced.
+most ``max_tree`` nodes; each heat map's ``rows_total``, ``steps_total`` and ``bin`` say
+what was reduced (the page prints it).
 """
 from __future__ import annotations
 

@@ -78,6 +78,7 @@ def _replay_run(tmp_path, load, *, level="L0", task="tensor", inputs=None, grad=
             y.backward()
         dbg.stop()
         dbg.step()
+    net.pre_hooks_before_close = len(net.fc2._forward_pre_hooks)
     dbg.close()
     return seen, net
 
@@ -190,6 +191,7 @@ def test_a_module_the_model_lacks_is_a_config_error_at_start(tmp_path, recorded)
 
 def test_hooks_are_removed_at_close(tmp_path, recorded):
     _, net = _replay_run(tmp_path, {"path": str(recorded), "modules": ["Module.fc2.Linear.forward.0"]})
+    assert net.pre_hooks_before_close > 0
     assert not net.fc2._forward_pre_hooks
 
 
