@@ -289,14 +289,7 @@ class Recorder:
 
         if plan.want_fwd:
             if self._fwd_output:
-                self.leaves.for_entry(plan.fwd)
-                if plan.held is None:
-                    self.leaves.sequence("output", _as_list(out), plan.leaves)
-                else:  # tensor.bench_path, the inputs matched
-                    start, held = len(plan.leaves), self._hold()
-                    self.leaves.sequence("output", _as_list(out), plan.leaves)
-                    if held is not None:
-                        self._bench_outputs(plan.fwd, plan.leaves, start, plan.held + held)
+                self._output_leaves(plan.fwd, out, plan.leaves, plan.held)
             self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
                            parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
                            keys=self._api_keys, leaves=tuple(plan.leaves)))
@@ -413,15 +406,8 @@ class Recorder:
                     keys += ["input_args", "input_kwargs"]
                 if dm.allows("forward", "output"):
                     keys.append("output")
-                    self.leaves.for_entry(frame.name)
-                    if frame.held is None:
-                        self.leaves.sequence("output", _as_list(output), frame.leaves)
-                    else:  # tensor.bench_path, the inputs matched
-                        start, held = len(frame.leaves), self._hold()
-                        self.leaves.sequence("output", _as_list(output), frame.leaves)
-                        if held is not None:
-                            self._bench_outputs(frame.name, frame.leaves, start, frame.held + held)
-                        frame.held = None
+                    self._output_leaves(frame.name, output, frame.leaves, frame.held)
+                    frame.held = None
                 if dm.allows_parameters():
                     keys.append("parameters")
                 keys.append("is_recompute")
@@ -437,6 +423,19 @@ class Recorder:
             tls.busy = prev
 
     # --- tensor.bench_path ---------------------------------------------------------------------
+    def _output_leaves(self, name: str, out: Any, leaves: list, held: Optional[list]) -> None:
+        """Append the leaves of forward entry ``name``'s output ``out`` to ``leaves``.
+        ``held``: tensor.bench_path, the input tensors held because the inputs matched the
+        baseline (None otherwise); the call is then selected if an output differs."""
+        self.leaves.for_entry(name)
+        if held is None:
+            self.leaves.sequence("output", _as_list(out), leaves)
+            return
+        start, held_out = len(leaves), self._hold()
+        self.leaves.sequence("output", _as_list(out), leaves)
+        if held_out is not None:
+            self._bench_outputs(name, leaves, start, held + held_out)
+
     def _hold(self) -> Optional[list]:
         """tensor.bench_path (``self.bench`` is set), while calls may still be selected: a
         fresh list the leaf builder fills with ``(io, path, tensor)`` of the leaves built
