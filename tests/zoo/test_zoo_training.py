@@ -57,14 +57,21 @@ def _params():
 PARAMS = _params()
 
 
-@pytest.mark.parametrize("name,level", PARAMS)
-def test_training_unchanged_and_fully_recorded(name, level, tmp_path, capfd):
+def _recorded_unchanged(name, level, tmp_path, capfd):
+    """Record zoo model ``name`` at ``level``; assert no internal error and training
+    bit-identical to the unrecorded run; returns the harness's report."""
     case = CASES[name]
     reference, probed = reference_runs(case)
     rep = check(case, level, tmp_path / "dump", reference, probed)
     assert "internal error" not in capfd.readouterr().err
     assert not rep.errors, rep.errors
     assert rep.identical, rep.diffs[:10]
+    return rep
+
+
+@pytest.mark.parametrize("name,level", PARAMS)
+def test_training_unchanged_and_fully_recorded(name, level, tmp_path, capfd):
+    rep = _recorded_unchanged(name, level, tmp_path, capfd)
     assert rep.first_input_ok
     if LEVELS[level][0] == "L1":
         assert rep.api_entries > 0
@@ -86,12 +93,7 @@ def test_compiled_model_recorded_around_its_region(name, level, tmp_path, capfd)
     """A model compiled and warmed up before ``start()``: training bit-identical; at L0/mix
     the compiled model's own forward and backward entries (``Module._orig_mod.{Class}``) and
     every parameter gradient; its submodules, run inside the compiled graph, have no entries."""
-    case = CASES[name]
-    reference, probed = reference_runs(case)
-    rep = check(case, level, tmp_path / "dump", reference, probed)
-    assert "internal error" not in capfd.readouterr().err
-    assert not rep.errors, rep.errors
-    assert rep.identical, rep.diffs[:10]
+    rep = _recorded_unchanged(name, level, tmp_path, capfd)
     if LEVELS[level][0] == "L1":
         assert rep.api_entries > 0  # the loss and the optimizer run eagerly
         assert not rep.fwd_extra, rep.fwd_extra[:10]
