@@ -848,6 +848,196 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
     return res;
 }
 
+/* ---- small_leaf: the whole dump record of a small plain CPU tensor in one call ---------------
+ * small_leaf(t, io, path, table) -> Leaf or None
+ * table = (plain_types: tuple of types, strided: the torch.strided object, dtypes: dict
+ *          dtype -> (kind, itemsize, dtype_text), max_bytes: int, leaf_type: a tuple subclass,
+ *          leaf_kind: str, type_text: str)
+ * For a tensor whose exact type is in plain_types, on the CPU, strided, not nested, not a
+ * negative-bit view, C-contiguous or dense in another order of its dimensions (reduced in
+ * memory order, as msprobe.pytorch.stats.tensor_stats reduces such views), of a dtype in dtypes, with 1 to max_bytes bytes of elements
+ * that lie inside its storage's allocation, whose elements are all finite and need no
+ * rescaling (msprobe.core.statistics.rescale_factor): the leaf tuple
+ *   (io, path, leaf_kind, type_text, dtype_text, tuple(t.shape), n, max, min, mean, norm,
+ *    None, None, None, t.requires_grad, False, False, None, None, None)
+ * with Max and Min exact, Mean = sum / n and Norm = sqrt(sum of squares) from the same float64
+ * reduction as reduce_at (a 0-dim tensor: Mean = its value, Norm = |value|), bit-identical to
+ * msprobe.pytorch.stats.native_stats over reduce_at's tuple. Any other tensor, and any error
+ * while reading its attributes (cleared), gives None: the caller then takes its own path. */
+static PyObject *S_is_cpu, *S_layout, *S_is_nested, *S_is_neg, *S_is_contiguous, *S_dtype, *S_numel,
+    *S_untyped_storage, *S_data_ptr, *S_nbytes, *S_dim, *S_shape, *S_requires_grad, *S_stride;
+
+#define RESCALE_BIG 0x1p400
+#define RESCALE_SMALL 0x1p-400
+
+/* the attribute `name` of o is exactly `want` (True, False, an object); -1 on error */
+static int attr_is(PyObject *o, PyObject *name, PyObject *want) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int same = v == want;
+    Py_DECREF(v);
+    return same;
+}
+
+/* o.name() is exactly `want`; -1 on error */
+static int method_is(PyObject *o, PyObject *name, PyObject *want) {
+    PyObject *v = PyObject_CallMethodNoArgs(o, name);
+    if (v == NULL) return -1;
+    int same = v == want;
+    Py_DECREF(v);
+    return same;
+}
+
+/* o.name() as a C integer (Py_ssize_t or address); -1 with an exception set on error */
+static long long method_ll(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_CallMethodNoArgs(o, name);
+    if (v == NULL) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return x;
+}
+
+/* 1 if t's elements fill a block of memory exactly once in some order of its dimensions
+ * (x.t(), x.permute(...): no gap, no stride 0; msprobe.pytorch.stats.is_dense), 0 if not,
+ * -1 on error. Its element [0, ..., 0] is then the block's lowest address (strides >= 0). */
+static int dense_view(PyObject *t) {
+    PyObject *strides = PyObject_CallMethodNoArgs(t, S_stride);
+    if (strides == NULL) return -1;
+    PyObject *shape = PyObject_GetAttr(t, S_shape);
+    if (shape == NULL) {
+        Py_DECREF(strides);
+        return -1;
+    }
+    int dense = 0;
+    Py_ssize_t nd = PyTuple_Check(strides) && PyTuple_Check(shape) ? PyTuple_GET_SIZE(strides) : -1;
+    long long st[64], sz[64];
+    Py_ssize_t k = 0;
+    if (nd >= 0 && nd <= 64 && PyTuple_GET_SIZE(shape) == nd) {
+        dense = 1;
+        for (Py_ssize_t i = 0; i < nd && dense; i++) {
+            long long a = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+            if (PyErr_Occurred()) dense = -1;
+            else if (b != 1) { /* insertion by stride */
+                Py_ssize_t j = k++;
+                while (j > 0 && st[j - 1] > a) { st[j] = st[j - 1]; sz[j] = sz[j - 1]; j--; }
+                st[j] = a;
+                sz[j] = b;
+            }
+        }
+        long long expected = 1;
+        for (Py_ssize_t i = 0; i < k && dense == 1; i++) {
+            if (st[i] != expected) dense = 0;
+            expected *= sz[i];
+        }
+    }
+    Py_DECREF(strides);
+    Py_DECREF(shape);
+    return dense;
+}
+
+static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "small_leaf(tensor, io, path, table) takes 4 arguments; table: "
+                                         "(plain_types, strided, dtypes, max_bytes, leaf_type, leaf_kind, type_text)");
+        return NULL;
+    }
+    PyObject *t = args[0], *table = args[3];
+    PyObject *plain = PyTuple_GET_ITEM(table, 0), *strided = PyTuple_GET_ITEM(table, 1);
+    PyObject *dtypes = PyTuple_GET_ITEM(table, 2), *leaf_type = PyTuple_GET_ITEM(table, 4);
+    if (!PyTuple_Check(plain) || !PyDict_Check(dtypes) || !PyType_Check(leaf_type)
+        || !PyType_IsSubtype((PyTypeObject *)leaf_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "small_leaf: table needs a tuple of types, a dict and a tuple subclass");
+        return NULL;
+    }
+    long long max_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(table, 3));
+    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    int found = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plain); i++)
+        found |= (PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, i);
+    if (!found) Py_RETURN_NONE;
+
+    PyObject *dtype = NULL, *storage = NULL, *shape = NULL, *leaf = NULL;
+    int ok;
+    if ((ok = attr_is(t, S_is_cpu, Py_True)) != 1) goto none;
+    if ((ok = attr_is(t, S_layout, strided)) != 1) goto none;
+    if ((ok = attr_is(t, S_is_nested, Py_False)) != 1) goto none;
+    if ((ok = method_is(t, S_is_neg, Py_False)) != 1) goto none;
+    if ((ok = method_is(t, S_is_contiguous, Py_True)) == -1) goto none;
+    if (!ok && dense_view(t) != 1) goto none;
+    dtype = PyObject_GetAttr(t, S_dtype);
+    if (dtype == NULL) goto none;
+    PyObject *entry = PyDict_GetItemWithError(dtypes, dtype); /* borrowed */
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) goto none;
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(entry, 0));
+    long long width = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+    PyObject *dtype_text = PyTuple_GET_ITEM(entry, 2);
+    if (PyErr_Occurred() || kind < 0 || kind >= NKINDS || width != (long long)kind_width(kind)) goto none;
+    long long n = method_ll(t, S_numel);
+    if (n < 1 || n * width > max_bytes || n >= GIL_FREE_MIN) goto none; /* small: reduced holding the GIL */
+    storage = PyObject_CallMethodNoArgs(t, S_untyped_storage);
+    if (storage == NULL) goto none; /* a torch.func transform's wrapper: no storage */
+    long long start = method_ll(storage, S_data_ptr);
+    long long nbytes = start == -1 ? -1 : method_ll(storage, S_nbytes);
+    long long ptr = nbytes == -1 ? -1 : method_ll(t, S_data_ptr);
+    if (PyErr_Occurred()) goto none;
+    /* the n elements from ptr lie in the allocation: not for a storage freed or shrunk by
+     * resize_ (a view's pointer is then its offset) nor functionalize's wrappers (address 0) */
+    if (!start || ptr < start || ptr + n * width > start + nbytes) goto none;
+    int zero_dim = 0;
+    if (n == 1) {
+        long long dim = method_ll(t, S_dim);
+        if (dim == -1) goto none;
+        zero_dim = dim == 0;
+    }
+    acc_t acc;
+    reduce_chunks((const void *)(uintptr_t)ptr, (size_t)n, (int)kind, KERNELS[kind], NULL, &acc);
+    if (!isfinite(acc.sum) || !isfinite(acc.sumsq) || !isfinite(acc.max) || !isfinite(acc.min)) goto none;
+    double m = fmax(fabs(acc.max), fabs(acc.min));
+    if (!(m == 0.0 || (RESCALE_SMALL < m && m < RESCALE_BIG))) goto none;
+    double mean = zero_dim ? acc.max : acc.sum / (double)n;
+    double norm = zero_dim ? fabs(acc.max) : sqrt(acc.sumsq);
+    PyObject *shape_obj = PyObject_GetAttr(t, S_shape);
+    if (shape_obj == NULL) goto none;
+    shape = PySequence_Tuple(shape_obj);
+    Py_DECREF(shape_obj);
+    if (shape == NULL) goto none;
+    PyObject *rg = PyObject_GetAttr(t, S_requires_grad);
+    if (rg == NULL) goto none;
+    int requires_grad = PyObject_IsTrue(rg);
+    Py_DECREF(rg);
+    if (requires_grad < 0) goto none;
+    PyObject *items[20] = {args[1], args[2], PyTuple_GET_ITEM(table, 5), PyTuple_GET_ITEM(table, 6), dtype_text,
+                           shape, NULL, NULL, NULL, NULL, NULL, Py_None, Py_None, Py_None,
+                           requires_grad ? Py_True : Py_False, Py_False, Py_False, Py_None, Py_None, Py_None};
+    items[6] = PyLong_FromLongLong(n);
+    items[7] = PyFloat_FromDouble(acc.max);
+    items[8] = PyFloat_FromDouble(acc.min);
+    items[9] = PyFloat_FromDouble(mean);
+    items[10] = PyFloat_FromDouble(norm);
+    int built = items[6] && items[7] && items[8] && items[9] && items[10];
+    if (built) leaf = ((PyTypeObject *)leaf_type)->tp_alloc((PyTypeObject *)leaf_type, 20);
+    if (leaf != NULL) {
+        for (int i = 0; i < 20; i++) {
+            if (i < 6 || i > 10) Py_INCREF(items[i]);
+            PyTuple_SET_ITEM(leaf, i, items[i]); /* items 6-10: the new references move in */
+        }
+    } else {
+        for (int i = 6; i <= 10; i++) Py_XDECREF(items[i]);
+    }
+    Py_DECREF(shape);
+    Py_DECREF(storage);
+    Py_DECREF(dtype);
+    return leaf; /* NULL with MemoryError set when an allocation failed */
+none:
+    PyErr_Clear();
+    Py_XDECREF(shape);
+    Py_XDECREF(storage);
+    Py_XDECREF(dtype);
+    Py_RETURN_NONE;
+}
+
 static PyObject *isa(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -885,6 +1075,10 @@ static PyMethodDef METHODS[] = {
      "OpenMP runtime whose functions are at these addresses, when called from the calling thread;\n"
      "all 0: one thread. Results are bit-identical either way. After a team whose other threads\n"
      "started late (another process on their core) buffers stay on one thread for backoff seconds."},
+    {"small_leaf", (PyCFunction)(void (*)(void))small_leaf, METH_FASTCALL,
+     "small_leaf(tensor, io, path, table) -> Leaf or None\n\n"
+     "The dump leaf (statistics included) of a small contiguous plain CPU tensor with finite\n"
+     "values in one call; None for any other tensor (see the comment above small_leaf)."},
     {"isa", isa, METH_NOARGS, "isa() -> 'avx2' or 'generic': the kernels chosen at import."},
     {NULL, NULL, 0, NULL},
 };
@@ -907,5 +1101,21 @@ PyMODINIT_FUNC PyInit_fused_stats(void) {
         ISA = "avx2";
     }
 #endif
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(S_is_cpu, "is_cpu");
+    INTERN(S_layout, "layout");
+    INTERN(S_is_nested, "is_nested");
+    INTERN(S_is_neg, "is_neg");
+    INTERN(S_is_contiguous, "is_contiguous");
+    INTERN(S_dtype, "dtype");
+    INTERN(S_numel, "numel");
+    INTERN(S_untyped_storage, "untyped_storage");
+    INTERN(S_data_ptr, "data_ptr");
+    INTERN(S_nbytes, "nbytes");
+    INTERN(S_dim, "dim");
+    INTERN(S_shape, "shape");
+    INTERN(S_requires_grad, "requires_grad");
+    INTERN(S_stride, "stride");
+#undef INTERN
     return PyModule_Create(&MODULE);
 }

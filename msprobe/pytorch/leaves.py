@@ -157,7 +157,7 @@ class LeafBuilder:
     """
 
     __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
-                 "_snapshot", "_page_args", "_texts")
+                 "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
                  capture: Optional[Callable[[torch.Tensor], Optional[str]]] = None, xor: bool = False,
@@ -190,6 +190,10 @@ class LeafBuilder:
         self._capture_all, self._snapshot_all = self.capture, self._snapshot
         if tensor_list is not None:
             self.capture = self._snapshot = None
+        # whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
+        # capture is checked per leaf: tensor_list switches it per entry)
+        self._small = _small_leaf is not None and with_data and not md5 and not self.xor and not defer_all
+        self._small_table = _small_table(MEMO_MIN_BYTES)
 
     def for_entry(self, name: str) -> None:
         """The leaves built next belong to the entry ``name``: with ``tensor_list``, its
@@ -227,6 +231,11 @@ class LeafBuilder:
                         requires_grad=bool(t.requires_grad))
         if self.xor:
             return self._xor_leaf(io, path, t)
+        if self._small and self.capture is None:
+            # the commonest case in one native call: see _SMALL_LEAF
+            leaf = _small_leaf(t, io, path, self._small_table)
+            if leaf is not None:
+                return leaf
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
         if (self.defer is None and self.with_data and not self.defer_all and NATIVE is not None
@@ -559,10 +568,22 @@ MEMO_MIN_BYTES = 16 << 10
 
 #: bytes per element of each native kind (:data:`~msprobe.pytorch.stats.NATIVE_KIND`)
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}
-#: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking
-_SCALARS = frozenset({bool, int, float, str})
-_NONE = schema.LEAF_NONE
-_VALUE = schema.LEAF_VALUE
+
+#: ``NATIVE.small_leaf(t, io, path, table)`` (``fused_stats.c``), None without the
+#: extension: the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
+#: (at most :data:`MEMO_MIN_BYTES` bytes, no CRC-32, no payload) and whose values are all finite
+#: and need no rescaling, built in one call (the same tests, reduction, statistics and leaf
+#: fields, bit for bit); None for any other tensor, which then takes the Python paths. One
+#: native call instead of ~15 Python-level attribute reads and three Python frames saves
+#: ~1.5 us per tensor warm, more inside a training step (benchmarks/host_cost.py)
+_small_leaf = getattr(NATIVE, "small_leaf", None)
+_SMALL_DTYPES = {dtype: (kind, _ITEMSIZE[kind], str(dtype)) for dtype, kind in NATIVE_KIND.items()}
+
+
+def _small_table(max_bytes: int) -> tuple:
+    """The ``table`` argument of ``NATIVE.small_leaf`` for tensors of at most ``max_bytes``
+    bytes (:data:`MEMO_MIN_BYTES`, read when a :class:`LeafBuilder` is made)."""
+    return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, _TENSOR, "torch.Tensor")
 
 
 #: ints of this magnitude or more are not remembered by :class:`_ValueTexts`

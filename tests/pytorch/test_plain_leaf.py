@@ -94,8 +94,8 @@ def test_plain_path_not_taken_for_crc_or_noncontiguous():
 
 
 def _spy(monkeypatch) -> list:
-    """Count the leaves the plain path (``LeafBuilder._plain_leaf``) made (it returns None
-    for the tensors it does not take)."""
+    """Count the leaves the plain path made: ``LeafBuilder._plain_leaf`` and its native
+    part ``leaves._small_leaf`` (each returns None for the tensors it does not take)."""
     calls = []
     real = LeafBuilder._plain_leaf
 
@@ -106,6 +106,15 @@ def _spy(monkeypatch) -> list:
         return leaf
 
     monkeypatch.setattr(LeafBuilder, "_plain_leaf", spy)
+    real_small = leaves_mod._small_leaf
+    if real_small is not None:
+        def small_spy(t, *args):
+            leaf = real_small(t, *args)
+            if leaf is not None:
+                calls.append(t)
+            return leaf
+
+        monkeypatch.setattr(leaves_mod, "_small_leaf", small_spy)
     return calls
 
 
@@ -141,9 +150,9 @@ def test_plain_path_with_payload_capture(monkeypatch):
 
 
 def test_plain_path_not_taken_for_other_tensors(monkeypatch):
-    """CRC-32 of a tensor above MEMO_MIN_BYTES, negative-bit views, channels_last,
-    transposed, empty, freed-storage, integer and Parameter-subclass tensors take the
-    general path."""
+    """CRC-32 of a tensor above MEMO_MIN_BYTES, negative-bit views, channels_last and
+    transposed tensors above MEMO_MIN_BYTES, empty, freed-storage, integer and
+    Parameter-subclass tensors take the general path."""
     calls = _spy(monkeypatch)
     x = torch.randn(4, 4)
     LeafBuilder(md5=True).tensor_leaf("output", (0,), torch.randn(leaves_mod.MEMO_MIN_BYTES // 4 + 1))
@@ -154,7 +163,7 @@ def test_plain_path_not_taken_for_other_tensors(monkeypatch):
         pass
 
     others = [torch.randn(3, dtype=torch.complex64).conj().imag,
-              torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), x.t(), torch.empty(0),
+              torch.randn(2, 3, 40, 50).to(memory_format=torch.channels_last), torch.randn(80, 60).t(), torch.empty(0),
               freed, torch.arange(6), Sub(torch.randn(3))]
     for t in others:
         LeafBuilder(md5=False).tensor_leaf("output", (0,), t)
