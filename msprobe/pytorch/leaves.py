@@ -586,6 +586,12 @@ def _small_table(max_bytes: int) -> tuple:
     return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, _TENSOR, "torch.Tensor")
 
 
+#: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking
+_SCALARS = frozenset({bool, int, float, str})
+_NONE = schema.LEAF_NONE
+_VALUE = schema.LEAF_VALUE
+
+
 #: ints of this magnitude or more are not remembered by :class:`_ValueTexts`
 _BIG_INT = 1 << 64
 
