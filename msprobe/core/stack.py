@@ -32,9 +32,11 @@ class StackInterner:
         max_depth: at most this many user frames are kept.
 
     ``capture()`` walks ``sys._getframe`` (no ``inspect.stack()``: it reads source for every
-    frame) and keys the walk by its user frames' ``(id(code), line)`` pairs; strings are
+    frame) and keys the walk by its user frames' ``(id(code), f_lasti)`` pairs; strings are
     formatted and the id computed only the first time a key is seen, so identical stacks
-    share one id and one row. Whether a code object is user code is decided once per code
+    share one id and one row. The key holds each frame's instruction offset (``f_lasti``)
+    rather than its line: two offsets on one line give two keys with the same text, id and
+    row. Whether a code object is user code is decided once per code
     object. Code objects are keyed by ``id``: hashing one hashes its constants (nested code
     included) every time, and an id stays unique because every code object met is kept.
     New stacks are queued in :attr:`new_stacks` for the writer.
@@ -44,7 +46,8 @@ class StackInterner:
         dirs = [_PACKAGE_ROOT, _STORE_ROOT, *exclude_dirs]
         self._exclude = tuple(os.path.join(os.path.abspath(d), "") for d in dirs)
         self._max_depth = max_depth
-        self._by_key: dict[tuple, int] = {}  # (id(code), line, id(code), line...) -> stack id
+        self._by_key: dict[tuple, int] = {}  # (id(code), f_lasti, id(code), f_lasti...) -> stack id
+        self._seen: set[int] = set()  # stack ids registered (several keys may give one)
         self._code_user: dict[int, bool] = {}  # id(code) -> is user code
         self._codes: list[CodeType] = []  # the code objects of _code_user, kept alive
         self.new_stacks: list[tuple[int, tuple[str, ...]]] = []
@@ -62,8 +65,8 @@ class StackInterner:
         """Return the id of the current user stack (registering it if new)."""
         frame = sys._getframe(1)
         code_user = self._code_user
-        key = []  # flat: id(code), line, id(code), line... (no tuple per frame)
-        codes = []  # the user frames' code objects, to format a new stack
+        key = []  # flat: id(code), f_lasti, id(code), f_lasti... (no tuple per frame)
+        frames = []  # the user frames, to format a new stack
         depth, max_depth = 0, self._max_depth
         while frame is not None and depth < max_depth:
             code = frame.f_code
@@ -71,17 +74,20 @@ class StackInterner:
             if user is None:
                 user = self._is_user(code)
             if user:
-                key += (id(code), frame.f_lineno)
-                codes.append(code)
+                # the instruction offset, not f_lineno: reading a line number scans the
+                # code's line table; offsets of one line give the same stack (and id)
+                key += (id(code), frame.f_lasti)
+                frames.append(frame)
                 depth += 1
             frame = frame.f_back
         tkey = tuple(key)
         sid = self._by_key.get(tkey)
         if sid is None:
-            frames = tuple(_format(code, line) for code, line in zip(codes, tkey[1::2]))
-            sid = _stack_id(frames)
-            self._by_key[tkey] = sid
-            self.new_stacks.append((sid, frames))
+            text = tuple(_format(f.f_code, f.f_lineno) for f in frames)
+            sid = self._by_key[tkey] = _stack_id(text)
+            if sid not in self._seen:
+                self._seen.add(sid)
+                self.new_stacks.append((sid, text))
         return sid
 
     def drain(self) -> Sequence[tuple[int, tuple[str, ...]]]:

@@ -57,3 +57,20 @@ def test_equal_code_objects_of_two_files_are_two_stacks(tmp_path):
     new = dict(interner.drain())
     assert new[first][0] == _frame_text(paths[0], 2, "where")
     assert new[second][0] == _frame_text(paths[1], 2, "where")
+
+
+def test_calls_on_one_line_share_one_stack_and_row():
+    """Two captures from one source line at different instruction offsets give one id and
+    one registered stack; a capture from another line gives another."""
+    interner = StackInterner()
+
+    def cap():
+        return interner.capture()
+
+    pair = (cap(), cap())  # one line, two call instructions
+    other = cap()
+    assert pair[0] == pair[1] != other
+    registered = interner.drain()
+    assert [sid for sid, _ in registered] == [pair[0], other]
+    line_of = {sid: frames[1] for sid, frames in registered}  # frames[0]: inside cap()
+    assert "pair = (cap(), cap())" in line_of[pair[0]] and "other = cap()" in line_of[other]
