@@ -213,7 +213,8 @@ class Trash:
     block is dirty), and every file created meanwhile walks past each such inode
     (``recently_deleted`` in ``fs/ext4/ialloc.c``): after one tensor child's dump (about a
     thousand files) is deleted, creating a file took 400 us instead of 16-37 us, which the
-    next children's writers paid (benchmarks/RESULTS.md, session 15). A training run does
+    next children's writers paid (benchmarks/RESULTS.md, section "AMD EPYC AVX-512 VM:
+    ten runs of the issue's benchmark; deleted dumps and file creation"). A training run does
     not delete files while it records, so deletions are put off until the run ends, or
     until the scratch file system's free space falls below ``reserve`` bytes plus twice the
     largest dump seen (room for the next child's dump, which may grow larger than any
@@ -388,7 +389,7 @@ def memory_line():
     task's files are written through the page cache where they are small, and a full cache
     makes every new page cost a reclaim: the same code measured 557 ms per step right after
     dropping the caches against 778 ms with 18 of 24 GB cached (benchmarks/RESULTS.md,
-    session 14). Record it beside every result."""
+    section "Intel Xeon VM: the page cache and the tensor task"). Record it beside every result."""
     try:
         with open("/proc/meminfo") as f:
             info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}

@@ -5,7 +5,8 @@ the 2-core benchmark VM that costs 1.2-2.5 ns per byte of CPU in the writing thr
 the kernel's writeback later), CPU the training step competes for: 146 ms per step of the
 encoder benchmark for its 175 MB of shard bytes. With ``O_DIRECT`` the bytes
 are copied once into a reusable page-aligned buffer and the device reads them from there:
-about 10 ms of CPU per 100 MB (``benchmarks/RESULTS.md``, session 9). Shards are the
+about 10 ms of CPU per 100 MB (``benchmarks/RESULTS.md``, section "tensor task: shards around the page
+cache on their own thread"). Shards are the
 durable copy, read back only by ``msprobe export`` and readers of the dump; keeping them out of
 the page cache also leaves it to the exported tensor files.
 
@@ -236,7 +237,7 @@ def thread_writer() -> DirectFileWriter:
     Tensor files (``.pt``, ``.npy``) of 1 MiB of data or more go through it: on a machine
     whose page cache is full (the usual state of a training host) every buffered page
     written costs the kernel a reclaim in the writing thread (``benchmarks/RESULTS.md``,
-    session 14: 778 against 557 ms per L1 tensor step of the encoder benchmark)."""
+    section "Intel Xeon VM: the page cache and the tensor task": 778 against 557 ms per L1 tensor step of the encoder benchmark)."""
     writer = getattr(_THREAD, "writer", None)
     if writer is None:
         writer = _THREAD.writer = DirectFileWriter()

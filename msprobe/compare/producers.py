@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:  # load imports this module
+    from msprobe.compare.load import Side
 
 __all__ = ["OURS", "UPSTREAM_1", "UPSTREAM_26", "PRODUCERS", "detect", "reconcile", "noise_profiles",
            "SKIP_REASONS", "checksum_kind"]
@@ -125,15 +128,16 @@ def _drop(side, mask: pa.Array) -> int:
     return n
 
 
-def reconcile(t, b, notes: list) -> dict:
+def reconcile(t: Side, b: Side, notes: list[str]) -> dict[str, dict]:
     """Apply the rules of the module docstring to the two sides (in place: their
     ``leaves`` tables); returns summary.json's ``skipped``:
     ``{reason: {"TARGET": n, "BASELINE": m, "why": text}}`` for each reason that left out
     a leaf, and appends one note per reason and one when checksum kinds differ.
 
     Args:
-        t, b: the two :class:`msprobe.compare.load.Side` objects (``producer`` set).
-        notes: the comparison's notes (appended to).
+        t, b: the target and the baseline :class:`msprobe.compare.load.Side`
+            (``producer`` set); their ``leaves`` tables are filtered in place.
+        notes: the comparison's notes, one string each (appended to).
     """
     skipped: dict = {}
 

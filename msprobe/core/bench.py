@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from msprobe.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from store.records import Leaf
 
 __all__ = ["BenchBaseline", "BenchSelector", "INPUT_IOS"]
 
@@ -141,12 +144,19 @@ class BenchSelector:
         """True once ``limit`` calls are selected."""
         return self.limit != -1 and self.found >= self.limit
 
-    def inputs_match(self, rank: int, step: int, name: str, leaves: Sequence) -> bool:
+    def inputs_match(self, rank: int, step: int, name: str, leaves: Sequence[Leaf]) -> bool:
         """True when the tensor inputs among ``leaves`` (:data:`INPUT_IOS`) are exactly the
         baseline entry's: every one has the baseline's shape and CRC-32, and none of the
         baseline's is missing. A baseline entry without ``parameters`` (an upstream dump)
         leaves the parameters out of the comparison. False when the baseline has no entry
-        ``name`` or a CRC-32 is missing on either side."""
+        ``name`` or a CRC-32 is missing on either side.
+
+        Args:
+            rank, step, name: the forward entry (rank 0 without torch.distributed).
+            leaves: the entry's :class:`store.records.Leaf` records, any ``io`` (only
+                tensor leaves of :data:`INPUT_IOS` are read: ``io``, ``path``,
+                ``crc32``, ``shape``).
+        """
         entry = self.baseline.entries(rank, step).get(name)
         if entry is None:
             return False
@@ -166,10 +176,16 @@ class BenchSelector:
             seen += 1
         return seen == len(expected)
 
-    def outputs_differ(self, rank: int, step: int, name: str, leaves: Sequence) -> bool:
+    def outputs_differ(self, rank: int, step: int, name: str, leaves: Sequence[Leaf]) -> bool:
         """True when a tensor output among ``leaves`` (``io == "output"``) differs from the
         baseline's output at the same path: another CRC-32 or another shape. Outputs the
-        baseline lacks, or without a CRC-32 on either side, are not compared."""
+        baseline lacks, or without a CRC-32 on either side, are not compared.
+
+        Args:
+            rank, step, name: the forward entry (rank 0 without torch.distributed).
+            leaves: :class:`store.records.Leaf` records of the entry, any ``io`` (only
+                tensor leaves with ``io == "output"`` are read).
+        """
         entry = self.baseline.entries(rank, step).get(name)
         if entry is None:
             return False

@@ -18,6 +18,8 @@ calls of the user's and are not recorded.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 #: ``torch.compiler.is_compiling`` (torch >= 2.3; Dynamo folds a call of it to the constant
@@ -30,7 +32,7 @@ _COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch._aot_autograd", "torch.
                       "torch._inductor")
 
 
-def from_compiler(frame) -> bool:
+def from_compiler(frame: types.FrameType) -> bool:
     """Whether the Python frame ``frame`` (the caller of an API) runs code of
     torch.compile's machinery (:data:`_COMPILER_PACKAGES`)."""
     name = frame.f_globals.get("__name__", "")

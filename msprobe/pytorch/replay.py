@@ -67,6 +67,13 @@ class InputReplay:
     def install(self, models: Sequence[torch.nn.Module], indexed: bool) -> HandleGroup:
         """Hook the modules of ``models`` that ``load.modules`` names; returns the handles.
 
+        Args:
+            models: the model(s) passed to ``start()``, as a sequence (one model: a
+                one-element sequence).
+            indexed: True when the user passed a list or tuple of models: module paths
+                then start with the model's index (``Module.0.layer.Linear``), as the
+                recording names them (:func:`msprobe.pytorch.module_hooks.module_prefixes`).
+
         Raises:
             ConfigError: (field ``load.modules``) an entry names no module of ``models``
                 (its ``Module.{path}.{Class}`` prefix is not one the recording would give).

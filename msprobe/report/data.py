@@ -126,7 +126,7 @@ def _nonfinite(con, rank: int) -> dict:
     return out
 
 
-def _keyed(con, level_has_modules: bool) -> tuple[str, str]:
+def _keyed(level_has_modules: bool) -> tuple[str, str]:
     """(key expression, WHERE clause) of the output heat map's rows."""
     if level_has_modules:
         return _MODULE_KEY, "api_type = 'Module' AND direction = 'forward' AND io = 'output'"
@@ -261,7 +261,7 @@ def collect(
             FROM c LEFT JOIN t USING (rank, step) ORDER BY c.rank, c.step""")
         ranks = sorted({r["rank"] for r in per_step})
         has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
-        key, where = _keyed(con, has_modules)
+        key, where = _keyed(has_modules)
         out: dict[str, Any] = {
             "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
             "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},

@@ -330,7 +330,7 @@ def test_memo_does_not_keep_dropped_parameters_alive(tmp_path):
 
 # --- write rules and hook installation ------------------------------------------------------------
 
-def test_write_rules_review():
+def test_write_rules_of_dunder_and_functional_calls():
     from msprobe.pytorch.mutation import READS, WRITES_ARGS, WriteRule
     x = torch.randn(3)
     for name in ("__invert__", "__int__", "__index__", "__iter__"):   # read only

@@ -69,7 +69,7 @@ def test_texts_bounded():
 
 def test_huge_int_is_unrecordable_on_both_paths():
     """An int too long for JSON text (Python's 4300-digit limit) is recorded "<unrecordable>"
-    on both paths (it used to raise, which stopped the recording), and is not remembered;
+    on both paths (no error escapes, so the recording goes on), and is not remembered;
     ints up to 2**64 are."""
     builder = LeafBuilder(md5=False)
     huge = 10 ** 5000
