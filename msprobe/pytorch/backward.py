@@ -76,6 +76,8 @@ _STRIDED = torch.strided
 _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
 #: nesting depth of argument containers whose tensors get backward slots
 _MAX_DEPTH = 4
+#: argument types that hold no tensor (no container walk)
+_SCALARS = frozenset((int, float, bool, complex, str, type(None), torch.dtype, torch.device))
 
 
 def _is_accumulator(node: Any) -> bool:
@@ -202,7 +204,7 @@ class BackwardTaps:
                 return
             state.inputs[id(value)] = [value, value.grad_fn, value.output_nr, [path], None]
             return
-        items = _items(value) if depth < _MAX_DEPTH else None
+        items = _items(value) if depth < _MAX_DEPTH and type(value) not in _SCALARS else None
         if items:
             for k, v in items:
                 self._note_in(pending, v, path + (k,), state, depth + 1)
@@ -314,7 +316,7 @@ class BackwardTaps:
                 return
             outs[key] = [node, nr, value, [path], geometry]
             return
-        items = _items(value) if depth < _MAX_DEPTH else None
+        items = _items(value) if depth < _MAX_DEPTH and type(value) not in _SCALARS else None
         if items:
             for k, v in items:
                 self._note_out(pending, v, path + (k,), outs, state, depth + 1)
@@ -402,22 +404,25 @@ def _consumers(roots: list, start: int, end: int, node_targets: dict, leaf_targe
     tasks: dict = {}
     seen: set = set()
     stack = list(roots)
+    by_name = _ACCUMULATE_GRAD is None
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
+        mine = None
         for j, (nxt, k) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            if _is_accumulator(nxt):
+            if type(nxt) is _ACCUMULATE_GRAD or (by_name and type(nxt).__name__ == "AccumulateGrad"):
                 found = leaf_targets.get(id(nxt.variable)) if leaf_targets else None
             else:
                 found = node_targets.get((id(nxt), k))
                 if start <= nxt._sequence_nr() < end and id(nxt) not in seen:
                     stack.append(nxt)
             if found:
-                mine = tasks.setdefault(id(node), [node, []])[1]
+                if mine is None:
+                    mine = tasks.setdefault(id(node), [node, []])[1]
                 for kind, rec in found:
                     mine.append((kind, j, rec))
     return tasks
