@@ -284,7 +284,7 @@ class StepExporter:
     :meth:`add` takes each new batch of the step's rows (in the order the log writer
     hands them out); :meth:`write` writes the same bytes :func:`export_step` would write
     for all rows added so far, re-building and re-encoding only the entries the new rows
-    touched (``step()`` after ``stop()`` encodes only the backward entries that arrived between them), and
+    touched (``step()`` after ``stop()`` encodes only the entries that arrived between them), and
     leaves alone a file whose content would not change and that is still, on disk, the
     file it last wrote there (a deleted or replaced file is written again).
     Rows that arrive out of ``seq`` order make the next :meth:`write` rebuild everything.
