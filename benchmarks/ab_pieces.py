@@ -1,13 +1,10 @@
 """In-process A/B of one recorder acceleration: recorded steps with the piece on and off,
 interleaved in one process (ABBA order), wall-clock time per recorded step.
 
-    python benchmarks/ab_pieces.py --piece omp --workload encoder --threads 2 --config l1_stats
+    python benchmarks/ab_pieces.py --piece window --workload encoder --threads 2 --config l1_tensor
 
 Pieces:
 
-* ``omp``: the native statistics pass shares its work with PyTorch's OpenMP team
-  (``fused_stats.set_parallel`` with the runtime's addresses) or stays on one thread
-  (``set_parallel(0, 0, 0, 0, 0)``).
 * ``ptfile``: task tensor, the ``.pt`` files written by
   :func:`msprobe.pytorch.payload.write_pt` (the hand-written writer) or by
   ``torch.save`` of the tensor rebuilt from the payload.
@@ -38,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--piece", required=True, choices=["omp", "window", "ptfile"])
+    p.add_argument("--piece", required=True, choices=["window", "ptfile"])
     p.add_argument("--config", default="l1_stats")
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
@@ -57,9 +54,7 @@ def main(argv=None) -> None:
     import msprobe.pytorch.debugger as debugger
     import msprobe.pytorch.recorder as recorder
     from msprobe.pytorch.payload import torch_dtype
-    from msprobe.pytorch.stats import NATIVE
     from msprobe.pytorch import PrecisionDebugger
-    from msprobe.pytorch.omp_team import runtime_addresses
 
     torch.set_num_threads(args.threads)
     model, train_step = build_encoder(args.layers, size=args.workload)
@@ -77,12 +72,9 @@ def main(argv=None) -> None:
         t = torch._C.TensorBase.reshape(torch._C.TensorBase.view(t, torch_dtype(payload.dtype)),
                                         tuple(payload.shape))
         torch.save(t, path)
-    addresses = runtime_addresses()
 
     def switch(on: bool) -> None:
-        if args.piece == "omp":
-            NATIVE.set_parallel(*(addresses if on else [0] * 5))
-        elif args.piece == "ptfile":
+        if args.piece == "ptfile":
             debugger.write_pt = writer if on else torch_save
         else:
             recorder.PayloadCapture = capture if on else functools.partial(capture, window_bytes=0)
@@ -100,7 +92,7 @@ def main(argv=None) -> None:
         cfg_path = dump / "config.json"
         cfg_path.write_text(json.dumps(config_json(args.config, str(dump))))
         dbg = PrecisionDebugger(config_path=str(cfg_path), dump_path=str(dump))
-        dbg.start(model)  # share_once runs here, the first time
+        dbg.start(model)
         dbg.stop()
         switch(on)
         t = time.perf_counter()

@@ -29,8 +29,9 @@ def load_fused_stats() -> Optional[ModuleType]:
     sum, sumsq, has_nan, has_inf, crc)``, the same statistics bit for bit plus the CRC-32 of
     the elements' bytes (bfloat16: of their float32 values) computed by the C function at
     ``crc_fn_address`` (``msprobe.core.checksum.C_CRC32``); ``reduce(buffer, kind)`` over a contiguous buffer, and
-    ``isa() -> "avx2" | "generic"``; ``set_parallel(...)`` (five function addresses of an
-    OpenMP runtime and an optional backoff in seconds, see :mod:`msprobe.pytorch.omp_team`); ``kind`` is one of the ``KIND_*`` codes. Max/Min are NaN when any element is NaN; sums are float64.
+    ``isa() -> "avx2" | "generic"``; ``kind`` is one of the ``KIND_*`` codes. Max/Min are NaN
+    when any element is NaN; sums are float64. Every reduction runs on the calling thread
+    (buffers of 65,536 elements or more with the GIL released).
     Raises ValueError for ``n < 1``, an unknown ``kind``, or an address of 0.
     """
     if os.environ.get("MSPROBE_NO_NATIVE_STATS", "") not in ("", "0"):

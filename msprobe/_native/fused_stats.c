@@ -43,13 +43,9 @@
  *       of two up to 1 MiB): above 1 the copy is a read-only memoryview starting at a
  *       multiple of align in memory, inside a bytes object (a tensor file or shard writes
  *       its whole pages without copying them again: store.direct_io); 0 and 1 give bytes
- *   set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,
- *                omp_in_parallel[, backoff]) -> None: addresses of the loaded OpenMP runtime's functions (all 0:
- *       none); buffers of PARALLEL_MIN elements or more are then shared (with a CRC too), a run of
- *       CHUNK-element chunks per thread, among that runtime's threads (see "chunks and threads":
- *       the result is the same bits; msprobe.pytorch.omp_team hands over PyTorch's runtime)
  * Errors (ValueError): kind not 0-3, n < 1, address 0, crc_fn_address 0, align not a power of two.
- * The GIL is released for n >= GIL_FREE_MIN (the CRC function must not need it).
+ * Every reduction runs on the calling thread; the GIL is released for n >= GIL_FREE_MIN (the
+ * CRC function must not need it), so several threads may reduce at once.
  * portable (default False): use the portable kernels even where AVX2 ones exist (tests).
  * kind: 0 float32, 1 float64, 2 bfloat16, 3 float16 (2-byte kinds: uint16 bit patterns). n >= 1.
  * isa() -> "avx2" or "generic": the kernels in use.
@@ -58,30 +54,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#ifdef _WIN32 /* no teams (set_parallel validates its arguments and installs nothing) */
-#define HAVE_TEAMS 0
-#define THREAD_LOCAL /* unused without teams */
-#define current_pid() 0L
-static double monotonic_seconds(void) { return 0.0; }
-#define LOAD_ACQUIRE(ptr) (*(ptr))
-#define STORE_RELEASE(ptr, value) (*(ptr) = (value))
-#else
-#define LOAD_ACQUIRE(ptr) __atomic_load_n(ptr, __ATOMIC_ACQUIRE)
-#define STORE_RELEASE(ptr, value) __atomic_store_n(ptr, value, __ATOMIC_RELEASE)
-#define HAVE_TEAMS 1
-#define THREAD_LOCAL _Thread_local
-#include <sys/types.h>
-#include <time.h>
-#include <unistd.h>
-#define current_pid() ((long)getpid())
-static double monotonic_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-#endif
 
 #define KIND_F32 0
 #define KIND_F64 1
@@ -403,197 +376,32 @@ static void scan_special(const void *p, size_t n, int kind, acc_t *acc, int *has
     *has_inf = inf;
 }
 
-/* ---------------------------------------------------------------- chunks and threads */
+/* ---------------------------------------------------------------- chunks */
 
 /* Buffers longer than CHUNK elements are reduced CHUNK elements at a time (a multiple of BLOCK,
  * so each chunk but the last has no tail) and the chunks' results are combined in chunk order:
  * Max/Min keep the earlier chunk's value on a tie (inside a chunk the kernels' lanes decide
  * which of -0.0 and +0.0 a zero Max/Min is, so it may differ from one pass over the whole
- * buffer), the float64 sums are added chunk after chunk. The result is a function of the data
- * alone: the same bits whether one thread reduces all the chunks or several share them. */
+ * buffer), the float64 sums are added chunk after chunk. */
 #define CHUNK 16384
-/* at least this many elements (and more than one OpenMP thread) to share the chunks out */
-#define PARALLEL_MIN 65536
-/* teams start only with the GIL released (a negative array size if not) */
-typedef char parallel_min_needs_no_gil[PARALLEL_MIN >= GIL_FREE_MIN ? 1 : -1];
 
-/* The OpenMP runtime PyTorch runs its operators on (libgomp's GOMP_parallel ABI, which LLVM's
- * and Intel's runtimes also export), set by set_parallel(): its worker threads wait for work
- * between two operators, so a team started here begins at once and reads, on each core, the
- * half of a tensor that core has just written. Only the thread that called set_parallel (and
- * not a forked child) starts teams: another thread would get a pool of its own.
- *
- * set_parallel publishes a new, never-changed omp_runtime with one atomic store (the old one is
- * kept: a reduction on another thread may still be using it; set_parallel is called a few
- * times per process); each reduction loads the pointer once. The calling thread is marked as
- * the owner through a thread-local generation number (thread ids are reused after a thread
- * exits, thread-local storage is not). */
-typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
-typedef int (*omp_int_fn)(void);
-typedef struct {
-    gomp_parallel_fn parallel;
-    omp_int_fn thread_num, num_threads, max_threads, in_parallel;
-    double backoff;   /* seconds on one thread after a team whose workers were late */
-    long generation;  /* this runtime's set_parallel call */
-    long pid;         /* the process that called set_parallel */
-} omp_runtime;
-static omp_runtime *omp_current = NULL;   /* read with LOAD_ACQUIRE, written with STORE_RELEASE */
-static long omp_generations = 0;          /* set_parallel calls (under the GIL) */
-static THREAD_LOCAL long omp_owned = 0;  /* generation of the runtime this thread set */
-/* Contention guard. A team waits, at its end, for every thread in it: when another process
- * keeps a core busy, a worker may not run for a scheduler time slice (milliseconds), and
- * every shared reduction would wait that long (measured: an L1 step of the encoder benchmark
- * took 2.9 s with sharing against 1.0 s without, while pip ran on the other core). So each
- * team's wall time is compared with the time the calling thread spent on its own share: when
- * it then waited LATE seconds or more for the other threads, and longer than one thread would
- * have taken for their shares, buffers are reduced on one thread for the next rt->backoff
- * seconds (set_parallel's backoff; 0 disables the guard), twice as long after each further
- * late team in a row (up to 64 times: a team that waits costs a time slice, about 8 ms, and
- * under lasting load one try a second cost 3 ms per step), and backoff again after a team on
- * time.
- * Encoder benchmark, 1,693 teams: without other load the wait was 1.3 us (median), 31 us
- * (99th percentile), 121 us at most (the first team, workers not started yet); with a busy
- * loop on the other core, 2.2 us (median) but 11 % of teams waited 0.5-12 ms, none between
- * 0.2 and 0.5 ms. */
-#define LATE 500e-6
-static THREAD_LOCAL double omp_quiet_until = 0.0; /* the owner thread's: no team before this time */
-static THREAD_LOCAL double omp_quiet_for = 0.0;   /* the next quiet period (0: rt->backoff) */
-#define QUIET_DOUBLINGS 6 /* after late teams in a row the quiet period doubles, up to 64 x backoff */
-
-typedef struct {
-    const unsigned char *p;
-    size_t n, nchunks, width;
-    kernel_fn kernel;
-    int kind;
-    unsigned char *dst; /* snapshot copy, or NULL */
-    acc_t *accs;        /* a team's result of each chunk, combined afterwards */
-    crc_fn crc;         /* the CRC-32 function, or NULL */
-    uint32_t *crcs;     /* a team's CRC-32 of each chunk (from 0), combined afterwards; or NULL */
-    const omp_runtime *rt; /* the runtime of a team */
-    double own_seconds; /* time thread 0 (the caller) spent on its share */
-} chunk_job;
-
-/* elements in chunk c of n elements (CHUNK, or fewer in the last chunk) */
-static size_t chunk_len(size_t n, size_t c) { return n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK; }
-
-/* chunk c of the job into *out (its bytes copied to the same offset of dst); chain: the CRC to
- * continue in element order, or NULL (a team's chunk: its own CRC from 0 into job->crcs[c]) */
-static void reduce_chunk(const chunk_job *job, size_t c, crc_ctx *chain, acc_t *out) {
-    size_t off = c * CHUNK, len = chunk_len(job->n, c);
-    crc_ctx cc;
-    cc.fn = job->crc;
-    cc.crc = chain ? chain->crc : 0; /* chained in element order, or this chunk's own from 0 */
-    cc.kind = job->kind;
-    cc.dst = job->dst ? job->dst + off * job->width : NULL;
-    job->kernel(job->p + off * job->width, len, out, cc.fn || cc.dst ? &cc : NULL);
-    if (chain)
-        chain->crc = cc.crc;
-    else if (job->crcs)
-        job->crcs[c] = cc.crc;
-}
-
-/* CRC-32 combination (the zlib crc32_combine identity): with A's CRC a and B's CRC b (each
- * from 0), the CRC of A followed by B is (x^(8 |B|) * a mod P) xor b, P the CRC-32 polynomial.
- * Polynomials are in the CRC's reflected bit order: bit 31 holds the coefficient of x^0. */
-#define CRC_POLY 0xedb88320u
-
-/* a(x) * b(x) mod P(x) */
-static uint32_t crc_poly_mul(uint32_t a, uint32_t b) {
-    uint32_t product = 0;
-    for (int i = 0; i < 32 && a; i++) { /* term x^i of a, from bit 31 down */
-        if (a & 0x80000000u) product ^= b;
-        a <<= 1;
-        b = b & 1u ? (b >> 1) ^ CRC_POLY : b >> 1; /* b * x */
-    }
-    return product;
-}
-
-/* x^(8 * nbytes) mod P(x): the factor that shifts a CRC past nbytes bytes */
-static uint32_t crc_shift_factor(uint64_t nbytes) {
-    uint32_t result = 0x80000000u, square = 0x40000000u; /* x^0 and x^1 */
-    for (uint64_t e = nbytes * 8u; e; e >>= 1) {
-        if (e & 1u) result = crc_poly_mul(result, square);
-        square = crc_poly_mul(square, square);
-    }
-    return result;
-}
-
-/* one OpenMP thread's share: a contiguous run of chunks */
-static void chunk_team_body(void *arg) {
-    chunk_job *job = (chunk_job *)arg;
-    size_t t = (size_t)job->rt->thread_num(), T = (size_t)job->rt->num_threads();
-    double start = t == 0 ? monotonic_seconds() : 0.0;
-    for (size_t c = job->nchunks * t / T; c < job->nchunks * (t + 1) / T; c++) reduce_chunk(job, c, NULL, &job->accs[c]);
-    if (t == 0) job->own_seconds = monotonic_seconds() - start;
-}
-
-/* threads to share n elements between: 1 unless rt was set by this thread of this process,
- * n is large and OpenMP allows more */
-static unsigned team_size(const omp_runtime *rt, size_t n) {
-    if (rt == NULL || n < PARALLEL_MIN) return 1;
-    if (omp_owned != rt->generation || current_pid() != rt->pid || rt->in_parallel()) return 1;
-    if (omp_quiet_until > 0.0 && monotonic_seconds() < omp_quiet_until) return 1;
-    int m = rt->max_threads();
-    size_t chunks = (n + CHUNK - 1) / CHUNK;
-    return m <= 1 ? 1 : (unsigned)(chunks < (size_t)m ? chunks : (size_t)m);
-}
-
-/* The kernel over n elements, CHUNK at a time (see CHUNK). Never fails: without memory for a
- * team's results the chunks are reduced on this thread. */
+/* The kernel over n elements, CHUNK at a time (see CHUNK); with cc, the CRC is chained and the
+ * snapshot copied in element order across the chunks, as one kernel call over n would. */
 static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, crc_ctx *cc, acc_t *out) {
     if (n <= CHUNK) {
         kernel(p, n, out, cc);
         return;
     }
-    acc_t few[64], acc;
-    uint32_t few_crcs[64];
-    chunk_job job = {(const unsigned char *)p, n, (n + CHUNK - 1) / CHUNK, kind_width(kind), kernel, kind,
-                     cc ? cc->dst : NULL, NULL, cc ? cc->fn : NULL, NULL, LOAD_ACQUIRE(&omp_current), 0.0};
-    unsigned team = team_size(job.rt, n);
-    if (team > 1) { /* one result (and CRC) per chunk: malloc only beyond 64 chunks */
-        job.accs = job.nchunks > 64 ? (acc_t *)malloc(job.nchunks * sizeof(acc_t)) : few;
-        job.crcs = !job.crc ? NULL : job.nchunks > 64 ? (uint32_t *)malloc(job.nchunks * sizeof(uint32_t)) : few_crcs;
-        if (job.accs == NULL || (job.crc && job.crcs == NULL)) {
-            if (job.accs != few) free(job.accs);
-            if (job.crcs != few_crcs) free(job.crcs);
-            job.accs = NULL;
-            job.crcs = NULL;
-            team = 1; /* out of memory for the team's results: one thread needs none */
-        }
-    }
-    if (team > 1) {
-        double start = monotonic_seconds();
-        job.rt->parallel(chunk_team_body, &job, team, 0);
-        double end = monotonic_seconds(), waited = end - start - job.own_seconds;
-        /* the workers were late (see LATE): the team took longer than one thread would have */
-        if (job.rt->backoff > 0.0 && waited >= LATE && waited >= (team - 1) * job.own_seconds) {
-            double quiet = omp_quiet_for > 0.0 ? omp_quiet_for : job.rt->backoff;
-            omp_quiet_until = end + quiet;
-            double most = job.rt->backoff * (double)(1 << QUIET_DOUBLINGS);
-            omp_quiet_for = quiet * 2.0 < most ? quiet * 2.0 : most;
-        } else {
-            omp_quiet_for = 0.0; /* a team on time: the next late one waits backoff again */
-        }
-        if (job.crcs) { /* the chunks' CRCs, chained in element order */
-            /* bytes the CRC reads per element: bfloat16 is CRC'ed as float32 (crc_span) */
-            uint64_t per = kind == KIND_BF16 ? 4u : job.width;
-            uint32_t full = crc_shift_factor((uint64_t)CHUNK * per), crc = cc->crc;
-            for (size_t c = 0; c < job.nchunks; c++) {
-                size_t len = chunk_len(n, c);
-                uint32_t shift = len == CHUNK ? full : crc_shift_factor((uint64_t)len * per);
-                crc = crc_poly_mul(shift, crc) ^ job.crcs[c];
-            }
-            cc->crc = crc;
-            if (job.crcs != few_crcs) free(job.crcs);
-        }
-    }
-    for (size_t c = 0; c < job.nchunks; c++) { /* combined in chunk order either way */
-        acc_t part;
-        if (team > 1)
-            part = job.accs[c];
-        else
-            reduce_chunk(&job, c, cc && cc->fn ? cc : NULL, &part);
-        if (c == 0) {
+    const unsigned char *bytes = (const unsigned char *)p;
+    size_t width = kind_width(kind);
+    crc_ctx chunk_cc = {cc ? cc->fn : NULL, cc ? cc->crc : 0, kind, NULL};
+    int per_block = cc && (cc->fn || cc->dst);
+    acc_t acc, part;
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t len = n - off < CHUNK ? n - off : CHUNK;
+        chunk_cc.dst = cc && cc->dst ? cc->dst + off * width : NULL;
+        kernel(bytes + off * width, len, &part, per_block ? &chunk_cc : NULL);
+        if (off == 0) {
             acc = part;
         } else {
             acc.max = part.max > acc.max ? part.max : acc.max;
@@ -602,7 +410,7 @@ static void reduce_chunks(const void *p, size_t n, int kind, kernel_fn kernel, c
             acc.sumsq += part.sumsq;
         }
     }
-    if (team > 1 && job.accs != few) free(job.accs);
+    if (cc && cc->fn) cc->crc = chunk_cc.crc;
     *out = acc;
 }
 
@@ -636,61 +444,6 @@ static PyObject *run(const void *p, Py_ssize_t n, long kind, int portable, crc_c
                              PyBool_FromLong(has_inf), (unsigned long)cc->crc);
     return Py_BuildValue("(ddddNN)", acc.max, acc.min, acc.sum, acc.sumsq,
                          PyBool_FromLong(has_nan), PyBool_FromLong(has_inf));
-}
-
-/* set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,
- * omp_in_parallel[, backoff]): addresses of those functions of the OpenMP runtime already
- * loaded (0 for all: back to one thread); backoff: seconds on one thread after a team whose
- * workers were late (default 1.0; 0: never). The calling thread becomes the only one that
- * starts teams. */
-static PyObject *set_parallel(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5 && nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, "
-                                         "omp_get_max_threads, omp_in_parallel[, backoff]) takes 5 addresses "
-                                         "and an optional number of seconds");
-        return NULL;
-    }
-    double backoff = 1.0;
-    if (nargs == 6) {
-        backoff = PyFloat_AsDouble(args[5]);
-        if (backoff == -1.0 && PyErr_Occurred()) return NULL;
-        if (!(backoff >= 0.0 && backoff <= 3600.0)) {
-            PyErr_Format(PyExc_ValueError, "set_parallel: backoff=%R; allowed: 0 to 3600 seconds", args[5]);
-            return NULL;
-        }
-    }
-    void *fn[5];
-    int zeros = 0;
-    for (int i = 0; i < 5; i++) {
-        fn[i] = PyLong_AsVoidPtr(args[i]);
-        if (fn[i] == NULL && PyErr_Occurred()) return NULL;
-        zeros += fn[i] == NULL;
-    }
-    if (zeros && zeros != 5) {
-        PyErr_SetString(PyExc_ValueError, "set_parallel: an address is 0 (give all five, or 0 for all five)");
-        return NULL;
-    }
-    omp_runtime *rt = NULL;
-    if (!zeros && HAVE_TEAMS) {
-        rt = (omp_runtime *)malloc(sizeof *rt);
-        if (rt == NULL) return PyErr_NoMemory();
-        /* a data pointer cannot portably be cast to a function pointer: copy the bits */
-        memcpy(&rt->parallel, &fn[0], sizeof rt->parallel);
-        memcpy(&rt->thread_num, &fn[1], sizeof rt->thread_num);
-        memcpy(&rt->num_threads, &fn[2], sizeof rt->num_threads);
-        memcpy(&rt->max_threads, &fn[3], sizeof rt->max_threads);
-        memcpy(&rt->in_parallel, &fn[4], sizeof rt->in_parallel);
-        rt->backoff = backoff;
-        rt->generation = ++omp_generations;
-        rt->pid = current_pid();
-        omp_owned = rt->generation;
-        omp_quiet_until = 0.0;
-        omp_quiet_for = 0.0;
-    }
-    /* the runtime replaced is not freed: a reduction on another thread may hold it */
-    STORE_RELEASE(&omp_current, rt);
-    Py_RETURN_NONE;
 }
 
 /* args[0:3] = (address, n, kind) of reduce_at and reduce_crc_at; -1 with an exception set */
@@ -1068,13 +821,6 @@ static PyMethodDef METHODS[] = {
      "reduce(buffer, kind, portable=False) -> (max, min, sum, sumsq, has_nan, has_inf)\n\n"
      "The same over a contiguous buffer (numpy array, memoryview); its length in bytes\n"
      "must be a multiple of the element size of kind."},
-    {"set_parallel", (PyCFunction)(void (*)(void))set_parallel, METH_FASTCALL,
-     "set_parallel(gomp_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads,\n"
-     "             omp_in_parallel, backoff=1.0) -> None\n\n"
-     "Share buffers of at least 65536 elements among the threads of the loaded\n"
-     "OpenMP runtime whose functions are at these addresses, when called from the calling thread;\n"
-     "all 0: one thread. Results are bit-identical either way. After a team whose other threads\n"
-     "started late (another process on their core) buffers stay on one thread for backoff seconds."},
     {"small_leaf", (PyCFunction)(void (*)(void))small_leaf, METH_FASTCALL,
      "small_leaf(tensor, io, path, table) -> Leaf or None\n\n"
      "The dump leaf (statistics included) of a small contiguous plain CPU tensor with finite\n"

@@ -38,11 +38,9 @@ from msprobe.pytorch.autograd_guard import install_autograd_guard
 from msprobe.core.naming import safe_component
 from msprobe.pytorch.debug_save import DebugSaver
 from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
-from msprobe.pytorch.omp_team import share_once
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
 from msprobe.pytorch.replay import InputReplay
-from msprobe.pytorch.stats import NATIVE
 from store.export import TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
@@ -220,7 +218,6 @@ class PrecisionDebugger:
         self.recorder.leaves.memo.clear()
         if not self.session.start(rank, rank_dir, world_size):
             return
-        share_once(NATIVE)  # the statistics pass on PyTorch's threads, from the first recorded step on
         if level in _API_LEVELS and self._api_handles is None:
             self._api_handles = HandleGroup()
             self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward))
