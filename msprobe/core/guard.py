@@ -27,3 +27,27 @@ INSIDE = _Inside()
 def is_busy() -> bool:
     """True while this thread runs msprobe's own code or a recorded call."""
     return getattr(INSIDE, "busy", False)
+
+
+class Guarded:
+    """Context manager for msprobe's own code: sets this thread's ``busy`` flag (the
+    previous value comes back on exit), and hands an ``Exception`` raised inside to
+    ``on_error`` instead of propagating it (``BaseException`` such as KeyboardInterrupt
+    propagates). One instance per ``with``: it keeps the previous flag."""
+
+    __slots__ = ("_on_error", "_prev")
+
+    def __init__(self, on_error) -> None:
+        self._on_error = on_error
+
+    def __enter__(self) -> "Guarded":
+        self._prev = INSIDE.busy
+        INSIDE.busy = True
+        return self
+
+    def __exit__(self, tp, exc, tb) -> bool:
+        INSIDE.busy = self._prev
+        if isinstance(exc, Exception):
+            self._on_error(exc)
+            return True
+        return False

@@ -25,44 +25,22 @@ from typing import Any, Callable, Optional
 
 from mindspore import Tensor, ops
 
+from msprobe.core.recorder import PendingBackward as CorePendingBackward
 from msprobe.core.values import restore_swaps, swap_in_place
-from store import schema
-from store.records import Call, Leaf
 
 Path = tuple
 
 
-class PendingBackward:
-    """The gradients of one forward call, collected while backward runs."""
+class PendingBackward(CorePendingBackward):
+    """The gradients of one forward call, collected while backward runs
+    (:class:`msprobe.core.recorder.PendingBackward`, same arguments); ``order``: the rank
+    of its first gradient in this backward (None before one arrived)."""
 
-    __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
-                 "in_slots", "out_slots", "grads_in", "grads_out", "order", "done")
+    __slots__ = ("order",)
 
-    def __init__(self, *, step: int, name: str, kind: str, api_type: str,
-                 parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
-        self.step, self.name, self.kind, self.api_type = step, name, kind, api_type
-        self.parent, self.stack_id, self.keys = parent, stack_id, keys
-        self.in_slots: list[Path] = []   # backward "input": forward outputs
-        self.out_slots: list[Path] = []  # backward "output": forward inputs
-        self.grads_in: dict[Path, Leaf] = {}
-        self.grads_out: dict[Path, Leaf] = {}
-        self.order: Optional[int] = None  # rank of its first gradient in this backward
-        self.done = False
-
-    def to_call(self) -> Call:
-        leaves: list[Leaf] = []
-        if "input" in self.keys:
-            _fill(leaves, "input", self.in_slots, self.grads_in)
-        if "output" in self.keys:
-            _fill(leaves, "output", self.out_slots, self.grads_out)
-        return Call(step=self.step, kind=self.kind, name=self.name, api_type=self.api_type,
-                    parent=self.parent, stack_id=self.stack_id, keys=self.keys, leaves=tuple(leaves))
-
-
-def _fill(out: list[Leaf], io: str, slots: list[Path], grads: dict[Path, Leaf]) -> None:
-    for path in slots:
-        leaf = grads.get(path)
-        out.append(leaf if leaf is not None else Leaf(io=io, path=path, leaf_kind=schema.LEAF_NONE))
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.order: Optional[int] = None
 
 
 def _is_float(t: Any) -> bool:

@@ -22,15 +22,14 @@ from typing import Any, Callable, Optional
 from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
-from msprobe.core.filters import ScopeRange
-from msprobe.core.naming import to_backward
+from msprobe.core.recorder import Frame, Plan, RecorderCore
 from msprobe.core.session import Session
 from msprobe.core.values import object_items
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
 from msprobe.core.npy_payload import array_bytes
 from msprobe.mindspore.leaves import LeafBuilder
 from store import schema
-from store.records import Call, Leaf
+from store.records import Call, Leaf, null_leaf
 
 
 
@@ -40,22 +39,17 @@ def grad_active() -> bool:
     return bool(_pynative_executor.requires_grad())
 
 
-class _Plan:
-    __slots__ = ("name", "want_fwd", "pending", "leaves", "args", "kwargs", "parent", "stack_id")
+class CellFrame(Frame):
+    """A Cell forward in progress (:class:`msprobe.core.recorder.Frame`); ``inputs``: its
+    positional and keyword arguments; ``swaps``: the caller's list items the backward
+    identities replaced (restored when the Cell returns)."""
+
+    __slots__ = ("inputs", "swaps")
 
 
-class CellFrame:
-    """A Cell forward in progress (the innermost one parents API calls).
-
-    ``keep_fwd``/``keep_bwd``: the Cell's forward/backward name matched the ``list`` at level
-    mix, so everything running inside it is kept (spec 5.5)."""
-
-    __slots__ = ("name", "prefix", "parent", "stack_id", "leaves", "pending", "want_fwd", "inputs", "swaps",
-                 "keep_fwd", "keep_bwd")
-
-
-class Recorder:
-    """Builds events from intercepted MindSpore calls.
+class Recorder(RecorderCore):
+    """Builds events from intercepted MindSpore calls (:class:`msprobe.core.recorder.RecorderCore`
+    holds the filters, plans and frames).
 
     Args:
         session: the recording session (state, counters, filters, writer).
@@ -65,31 +59,20 @@ class Recorder:
     in-place call does not change them); the exporter writes the ``.npy`` files.
     """
 
+    #: a call starting now can have a backward: MindSpore records a gradient graph
+    grad_active = staticmethod(grad_active)
+
     def __init__(self, session: Session) -> None:
+        super().__init__(session)
         cfg = session.config
-        self.session = session
-        self.dm = session.data_mode
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
                                   capture=self._capture if session.stores_tensors else None)
         self.taps = BackwardTaps(self._on_grad)
-        self.pending: dict[int, PendingBackward] = {}
-        self.cells_seen: set[str] = set()
-        self.scope = ScopeRange.from_config(cfg.scope)
-        self.list_inside = cfg.level == "mix" and bool(cfg.list)
         self._fired = 0
 
     def _capture(self, a: Any) -> Optional[str]:
         """Task tensor: store the values of host array ``a`` now; the payload reference."""
         return self.session.put_payload(*array_bytes(a))
-
-    # --- per-thread state -------------------------------------------------------------------
-    def parent(self) -> Optional[str]:
-        stack = getattr(self.session.local, "frames", None)
-        if stack:
-            for frame in reversed(stack):
-                if frame is not None:
-                    return frame.name
-        return None
 
     # --- API, Primitive and Jit calls ---------------------------------------------------------
     def record_api(self, original: Callable, family: str, key: str, args: tuple, kwargs: dict,
@@ -137,59 +120,29 @@ class Recorder:
         finally:
             tls.busy = False
 
-    def _wanted(self, fwd: str, bwd: str) -> tuple[bool, bool]:
-        """Whether the forward and the backward entry of a call or Cell starting now are
-        recorded: scope (entered here), data_mode and list."""
-        s, dm = self.session, self.dm
-        if not self.scope.enter(fwd):
-            return False, False
-        inside_fwd = inside_bwd = False
-        if self.list_inside:
-            for frame in getattr(s.local, "frames", None) or ():
-                if frame is not None:
-                    inside_fwd |= frame.keep_fwd
-                    inside_bwd |= frame.keep_bwd
-        return (dm.forward and (inside_fwd or s.accepts(fwd)),
-                dm.backward and (inside_bwd or s.accepts(bwd)) and grad_active())
-
-    def _before(self, family: str, key: str, n: int, args: tuple, kwargs: dict) -> Optional[_Plan]:
-        s, dm = self.session, self.dm
+    def _before(self, family: str, key: str, n: int, args: tuple, kwargs: dict) -> Optional[Plan]:
         fwd = f"{key}.{n}.forward"
         bwd = f"{key}.{n}.backward"
-        want_fwd, want_bwd = self._wanted(fwd, bwd)
+        want_fwd, want_bwd = self.wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
-        plan = _Plan()
-        plan.name, plan.want_fwd = fwd, want_fwd
-        plan.parent = self.parent()
-        plan.stack_id = s.stacks.capture()
-        leaves: list[Leaf] = []
-        if want_fwd and dm.allows("forward", "input"):
-            self.leaves.sequence(fwd, "input_args", args, leaves)
-            self.leaves.mapping(fwd, "input_kwargs", kwargs, leaves)
-        plan.leaves = leaves
-        plan.pending = None
+        plan = self.start_plan(Plan(), fwd, family, want_fwd)
+        if want_fwd and self._fwd_input:
+            self.leaves.sequence(fwd, "input_args", args, plan.leaves)
+            self.leaves.mapping(fwd, "input_kwargs", kwargs, plan.leaves)
         if want_bwd:
-            plan.pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
-                                           parent=to_backward(plan.parent), stack_id=plan.stack_id,
-                                           keys=self.dm.backward_keys())
+            self.new_pending(plan, bwd, schema.API_BACKWARD, PendingBackward)
         return plan
 
-    def _after(self, plan: _Plan, out: Any, args: tuple, kwargs: dict) -> Any:
-        s, dm = self.session, self.dm
+    def _after(self, plan: Plan, out: Any, args: tuple, kwargs: dict) -> Any:
         result = out
         if plan.pending is not None:
             result = self.taps.tap_outputs(plan.pending, out, tuple(args) + tuple(kwargs.values()))
             self.pending[id(plan.pending)] = plan.pending
         if plan.want_fwd:
-            keys = []
-            if dm.allows("forward", "input"):
-                keys += ["input_args", "input_kwargs"]
-            if dm.allows("forward", "output"):
-                keys.append("output")
+            if self._fwd_output:
                 self.leaves.sequence(plan.name, "output", _as_list(out), plan.leaves)
-            s.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.name, api_type=plan.name.split(".", 1)[0],
-                        parent=plan.parent, stack_id=plan.stack_id, keys=tuple(keys), leaves=tuple(plan.leaves)))
+            self.session.emit(self.forward_call(plan, schema.API_FORWARD))
         return result
 
     # --- Cells -------------------------------------------------------------------------------
@@ -223,35 +176,23 @@ class Recorder:
             tls.busy = False
 
     def _cell_frame(self, cell: Any, prefix: str, args: tuple, kwargs: dict) -> Optional[CellFrame]:
-        s, dm = self.session, self.dm
-        n = s.module_counter.next(prefix)
+        n = self.session.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
-        want_fwd, want_bwd = self._wanted(fwd, bwd)
+        want_fwd, want_bwd = self.wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
-        frame = CellFrame()
-        frame.name, frame.prefix, frame.want_fwd = fwd, prefix, want_fwd
-        frame.parent = self.parent()
-        frame.stack_id = s.stacks.capture()
+        frame = self.start_frame(CellFrame(), prefix, fwd, bwd, "Cell", want_fwd)
         frame.inputs = tuple(args) + tuple(kwargs.values())
         frame.swaps = []
-        frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
-        frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
-        leaves: list[Leaf] = []
         if want_fwd:
-            if dm.allows("forward", "input"):
-                self.leaves.sequence(fwd, "input_args", args, leaves)
-                self.leaves.mapping(fwd, "input_kwargs", kwargs, leaves)
-            if dm.allows_parameters():
-                self.leaves.mapping(fwd, "parameters", dict(cell._params), leaves)
-        frame.leaves = leaves
-        frame.pending = None
+            if self._fwd_input:
+                self.leaves.sequence(fwd, "input_args", args, frame.leaves)
+                self.leaves.mapping(fwd, "input_kwargs", kwargs, frame.leaves)
+            if self._parameters:
+                self.leaves.mapping(fwd, "parameters", dict(cell._params), frame.leaves)
         if want_bwd:
-            frame.pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD, api_type="Cell",
-                                            parent=to_backward(frame.parent), stack_id=frame.stack_id,
-                                            keys=self.dm.backward_keys())
-        self.cells_seen.add(prefix)
+            self.new_pending(frame, bwd, schema.MODULE_BACKWARD, PendingBackward)
         return frame
 
     def cell_post(self, cell: Any, output: Any) -> Any:
@@ -273,18 +214,9 @@ class Recorder:
                 result = self.taps.tap_outputs(frame.pending, output, frame.inputs)
                 self.pending[id(frame.pending)] = frame.pending
             if frame.want_fwd:
-                dm = self.dm
-                keys = []
-                if dm.allows("forward", "input"):
-                    keys += ["input_args", "input_kwargs"]
-                if dm.allows("forward", "output"):
-                    keys.append("output")
+                if self._fwd_output:
                     self.leaves.sequence(frame.name, "output", _as_list(output), frame.leaves)
-                if dm.allows_parameters():
-                    keys.append("parameters")
-                s.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name, api_type="Cell",
-                            parent=frame.parent, stack_id=frame.stack_id, keys=tuple(keys),
-                            leaves=tuple(frame.leaves)))
+                s.emit(self.forward_call(frame, schema.MODULE_FORWARD))
             return None if result is output else result
         except Exception as exc:
             self.internal_error(exc)
@@ -298,36 +230,19 @@ class Recorder:
         """``Parameter.register_hook`` body: record the accumulated gradient under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
         s = self.session
-        if prefix not in self.cells_seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
+        name = self.parameters_grad_entry(prefix) if prefix in self.modules_seen else None
+        if name is None or not s.open_step(s.step):
             return
-        name = f"{prefix}.parameters_grad"
-        if not s.accepts(name) or not s.open_step(s.step):
-            return
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if isinstance(grad, Tensor)
-                    else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
+                    else null_leaf(pname, (0,)))
             s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type="Cell",
                         keys=names, leaves=(leaf,)))
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
 
     # --- backward ------------------------------------------------------------------------------
     def _on_grad(self, pending: PendingBackward, side: str, paths: list, grad: Any) -> None:
-        s = self.session
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
-            if pending.done:
-                return
-            if not s.open_step(pending.step):
-                pending.done = True
-                self.pending.pop(id(pending), None)
+        with self.guarded():
+            if not self.accepts_grad(pending):
                 return
             if pending.order is None:
                 self._fired += 1
@@ -337,35 +252,23 @@ class Recorder:
                 first = self.leaves.tensor_leaf(side, paths[0], grad)
                 for p in paths:
                     grads[p] = first if p == paths[0] else first.replace(path=p)
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
 
     def backward_end(self) -> None:
         """A gradient computation returned: emit every entry that received a gradient, in
         the order of their first gradient; entries that received none never will."""
-        tls = self.session._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             fired = sorted((p for p in self.pending.values() if p.order is not None), key=lambda p: p.order)
             for pending in fired:
                 pending.done = True
                 if pending.keys and self.session.open_step(pending.step):
                     self.session.emit(pending.to_call())
-            self.pending.clear()
-            self._fired = 0
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
+        self.pending.clear()
+        self._fired = 0
 
     def flush_pending(self) -> None:
         """Step end: emit what is still pending and forget the step's Cells."""
         self.backward_end()
-        self.cells_seen.clear()
-        self.scope.reset()
+        self.step_reset()
 
     # --- debug save ----------------------------------------------------------------------------
     def save(self, variable: Any, name: str, k: int, save_backward: bool) -> Any:
@@ -374,10 +277,7 @@ class Recorder:
         using: with ``save_backward`` during a gradient computation, tensors are replaced by
         identities that report their gradient."""
         s = self.session
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             entry = f"{name}.{k}"
             leaves: list[Leaf] = []
             for p, v, kind in _walk_for_save(variable):
@@ -401,12 +301,7 @@ class Recorder:
                 for p, v, kind in _walk_for_save(variable):
                     if kind == schema.LEAF_TENSOR and (v.is_floating_point() or v.is_complex()):
                         v.register_hook(self._save_grad_hook(gname, p))
-            return variable
-        except Exception as exc:
-            self.internal_error(exc)
-            return variable
-        finally:
-            tls.busy = prev
+        return variable
 
     def _save_grad_hook(self, gname: str, path: tuple) -> Callable:
         s = self.session
@@ -415,23 +310,12 @@ class Recorder:
         def hook(g):
             if not isinstance(g, Tensor) or s.failed or s.disabled:
                 return None
-            tls = s._tls
-            prev = getattr(tls, "busy", False)
-            tls.busy = True
-            try:
+            with self.guarded():
                 leaf = self.leaves.tensor_leaf("", path, g)
                 s.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=(leaf,)))
-            except Exception as exc:
-                self.internal_error(exc)
-            finally:
-                tls.busy = prev
             return None
 
         return hook
-
-    def internal_error(self, exc: BaseException) -> None:
-        """Log an internal error once and stop recording (:meth:`Session.internal_error`)."""
-        self.session.internal_error(exc)
 
 
 def _walk_for_save(value: Any, path: tuple = (), depth: int = 0):

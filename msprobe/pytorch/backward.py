@@ -55,7 +55,7 @@ import torch
 
 from msprobe.core.values import object_items
 from msprobe.pytorch.leaves import is_structseq
-from store.records import Call, Leaf, null_leaf
+from msprobe.core.recorder import PendingBackward as CorePendingBackward
 
 Path = tuple
 
@@ -105,44 +105,23 @@ class _Grad:
         self.delivered = False
 
 
-class PendingBackward:
-    """The gradients of one forward call, collected while backward runs.
+class PendingBackward(CorePendingBackward):
+    """The gradients of one forward call, collected while backward runs
+    (:class:`msprobe.core.recorder.PendingBackward`, same arguments).
 
-    ``open`` holds the gradients
-    still expected (:meth:`BackwardTaps.settle` delivers what they have summed so far)."""
+    ``open`` holds the gradients still expected (:meth:`BackwardTaps.settle` delivers what
+    they have summed so far); ``expect_in``/``expect_out`` count the gradients expected
+    per side and ``fired_in``/``fired_out`` those arrived; ``keep`` holds the leaf gradient
+    accumulators hooked (see ``BackwardTaps._hook_accumulator``)."""
 
-    __slots__ = ("step", "name", "kind", "api_type", "parent", "stack_id", "keys",
-                 "in_slots", "out_slots", "grads_in", "grads_out", "open",
-                 "expect_in", "expect_out", "fired_in", "fired_out", "done", "keep", "__weakref__")
+    __slots__ = ("open", "expect_in", "expect_out", "fired_in", "fired_out", "keep", "__weakref__")
 
-    def __init__(self, *, step: int, name: str, kind: str, api_type: str,
-                 parent: Optional[str], stack_id: Optional[int], keys: tuple[str, ...]) -> None:
-        self.step, self.name, self.kind, self.api_type = step, name, kind, api_type
-        self.parent, self.stack_id, self.keys = parent, stack_id, keys
-        self.in_slots: list[tuple[Path, bool]] = []   # backward "input": forward outputs
-        self.out_slots: list[tuple[Path, bool]] = []  # backward "output": forward inputs
-        self.grads_in: dict[Path, Leaf] = {}
-        self.grads_out: dict[Path, Leaf] = {}
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
         self.open: list[_Grad] = []
         self.expect_in = self.expect_out = 0
         self.fired_in = self.fired_out = 0
-        self.done = False
-        self.keep: tuple = ()  # leaf gradient accumulators hooked (see BackwardTaps._hook_accumulator)
-
-    def to_call(self) -> Call:
-        leaves: list[Leaf] = []
-        if "input" in self.keys:
-            _fill(leaves, "input", self.in_slots, self.grads_in)
-        if "output" in self.keys:
-            _fill(leaves, "output", self.out_slots, self.grads_out)
-        return Call(step=self.step, kind=self.kind, name=self.name, api_type=self.api_type,
-                    parent=self.parent, stack_id=self.stack_id, keys=self.keys, leaves=tuple(leaves))
-
-
-def _fill(out: list[Leaf], io: str, slots: list[tuple[Path, bool]], grads: dict[Path, Leaf]) -> None:
-    for path, _ in slots:
-        leaf = grads.get(path)
-        out.append(leaf if leaf is not None else null_leaf(io, path))
+        self.keep: tuple = ()
 
 
 class TapState:
@@ -195,7 +174,7 @@ class BackwardTaps:
 
     def _note_in(self, pending: PendingBackward, value: Any, path: Path, state: TapState, depth: int) -> None:
         if isinstance(value, torch.Tensor):
-            pending.out_slots.append((path, True))
+            pending.out_slots.append(path)
             if not (value.requires_grad and value.layout is _STRIDED):
                 return
             known = state.inputs.get(id(value))
@@ -209,7 +188,7 @@ class BackwardTaps:
             for k, v in items:
                 self._note_in(pending, v, path + (k,), state, depth + 1)
             return
-        pending.out_slots.append((path, False))
+        pending.out_slots.append(path)
 
     # --- the call's end --------------------------------------------------------------------
     def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> None:
@@ -297,7 +276,7 @@ class BackwardTaps:
     def _note_out(self, pending: PendingBackward, value: Any, path: Path, outs: dict, state: TapState,
                   depth: int) -> None:
         if isinstance(value, torch.Tensor):
-            pending.in_slots.append((path, True))
+            pending.in_slots.append(path)
             if not (value.requires_grad and value.layout is _STRIDED):
                 return
             geometry = None
@@ -321,7 +300,7 @@ class BackwardTaps:
             for k, v in items:
                 self._note_out(pending, v, path + (k,), outs, state, depth + 1)
             return
-        pending.in_slots.append((path, False))
+        pending.in_slots.append(path)
 
     def _hook_accumulator(self, leaf: torch.Tensor, pending: PendingBackward, rec: _Grad) -> None:
         """The gradient w.r.t. a leaf the call returned, at the leaf's accumulator (a

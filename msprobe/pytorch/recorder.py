@@ -19,8 +19,8 @@ import torch
 
 from msprobe.core.bench import BenchSelector
 from msprobe.core.handles import records_inside
-from msprobe.core.filters import NameList, ScopeRange
-from msprobe.core.naming import to_backward
+from msprobe.core.filters import NameList
+from msprobe.core.recorder import Frame, Plan, RecorderCore
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
@@ -29,7 +29,7 @@ from msprobe.pytorch.leaves import HoldingLeafBuilder, LeafBuilder, is_structseq
 from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
 from msprobe.pytorch.payload import PayloadCapture
 from store import schema
-from store.records import Call, Leaf
+from store.records import Call, null_leaf
 
 
 _current_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
@@ -43,21 +43,22 @@ def in_recompute() -> bool:
     return _current_graph_task_id is not None and _current_graph_task_id() != -1
 
 
-class _ApiPlan:
-    __slots__ = ("family", "fwd", "want_fwd", "pending", "leaves", "tap",
-                 "parent", "stack_id", "recompute", "held")
+class _ApiPlan(Plan):
+    """An API call in progress (:class:`msprobe.core.recorder.Plan`); ``tap``: its inputs'
+    autograd edges (:class:`~msprobe.pytorch.backward.TapState`); ``recompute``:
+    ``is_recompute``; ``held``: tensor.bench_path, the input tensors held."""
+
+    __slots__ = ("tap", "recompute", "held")
 
 
-class ModuleFrame:
-    """A module forward in progress (the innermost one parents API calls).
+class ModuleFrame(Frame):
+    """A module forward in progress (:class:`msprobe.core.recorder.Frame`).
 
-    ``keep_fwd``/``keep_bwd``: the module's forward/backward name matched the ``list`` at
-    level mix, so everything running inside is kept (spec 5.5); ``scope_end``: the
-    module is the scope's last entry, which closes when it finishes."""
+    ``module_id``: ``id`` of the module; ``tap``, ``recompute``, ``held``: as for an API
+    call; ``scope_end``: the module is the scope's last entry, which closes when it
+    finishes; ``done``: its forward returned normally."""
 
-    __slots__ = ("module_id", "name", "prefix", "n", "parent", "stack_id", "leaves",
-                 "pending", "tap", "want_fwd", "recompute", "keep_fwd", "keep_bwd", "scope_end",
-                 "done", "held")
+    __slots__ = ("module_id", "tap", "recompute", "scope_end", "done", "held")
 
 
 class _ScopeEnd:
@@ -69,8 +70,9 @@ class _ScopeEnd:
         self.name = name
 
 
-class Recorder:
-    """Builds events from intercepted PyTorch calls.
+class Recorder(RecorderCore):
+    """Builds events from intercepted PyTorch calls (:class:`msprobe.core.recorder.RecorderCore`
+    holds the filters, plans and frames).
 
     Args:
         session: the recording session (state, counters, filters, writer).
@@ -78,16 +80,13 @@ class Recorder:
             (:mod:`msprobe.core.bench`; task tensor only); None: every call does.
     """
 
+    RECOMPUTE = True
+    #: a call starting now can have a backward: autograd records (grad mode, not inference)
+    grad_active = staticmethod(BackwardTaps.active)
+
     def __init__(self, session: Session, bench: Optional[BenchSelector] = None) -> None:
+        super().__init__(session)
         cfg = session.config
-        self.session = session
-        self.dm = dm = session.data_mode
-        # data_mode is fixed for the session: what an API entry holds, decided once
-        self._fwd_input = dm.allows("forward", "input")
-        self._fwd_output = dm.allows("forward", "output")
-        self._api_keys = ((("input_args", "input_kwargs") if self._fwd_input else ()) + ("is_recompute",)
-                          + (("output",) if self._fwd_output else ()))
-        self._bwd_keys = dm.backward_keys()
         self.capture = PayloadCapture(session.put_payload) if session.stores_tensors else None
         self.bench = bench if self.capture is not None else None
         builder = HoldingLeafBuilder if self.bench is not None else LeafBuilder
@@ -100,16 +99,9 @@ class Recorder:
         if cfg.level not in ("L1", "mix"):
             self.leaves.memo.enabled = False
         self.taps = BackwardTaps(self._on_grad)
-        self.pending: dict[int, PendingBackward] = {}
-        self.modules_seen: set[str] = set()  # module prefixes with a recorded forward this step
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
         self.ancestors: dict[str, tuple[str, ...]] = {}  # module prefix -> prefixes of the hooked modules containing it
-        self.scope = ScopeRange.from_config(cfg.scope)
-        self.list_inside = cfg.level == "mix" and bool(cfg.list)
-        # no scope and no list: only data_mode and autograd decide what a call records (_wanted)
-        self._unfiltered = self.scope.first is None and not cfg.list
-        self._dm_fwd, self._dm_bwd = dm.forward, dm.backward
         self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
         self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
         self.gatherer: Optional[AsyncGatherer] = None
@@ -139,47 +131,8 @@ class Recorder:
         """async_dump: resolve and emit the held calls (at stop()/step())."""
         if self.gatherer is None:
             return
-        tls = self.session._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             self.gatherer.drain()
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
-
-    # --- per-thread state -------------------------------------------------------------------
-    def parent(self) -> Optional[str]:
-        stack = getattr(self.session.local, "frames", None)
-        if stack:
-            for frame in reversed(stack):
-                if type(frame) is ModuleFrame:
-                    return frame.name
-        return None
-
-    def _kept_inside(self) -> tuple[bool, bool]:
-        """``(forward, backward)``: a running module matched the ``list`` at mix (spec 5.5)."""
-        fwd = bwd = False
-        if self.list_inside:
-            for frame in getattr(self.session.local, "frames", None) or ():
-                if type(frame) is ModuleFrame:
-                    fwd |= frame.keep_fwd
-                    bwd |= frame.keep_bwd
-        return fwd, bwd
-
-    def _wanted(self, fwd: str, bwd: str) -> tuple[bool, bool]:
-        """Whether the forward and the backward entry of a call starting now are recorded:
-        data_mode, scope (entered here: inclusive, backward follows forward) and list."""
-        s, dm = self.session, self.dm
-        if self._unfiltered:  # what the lines below give with an empty scope and list, with fewer calls
-            return self._dm_fwd, self._dm_bwd and BackwardTaps.active()
-        if not self.scope.enter(fwd):
-            return False, False
-        inside_fwd, inside_bwd = self._kept_inside()
-        want_fwd = dm.forward and (inside_fwd or s.accepts(fwd))
-        want_bwd = dm.backward and (inside_bwd or s.accepts(bwd)) and BackwardTaps.active()
-        return want_fwd, want_bwd
 
     # --- API calls ----------------------------------------------------------------------------
     def record_api(self, original: Any, family: str, key: str, args: tuple, kwargs: dict) -> Any:
@@ -252,15 +205,12 @@ class Recorder:
         bwd = f"{key}.{n}.backward"
         if fwd == self.scope.last:
             self._closing = fwd
-        want_fwd, want_bwd = self._wanted(fwd, bwd)
+        want_fwd, want_bwd = self.wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
-        plan = _ApiPlan()
-        plan.family, plan.fwd, plan.want_fwd = family, fwd, want_fwd
-        plan.parent = self.parent()
-        plan.stack_id = s.stacks.capture()
+        plan = self.start_plan(_ApiPlan(), fwd, family, want_fwd)
         plan.recompute = in_recompute()
-        leaves: list[Leaf] = []
+        leaves = plan.leaves
         self.leaves.for_entry(fwd)
         plan.held = None
         if want_fwd and self._fwd_input:
@@ -270,29 +220,21 @@ class Recorder:
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
             if held is not None:
                 plan.held = self._bench_inputs(fwd, leaves, held)
-        plan.leaves = leaves
         plan.tap = None
-        plan.pending = None
         if want_bwd:
-            pending = PendingBackward(step=s.step, name=bwd, kind=schema.API_BACKWARD, api_type=family,
-                                      parent=to_backward(plan.parent), stack_id=plan.stack_id,
-                                      keys=self._bwd_keys)
-            plan.tap = self.taps.tap_inputs(pending, args, kwargs)
-            plan.pending = pending
+            plan.tap = self.taps.tap_inputs(self.new_pending(plan, bwd, schema.API_BACKWARD, PendingBackward),
+                                            args, kwargs)
         return plan
 
     def _api_after(self, plan: _ApiPlan, out: Any) -> Any:
-        s = self.session
         if plan.pending is not None:
             self.taps.tap_outputs(plan.pending, out, plan.tap)
             self._keep_pending(plan.pending)
 
         if plan.want_fwd:
             if self._fwd_output:
-                self._output_leaves(plan.fwd, out, plan.leaves, plan.held)
-            self.emit(Call(step=s.step, kind=schema.API_FORWARD, name=plan.fwd, api_type=plan.family,
-                           parent=plan.parent, stack_id=plan.stack_id, is_recompute=plan.recompute,
-                           keys=self._api_keys, leaves=tuple(plan.leaves)))
+                self._output_leaves(plan.name, out, plan.leaves, plan.held)
+            self.emit(self.forward_call(plan, schema.API_FORWARD, plan.recompute))
         return out
 
     # --- module calls --------------------------------------------------------------------------
@@ -326,47 +268,35 @@ class Recorder:
             tls.busy = False
 
     def _module_frame(self, module, prefix: str, args: tuple, kwargs: dict) -> Optional[ModuleFrame]:
-        s, dm = self.session, self.dm
-        n = s.module_counter.next(prefix)
+        n = self.session.module_counter.next(prefix)
         fwd = f"{prefix}.forward.{n}"
         bwd = f"{prefix}.backward.{n}"
         self._closing = fwd if fwd == self.scope.last else None
-        want_fwd, want_bwd = self._wanted(fwd, bwd)
+        want_fwd, want_bwd = self.wanted(fwd, bwd)
         if not (want_fwd or want_bwd):
             return None
-        frame = ModuleFrame()
-        frame.module_id, frame.name, frame.prefix, frame.n = id(module), fwd, prefix, n
-        frame.parent = self.parent()
-        frame.stack_id = s.stacks.capture()
+        frame = self.start_frame(ModuleFrame(), prefix, fwd, bwd, prefix.split(".", 1)[0], want_fwd)
+        frame.module_id = id(module)
         frame.recompute = in_recompute()
-        frame.want_fwd = want_fwd
         frame.done = False
-        frame.keep_fwd = self.list_inside and s.name_list.matches(fwd)
-        frame.keep_bwd = self.list_inside and s.name_list.matches(bwd)
         frame.scope_end = self._closing is not None
         frame.tap = None
-        leaves: list[Leaf] = []
+        leaves = frame.leaves
         self.leaves.for_entry(fwd)
         frame.held = None
         if want_fwd:
             held = self._hold() if self.bench is not None else None
-            if dm.allows("forward", "input"):
+            if self._fwd_input:
                 self.leaves.sequence("input_args", args, leaves)
                 self.leaves.mapping("input_kwargs", kwargs, leaves)
-            if dm.allows_parameters():
+            if self._parameters:
                 self.leaves.mapping("parameters", dict(module.named_parameters(recurse=False)), leaves)
             if held is not None:
                 # the module may change its inputs in place (nn.ReLU(inplace=True)): copies
                 held = self._bench_inputs(fwd, leaves, held)
                 frame.held = None if held is None else _copies(held, keep_io="parameters")
-        frame.leaves = leaves
-        frame.pending = None
         if want_bwd:
-            frame.pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD,
-                                            api_type=prefix.split(".", 1)[0], parent=to_backward(frame.parent),
-                                            stack_id=frame.stack_id, keys=self.dm.backward_keys())
-        self.modules_seen.add(prefix)
-        if want_bwd:
+            self.new_pending(frame, bwd, schema.MODULE_BACKWARD, PendingBackward)
             self.modules_bwd.add(prefix)
         return frame
 
@@ -378,9 +308,7 @@ class Recorder:
 
     def module_post(self, module: torch.nn.Module, output: Any) -> Any:
         """Forward hook body (also runs when forward raised); returns a substitute output or None."""
-        s = self.session
-        tls = s._tls
-        stack = getattr(s.local, "frames", None)
+        stack = getattr(self.session.local, "frames", None)
         if not stack:
             return None
         frame = stack.pop()
@@ -393,34 +321,16 @@ class Recorder:
             self.scope.exit(frame.name)
         if not frame.done:
             return None  # the forward raised: no entry (its output is unknown)
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             if frame.pending is not None:
                 self.taps.tap_outputs(frame.pending, output, frame.tap)
                 self._keep_pending(frame.pending)
             if frame.want_fwd:
-                dm = self.dm
-                keys = []
-                if dm.allows("forward", "input"):
-                    keys += ["input_args", "input_kwargs"]
-                if dm.allows("forward", "output"):
-                    keys.append("output")
+                if self._fwd_output:
                     self._output_leaves(frame.name, output, frame.leaves, frame.held)
                     frame.held = None
-                if dm.allows_parameters():
-                    keys.append("parameters")
-                keys.append("is_recompute")
-                self.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=frame.name,
-                            api_type=frame.prefix.split(".", 1)[0], parent=frame.parent,
-                            stack_id=frame.stack_id, is_recompute=frame.recompute,
-                            keys=tuple(keys), leaves=tuple(frame.leaves)))
-            return None
-        except Exception as exc:
-            self.internal_error(exc)
-            return None
-        finally:
-            tls.busy = prev
+                self.emit(self.forward_call(frame, schema.MODULE_FORWARD, frame.recompute))
+        return None
 
     # --- tensor.bench_path ---------------------------------------------------------------------
     def _output_leaves(self, name: str, out: Any, leaves: list, held: Optional[list]) -> None:
@@ -472,30 +382,20 @@ class Recorder:
     def parameter_grad(self, prefix: str, pname: str, names: tuple[str, ...], param: torch.Tensor) -> None:
         """Post-accumulate-grad hook body: record ``param.grad`` under
         ``{prefix}.parameters_grad`` (key ``pname``; ``names`` = all keys of the entry)."""
-        s = self.session
         # recorded when the module, or a module containing it, ran in this step (a module
         # inside a compiled region has no forward entry of its own)
         seen = prefix in self.modules_seen or (bool(self.modules_seen) and (
             prefix in self.root_prefixes or any(a in self.modules_seen for a in self.ancestors.get(prefix, ()))))
-        if not seen or s.failed or s.disabled or not self.dm.allows_parameters_grad():
+        name = self.parameters_grad_entry(prefix, prefix in self.modules_bwd) if seen else None
+        if name is None:
             return
-        name = f"{prefix}.parameters_grad"
-        if not (prefix in self.modules_bwd or s.accepts(name)):
-            return
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             grad = param.grad
             self.leaves.for_entry(name)
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad, keep=True) if grad is not None
-                    else Leaf(io=pname, path=(0,), leaf_kind=schema.LEAF_NONE))
-            self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type=prefix.split(".", 1)[0],
-                        keys=names, leaves=(leaf,)))
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
+                    else null_leaf(pname, (0,)))
+            self.emit(Call(step=self.session.step, kind=schema.PARAMETERS_GRAD, name=name,
+                           api_type=prefix.split(".", 1)[0], keys=names, leaves=(leaf,)))
 
     # --- backward ------------------------------------------------------------------------------
     def _keep_pending(self, pending: PendingBackward) -> None:
@@ -503,16 +403,8 @@ class Recorder:
             self.pending[id(pending)] = pending
 
     def _on_grad(self, pending: PendingBackward, side: str, paths: list, grad: Optional[torch.Tensor]) -> None:
-        s = self.session
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
-            if pending.done:
-                return
-            if not s.open_step(pending.step):
-                pending.done = True
-                self.pending.pop(id(pending), None)
+        with self.guarded():
+            if not self.accepts_grad(pending):
                 return
             grads = pending.grads_in if side == "input" else pending.grads_out
             if grad is not None and isinstance(grad, torch.Tensor):
@@ -533,10 +425,6 @@ class Recorder:
                 complete = pending.expect_out == 0 and pending.fired_in >= pending.expect_in
             if complete:
                 self._emit_pending(pending)
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
 
     def _emit_pending(self, pending: PendingBackward) -> None:
         pending.done = True
@@ -546,42 +434,25 @@ class Recorder:
 
     def flush_pending(self) -> None:
         """Emit the backward entries still incomplete (some gradient never arrived)."""
-        tls = self.session._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             for pending in list(self.pending.values()):
                 if not pending.done and self.session.open_step(pending.step):
                     self.taps.settle(pending)
                     if not pending.done:
                         self._emit_pending(pending)
-            self.pending.clear()
-            self.leaves.memo.clear()
-            self.drain()
-            self.modules_seen.clear()
-            self.modules_bwd.clear()
-            self.scope.reset()
-        finally:
-            tls.busy = prev
+        self.pending.clear()
+        self.leaves.memo.clear()
+        self.drain()
+        self.step_reset()
+        self.modules_bwd.clear()
 
     def flush_deferred(self) -> None:
         """Resolve queued device statistics in one transfer per device and emit the entries."""
         if not len(self.deferred):
             return
-        tls = self.session._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.guarded():
             for call in self.deferred.resolve():
                 self.session.emit(call)
-        except Exception as exc:
-            self.internal_error(exc)
-        finally:
-            tls.busy = prev
-
-    def internal_error(self, exc: BaseException) -> None:
-        """Log an internal error once and stop recording (:meth:`Session.internal_error`)."""
-        self.session.internal_error(exc)
 
 
 def _forget(memo: Any, writes: int, args: tuple, kwargs: dict) -> None:
