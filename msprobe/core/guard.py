@@ -46,8 +46,10 @@ class Guarded:
         return self
 
     def __exit__(self, tp, exc, tb) -> bool:
-        INSIDE.busy = self._prev
-        if isinstance(exc, Exception):
-            self._on_error(exc)
-            return True
-        return False
+        try:
+            if isinstance(exc, Exception):
+                self._on_error(exc)  # still busy: what the handler calls is not recorded
+                return True
+            return False
+        finally:
+            INSIDE.busy = self._prev

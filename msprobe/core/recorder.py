@@ -128,6 +128,7 @@ class RecorderCore:
         self.list_inside = cfg.level == "mix" and bool(cfg.list)
         # no scope and no list: only data_mode and the gradient graph decide (wanted)
         self._unfiltered = self.scope.first is None and not cfg.list
+        self._dm_fwd, self._dm_bwd = dm.forward, dm.backward
         self._fwd_input = dm.allows("forward", "input")
         self._fwd_output = dm.allows("forward", "output")
         self._parameters = dm.allows_parameters()
@@ -167,15 +168,14 @@ class RecorderCore:
         """Whether the forward entry ``fwd`` and the backward entry ``bwd`` of a call or
         module/Cell starting now are recorded: data_mode, scope (entered here: inclusive,
         a backward follows its forward), list and :meth:`grad_active`."""
-        dm = self.dm
         if self._unfiltered:  # what the lines below give with an empty scope and list
-            return dm.forward, dm.backward and self.grad_active()
+            return self._dm_fwd, self._dm_bwd and self.grad_active()
         if not self.scope.enter(fwd):
             return False, False
         s = self.session
         inside_fwd, inside_bwd = self._kept_inside()
-        return (dm.forward and (inside_fwd or s.accepts(fwd)),
-                dm.backward and (inside_bwd or s.accepts(bwd)) and self.grad_active())
+        return (self._dm_fwd and (inside_fwd or s.accepts(fwd)),
+                self._dm_bwd and (inside_bwd or s.accepts(bwd)) and self.grad_active())
 
     # --- plans and frames --------------------------------------------------------------------
     def start_plan(self, plan: Plan, name: str, api_type: str, want_fwd: bool) -> Plan:
@@ -207,9 +207,10 @@ class RecorderCore:
                                      keys=self.bwd_keys)
         return pending
 
-    def forward_call(self, plan: Plan, kind: str, is_recompute: bool = False) -> Call:
+    def forward_call(self, plan: Plan, kind: str, is_recompute: Optional[bool] = None) -> Call:
         """The forward entry of ``plan`` (``kind``: ``schema.API_FORWARD`` or
-        ``schema.MODULE_FORWARD``) with the leaves built so far."""
+        ``schema.MODULE_FORWARD``) with the leaves built so far; ``is_recompute``: None
+        where the framework has no such flag (:attr:`RECOMPUTE` False)."""
         keys = self.api_keys if kind == schema.API_FORWARD else self.module_keys
         return Call(step=self.session.step, kind=kind, name=plan.name, api_type=plan.api_type,
                     parent=plan.parent, stack_id=plan.stack_id, is_recompute=is_recompute,

@@ -144,6 +144,19 @@ def test_parameters_grad_entry_follows_data_mode_and_list(tmp_path):
     assert _core(tmp_path, data_mode=["forward"]).parameters_grad_entry("Module.fc.Linear") is None
 
 
+def test_forward_call_is_recompute_is_none_without_the_flag(tmp_path):
+    core = _core(tmp_path)
+    plan = core.start_plan(Plan(), "Cell.fc.Dense.forward.0", "Cell", True)
+    assert core.forward_call(plan, schema.MODULE_FORWARD).is_recompute is None
+
+
+def test_guarded_error_handler_runs_while_busy():
+    seen = []
+    with Guarded(lambda exc: seen.append(INSIDE.busy)):
+        raise RuntimeError("x")
+    assert seen == [True] and INSIDE.busy is False
+
+
 def test_guarded_sets_busy_restores_it_and_reports_exceptions():
     errors = []
     assert INSIDE.busy is False

@@ -216,3 +216,32 @@ def test_value_that_cannot_be_described_is_recorded_as_such(tmp_path, monkeypatc
     assert args[1] == [{"type": "int", "value": "<unrecordable>"}]  # normalized_shape (8,)
     assert args[4] == {"type": "float", "value": "<unrecordable>"}  # eps
     assert data["Functional.layer_norm.0.forward"]["output"][0]["shape"] == [4, 8]
+
+
+def test_internal_error_at_step_end_never_reaches_training(tmp_path, monkeypatch, errors):
+    """An internal error while step() settles the pending backward entries (of a forward
+    whose backward never ran) is logged once and stops recording; step() returns and the
+    step counter advances."""
+    from msprobe.pytorch.backward import BackwardTaps
+
+    def broken(self, pending):
+        raise RuntimeError("settle failed")
+
+    monkeypatch.setattr(BackwardTaps, "settle", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.randn(4, 6)
+    expected = model(x).detach()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    dbg.start(model)
+    out = model(x)  # recorded, with backward taps; no backward follows
+    dbg.stop()
+    dbg.step()  # settles the pending entries: the fault
+    assert torch.equal(out.detach(), expected)
+    assert dbg.session.step == 1 and dbg.session.disabled
+    assert [m for m in errors() if "settle failed" in m] and len(errors()) == 1
+    dbg.start(model)  # recording stays off; training goes on
+    assert torch.equal(model(x).detach(), expected)
+    dbg.stop()
+    dbg.step()
+    assert len(errors()) == 1
