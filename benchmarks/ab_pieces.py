@@ -11,8 +11,6 @@ Pieces:
 * ``ptfile``: task tensor, the ``.pt`` files written by
   :func:`msprobe.pytorch.payload.write_pt` (the hand-written writer) or by
   ``torch.save`` of the tensor rebuilt from the payload.
-* ``window``: task tensor, :class:`msprobe.pytorch.payload.PayloadCapture`'s window of
-  recent snapshots (default size) or ``window_bytes=0``.
 
 Each sample is a fresh debugger (hooks installed outside the timer) running ``--steps``
 recorded steps; its ``close()`` (the writer threads' remaining work) is inside the timer
@@ -23,7 +21,6 @@ Not collected by pytest.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shutil
 import statistics
@@ -38,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--piece", required=True, choices=["omp", "window", "ptfile"])
+    p.add_argument("--piece", required=True, choices=["omp", "ptfile"])
     p.add_argument("--config", default="l1_stats")
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
@@ -55,7 +52,6 @@ def main(argv=None) -> None:
 
     from workloads import build_encoder, config_json
     import msprobe.pytorch.debugger as debugger
-    import msprobe.pytorch.recorder as recorder
     from msprobe.pytorch.payload import torch_dtype
     from msprobe.pytorch.stats import NATIVE
     from msprobe.pytorch import PrecisionDebugger
@@ -65,7 +61,6 @@ def main(argv=None) -> None:
     model, train_step = build_encoder(args.layers, size=args.workload)
     root = tempfile.mkdtemp(prefix="ab-pieces-", dir=args.root)
     made = [0]
-    capture = recorder.PayloadCapture
     writer = debugger.write_pt
 
     def torch_save(path, payload):
@@ -82,10 +77,8 @@ def main(argv=None) -> None:
     def switch(on: bool) -> None:
         if args.piece == "omp":
             NATIVE.set_parallel(*(addresses if on else [0] * 5))
-        elif args.piece == "ptfile":
-            debugger.write_pt = writer if on else torch_save
         else:
-            recorder.PayloadCapture = capture if on else functools.partial(capture, window_bytes=0)
+            debugger.write_pt = writer if on else torch_save
 
     def plain() -> float:
         t = time.perf_counter()
