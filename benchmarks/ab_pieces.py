@@ -1,15 +1,13 @@
 """In-process A/B of one recorder acceleration: recorded steps with the piece on and off,
 interleaved in one process (ABBA order), wall-clock time per recorded step.
 
-    python benchmarks/ab_pieces.py --piece window --workload encoder --threads 2 --config l1_tensor
+    python benchmarks/ab_pieces.py --piece ptfile --workload encoder --threads 2 --config l1_tensor
 
 Pieces:
 
 * ``ptfile``: task tensor, the ``.pt`` files written by
   :func:`msprobe.pytorch.payload.write_pt` (the hand-written writer) or by
   ``torch.save`` of the tensor rebuilt from the payload.
-* ``window``: task tensor, :class:`msprobe.pytorch.payload.PayloadCapture`'s window of
-  recent snapshots (default size) or ``window_bytes=0``.
 
 Each sample is a fresh debugger (hooks installed outside the timer) running ``--steps``
 recorded steps; its ``close()`` (the writer threads' remaining work) is inside the timer
@@ -20,7 +18,6 @@ Not collected by pytest.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shutil
 import statistics
@@ -35,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--piece", required=True, choices=["window", "ptfile"])
+    p.add_argument("--piece", required=True, choices=["ptfile"])
     p.add_argument("--config", default="l1_stats")
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
@@ -52,7 +49,6 @@ def main(argv=None) -> None:
 
     from workloads import build_encoder, config_json
     import msprobe.pytorch.debugger as debugger
-    import msprobe.pytorch.recorder as recorder
     from msprobe.pytorch.payload import torch_dtype
     from msprobe.pytorch import PrecisionDebugger
 
@@ -60,7 +56,6 @@ def main(argv=None) -> None:
     model, train_step = build_encoder(args.layers, size=args.workload)
     root = tempfile.mkdtemp(prefix="ab-pieces-", dir=args.root)
     made = [0]
-    capture = recorder.PayloadCapture
     writer = debugger.write_pt
 
     def torch_save(path, payload):
@@ -74,10 +69,7 @@ def main(argv=None) -> None:
         torch.save(t, path)
 
     def switch(on: bool) -> None:
-        if args.piece == "ptfile":
-            debugger.write_pt = writer if on else torch_save
-        else:
-            recorder.PayloadCapture = capture if on else functools.partial(capture, window_bytes=0)
+        debugger.write_pt = writer if on else torch_save
 
     def plain() -> float:
         t = time.perf_counter()

@@ -437,10 +437,9 @@ class LeafBuilder:
         reduced = None
         if self._snapshot is not None:
             # task tensor: the payload's copy and the statistics from one read of the memory.
-            # After a memo hit too: the window then proves the bytes unchanged since its
-            # snapshot of this shape (memcmp, no copy), or the copy comes with fresh statistics
-            # that describe the bytes stored (a write no version counter saw leaves the memo's
-            # stale: _payload_of; the limits: msprobe.pytorch.stats_memo)
+            # After a memo hit too: the copy comes with fresh statistics that describe the
+            # bytes stored (a write no version counter saw leaves the memo's stale:
+            # _payload_of; the limits: msprobe.pytorch.stats_memo)
             payload, reduced = self._snapshot(
                 t, lambda: NATIVE.snapshot_at(ptr, n, kind, *self._align(n * t.element_size())))
         else:
@@ -463,8 +462,7 @@ class LeafBuilder:
         write through ``x.numpy()``, ``x.untyped_storage()`` or an operator on ``x.data``
         outside the API list would leave the file with the first record's values (stale
         statistics are documented there; a tensor file must hold the recorded values, spec
-        1.1). The capture's window proves a reuse by comparing the memory with the
-        snapshot's bytes (no copy, no hash) and snapshots afresh otherwise."""
+        1.1). The capture snapshots the values afresh."""
         if self.capture is None:
             return None
         return self.capture(t)

@@ -112,8 +112,6 @@ class Recorder(RecorderCore):
         self.deferred = DeferredStats()
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
-        if self.capture is not None:
-            session.add_flush_hook(self.capture.clear)
 
     def emit(self, call: Call) -> None:
         """Hand ``call`` to the session; held back until :meth:`drain` with async_dump, or

@@ -1,5 +1,5 @@
 """Task tensor: the payload's copy and the statistics from one read of the memory
-(``fused_stats.snapshot_at``), and payload references after a statistics memo hit (the capture window, never the memo alone).
+(``fused_stats.snapshot_at``), and payloads after a statistics memo hit (a fresh snapshot, never the memo's).
 
 References are independent: the bytes are compared with ``ctypes.string_at`` of the tensor's
 memory (or numpy's C-order bytes of a view), the statistics with numpy float64 and with the
@@ -127,14 +127,10 @@ def test_large_snapshots_of_leaves_are_page_aligned_and_kept_without_a_copy():
     assert type(kept[1]) is bytes
     assert store.puts[0][0] == ctypes.string_at(big.data_ptr(), big.numel() * 4)
     assert store.puts[1][0] == ctypes.string_at(small.data_ptr(), small.numel() * 4)
-    # recorded again unchanged: the window compares the memory with the aligned snapshot
-    builder.memo.clear()
-    builder.tensor_leaf("output", ("0",), big)
-    assert builder.capture.hits == 1 and len(store.puts) == 2
     big.numpy()[-1] += 1.0  # a write no version counter sees
     builder.memo.clear()
     builder.tensor_leaf("output", ("0",), big)
-    assert builder.capture.hits == 1 and store.puts[-1][0] == ctypes.string_at(big.data_ptr(), big.numel() * 4)
+    assert len(store.puts) == 3 and store.puts[-1][0] == ctypes.string_at(big.data_ptr(), big.numel() * 4)
 
 
 # ------------------------------------------------------------------ leaves with PayloadCapture
@@ -150,9 +146,9 @@ class _Store:
         return f"shard:{len(self.puts)}"
 
 
-def _builder(window: int = 32 << 20):
+def _builder():
     store = _Store()
-    return LeafBuilder(md5=False, capture=PayloadCapture(store, window_bytes=window)), store
+    return LeafBuilder(md5=False, capture=PayloadCapture(store)), store
 
 
 def _np_stats(a: np.ndarray) -> tuple:
@@ -178,38 +174,26 @@ def test_plain_tensor_leaf_payload_and_statistics(dtype):
     assert leaf.norm == pytest.approx(norm, rel=1e-12)
 
 
-def test_memo_hit_reuses_payload_only_for_the_same_layout():
-    """Recorded again unchanged: no second put (the capture window's reference, proven by
-    comparing the memory). A transposed view of the same memory (memo hit for the
-    statistics) has other C-order bytes: put again, with them. After an in-place change:
-    put again, with the new bytes."""
+def test_memo_hit_puts_each_record_in_its_own_layout():
+    """Every record is put with its C-order bytes, dtype and shape: recorded again unchanged
+    (the same bytes), as a transposed view of the same memory (a memo hit for the
+    statistics; other C-order bytes), with another shape, and after an in-place change
+    (the new bytes)."""
     x = torch.randn(20, 20)
     builder, store = _builder()
     first = builder.tensor_leaf("output", (0,), x)
     again = builder.tensor_leaf("input_args", (0,), x.view(20, 20))
-    assert again.payload == first.payload == "shard:1" and len(store.puts) == 1
+    assert (first.payload, again.payload) == ("shard:1", "shard:2") and store.puts[1] == store.puts[0]
     transposed = builder.tensor_leaf("input_args", (1,), x.t())
-    assert transposed.payload == "shard:2" and builder.memo.hits == 2
-    assert store.puts[1][0] == np.ascontiguousarray(x.numpy().T).tobytes()
+    assert transposed.payload == "shard:3" and builder.memo.hits == 2
+    assert store.puts[2][0] == np.ascontiguousarray(x.numpy().T).tobytes()
     assert (transposed.max, transposed.min) == (first.max, first.min)
     flat = builder.tensor_leaf("input_args", (2,), x.view(400))  # same memory, other shape
-    assert flat.payload == "shard:3" and store.puts[2][2] == (400,)
+    assert flat.payload == "shard:4" and store.puts[3][2] == (400,)
     x.mul_(2.0)
     changed = builder.tensor_leaf("output", (1,), x)
-    assert changed.payload == "shard:4" and store.puts[3][0] == x.numpy().tobytes()
+    assert changed.payload == "shard:5" and store.puts[4][0] == x.numpy().tobytes()
     assert changed.max == float(x.max())
-
-
-def test_memo_hit_without_window_snapshots_again():
-    """The window off: a memo hit (statistics reused) still snapshots the memory, so a
-    write no version counter sees (through ``x.numpy()``) reaches the stored bytes."""
-    x = torch.randn(20, 20)
-    builder, store = _builder(window=0)
-    first = builder.tensor_leaf("output", (0,), x)
-    x.numpy()[0, 0] = 77.0
-    again = builder.tensor_leaf("input_args", (0,), x)
-    assert builder.memo.hits == 1 and again.payload != first.payload
-    assert store.puts[1][0] == x.numpy().tobytes()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -266,19 +250,19 @@ def test_memo_hit_after_an_unseen_write_records_the_values_stored(numel):
     assert (second.max, second.min) == (values.max(), values.min()) == (7.0, -2.5)
     assert second.mean == values.mean() and second.norm == float(np.sqrt((values * values).sum()))
     assert store.puts[-1][0] == ctypes.string_at(t.data_ptr(), numel * 4)
-    # unchanged since: the window proves it, the memo's statistics stand, nothing stored again
+    # unchanged since: the same statistics and the same bytes stored again
     third = builder.tensor_leaf("output", ("0",), t)
-    assert (third.max, third.min, third.mean) == (second.max, second.min, second.mean) and len(store.puts) == 2
+    assert (third.max, third.min, third.mean) == (second.max, second.min, second.mean)
+    assert len(store.puts) == 3 and store.puts[2] == store.puts[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("keep", [False, True])
-@pytest.mark.parametrize("nbytes", [4096, 33 << 20])  # inside and beyond the 32 MiB capture window
+@pytest.mark.parametrize("nbytes", [4096, 33 << 20])  # inside and beyond the memo's 4 MiB limit
 def test_memo_hit_after_an_unseen_write_dtypes_keep_and_large(dtype, keep, nbytes):
     """The unseen-write check of a memo hit for every native dtype, for a parameter's
     ``.grad`` (``keep``: its memo entry stays held like a parameter's) and for a tensor
-    larger than the capture window (every record copies it: the statistics come from that
-    copy): unchanged records give the same statistics bit for bit, a write through the
+    larger than the memo's limit (no memo entry unless kept): unchanged records give the same statistics bit for bit, a write through the
     tensor's memory gives those of the new values, and the payload holds the new bytes."""
     store = _Store()
     builder = LeafBuilder(md5=False, capture=PayloadCapture(store))
@@ -302,10 +286,10 @@ def test_memo_hit_after_an_unseen_write_dtypes_keep_and_large(dtype, keep, nbyte
         assert entry[4] and entry[2][0] is not first and entry[2][0].max == 7.0  # still held, updated
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation: the memo key ignores the shape, the capture "
-                   "window's key does not; a write no version counter sees, then undone, between records "
-                   "of two shapes of one block leaves the memo's statistics of the other bytes")
 def test_memo_hit_after_an_unseen_write_undone_through_another_shape():
+    """A write no version counter sees, recorded through another shape of the same memory
+    and then undone: the next record's statistics and payload are those of the bytes now
+    there (every record's snapshot comes with fresh statistics)."""
     store = _Store()
     builder = LeafBuilder(md5=False, capture=PayloadCapture(store))
     x = torch.zeros(4, 4)
@@ -315,4 +299,4 @@ def test_memo_hit_after_an_unseen_write_undone_through_another_shape():
     x.numpy()[0, 0] = 0.0
     leaf = builder.tensor_leaf("output", ("0",), x)
     assert store.puts[int(leaf.payload.split(":")[1]) - 1][0] == bytes(64)  # the bytes stored: zeros
-    assert leaf.max == 0.0  # fails: 9.0, the memo's statistics of the bytes the view recorded
+    assert leaf.max == 0.0

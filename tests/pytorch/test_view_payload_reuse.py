@@ -1,8 +1,8 @@
 """Task tensor, end to end: the transposed views nn.MultiheadAttention makes of a
 batch-first input (recorded as the output of one call and as query, key and value of the
-next) reuse one payload when their memory is unchanged; every .pt file still holds the
-recorded tensor's values. Checked against values captured independently by forward hooks
-and against float64 numpy statistics of the file's contents."""
+next): every .pt file holds the recorded tensor's values. Checked against values
+captured independently by forward hooks and against float64 numpy statistics of the
+file's contents."""
 from __future__ import annotations
 
 import math
