@@ -233,15 +233,18 @@ def test_internal_error_at_step_end_never_reaches_training(tmp_path, monkeypatch
     x = torch.randn(4, 6)
     expected = model(x).detach()
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
-    dbg.start(model)
-    out = model(x)  # recorded, with backward taps; no backward follows
-    dbg.stop()
-    dbg.step()  # settles the pending entries: the fault
-    assert torch.equal(out.detach(), expected)
-    assert dbg.session.step == 1 and dbg.session.disabled
-    assert [m for m in errors() if "settle failed" in m] and len(errors()) == 1
-    dbg.start(model)  # recording stays off; training goes on
-    assert torch.equal(model(x).detach(), expected)
-    dbg.stop()
-    dbg.step()
-    assert len(errors()) == 1
+    try:
+        dbg.start(model)
+        out = model(x)  # recorded, with backward taps; no backward follows
+        dbg.stop()
+        dbg.step()  # settles the pending entries: the fault
+        assert torch.equal(out.detach(), expected)
+        assert dbg.session.step == 1 and dbg.session.disabled
+        assert [m for m in errors() if "settle failed" in m] and len(errors()) == 1
+        dbg.start(model)  # recording stays off; training goes on
+        assert torch.equal(model(x).detach(), expected)
+        dbg.stop()
+        dbg.step()
+        assert len(errors()) == 1
+    finally:
+        dbg.close()
