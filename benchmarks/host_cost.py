@@ -46,7 +46,7 @@ COMPONENTS = collections.OrderedDict([
     ("  statistics: TensorStats from the reduction", ["msprobe.pytorch.leaves:native_stats"]),
     ("  leaf tuple", ["msprobe.pytorch.leaves:_stats_leaf"]),
     ("emit: Session.emit, log row append, Arrow batches", ["msprobe.pytorch.recorder:Recorder.emit"]),
-    ("  Arrow batch building (flush of 1024 rows)", ["store.log_writer:LogWriter._flush_locked"]),
+    ("  Arrow batch building (flushes: 512 rows, stop(), step(), start())", ["store.log_writer:LogWriter._flush_locked"]),
     ("backward taps at call time (tap_inputs, tap_outputs)", ["msprobe.pytorch.backward:BackwardTaps.tap_inputs",
                                                              "msprobe.pytorch.backward:BackwardTaps.tap_outputs"]),
     ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_posthook",
