@@ -57,10 +57,7 @@ class DebugSaver:
         s = rec.session
         if not s.recording or s.failed:
             return
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with rec.guarded():
             k = self.counter.next(name)
             entry = f"{name}.{k}"
             leaves: list[Leaf] = []
@@ -78,27 +75,15 @@ class DebugSaver:
                 for path, t in _tensors(variable, ()):
                     if t.requires_grad:
                         t.register_hook(self._grad_hook(grad_entry, path, s.step))
-        except Exception as exc:
-            rec.internal_error(exc)
-        finally:
-            tls.busy = prev
 
     def _grad_hook(self, entry: str, path: tuple, step: int):
         rec = self.recorder
 
         def hook(grad: torch.Tensor) -> None:
-            s = rec.session
-            tls = s._tls
-            prev = getattr(tls, "busy", False)
-            tls.busy = True
-            try:
+            with rec.guarded():
                 rec.leaves.for_entry(entry)
                 leaf = rec.leaves.tensor_leaf("", path, grad)
                 rec.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=entry, api_type="debug", leaves=(leaf,)))
-            except Exception as exc:
-                rec.internal_error(exc)
-            finally:
-                tls.busy = prev
             return None
 
         return hook

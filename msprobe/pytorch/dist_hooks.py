@@ -227,16 +227,9 @@ class DistributedCalls:
         s = self.session
         if not s.open_step(plan.step):
             return
-        tls = s._tls
-        prev = getattr(tls, "busy", False)
-        tls.busy = True
-        try:
+        with self.recorder.guarded():
             self.recorder.emit(Call(step=plan.step, kind=plan.kind, name=plan.name, api_type=plan.api_type,
-                        keys=("output",), leaves=self._output_leaves(plan.name, args, kwargs)))
-        except Exception as exc:
-            self.recorder.internal_error(exc)
-        finally:
-            tls.busy = prev
+                                    keys=("output",), leaves=self._output_leaves(plan.name, args, kwargs)))
 
 
 class DistributedWrapper:
