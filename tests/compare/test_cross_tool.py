@@ -189,9 +189,15 @@ def test_xor_checksums_of_ours_and_26_agree(tmp_path):
     rows = r.con.sql("SELECT t_call, io, arg, verdict FROM tensors WHERE verdict NOT IN ('unpaired')").fetchall()
     differ = {(c, io, a) for c, io, a, v in rows if v != "identical"}
     # 26.x takes the checksum of an argument the call updates in place after the call
-    # (batch_norm's running mean and variance); every other tensor has the same XOR
-    assert differ == {("Functional.batch_norm.0.forward", "input_args", "1"),
-                      ("Functional.batch_norm.0.forward", "input_args", "2")}
+    # (batch_norm's running mean and variance); every other tensor has the same XOR, except
+    # where the values themselves depend on the CPU: the fc layer's matmul (its output, which
+    # is the loss's input) rounds differently on CPUs whose BLAS kernels differ from those of
+    # the machine that recorded the fixture
+    in_place = {("Functional.batch_norm.0.forward", "input_args", "1"),
+                ("Functional.batch_norm.0.forward", "input_args", "2")}
+    per_cpu = {("Functional.linear.0.forward", "output", "0"),
+               ("Functional.cross_entropy.0.forward", "input_args", "0")}
+    assert in_place <= differ <= in_place | per_cpu
     assert len(rows) - len(differ) >= 20
     # 26.x writes a 0-dim tensor's value as its md5; the checksum computed from it is ours
     (t_md5, b_md5), = r.con.sql("SELECT t_md5, b_md5 FROM tensors WHERE t_call = 'Functional.cross_entropy.0.forward' "
