@@ -7,7 +7,7 @@ per configuration: median step time, ratio to the uninstrumented run, peak RSS, 
 per step and dump.json entries recorded per step.
 
     .venv/bin/python benchmarks/overhead.py --workload encoder --runs 5
-    .venv/bin/python benchmarks/overhead.py --workload dispatch --configs l1_stats,mix_stats,l1_md5,mix_stopped
+    .venv/bin/python benchmarks/overhead.py --workload dispatch --configs l1_stats,mix_stats,l1_md5,mix_stopped,mix_finished
     .venv/bin/python benchmarks/overhead.py --layers 2,4,8 --configs none,l1_stats
     MSPROBE_UPSTREAM_PYTHON=/work/venv-upstream/bin/python .venv/bin/python benchmarks/overhead.py
 
@@ -36,7 +36,8 @@ REPO_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from workloads import CONFIGS  # noqa: E402  (benchmarks/ only; never the msprobe package)
 
-CONFIG_ORDER = ["none", "l1_stats", "mix_stats", "l1_md5", "mix_md5", "l0_params_md5", "l1_tensor", "mix_stopped"]
+CONFIG_ORDER = ["none", "l1_stats", "mix_stats", "l1_md5", "mix_md5", "l0_params_md5", "l1_tensor", "mix_stopped",
+                "mix_finished"]
 CONFIG_LABELS = {
     "none": "uninstrumented",
     "l1_stats": "L1 statistics",
@@ -46,6 +47,7 @@ CONFIG_LABELS = {
     "l0_params_md5": "L0 md5, data_mode forward+input",
     "l1_tensor": "L1 tensor",
     "mix_stopped": "mix, hooks installed, stopped",
+    "mix_finished": "mix, steps after the last step of `step`",
 }
 
 
@@ -352,7 +354,7 @@ def table(summaries, impls, configs):
             if "peak_rss_mib" in base and cfg != "none":
                 rss += " (%+.0f%%)" % (100.0 * (s["peak_rss_mib"] / base["peak_rss_mib"] - 1))
             per_entry = per_tensor = ""
-            if "step_s" in base and cfg != "none":
+            if "step_s" in base and CONFIGS[cfg][3] == "record":  # per recorded entry: recording steps only
                 extra_us = (s["step_s"] - base["step_s"]) * 1e6
                 if s["entries_per_step"]:
                     per_entry = "%.1f" % (extra_us / s["entries_per_step"])

@@ -30,6 +30,9 @@ import time
 #   mode "record":  start(model) / stop() / step() around the warm-up and every timed step
 #   mode "stopped": start(model) then stop() once before the warm-up; the steps run with the
 #                   hooks installed but the recorder switched off (no start/stop/step calls)
+#   mode "finished": config step [0]: the warm-up step is recorded (the last step of the
+#                   list), the timed steps call start(model) / stop() / step() and record
+#                   nothing (step() of the last step removed the hooks)
 #   mode "none":    msprobe is not imported at all
 CONFIGS = {
     "none": (None, None, None, "none"),
@@ -41,6 +44,7 @@ CONFIGS = {
     "l0_params_md5": ("statistics", "L0", "md5", "record"),
     "l1_tensor": ("tensor", "L1", "statistics", "record"),
     "mix_stopped": ("statistics", "mix", "statistics", "stopped"),
+    "mix_finished": ("statistics", "mix", "statistics", "finished"),
 }
 #: data_mode of the configurations that do not record everything (default ["all"])
 DATA_MODE = {"l0_params_md5": ["forward", "input"]}
@@ -48,14 +52,14 @@ DATA_MODE = {"l0_params_md5": ["forward", "input"]}
 
 def config_json(name, dump_path):
     """The config.json content for configuration ``name`` (None for ``none``)."""
-    task, level, summary_mode, _mode = CONFIGS[name]
+    task, level, summary_mode, mode = CONFIGS[name]
     if task is None:
         return None
     return {
         "task": task,
         "dump_path": dump_path,
         "rank": [],
-        "step": [],
+        "step": [0] if mode == "finished" else [],
         "level": level,
         "async_dump": False,
         "statistics": {"scope": [], "list": [], "data_mode": DATA_MODE.get(name, ["all"]),
@@ -232,7 +236,7 @@ def run_child(args):
             dbg.start(model)
             dbg.stop()
 
-    record = mode == "record"
+    record = mode in ("record", "finished")
 
     def one_step():
         c0 = time.process_time()
@@ -269,7 +273,7 @@ def run_child(args):
         rss_kib_per_step=rss,
         vm_hwm_kib=_vm_kib("VmHWM"),
         ru_maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        recorded_steps=(args.steps + 1) if record else 0,
+        recorded_steps=(args.steps + 1) if mode == "record" else 1 if mode == "finished" else 0,
     )
     return result
 

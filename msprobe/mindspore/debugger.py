@@ -198,6 +198,18 @@ class PrecisionDebugger:
         """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
         if self.session is not None and self.config.level != "debug":
             self.session.end_step(before_export=self.recorder.flush_pending)
+            if self.session.finished:
+                self._remove_recording_hooks()
+
+    def _remove_recording_hooks(self) -> None:
+        """Remove the API, Primitive, Cell and gradient-end hooks (the next ``start()``
+        that records installs them again): :meth:`step` does so after the last step of
+        the config's ``step`` list, when nothing can be recorded any more."""
+        for handles in (self._prim_handles, self._model_handles, self._other_handles):
+            if handles is not None:
+                handles.remove()
+        self._api_hooks = self._other_handles = self._model_handles = self._prim_handles = None
+        self._hooked_models = []
 
     @staticmethod
     def save(variable: Any, name: str, save_backward: bool = True) -> None:
@@ -235,11 +247,7 @@ class PrecisionDebugger:
             self.session.stop()
         if self.config.level == "debug":
             self.session.stop()
-        for handles in (self._prim_handles, self._model_handles, self._other_handles):
-            if handles is not None:
-                handles.remove()
-        self._api_hooks = self._other_handles = self._model_handles = self._prim_handles = None
-        self._hooked_models = []
+        self._remove_recording_hooks()
         self.session.close()
 
     def __enter__(self) -> "PrecisionDebugger":

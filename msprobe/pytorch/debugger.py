@@ -175,11 +175,7 @@ class PrecisionDebugger:
         the hooks are removed and installed again at ``start()`` by a new recorder."""
         self.recorder.drain()
         self.recorder.flush_deferred()
-        for handles in (self._api_handles, self._model_handles):
-            if handles is not None:
-                handles.remove()
-        self._api_handles = self._model_handles = None
-        self._hooked_models = []
+        self._remove_recording_hooks()
         self.config = config
         self.session.reconfigure(config, **_tensor_files(config))
         if self._bench is not None:
@@ -333,7 +329,21 @@ class PrecisionDebugger:
         if self._replay is not None:
             self._replay.end_step()
         self.session.end_step(before_export=self.recorder.flush_pending)
+        if self.session.finished:
+            self._remove_recording_hooks()
         self._poll_config()
+
+    def _remove_recording_hooks(self) -> None:
+        """Remove the API wrappers, the autograd guard and the module and parameter hooks;
+        the next ``start()`` that records installs them again. After the last step of the
+        config's ``step`` list nothing can be recorded any more, so :meth:`step` removes
+        them then: the rest of the run calls torch's own functions (a config.json reload
+        that selects later steps installs them again)."""
+        for handles in (self._api_handles, self._model_handles):
+            if handles is not None:
+                handles.remove()
+        self._api_handles = self._model_handles = None
+        self._hooked_models = []
 
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
