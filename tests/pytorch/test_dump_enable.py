@@ -91,6 +91,26 @@ def test_level_task_and_steps_change_at_a_step_boundary(tmp_path, monkeypatch):
     dbg.close()
 
 
+def test_a_reload_after_the_last_step_installs_the_hooks_again(tmp_path, monkeypatch):
+    """step() of the last step removes the hooks; a config.json that selects a later step
+    puts them back at that step's start()."""
+    clock = Clock()
+    monkeypatch.setattr(debugger_mod, "ConfigWatcher", lambda *a, **k: ConfigWatcher(*a, clock=clock, **k))
+    cfg = tmp_path / "c.json"
+    _write(cfg, **_base(tmp_path, step=[0]))
+    original = F.relu
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    _steps(dbg, clock, 2, CHECK_IDLE_S + 1.0)  # step 0 recorded, step 1 past the last step
+    assert F.relu is original and _entries(tmp_path, 1) is None
+    _write(cfg, **_base(tmp_path, step=[3]))
+    _steps(dbg, clock, 3, CHECK_IDLE_S + 1.0)  # read at step 2's start: step 3 recorded
+    assert F.relu is original  # removed again after step 3
+    assert _entries(tmp_path, 2) is None and _entries(tmp_path, 4) is None
+    out = _entries(tmp_path, 3)["Functional.relu.0.forward"]["output"][0]
+    assert (out["Max"], out["Min"]) == (4.0, 0.0)  # relu(x + 1) of _steps' x
+    dbg.close()
+
+
 def test_invalid_config_keeps_the_last_good_one_and_logs_once(tmp_path, monkeypatch, caplog):
     clock = Clock()
     monkeypatch.setattr(debugger_mod, "ConfigWatcher", lambda *a, **k: ConfigWatcher(*a, clock=clock, **k))
