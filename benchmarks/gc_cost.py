@@ -2,10 +2,11 @@
 
 Usage::
 
-    ROOT=/path/to/checkout .venv/bin/python benchmarks/gc_cost.py [CONFIG] [STEPS] [THREADS]
+    ROOT=/path/to/checkout .venv/bin/python benchmarks/gc_cost.py [CONFIG] [STEPS] [THREADS] [WORKLOAD]
 
-Two fresh processes run ``STEPS`` (default 40) timed steps of the encoder workload
-(``workloads.build_encoder(4)``, SGD, ``torch.set_num_threads(THREADS)``, default 2) after 3
+Two fresh processes run ``STEPS`` (default 40) timed steps of the ``WORKLOAD`` (default
+``encoder``; ``dispatch``: the workload's own training step)
+(``workloads.build_encoder(4, size=WORKLOAD)``, SGD, ``torch.set_num_threads(THREADS)``, default 2) after 3
 warm-up steps: one uninstrumented, one recorded with the checkout ``ROOT``'s
 ``PrecisionDebugger`` at ``workloads.CONFIGS[CONFIG]`` (default ``l1_stats``), each step
 ``start(model)``, the training step, ``stop()``, ``step()``. ``gc.callbacks`` time every
@@ -33,7 +34,7 @@ import time
 ROOT = os.environ.get("ROOT", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def child(cfg: str, steps: int, threads: int, plain: bool) -> dict:
+def child(cfg: str, steps: int, threads: int, plain: bool, workload: str = "encoder") -> dict:
     """Run the steps in this process; the collector's numbers (see the module docstring)."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -43,7 +44,7 @@ def child(cfg: str, steps: int, threads: int, plain: bool) -> dict:
     torch.set_num_threads(threads)
     from workloads import build_encoder, config_json
 
-    model, _ = build_encoder(4)
+    model, train_step = build_encoder(4, size=workload)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     tokens = torch.randint(0, 1000, (8, 128))
     targets = torch.randint(0, 1000, (8, 128))
@@ -77,9 +78,12 @@ def child(cfg: str, steps: int, threads: int, plain: bool) -> dict:
     def one_step() -> None:
         if dbg is not None:
             dbg.start(model)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(tokens).reshape(-1, 1000), targets.reshape(-1)).backward()
-        opt.step()
+        if workload == "encoder":
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(tokens).reshape(-1, 1000), targets.reshape(-1)).backward()
+            opt.step()
+        else:  # the workload's own step (workloads.build_encoder)
+            train_step()
         if dbg is not None:
             dbg.stop()
             dbg.step()
@@ -113,15 +117,16 @@ def main() -> None:
     cfg = args[0] if args else "l1_stats"
     steps = int(args[1]) if len(args) > 1 else 40
     threads = int(args[2]) if len(args) > 2 else 2
+    workload = args[3] if len(args) > 3 else "encoder"
     if "--child" in sys.argv:
-        print(json.dumps(child(cfg, steps, threads, "--plain" in sys.argv)))
+        print(json.dumps(child(cfg, steps, threads, "--plain" in sys.argv, workload)))
         return
     results = {}
     for label, extra in (("uninstrumented", ["--plain"]), (cfg, [])):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", cfg, str(steps), str(threads)] + extra
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", cfg, str(steps), str(threads), workload] + extra
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=dict(os.environ, ROOT=ROOT))
         results[label] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"garbage collector, encoder (4 layers), {steps} steps, {threads} threads, checkout {ROOT}")
+    print(f"garbage collector, {workload} (4 layers), {steps} steps, {threads} threads, checkout {ROOT}")
     for label, r in results.items():
         print(report(label, r))
 
