@@ -126,6 +126,7 @@ class PrecisionDebugger:
         self._hooked_models: list[weakref.ref] = []
         self._dump_module_handles: Optional[HandleGroup] = None
         self._dump_grad_handles = HandleGroup()
+        self._dump_grad_hooked: set[tuple[int, str, int]] = set()  # (module, prefix, recorder) ids hooked
         self._deprecation_warned = False
         self._saver = DebugSaver(self.recorder)
         #: API-list names not found in this PyTorch (reported, not fatal); levels L1/mix
@@ -307,15 +308,21 @@ class PrecisionDebugger:
         if not isinstance(name, str) or not name:
             raise ConfigError("name", name, "a non-empty string", detail="module_dump(module, name)")
         self.module_dump_end()
+        if self.session.finished:  # past the last step: nothing is recorded, nothing is hooked
+            return
         prefix = f"Module.{safe_component(name)}.{type(module).__name__}"
         self._dump_module_handles = HandleGroup()
-        hook_module(module, prefix, self.recorder, self._dump_module_handles, self._dump_grad_handles)
+        # the parameter-gradient hooks stay until the last step: once per module, name and recorder
+        key = (id(module), prefix, id(self.recorder))
+        grad_group = None if key in self._dump_grad_hooked else self._dump_grad_handles
+        self._dump_grad_hooked.add(key)
+        hook_module(module, prefix, self.recorder, self._dump_module_handles, grad_group)
         self.recorder.exclusive = prefix
 
     def module_dump_end(self) -> None:
         """End the :meth:`module_dump` window; recording resumes normally (idempotent).
-        The module's parameter-gradient hooks stay until :meth:`close`, so a backward run
-        after this call still records its ``parameters_grad``."""
+        The module's parameter-gradient hooks stay until the last step (or :meth:`close`),
+        so a backward run after this call still records its ``parameters_grad``."""
         self.recorder.exclusive = None
         if self._dump_module_handles is not None:
             self._dump_module_handles.remove()
@@ -330,7 +337,13 @@ class PrecisionDebugger:
             self._replay.end_step()
         self.session.end_step(before_export=self.recorder.flush_pending)
         if self.session.finished:
-            self._remove_recording_hooks()
+            try:
+                self._remove_recording_hooks()
+                self.module_dump_end()
+                self._dump_grad_handles.remove()
+                self._dump_grad_hooked.clear()
+            except Exception as exc:  # never into training
+                self.recorder.internal_error(exc)
         self._poll_config()
 
     def _remove_recording_hooks(self) -> None:
@@ -354,6 +367,7 @@ class PrecisionDebugger:
         for handles in (self._api_handles, self._model_handles, self._dump_grad_handles, self._replay_handles):
             if handles is not None:
                 handles.remove()
+        self._dump_grad_hooked.clear()
         self._api_handles = self._model_handles = self._replay_handles = None
         self._replay_models = []
         self._hooked_models = []

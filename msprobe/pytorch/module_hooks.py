@@ -102,9 +102,10 @@ def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recor
 
 
 def hook_module(module: torch.nn.Module, prefix: str, recorder: Any, forward_group: HandleGroup,
-                grad_group: HandleGroup, on: Optional[torch.nn.Module] = None) -> None:
+                grad_group: Optional[HandleGroup], on: Optional[torch.nn.Module] = None) -> None:
     """Hook one module under the entry prefix ``prefix`` (``Module.{path}.{Class}``): forward
-    pre/post hooks go to ``forward_group``, parameter-gradient hooks to ``grad_group``.
+    pre/post hooks go to ``forward_group``, parameter-gradient hooks to ``grad_group``
+    (None: no parameter-gradient hooks, the module has them already).
     ``on``: the module whose calls stand for ``module``'s (the ``OptimizedModule`` that
     wraps it); the forward hooks are registered there, the entries are ``module``'s."""
     on = module if on is None else on
@@ -113,7 +114,8 @@ def hook_module(module: torch.nn.Module, prefix: str, recorder: Any, forward_gro
     # also when forward raised) pops the module stack and records the entry
     forward_group.add(on.register_forward_hook(_done(recorder, module)))
     forward_group.add(on.register_forward_hook(_post(recorder, module), with_kwargs=True, always_call=True))
-    install_grad_hooks(module, prefix, recorder, grad_group)
+    if grad_group is not None:
+        install_grad_hooks(module, prefix, recorder, grad_group)
 
 
 # each hook tests is_compiling() first: a module inside a compiled region is traced
