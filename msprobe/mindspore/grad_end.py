@@ -33,13 +33,18 @@ def install_grad_end(on_end: Callable[[], None]) -> CallbackHandle:
                 on_end()
 
     grad.__msprobe_disabled__ = False
+    grad.__msprobe_previous__ = (previous, had_own)
     executor.grad = grad
 
     def undo() -> None:
         grad.__msprobe_disabled__ = True
         if vars(executor).get("grad") is grad:
-            if had_own:
-                executor.grad = previous
+            # past the wrappers of debuggers removed before this one (disabled pass-throughs)
+            target, own = previous, had_own
+            while own and getattr(target, "__msprobe_disabled__", False):
+                target, own = target.__msprobe_previous__
+            if own:
+                executor.grad = target
             else:
                 del executor.grad
 

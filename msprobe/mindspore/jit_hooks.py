@@ -11,6 +11,7 @@ function's name, or the Cell's class name for a ``@jit`` ``construct``; counters
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import mindspore.graph.api as graph_api
@@ -34,21 +35,24 @@ def install_jit_hook(recorder: Any, guard: Any) -> CallbackHandle:
     session = recorder.session
     tls = session._tls
 
+    def run(executor: Any, *args: Any, **kwargs: Any) -> Any:
+        # a function, not a method: with another debugger's subclass on top, ``self._run``
+        # would find that subclass's and the two would call each other without end
+        owner = getattr(executor, "obj", None)
+        guard.suspend(owner if isinstance(owner, nn.Cell) else None)
+        try:
+            return base.__call__(executor, *args, **kwargs)
+        finally:
+            guard.resume()
+
     class RecordingJitExecutor(base):  # type: ignore[misc, valid-type]
         __msprobe_disabled__ = False
-
-        def _run(self, *args: Any, **kwargs: Any) -> Any:
-            owner = getattr(self, "obj", None)
-            guard.suspend(owner if isinstance(owner, nn.Cell) else None)
-            try:
-                return base.__call__(self, *args, **kwargs)
-            finally:
-                guard.resume()
+        __msprobe_base__ = base
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             if (RecordingJitExecutor.__msprobe_disabled__ or not session.recording
                     or getattr(tls, "busy", False)):
-                return self._run(*args, **kwargs)
+                return run(self, *args, **kwargs)
             owner = getattr(self, "obj", None)
             if isinstance(owner, nn.Cell):
                 name = type(owner).__name__
@@ -57,13 +61,18 @@ def install_jit_hook(recorder: Any, guard: Any) -> CallbackHandle:
                 fn = getattr(self, "fn", None)
                 name = getattr(fn, "__name__", "jit_function")
                 record_args = args
-            return recorder.record_api(self._run, "Jit", f"Jit.{name}", args, kwargs, False, tuple(record_args))
+            return recorder.record_api(partial(run, self), "Jit", f"Jit.{name}", args, kwargs, False,
+                                       tuple(record_args))
 
     graph_api._JitExecutor = RecordingJitExecutor
 
     def undo() -> None:
         RecordingJitExecutor.__msprobe_disabled__ = True
         if graph_api._JitExecutor is RecordingJitExecutor:
-            graph_api._JitExecutor = base
+            # past the classes of debuggers removed before this one (disabled pass-throughs)
+            previous = base
+            while vars(previous).get("__msprobe_disabled__", False):
+                previous = previous.__msprobe_base__
+            graph_api._JitExecutor = previous
 
     return CallbackHandle(undo)
