@@ -17,6 +17,9 @@ written: the log, the files, the stack, the filters, names of nested arguments, 
 safety and the backward attribution of msprobe's entries are all left out, so the floor is
 a lower bound on the host time of any recorder built on these hooks.
 
+A third variant runs msprobe's recorder as it is but writes nothing (``Session.emit`` and
+the export are no-ops): what the recorder costs before its log and files.
+
 Printed: median step time of the uninstrumented step, the minimal recorder's and
 msprobe's (a fresh process each, ``--rounds`` rounds of the three in turn, ``--steps``
 steps each after 3 warm-up steps; medians over the rounds of each process's median), for
@@ -124,6 +127,13 @@ def child(args) -> None:
             # the bodies are looked up when the hooks are installed (bound methods): replace
             # them on the class first
             rows = _install_floor()
+        if args.mode == "nolog":
+            # msprobe's recorder as it is, but its entries go nowhere: no log rows, no
+            # Arrow batches, no step files (start()/stop()/step() still run)
+            from msprobe.core.session import Session
+
+            Session.emit = lambda self, call: None
+            Session._export = lambda self: None
         dbg = PrecisionDebugger(config_path=cfg)
 
     def one_step():
@@ -160,7 +170,7 @@ def main(argv=None) -> None:
     if args.mode is not None:
         child(args)
         return
-    results: dict = {"none": [], "floor": [], "msprobe": []}
+    results: dict = {"none": [], "floor": [], "nolog": [], "msprobe": []}
     for _ in range(args.rounds):
         for mode in results:
             cmd = [sys.executable, __file__, "--mode", mode, "--workload", args.workload, "--config", args.config,
@@ -176,7 +186,7 @@ def main(argv=None) -> None:
           "| with start/stop/step ms (wall) | ratio |")
     print("|---|---|---|---|---|---|---|")
     for mode, label in (("none", "uninstrumented"), ("floor", "minimal bodies on msprobe's hooks"),
-                        ("msprobe", "msprobe")):
+                        ("nolog", "msprobe, entries not written (no log, no files)"), ("msprobe", "msprobe")):
         w = statistics.median(r["wall_ms"] for r in results[mode])
         c = statistics.median(r["cpu_ms"] for r in results[mode])
         h = statistics.median(r["whole_ms"] for r in results[mode])
