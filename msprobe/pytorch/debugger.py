@@ -338,10 +338,7 @@ class PrecisionDebugger:
         self.session.end_step(before_export=self.recorder.flush_pending)
         if self.session.finished:
             try:
-                self._remove_recording_hooks()
-                self.module_dump_end()
-                self._dump_grad_handles.remove()
-                self._dump_grad_hooked.clear()
+                self._remove_all_hooks()
             except Exception as exc:  # never into training
                 self.recorder.internal_error(exc)
         self._poll_config()
@@ -358,19 +355,25 @@ class PrecisionDebugger:
         self._api_handles = self._model_handles = None
         self._hooked_models = []
 
+    def _remove_all_hooks(self) -> None:
+        """:meth:`_remove_recording_hooks`, then the :meth:`module_dump` window and
+        module_dump's parameter-gradient hooks: what step() of the last step and
+        :meth:`close` remove (``load``'s replay hooks follow ``load.step`` and stay)."""
+        self._remove_recording_hooks()
+        self.module_dump_end()
+        self._dump_grad_handles.remove()
+        self._dump_grad_hooked.clear()
+
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
         self.recorder.drain()
         if self.session.recording:
             self.session.stop()
-        self.module_dump_end()
-        for handles in (self._api_handles, self._model_handles, self._dump_grad_handles, self._replay_handles):
-            if handles is not None:
-                handles.remove()
-        self._dump_grad_hooked.clear()
-        self._api_handles = self._model_handles = self._replay_handles = None
+        self._remove_all_hooks()
+        if self._replay_handles is not None:
+            self._replay_handles.remove()
+        self._replay_handles = None
         self._replay_models = []
-        self._hooked_models = []
         self.session.close()
 
     def __enter__(self) -> "PrecisionDebugger":
