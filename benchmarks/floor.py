@@ -29,8 +29,10 @@ the training step alone (wall and thread CPU) and with ``start()``/``stop()``/``
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,6 +121,7 @@ def child(args) -> None:
         from msprobe.pytorch import PrecisionDebugger
 
         scratch = tempfile.mkdtemp(prefix="msprobe-floor-")
+        atexit.register(shutil.rmtree, scratch, True)  # the dumps, at exit
         cfg = os.path.join(scratch, "config.json")
         with open(cfg, "w") as f:
             json.dump(config_json(args.config, os.path.join(scratch, "dump")), f)
