@@ -6,8 +6,8 @@ followed by one column per configured ``statistic_category``: ``Max Value``, ``M
 ``Avg Value``, ``Count``, ``Negative Zero Count``, ``Positive Zero Count``, ``NaN Count``,
 ``Negative Inf Count``, ``Positive Inf Count``, ``Zero Count``, ``MD5``, ``L2Norm Value``.
 One row per tensor: ``IO`` is ``input`` or ``output``, ``Slot`` its index, ``Shape`` a
-bracketed list of ints (``(2,3)``; ``()`` for a 0-dim tensor), ``Data Type`` MindSpore's
-lower-case name (``float32``, ``bfloat16``).
+bracketed list of ints (``(2,3)``; ``()`` for a 0-dim tensor), ``Data Type`` a dtype name
+in any case (``float32`` and ``Float32`` both become the log's ``Float32``).
 
 :func:`read_statistic_csv` maps each row to the statistics of the log
 (:class:`StatRow`): Max/Min/Avg/L2Norm → max/min/mean/norm; ``NaN Count`` > 0 → has_nan;
