@@ -148,8 +148,9 @@ def _npy_leaf(path: Path, f: DumpFile, root: Path, settings: KernelSettings) -> 
     a = np.load(path, allow_pickle=False)
     st = array_stats(a)
     crc = None
-    if settings.summary_mode == "md5":
-        crc = format(crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
+    if settings.summary_mode == "md5":   # the rule of msprobe.mindspore.stats.crc32_hex
+        c = a if a.dtype.kind in "fiubc" else a.astype(np.float32)
+        crc = format(crc32(np.ascontiguousarray(c).view(np.uint8).reshape(-1)) & 0xFFFFFFFF, "08x")
     shape = tuple(int(d) for d in a.shape)
     data_name = path.relative_to(root).as_posix() if settings.task == "tensor" else None
     return Leaf(io=f.io, path=(f.slot,), leaf_kind=S.LEAF_TENSOR, type=TENSOR_TYPE, dtype=f.dtype, shape=shape,

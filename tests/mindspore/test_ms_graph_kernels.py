@@ -188,3 +188,28 @@ def test_several_kernel_names_step_and_statistics_on_cpu(tmp_path):
     assert len(relu) == len(files) == 1
     a = np.load(files[0]).astype(np.float64)
     assert (relu[0]["max"], relu[0]["min"]) == (a.max(), a.min())
+
+
+@pytest.mark.parametrize(("fields", "device", "expect"), [
+    ({"task": "tensor"}, "CPU", {"dump_mode": 0, "kernels": [], "saved_data": "tensor", "iteration": "all",
+                                 "input_output": 0}),
+    ({"task": "tensor", "step": [0, 2], "tensor": {"list": ["Conv2D", "Default/net/MatMul-op3"],
+                                                   "data_mode": ["input"]}},
+     "CPU", {"dump_mode": 1, "kernels": ["Conv2D", "Default/net/MatMul-op3"], "iteration": "0|2", "input_output": 1}),
+    ({"task": "statistics", "statistics": {"data_mode": ["output"]}}, "CPU",
+     {"saved_data": "tensor", "input_output": 2}),
+    ({"task": "statistics"}, "GPU", {"saved_data": "statistic", "statistic_category": [
+        "max", "min", "avg", "l2norm", "count", "nan count", "negative inf count", "positive inf count"]}),
+    ({"task": "statistics"}, "Ascend", {"saved_data": "statistic"}),
+])
+def test_kernel_dump_settings_map_the_config(tmp_path, fields, device, expect):
+    from msprobe.core.config import load_config
+    from msprobe.mindspore.graph_dump import kernel_dump_settings
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L2", **fields}))
+    common = kernel_dump_settings(load_config(str(cfg), framework="mindspore"), device)["common_dump_settings"]
+    assert {k: common.get(k) for k in expect} == expect
+    assert common["path"] == str(tmp_path / "d")
+    if common["saved_data"] == "tensor":
+        assert "statistic_category" not in common
