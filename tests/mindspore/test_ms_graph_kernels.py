@@ -137,6 +137,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def test_report_shows_the_kernels(runs, tmp_path):
+    _tmp, base, _pert, _out = runs
+    page = tmp_path / "report.html"
+    assert cli_main(["report", str(base), "-o", str(page)]) == 0
+    assert D2_MATMUL in page.read_text(encoding="utf-8")
+
+
 def test_export_reads_a_kernel_dump_without_log_offline(runs, capsys):
     tmp, base, _pert, _out = runs
     copy = tmp / "offline"
