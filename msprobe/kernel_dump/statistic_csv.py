@@ -121,7 +121,8 @@ def read_statistic_csv(path: Union[str, os.PathLike]) -> list[StatRow]:
                 any(math.isnan(v) for v in extremes) if extremes else None)
             has_inf = sum(inf_counts) > 0 if inf_counts else (
                 any(math.isinf(v) for v in extremes) if extremes else None)
-            ts = _count(row, "Timestamp")
+            ts_text = (row.get("Timestamp") or "").strip()
+            ts = int(ts_text) if ts_text.isdigit() else None     # microseconds: beyond float precision
             out.append(StatRow(op_type=(row.get("Op Type") or "").strip(), op_name=(row.get("Op Name") or "").strip(),
                                timestamp=ts, io=io, slot=int(slot), dtype=ms_dtype_name(row.get("Data Type") or ""),
                                shape=shape, numel=numel, max=mx, min=mn, mean=_float(row, "Avg Value"),
