@@ -260,13 +260,17 @@ def _meta(root: Path, settings: KernelSettings, rank: int) -> dict:
             "rank_dir": f"rank_{rank}", "extra_info": False}
 
 
-def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None) -> IngestReport:
+def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None, *,
+                       log_path: Optional[Union[str, os.PathLike]] = None) -> IngestReport:
     """Read the kernel dump below ``dump_path`` into the event log under
     ``{dump_path}/.msprobe/log/`` (one log file per rank; module docstring for the rows).
 
     Args:
         dump_path: MindSpore's dump ``path``.
         settings: what to read; None = :func:`read_settings` (what the recording run stored).
+        log_path: write the log under ``{log_path}/.msprobe/log/`` instead (``data_name``
+            stays relative to ``dump_path``): ``msprobe compare`` reads a kernel dump
+            without a log this way, leaving it untouched.
     Returns:
         An :class:`IngestReport`.
     Raises:
@@ -289,7 +293,8 @@ def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[Ke
         for it, calls in kernel_calls(root, settings, report.skipped):
             writer = writers.get(it.rank)
             if writer is None:
-                writer = writers[it.rank] = LogWriter(root, it.rank, flush_rows=4096, flush_interval_s=float("inf"))
+                writer = writers[it.rank] = LogWriter(root if log_path is None else log_path, it.rank,
+                                                      flush_rows=4096, flush_interval_s=float("inf"))
                 writer.append_marker(Marker(step=it.iteration, kind=S.MARKER_START, meta=_meta(root, settings, it.rank)))
             elif open_step[it.rank] != it.iteration:
                 end_step(it.rank)

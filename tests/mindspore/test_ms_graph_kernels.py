@@ -177,6 +177,23 @@ def test_compare_names_the_first_kernel_consuming_the_perturbed_weight(runs, tmp
     assert cli_main(["compare", str(pert), str(base)]) == 1
 
 
+def test_compare_reads_kernel_dumps_without_log(runs, tmp_path):
+    """MindSpore's own dump directories (no msprobe log): compare reads them into a
+    temporary log, writes nothing into them, and finds the same first kernel."""
+    from msprobe.compare import compare
+
+    _tmp, base, pert, _out = runs
+    plain = {}
+    for name, src in (("base", base), ("pert", pert)):
+        plain[name] = tmp_path / name
+        shutil.copytree(src, plain[name], ignore=shutil.ignore_patterns(S.STORE_DIR, "kernel_dump_config.json"))
+    rank = compare(plain["pert"], plain["base"]).summary["ranks"][0]
+    first = rank["first_diverged"] or rank["first_origin"]
+    assert (first["name"], first["step"]) == (D2_MATMUL, 0)
+    assert rank["counts"]["unpaired"] == 0 and rank["counts"]["pass"] > 20
+    assert not any((plain[n] / S.STORE_DIR).exists() for n in plain)
+
+
 def test_several_kernel_names_step_and_statistics_on_cpu(tmp_path):
     """list ["MatMul", "ReLU"] selects those kernels only, step [1] iteration 1 only; task
     statistics on CPU: MindSpore dumps tensors, the reader reduces them (no data_name)."""
