@@ -48,6 +48,7 @@ def main() -> None:
         x = Tensor(rng.standard_normal((8, 16)).astype(np.float32))
         y = Tensor(rng.standard_normal((8, 4)).astype(np.float32))
         print(f"step {step}: loss {float(train(x, y).asnumpy()):.6f}")
+        debugger.step()   # the iterations MindSpore has finished go into the log
     debugger.close()   # reads MindSpore's kernel dump into the event log
 
     table = query(args.dump_path, "SELECT step, name, max, norm FROM tensors WHERE api_type = 'MatMul' "

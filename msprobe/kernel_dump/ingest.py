@@ -60,7 +60,8 @@ from store import schema as S
 from store.fileutil import atomic_write_text, make_dirs
 from store.records import Call, Leaf, Marker
 
-__all__ = ["KERNEL", "KernelSettings", "IngestReport", "kernel_calls", "ingest_kernel_dump", "write_settings",
+__all__ = ["KERNEL", "KernelSettings", "IngestReport", "KernelDumpReader", "kernel_calls", "ingest_kernel_dump",
+           "ingest_if_missing", "write_settings",
            "read_settings", "SETTINGS_FILE", "GRADIENTS_PREFIX"]
 
 logger = logging.getLogger("msprobe")
@@ -231,7 +232,8 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
 
 
 def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
-                 skipped: Optional[list] = None) -> Iterator[tuple[IterationDir, list[Call]]]:
+                 skipped: Optional[list] = None,
+                 dirs: Optional[list[IterationDir]] = None) -> Iterator[tuple[IterationDir, list[Call]]]:
     """The kernel rows of every iteration directory below ``dump_path`` (see module
     docstring), one directory at a time by rank, iteration, net and graph, ranks not in
     ``settings.ranks`` left out.
@@ -240,13 +242,15 @@ def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
         dump_path: MindSpore's dump ``path`` (holding ``rank_{id}/``).
         settings: what to read (:class:`KernelSettings`).
         skipped: a list that receives ``"path: reason"`` for each unreadable ``.npy`` file.
+        dirs: read only these iteration directories (None: all).
     Raises:
         ValueError: a malformed statistic.csv (:func:`read_statistic_csv`).
     """
     root = Path(dump_path).absolute()
     modes = DataMode.from_config(settings.data_mode, field="data_mode")
     scopes: dict[tuple[int, int], dict] = {}
-    for it in sorted(iteration_dirs(root), key=lambda d: (d.rank, d.iteration, d.net, d.graph)):
+    for it in sorted(iteration_dirs(root) if dirs is None else dirs,
+                     key=lambda d: (d.rank, d.iteration, d.net, d.graph)):
         if settings.ranks and it.rank not in settings.ranks:
             continue
         if (it.rank, it.graph) not in scopes:
@@ -255,15 +259,12 @@ def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
                                    skipped if skipped is not None else [])
 
 
-def _meta(root: Path, settings: KernelSettings, rank: int) -> dict:
-    return {"task": settings.task, "level": "L2", "framework": "mindspore", "dump_data_dir": str(root),
-            "rank_dir": f"rank_{rank}", "extra_info": False}
-
-
-def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None, *,
-                       log_path: Optional[Union[str, os.PathLike]] = None) -> IngestReport:
-    """Read the kernel dump below ``dump_path`` into the event log under
-    ``{dump_path}/.msprobe/log/`` (one log file per rank; module docstring for the rows).
+class KernelDumpReader:
+    """Reads a kernel dump into the event log as MindSpore writes it: each :meth:`read`
+    appends the iteration directories not read before (with ``final=False`` only those
+    MindSpore has finished: every one but the newest of each rank, net and graph), then
+    flushes, so the log answers queries while training runs. :meth:`close` reads the rest
+    and closes the log files. Rows and markers as in the module docstring.
 
     Args:
         dump_path: MindSpore's dump ``path``.
@@ -271,46 +272,96 @@ def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[Ke
         log_path: write the log under ``{log_path}/.msprobe/log/`` instead (``data_name``
             stays relative to ``dump_path``): ``msprobe compare`` reads a kernel dump
             without a log this way, leaving it untouched.
+    """
+
+    def __init__(self, dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None, *,
+                 log_path: Optional[Union[str, os.PathLike]] = None) -> None:
+        self.root = Path(dump_path).absolute()
+        self.settings = settings if settings is not None else read_settings(dump_path)
+        self.log_path = self.root if log_path is None else Path(log_path)
+        self.report = IngestReport()
+        self._writers: dict = {}
+        self._open_step: dict[int, int] = {}
+        self._done: set[Path] = set()
+        self._closed = False
+
+    def read(self, final: bool = False) -> None:
+        """Append the iteration directories not read yet (``final=False``: finished ones only).
+
+        Raises:
+            ValueError: a malformed statistic.csv.
+            store.errors.StoreWriteError: the log could not be written.
+        """
+        from store.log_writer import LogWriter
+
+        if self._closed:
+            return
+        todo = [d for d in iteration_dirs(self.root) if d.path not in self._done]
+        if not final:
+            newest: dict[tuple, int] = {}
+            for d in iteration_dirs(self.root):
+                key = (d.rank, d.net, d.graph)
+                newest[key] = max(newest.get(key, -1), d.iteration)
+            todo = [d for d in todo if d.iteration < newest[(d.rank, d.net, d.graph)]]
+        n_skipped = len(self.report.skipped)
+        for it, calls in kernel_calls(self.root, self.settings, self.report.skipped, dirs=todo):
+            self._done.add(it.path)
+            writer = self._writers.get(it.rank)
+            if writer is None:
+                writer = self._writers[it.rank] = LogWriter(self.log_path, it.rank, flush_rows=4096,
+                                                            flush_interval_s=float("inf"))
+                writer.append_marker(Marker(step=it.iteration, kind=S.MARKER_START, meta=self._meta(it.rank)))
+            elif self._open_step[it.rank] != it.iteration:
+                self._end_step(it.rank)
+            self._open_step[it.rank] = it.iteration
+            for call in calls:
+                writer.append(call)
+                self.report.tensors += len(call.leaves)
+            self.report.calls += len(calls)
+        self._done.update(d.path for d in todo)
+        if final:
+            for rank in list(self._open_step):
+                self._end_step(rank)
+        for writer in self._writers.values():
+            writer.flush()
+        for item in self.report.skipped[n_skipped:]:
+            logger.warning("msprobe: kernel dump file not read: %s", item)
+
+    def close(self) -> IngestReport:
+        """Read what is left (:meth:`read` with ``final=True``), close the log files
+        (idempotent) and return the :class:`IngestReport`."""
+        if not self._closed:
+            try:
+                self.read(final=True)
+            finally:
+                self._closed = True
+                for writer in self._writers.values():
+                    writer.close()
+        return self.report
+
+    def _meta(self, rank: int) -> dict:
+        return {"task": self.settings.task, "level": "L2", "framework": "mindspore",
+                "dump_data_dir": str(self.root), "rank_dir": f"rank_{rank}", "extra_info": False}
+
+    def _end_step(self, rank: int) -> None:
+        step = self._open_step.pop(rank)
+        self._writers[rank].append_marker(Marker(step=step, kind=S.MARKER_STEP_END, meta=self._meta(rank)))
+        self.report.steps.setdefault(rank, []).append(step)
+
+
+def ingest_kernel_dump(dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None, *,
+                       log_path: Optional[Union[str, os.PathLike]] = None) -> IngestReport:
+    """Read the whole kernel dump below ``dump_path`` into the event log under
+    ``{dump_path}/.msprobe/log/`` (one log file per rank; module docstring for the rows):
+    :class:`KernelDumpReader` (same arguments) closed at once.
+
     Returns:
         An :class:`IngestReport`.
     Raises:
         ValueError: a malformed statistic.csv.
         store.errors.StoreWriteError: the log could not be written.
     """
-    from store.log_writer import LogWriter
-
-    settings = settings if settings is not None else read_settings(dump_path)
-    root = Path(dump_path).absolute()
-    report = IngestReport()
-    writers: dict[int, LogWriter] = {}
-    open_step: dict[int, int] = {}
-
-    def end_step(rank: int) -> None:
-        writers[rank].append_marker(Marker(step=open_step[rank], kind=S.MARKER_STEP_END, meta=_meta(root, settings, rank)))
-        report.steps.setdefault(rank, []).append(open_step[rank])
-
-    try:
-        for it, calls in kernel_calls(root, settings, report.skipped):
-            writer = writers.get(it.rank)
-            if writer is None:
-                writer = writers[it.rank] = LogWriter(root if log_path is None else log_path, it.rank,
-                                                      flush_rows=4096, flush_interval_s=float("inf"))
-                writer.append_marker(Marker(step=it.iteration, kind=S.MARKER_START, meta=_meta(root, settings, it.rank)))
-            elif open_step[it.rank] != it.iteration:
-                end_step(it.rank)
-            open_step[it.rank] = it.iteration
-            for call in calls:
-                writer.append(call)
-                report.tensors += len(call.leaves)
-            report.calls += len(calls)
-        for rank in writers:
-            end_step(rank)
-    finally:
-        for writer in writers.values():
-            writer.close()
-    for item in report.skipped:
-        logger.warning("msprobe: kernel dump file not read: %s", item)
-    return report
+    return KernelDumpReader(dump_path, settings, log_path=log_path).close()
 
 
 def ingest_if_missing(dump_path: Union[str, os.PathLike]) -> Optional[IngestReport]:

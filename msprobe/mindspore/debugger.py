@@ -112,6 +112,7 @@ class PrecisionDebugger:
         self._save_counts: dict[str, int] = {}
         self.last_model: Any = None  # the model of the latest start(model); start() reuses it
         self.kernel_report = None  # GRAPH_MODE L2: the msprobe.kernel_dump.ingest.IngestReport of close()
+        self._kernel_reader = None
         if self.config.level == "L2" or graph_mode:
             from msprobe.mindspore.graph_dump import configure_kernel_dump
             from msprobe.mindspore.graph_levels import check_graph_mode_level
@@ -123,6 +124,8 @@ class PrecisionDebugger:
                                          "mindspore.set_context(mode=mindspore.GRAPH_MODE) before PrecisionDebugger")
             check_graph_mode_level(self.config.level)
             self.kernel_dump = configure_kernel_dump(self.config, ms.get_context("device_target"))
+            from msprobe.kernel_dump.ingest import KernelDumpReader
+            self._kernel_reader = KernelDumpReader(self.config.dump_path)
             atexit.register(_close_at_exit, weakref.ref(self))
             return
         # task tensor: tensors go to the payload store at record time; the exporter writes
@@ -207,7 +210,11 @@ class PrecisionDebugger:
         self.stop()
 
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
+        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        GRAPH_MODE (level L2): read the iterations MindSpore has finished dumping (all but
+        the newest) into the event log."""
+        if self._kernel_reader is not None:
+            self._read_kernel_dump(final=False)
         if self.session is not None and self.config.level != "debug":
             self.session.end_step(before_export=self.recorder.flush_pending)
             if self.session.finished:
@@ -255,8 +262,7 @@ class PrecisionDebugger:
         """Remove every hook and close the event log (idempotent). GRAPH_MODE (level L2):
         read MindSpore's kernel dump into the event log (:mod:`msprobe.kernel_dump.ingest`;
         :attr:`kernel_report` says what was read); a failure is logged, never raised."""
-        if self.kernel_dump is not None:
-            self._read_kernel_dump()
+        self._read_kernel_dump()
         if self.session is None:
             return
         if self.session.recording:
@@ -266,15 +272,21 @@ class PrecisionDebugger:
         self._remove_recording_hooks()
         self.session.close()
 
-    def _read_kernel_dump(self) -> None:
-        if self.kernel_report is not None:
+    def _read_kernel_dump(self, final: bool = True) -> None:
+        """Read MindSpore's kernel dump into the log (``final``: all of it, then close the
+        log); a failure is logged, never raised into the training script."""
+        reader = self._kernel_reader
+        if reader is None:
             return
-        from msprobe.kernel_dump.ingest import IngestReport, ingest_kernel_dump
-        self.kernel_report = IngestReport()
         try:
-            self.kernel_report = ingest_kernel_dump(self.config.dump_path)
+            if final:
+                self._kernel_reader = None
+                reader.close()
+            else:
+                reader.read(final=False)
         except Exception as exc:  # never fail the training script
             logger.error("msprobe: reading MindSpore's kernel dump into the log failed: %s", exc)
+        self.kernel_report = reader.report
 
     def __enter__(self) -> "PrecisionDebugger":
         return self
@@ -307,7 +319,7 @@ class _JitGuard:
 
 def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
     dbg = ref()
-    if dbg is not None and dbg.kernel_dump is not None:
+    if dbg is not None:
         dbg._read_kernel_dump()
     if dbg is None or dbg.session is None:
         return

@@ -1,11 +1,12 @@
 """GRAPH_MODE training script for the level-L2 tests (run as a child process: MindSpore's
 mode and its kernel-dump config are per process).
 
-    python graph_train.py CONFIG_JSON [--perturb] [--probe-l0] [--steps N]
+    python graph_train.py CONFIG_JSON [--perturb] [--probe-l0] [--steps N] [--live-steps]
 
 Trains Dense(4→3) → ReLU → Dense(3→2) with MSELoss and SGD through ``TrainOneStepCell``
-for ``--steps`` steps (2) on fixed data, recording with ``PrecisionDebugger(CONFIG_JSON)``,
-and prints ``LOSS <float32 bits as hex>`` per step. ``--perturb`` adds 1e-3 to ``d2.weight``
+for ``--steps`` steps (2) on fixed data, recording with ``PrecisionDebugger(CONFIG_JSON)``
+(``step()`` after each step), and prints ``LOSS <float32 bits as hex>`` per step;
+``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the log before ``close()``. ``--perturb`` adds 1e-3 to ``d2.weight``
 before training. ``--probe-l0`` first asks for level L0 (expected to fail on CPU) and
 prints ``L0ERR <message>``.
 """
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--perturb", action="store_true")
     parser.add_argument("--probe-l0", action="store_true")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--live-steps", action="store_true")
     args = parser.parse_args()
     if args.probe_l0:
         try:
@@ -61,6 +63,11 @@ def main() -> None:
     for _ in range(args.steps):
         loss = train(x, y)
         print("LOSS", np.float32(loss.asnumpy()).tobytes().hex(), flush=True)
+        debugger.step()
+    if args.live_steps:   # what the log holds before close(): the iterations step() read
+        from store.query import query
+        steps = query(debugger.config.dump_path, "SELECT DISTINCT step FROM calls ORDER BY step").column("step")
+        print("LIVE_STEPS", steps.to_pylist(), flush=True)
     debugger.close()
 
 

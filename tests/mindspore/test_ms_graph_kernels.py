@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     perturbed; the first asks for level L0 first."""
     tmp = tmp_path_factory.mktemp("graph_l2")
     config = {"task": "tensor", "tensor": {"list": []}}
-    base, base_out = _train(tmp, "base", config, "--probe-l0")
+    base, base_out = _train(tmp, "base", config, "--probe-l0", "--live-steps")
     pert, _ = _train(tmp, "pert", config, "--perturb")
     return tmp, base, pert, base_out
 
@@ -66,6 +66,13 @@ def test_l0_in_graph_mode_names_the_missing_op(runs):
     line = next(x for x in out.splitlines() if x.startswith("L0ERR"))
     assert "config field `level`: got 'L0'; allowed: L2" in line
     assert "TensorDump" in line and "CPU" in line and "PYNATIVE_MODE" in line
+
+
+def test_step_reads_finished_iterations_while_training_runs(runs):
+    """After the second train step and step(), iteration 0 is in the log (iteration 1, the
+    newest, waits for close())."""
+    _tmp, _base, _pert, out = runs
+    assert "LIVE_STEPS [0]" in out.splitlines()
 
 
 def test_every_kernel_of_both_steps_is_in_the_log(runs):
@@ -130,6 +137,7 @@ import runpy, sys
 import msprobe.mindspore as m
 class _Off:
     def __init__(self, *a, **k): pass
+    def step(self): pass
     def close(self): pass
 m.PrecisionDebugger = _Off
 sys.argv = [sys.argv[1], "unused.json"]
