@@ -34,7 +34,7 @@ dump time, then ``Parameter`` rows by name (MindSpore dumps parameters at the en
 iteration, after the optimizer's update). ``compare`` pairs the kernels of two runs by
 name (graph + scope + execution count) within a rank and step.
 
-Markers: one ``start`` marker and one ``step_end`` marker per iteration, with meta
+Markers: one ``start`` marker per rank and one ``step_end`` marker per iteration, with meta
 ``{"task", "level": "L2", "framework": "mindspore", "dump_data_dir": the absolute dump path,
 "rank_dir": "rank_{id}", "extra_info": false}``.
 """
@@ -202,7 +202,6 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
                 skipped.append(f"{entry.path}: {exc}")
                 continue
             items.append((f.op_type, f.op_name, f.io, f.slot, f.timestamp, leaf))
-    calls = []
     keyed = []
     for kern in _group(items):
         is_param = kern.op_type == PARAMETER
@@ -227,8 +226,7 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
         keyed.append((key, Call(step=it.iteration, kind=KERNEL, name=name, api_type=kern.op_type, parent=parent,
                                 keys=keys, leaves=tuple(leaves))))
     keyed.sort(key=lambda kc: kc[0])
-    calls.extend(call for _, call in keyed)
-    return calls
+    return [call for _, call in keyed]
 
 
 def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
