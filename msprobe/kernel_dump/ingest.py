@@ -217,7 +217,8 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
         if not leaves:
             continue
         if is_param:
-            name, parent, key = f"{PARAMETER}.{it.graph}.{scope}.{kern.occurrence}", None, (2, 0, scope, kern.occurrence)
+            name, parent = f"{PARAMETER}.{it.graph}.{scope}.{kern.occurrence}", None
+            key = (2, 0, scope, kern.occurrence)
         else:
             name = f"Kernel.{it.graph}.{scope}.{kern.occurrence}"
             parent = scope.rsplit("/", 1)[0] if "/" in scope else None

@@ -6,9 +6,9 @@ mode and its kernel-dump config are per process).
 Trains Dense(4→3) → ReLU → Dense(3→2) with MSELoss and SGD through ``TrainOneStepCell``
 for ``--steps`` steps (2) on fixed data, recording with ``PrecisionDebugger(CONFIG_JSON)``
 (``step()`` after each step), and prints ``LOSS <float32 bits as hex>`` per step;
-``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the log before ``close()``. ``--perturb`` adds 1e-3 to ``d2.weight``
-before training. ``--probe-l0`` first asks for level L0 (expected to fail on CPU) and
-prints ``L0ERR <message>``.
+``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the log before ``close()``.
+``--perturb`` adds 1e-3 to ``d2.weight`` before training. ``--probe-l0`` first asks for
+level L0 (expected to fail on CPU) and prints ``L0ERR <message>``.
 """
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ def _npy(it_dir: Path, op_type: str, scope: str, ts: int, io: str, slot: int, a:
 
 
 def test_parse_file_name():
-    f = parse_file_name("MatMul.Default_net-Net_d1-Dense_MatMul-op0.3.1.1796617820042075.input.1.DefaultFormat.Float32.npy")
+    f = parse_file_name("MatMul.Default_net-Net_d1-Dense_MatMul-op0.3.1.1796617820042075.input.1."
+                        "DefaultFormat.Float32.npy")
     assert (f.op_type, f.op_name, f.task_id, f.stream_id, f.timestamp, f.io, f.slot, f.fmt, f.dtype) == (
         "MatMul", "Default_net-Net_d1-Dense_MatMul-op0", "3", "1", 1796617820042075, "input", 1, "DefaultFormat",
         "Float32")
@@ -64,14 +65,15 @@ def test_statistic_csv_rows_reach_the_views(tmp_path):
     rows = query(tmp_path, "SELECT step, name, api_type, direction, io, arg, dtype, shape, numel, max, min, mean, "
                            "norm, has_nan, has_inf, data_name FROM tensors ORDER BY seq, io, arg").to_pylist()
     assert [(r["name"], r["io"]) for r in rows] == [
-        ("Kernel.0.Default/net/d1-Dense/MatMul-op0.0", "input"), ("Kernel.0.Default/net/d1-Dense/MatMul-op0.0", "output"),
+        ("Kernel.0.Default/net/d1-Dense/MatMul-op0.0", "input"),
+        ("Kernel.0.Default/net/d1-Dense/MatMul-op0.0", "output"),
         ("Kernel.0.Default/net/relu-ReLU/ReLU-op0.0", "input"),
         ("Kernel.0.Gradients/Default/net/relu-ReLU/Grad_ReLU/ReluGrad-op0.0", "output")]
     first, out, relu, grad = rows
     assert {r["step"] for r in rows} == {3}
-    assert (first["dtype"], first["shape"], first["numel"], first["max"], first["min"], first["mean"], first["norm"]) == \
+    assert tuple(first[k] for k in ("dtype", "shape", "numel", "max", "min", "mean", "norm")) == \
         ("Float32", [5, 4], 20, 2.5, -1.25, 0.125, 3.75)
-    assert (first["has_nan"], first["has_inf"], first["data_name"], first["direction"]) == (False, False, None, "forward")
+    assert tuple(first[k] for k in ("has_nan", "has_inf", "data_name", "direction")) == (False, False, None, "forward")
     assert out["has_nan"] is True and out["has_inf"] is True and out["min"] == -7.0
     assert (relu["dtype"], relu["shape"], relu["numel"]) == ("Bool", [], 1)
     assert (grad["dtype"], grad["direction"], grad["api_type"]) == ("Float16", "backward", "ReluGrad")
