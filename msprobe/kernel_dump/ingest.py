@@ -198,8 +198,8 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
                 continue
             try:
                 leaf = _npy_leaf(Path(entry.path), f, root, settings)
-            except (OSError, ValueError) as exc:
-                skipped.append(f"{entry.path}: {exc}")
+            except Exception as exc:   # noqa: BLE001 - an unreadable file (I/O, format, dtype numpy lacks) is skipped
+                skipped.append(f"{entry.path}: {type(exc).__name__}: {exc}")
                 continue
             items.append((f.op_type, f.op_name, f.io, f.slot, f.timestamp, leaf))
     keyed = []

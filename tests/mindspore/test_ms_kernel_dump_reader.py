@@ -168,3 +168,14 @@ def test_ranks_outside_the_config_are_not_read(tmp_path):
     report = ingest_kernel_dump(tmp_path, KernelSettings(ranks=(1,)))
     assert report.steps == {1: [0]}
     assert query(tmp_path, "SELECT DISTINCT rank FROM calls").column("rank").to_pylist() == [1]
+
+
+def test_unreadable_npy_is_skipped_and_reported(tmp_path):
+    _tensor_dump(tmp_path)
+    it = tmp_path / "rank_0" / "Net" / "0" / "0"
+    bad = it / "Add.Default_net_Add-op7.0.0.60.output.0.DefaultFormat.Float32.npy"
+    bad.write_bytes(b"not an npy file")
+    report = ingest_kernel_dump(tmp_path)
+    assert len(report.skipped) == 1 and report.skipped[0].startswith(str(bad))
+    names = query(tmp_path, "SELECT name FROM calls").column("name").to_pylist()
+    assert len(names) == 6 and not any("Add-op7" in n for n in names)   # the 6 readable kernels
