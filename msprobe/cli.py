@@ -4,7 +4,9 @@
 
     msprobe export DUMP_PATH [-o OUT]
         rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
-        from the log under DUMP_PATH; prints each directory written and each skipped part
+        from the log under DUMP_PATH; prints each directory written and each skipped part.
+        A MindSpore kernel dump (level L2, GRAPH_MODE) without a log is first read into
+        the log (msprobe.kernel_dump.ingest)
     msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE]
         run SQL over the views tensors, calls, stacks (see store.query); prints the
         result, or writes it to FILE (--format parquet needs -o)
@@ -361,9 +363,15 @@ def _write_pt(path: Path, payload: Any) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     from msprobe.core.npy_payload import write_npy
+    from msprobe.kernel_dump.ingest import ingest_if_missing
     from msprobe.progress import Progress
     from store.export import export_log
 
+    kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
+    if kernels is not None:
+        steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
+        print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
+              + (f" ({steps})" if steps else ""))
     with Progress("msprobe export", unit="dir") as bar:
         report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
                             progress=bar.advance)

@@ -4,7 +4,8 @@ The views are the public contract (design.md, section Store):
 
 ``tensors``
     one row per tensor leaf: rank, step, seq, name, api_type, direction (``'forward'``
-    for api_forward/module_forward/debug_save, else ``'backward'``), io, arg, dtype,
+    for api_forward/module_forward/debug_save and for kernel rows outside MindSpore's
+    ``Gradients/`` scope, else ``'backward'``), io, arg, dtype,
     shape, numel, max, min, mean, norm, crc32, requires_grad, has_nan, has_inf,
     data_name.
 ``calls``
@@ -67,7 +68,8 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
         [S.RANK, S.STEP, S.SEQ, S.NAME, S.API_TYPE]
         + [
             f"CASE WHEN {S.KIND} IN ({_sql_list(S.FORWARD_KINDS)}) THEN '{FORWARD}' "
-            f"ELSE '{BACKWARD}' END AS {DIRECTION}"
+            f"WHEN {S.KIND} = '{S.KERNEL}' AND NOT regexp_matches({S.NAME}, '{S.KERNEL_BACKWARD_RE}') "
+            f"THEN '{FORWARD}' ELSE '{BACKWARD}' END AS {DIRECTION}"
         ]
         + [S.IO, S.ARG, S.DTYPE, S.SHAPE, S.NUMEL, S.MAX, S.MIN, S.MEAN, S.NORM, S.CRC32,
            S.REQUIRES_GRAD, S.HAS_NAN, S.HAS_INF, S.DATA_NAME]

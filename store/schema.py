@@ -11,7 +11,9 @@ batches that all share :data:`LOG_SCHEMA`. Each row is one of four row kinds
     one dump.json entry (or a part of one: ``parameters_grad`` entries arrive one
     parameter at a time and are merged by the exporter). Columns ``kind``, ``name``,
     ``api_type``, ``parent``, ``stack_id``, ``is_recompute`` and ``keys`` (the JSON list of
-    the entry's top-level keys, in dump.json order) are set.
+    the entry's top-level keys, in dump.json order) are set. ``kind`` ``kernel`` marks
+    a kernel of MindSpore's GRAPH_MODE kernel dump (level L2, :data:`KERNEL`), which has
+    no dump.json entry.
 ``leaf``
     one argument leaf of the call with the same ``seq``: a tensor with statistics, a
     non-tensor value, ``None``, or an empty container. ``io`` names the top-level key of
@@ -126,6 +128,13 @@ MODULE_FORWARD = "module_forward"
 MODULE_BACKWARD = "module_backward"
 PARAMETERS_GRAD = "parameters_grad"
 DEBUG_SAVE = "debug_save"
+#: a kernel of MindSpore's GRAPH_MODE kernel dump (level L2; msprobe.kernel_dump.ingest):
+#: name ``Kernel.{graph}.{scope}.{k}`` or ``Parameter.{graph}.{name}.{k}``, api_type the
+#: kernel type, leaves ``input``/``output`` by slot; not in CALL_KINDS (no dump.json entry)
+KERNEL = "kernel"
+#: regular expression matching the names of kernel rows of the backward pass (MindSpore
+#: scopes them ``Gradients/...``)
+KERNEL_BACKWARD_RE = r"^Kernel\.[0-9]+\.Gradients/"
 CALL_KINDS = (API_FORWARD, API_BACKWARD, MODULE_FORWARD, MODULE_BACKWARD, PARAMETERS_GRAD, DEBUG_SAVE)
 FORWARD_KINDS = (API_FORWARD, MODULE_FORWARD, DEBUG_SAVE)
 BACKWARD_KINDS = (API_BACKWARD, MODULE_BACKWARD, PARAMETERS_GRAD)

@@ -21,6 +21,7 @@ from msprobe.compare.load import Side, load_side
 from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
+from store import schema as S
 
 __all__ = ["CompareResult", "run_compare", "nan_origin"]
 
@@ -116,6 +117,7 @@ _LEVEL_KINDS = {
     "L1": frozenset({"api_forward", "api_backward"}),
     "mix": frozenset({"module_forward", "module_backward", "parameters_grad", "api_forward", "api_backward"}),
     "debug": frozenset({"debug_save"}),
+    "L2": frozenset({"kernel"}),   # MindSpore's kernel dump (msprobe.kernel_dump.ingest)
 }
 
 
@@ -334,7 +336,8 @@ def _stack(con: duckdb.DuckDBPyConnection, stack_id: Optional[int]) -> list[str]
 
 def _describe(con, r: dict) -> dict:
     return {"name": r.get("t_original") or r["t_name"], "baseline_name": r["b_name"], "step": r["step"],
-            "direction": "backward" if r["kind"] in ("api_backward", "module_backward", "parameters_grad") else "forward",
+            "direction": "backward" if r["kind"] in ("api_backward", "module_backward", "parameters_grad") or (
+                r["kind"] == S.KERNEL and re.match(S.KERNEL_BACKWARD_RE, r["t_name"] or "")) else "forward",
             "kind": r["kind"], "module": r["module"], "reason": r["reason"] or
             (f"diverged inputs and outputs (largest e {r['e']:.3g})" if r["e"] is not None else None),
             "e": r["e"], "stack": _stack(con, r["stack_id"]),

@@ -1,7 +1,9 @@
 """Loading one side of a comparison into Arrow tables (then DuckDB).
 
 A side is either our dump (a ``dump_path`` holding ``.msprobe/log/``, read through
-:func:`store.log_reader.read_log`) or an upstream layout: a ``dump.json`` file, or any
+:func:`store.log_reader.read_log`), a MindSpore kernel dump (level L2, ``rank_{id}/{net}/…``)
+without a log (read into a temporary log by :mod:`msprobe.kernel_dump.ingest`), or an
+upstream layout: a ``dump.json`` file, or any
 directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
 :mod:`msprobe.compare.dumpjson`, plus ``construct.json`` and ``stack.json`` beside it).
 
@@ -87,6 +89,8 @@ def load_side(path: Union[str, os.PathLike], label: str) -> Side:
                                 f"an upstream step*/rank*/ directory or a dump.json")
     if p.is_dir() and (p / S.STORE_DIR / S.LOG_DIR).is_dir():
         side = _load_log(p)
+    elif p.is_dir() and _is_kernel_dump(p):
+        side = _load_kernel_dump(p)
     else:
         files = [p] if p.is_file() else _find_dump_files(p)
         if not files:
@@ -201,6 +205,29 @@ def _load_log(p: Path) -> Side:
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
                 skipped=contents.skipped, producer=OURS)
+
+
+def _is_kernel_dump(p: Path) -> bool:
+    from msprobe.kernel_dump.layout import is_kernel_dump
+
+    return is_kernel_dump(p)
+
+
+def _load_kernel_dump(p: Path) -> Side:
+    """A MindSpore kernel dump (level L2) without an msprobe log: read into a temporary log
+    (:func:`msprobe.kernel_dump.ingest.ingest_kernel_dump`), ``p`` itself left untouched;
+    tensor files are read from ``p``."""
+    import tempfile
+
+    from msprobe.kernel_dump.ingest import ingest_kernel_dump
+
+    with tempfile.TemporaryDirectory(prefix="msprobe_kernels_") as tmp:
+        ingest_kernel_dump(p, log_path=tmp)
+        side = _load_log(Path(tmp)) if (Path(tmp) / S.STORE_DIR / S.LOG_DIR).is_dir() else None
+    if side is None:
+        raise CompareInputError(f"{str(p)!r}: MindSpore kernel dump without any readable iteration")
+    side.path = str(p)
+    return side
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:

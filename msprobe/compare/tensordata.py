@@ -7,7 +7,10 @@ Values come, per side, from (in this order):
 * a tensor file named by ``data_name`` in the step's ``dump_tensor_data`` directory:
   ``.npy`` with numpy (read with one ``readinto`` into a buffer each worker reuses pair
   after pair), ``.pt`` with ``torch.load(weights_only=True, mmap=True)`` when torch is
-  importable (a ``.pt`` without torch counts as missing).
+  importable (a ``.pt`` without torch counts as missing);
+* a ``data_name`` relative to the dump path itself: MindSpore's kernel dump (level L2),
+  whose ``.npy`` files stay in ``rank_{id}/{net}/{graph}/{iteration}/``
+  (:mod:`msprobe.kernel_dump.ingest`).
 
 Pairs stream one at a time in execution order (rank, step, ord); at most one pair's
 arrays are in memory per worker. A leaf whose data cannot be read on either side gets state
@@ -132,7 +135,7 @@ class TensorSource:
             return [Path(d)]
         root = Path(self.side.path)
         return [root / f"step{step}" / f"rank{rank}" / "dump_tensor_data",
-                root / f"step{step}" / "rank" / "dump_tensor_data"]
+                root / f"step{step}" / "rank" / "dump_tensor_data", root]
 
     def load(self, rank: int, step: int, payload: Optional[str], data_name: Optional[str],
              into=None) -> Optional[np.ndarray]:

@@ -14,7 +14,9 @@ Typical use::
 Each debugger owns one :class:`msprobe.core.session.Session`; two debuggers share no state
 (spec section 9, fix 22). The most recently constructed one is the target of the static
 :meth:`PrecisionDebugger.save` (level ``debug``). Level ``L2`` in ``GRAPH_MODE`` configures
-MindSpore's own kernel dump instead (:mod:`msprobe.mindspore.graph_dump`).
+MindSpore's own kernel dump instead (:mod:`msprobe.mindspore.graph_dump`), read into the
+event log at :meth:`PrecisionDebugger.close` (or interpreter exit) by
+:mod:`msprobe.kernel_dump.ingest`.
 """
 from __future__ import annotations
 
@@ -87,7 +89,9 @@ class PrecisionDebugger:
 
     Raises:
         ConfigError: any invalid value, naming the field, the value and what is allowed;
-            level L2 in PyNative mode, or L0/L1/mix/debug in GRAPH_MODE.
+            level L2 in PyNative mode, or L0/L1/mix/debug in GRAPH_MODE (L0/mix: naming
+            MindSpore's TensorDump op where the backend lacks it,
+            :mod:`msprobe.mindspore.graph_levels`).
     """
 
     _latest: ClassVar[Optional["weakref.ref[PrecisionDebugger]"]] = None
@@ -107,11 +111,22 @@ class PrecisionDebugger:
         self._deprecation_warned = False
         self._save_counts: dict[str, int] = {}
         self.last_model: Any = None  # the model of the latest start(model); start() reuses it
+        self.kernel_report = None  # GRAPH_MODE L2: the msprobe.kernel_dump.ingest.IngestReport of close()
+        self._kernel_reader = None
         if self.config.level == "L2" or graph_mode:
             from msprobe.mindspore.graph_dump import configure_kernel_dump
-            self.kernel_dump = configure_kernel_dump(self.config, graph_mode)
+            from msprobe.mindspore.graph_levels import check_graph_mode_level
             self.session = None
             self.recorder = None
+            if not graph_mode:
+                raise ConfigError("level", "L2", ("L0", "L1", "mix", "debug"),
+                                  detail="PyNative mode; for kernel dump (L2) call "
+                                         "mindspore.set_context(mode=mindspore.GRAPH_MODE) before PrecisionDebugger")
+            check_graph_mode_level(self.config.level)
+            self.kernel_dump = configure_kernel_dump(self.config, ms.get_context("device_target"))
+            from msprobe.kernel_dump.ingest import KernelDumpReader
+            self._kernel_reader = KernelDumpReader(self.config.dump_path)
+            atexit.register(_close_at_exit, weakref.ref(self))
             return
         # task tensor: tensors go to the payload store at record time; the exporter writes
         # the .npy files (mapping.csv for long names), live and in `msprobe export`
@@ -195,7 +210,11 @@ class PrecisionDebugger:
         self.stop()
 
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1."""
+        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        GRAPH_MODE (level L2): read the iterations MindSpore has finished dumping (all but
+        the newest) into the event log."""
+        if self._kernel_reader is not None:
+            self._read_kernel_dump(final=False)
         if self.session is not None and self.config.level != "debug":
             self.session.end_step(before_export=self.recorder.flush_pending)
             if self.session.finished:
@@ -240,7 +259,10 @@ class PrecisionDebugger:
         dbg.recorder.save(variable, safe_component(name), k, save_backward)
 
     def close(self) -> None:
-        """Remove every hook and close the event log (idempotent)."""
+        """Remove every hook and close the event log (idempotent). GRAPH_MODE (level L2):
+        read MindSpore's kernel dump into the event log (:mod:`msprobe.kernel_dump.ingest`;
+        :attr:`kernel_report` says what was read); a failure is logged, never raised."""
+        self._read_kernel_dump()
         if self.session is None:
             return
         if self.session.recording:
@@ -249,6 +271,22 @@ class PrecisionDebugger:
             self.session.stop()
         self._remove_recording_hooks()
         self.session.close()
+
+    def _read_kernel_dump(self, final: bool = True) -> None:
+        """Read MindSpore's kernel dump into the log (``final``: all of it, then close the
+        log); a failure is logged, never raised into the training script."""
+        reader = self._kernel_reader
+        if reader is None:
+            return
+        try:
+            if final:
+                self._kernel_reader = None
+                reader.close()
+            else:
+                reader.read(final=False)
+        except Exception as exc:  # never fail the training script
+            logger.error("msprobe: reading MindSpore's kernel dump into the log failed: %s", exc)
+        self.kernel_report = reader.report
 
     def __enter__(self) -> "PrecisionDebugger":
         return self
@@ -281,6 +319,8 @@ class _JitGuard:
 
 def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
     dbg = ref()
+    if dbg is not None:
+        dbg._read_kernel_dump()
     if dbg is None or dbg.session is None:
         return
     try:

@@ -317,11 +317,16 @@ def test_async_dump_tensor_requires_list(make):
 
 
 def test_level_l2_rules(make):
-    with pytest.raises(ConfigError, match=r"`statistics.list`: got \[\]; allowed: exactly one kernel name at level L2"):
-        load_config(make(level="L2"))
+    """L2 (MindSpore's kernel dump): any number of kernel names (none = every kernel), no
+    scope, no task structure."""
     with pytest.raises(ConfigError, match=r"`statistics.scope`:.*\[\] at level L2"):
         load_config(make(level="L2", statistics={"list": ["k"], "scope": ["Functional.a.0.forward"] * 2}))
-    assert load_config(make(level="L2", statistics={"list": ["k"]})).level == "L2"
+    with pytest.raises(ConfigError, match=r"`task`: got 'structure'; allowed: statistics, tensor.*no structure-only"):
+        load_config(make(level="L2", task="structure"))
+    assert load_config(make(level="L2")).list == ()
+    assert load_config(make(level="L2", statistics={"list": ["k"]})).list == ("k",)
+    cfg = load_config(make(level="L2", task="tensor", tensor={"list": ["MatMul", "Default/network/ReLU-op0"]}))
+    assert (cfg.task, cfg.list) == ("tensor", ("MatMul", "Default/network/ReLU-op0"))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,114 @@
+"""Which levels msprobe records in MindSpore's GRAPH_MODE, and the errors for the others.
+
+In GRAPH_MODE the network runs as one compiled graph: Python hooks registered on Cells are
+accepted by MindSpore but never called (``Cell.register_forward_hook`` stays silent in
+GRAPH_MODE with MindSpore 2.10), and API calls are graph nodes, not Python calls. Level L2
+(MindSpore's kernel dump, :mod:`msprobe.mindspore.graph_dump`) is what GRAPH_MODE records.
+
+Cell-level records inside a graph need MindSpore's ``TensorDump`` op (``DumpGradient``, for
+gradients, is lowered to it) inserted into each Cell. :func:`tensor_dump_missing` asks
+MindSpore whether the current backend has it by compiling a one-op graph in a child process: the CPU backend
+of MindSpore 2.10 fails kernel selection with "Unsupported op [TensorDump] on CPU".
+:func:`check_graph_mode_level` turns that into a :class:`ConfigError` naming the op.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Optional
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from msprobe.core.errors import ConfigError
+
+__all__ = ["GRAPH_LEVELS", "tensor_dump_missing", "check_graph_mode_level"]
+
+#: levels msprobe records in GRAPH_MODE
+GRAPH_LEVELS = ("L2",)
+_PYNATIVE = "mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
+_MARK = "msprobe-tensordump-probe:"
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds msprobe/
+
+
+class _TensorDumpProbe(nn.Cell):
+    """A graph holding one ``TensorDump`` (compiled by :func:`tensor_dump_missing`)."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.dump = ops.TensorDump()
+
+    def construct(self, x):
+        self.dump(self.prefix, x)
+        return x
+
+
+def _probe() -> Optional[str]:
+    """Compile and run the one-op TensorDump graph in this process (GRAPH_MODE)."""
+    with tempfile.TemporaryDirectory(prefix="msprobe_tensordump_") as tmp:
+        try:
+            _TensorDumpProbe(f"{tmp}/probe")(Tensor(np.zeros((1,), np.float32))).asnumpy()
+        except (RuntimeError, TypeError, ValueError) as exc:
+            text = str(exc)
+            lines = [line.strip().split(", Please")[0] for line in text.splitlines() if "TensorDump" in line]
+            return lines[0] if lines else text.strip() or type(exc).__name__
+    return None
+
+
+def tensor_dump_missing(device_target: str) -> Optional[str]:
+    """None when MindSpore runs a ``TensorDump`` op in GRAPH_MODE on ``device_target``,
+    else MindSpore's error message (its first line naming the op).
+
+    The probe runs in a child Python process: compiling any graph in this process would
+    make MindSpore read ``MINDSPORE_DUMP_CONFIG`` before a later level-L2 debugger sets it.
+
+    Raises:
+        RuntimeError: the child process failed in another way (its stderr's tail).
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    res = subprocess.run([sys.executable, "-m", __name__, device_target], capture_output=True, text=True, env=env,
+                         timeout=600)
+    lines = [line for line in res.stdout.splitlines() if line.startswith(_MARK)]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"TensorDump probe failed (exit {res.returncode}): {res.stderr[-1000:]}")
+    return json.loads(lines[-1][len(_MARK):])
+
+
+def check_graph_mode_level(level: str) -> None:
+    """Raise the ConfigError for a level msprobe does not record in GRAPH_MODE.
+
+    Args:
+        level: the config's level.
+    Raises:
+        ConfigError: ``L0``/``mix`` naming the missing ``TensorDump`` op where the backend
+            lacks it (CPU), or saying Cell-level graph records are not implemented where it
+            has it; ``L1``/``debug`` (no Python calls inside a graph). Nothing for ``L2``.
+    """
+    if level in GRAPH_LEVELS:
+        return
+    device = ms.get_context("device_target")
+    if level in ("L0", "mix"):
+        missing = tensor_dump_missing(device)
+        if missing is not None:
+            detail = (f"Cell-level records in GRAPH_MODE need MindSpore's TensorDump op, which the {device} backend "
+                      f"lacks ({missing}); use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
+        else:
+            detail = (f"Cell-level records in GRAPH_MODE (TensorDump in each Cell) are not implemented by msprobe; "
+                      f"use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
+    else:
+        detail = (f"level {level} records Python calls, and in GRAPH_MODE the network runs as one compiled graph; "
+                  f"use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
+    raise ConfigError("level", level, GRAPH_LEVELS, detail=detail)
+
+
+if __name__ == "__main__":   # the child of tensor_dump_missing: python -m msprobe.mindspore.graph_levels DEVICE
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(sys.argv[1])
+    print(_MARK + json.dumps(_probe()), flush=True)
