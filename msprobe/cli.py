@@ -67,10 +67,27 @@ class _Parser(argparse.ArgumentParser):
         super()._print_message(message, file)
 
 
+DISTRIBUTION = "msprobe-recorder"
+
+
+def package_version() -> str:
+    """The version of the installed distribution :data:`DISTRIBUTION` (its package
+    metadata, ``importlib.metadata``), or ``'unknown (msprobe-recorder is not installed)'``
+    when msprobe runs from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="msprobe", description="msprobe precision-debugging dump tools"
     )
+    parser.add_argument("--version", action="version", version=f"msprobe {package_version()}",
+                        help="print the version of the installed msprobe-recorder and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     export = commands.add_parser(
@@ -288,7 +305,8 @@ def _run_compare(args: argparse.Namespace) -> int:
             for r in result["ranks"]:
                 f = r["first_origin"]
                 print(f"rank {r['rank']}: " + (f"first NaN/Inf origin {f['name']} (step {f['step']}, "
-                                               f"{f['direction']}) in {f['module']}" if f else "no NaN/Inf origin"))
+                                               f"{f['direction']}) in {f['module'] or '(top level)'}"
+                                               if f else "no NaN/Inf origin"))
             # 1 when an origin was found; infinities that never come from finite inputs (a
             # causal mask built with float("-inf")) are intended and leave the status 0
             return 1 if any(r["first_origin"] for r in result["ranks"]) else 0
@@ -419,8 +437,15 @@ def _run_query(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.out:
         print("msprobe query: error: --format parquet writes a file: give -o FILE", file=sys.stderr)
         return 2
-    if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
-        table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
+    here = Path(args.dump_path)
+    if (here / "summary.json").is_file() and not (here / ".msprobe").is_dir() and not is_compare_output(here):
+        print(f"msprobe query: error: {str(here)!r} is an output directory of msprobe compare (summary.json) "
+              f"without its tables in Parquet or CSV (tensors, calls, alignment), so there is nothing to query; "
+              f"rerun the compare with --format parquet (or csv) and -o {str(here)!r}, or query the dump path "
+              f"of one of the compared runs", file=sys.stderr)
+        return 2
+    if is_compare_output(here) and not (here / ".msprobe").is_dir():
+        table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
         table = query(args.dump_path, args.sql)
     names = table.column_names
