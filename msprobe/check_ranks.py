@@ -3,12 +3,13 @@
 For each rank group (default: every rank of the recorded world size) and step, the
 ``replicas`` view (:mod:`store.replicas`) lines the ranks' records of one tensor up. This
 module picks the first row (by step, call position, inputs before outputs) that does not
-agree among the checked categories (``parameter`` and ``collective`` by default; every
+agree among the checked rows (by default those that must agree, ``must_agree``:
+parameters, replicated collective outputs, outputs of calls whose inputs agreed; every
 tensor with ``all_calls``), splits its ranks into clusters of equal fingerprints (CRC-32
 where every rank has one, else statistics within ``tol``), names the majority and the odd
 ranks out, says whether it looks like an input difference or a corruption, and measures
-how far the odd ranks' disagreement spreads afterwards (every recorded tensor of that
-step and the later ones).
+how far the odd ranks' disagreement spreads afterwards, in causal order, among the
+tensors the majority ranks hold alike (:func:`_downstream`).
 
 Reads our dump paths (the event log) and upstream layouts (``step{N}/rank{R}/dump.json``;
 ``msprobe.compare.load``). Imports no deep-learning framework.
@@ -54,10 +55,12 @@ class Disagreement:
         values: per rank, the CRC-32 or ``(max, min, mean, norm)`` it recorded.
         verdict: ``input difference``, ``corruption suspected``, ``replicas not
             synchronised`` (a parameter differs at the first recorded step) or ``no majority``.
-        first_downstream: the first other entry of the step (call order) whose output an
-            odd rank records differently from the majority; None when none.
-        spread: per step from ``step`` on, how many recorded tensors (all categories)
-            the odd ranks hold differently from the majority.
+        first_downstream: the first other entry after the disagreement (causal order:
+            a later step, or this step from the origin entry's start on) whose output an
+            odd rank records differently from the majority, among tensors the majority
+            holds alike; None when none.
+        spread: per step from ``step`` on, how many recorded tensors the majority holds
+            alike and the odd ranks differently (see :func:`_downstream`).
     """
 
     step: int
@@ -331,7 +334,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
             ``0 .. world_size-1`` of the recorded world size, else the ranks recorded.
         steps: steps to check; None = all.
         all_calls: compare every recorded tensor (a determinism test, where every rank
-            gets the same data), not only parameters and replicated collective outputs.
+            gets the same data), not only what must agree (parameters, replicated
+            collective outputs, outputs of calls whose inputs agreed: store.replicas).
         tol: relative tolerance of statistics where no CRC-32 was recorded (>= 0).
     Returns:
         A :class:`RankCheck`; ``exit_code`` 1 when some group disagrees.

@@ -15,8 +15,19 @@ each recorded tensor leaf (``category``):
     in ``output`` (``all_gather``'s local input) are not replicas. ``reduce``, ``gather``,
     ``scatter``, ``reduce_scatter``, ``all_to_all`` and point-to-point calls are not.
 ``call``
-    every other tensor (activations, gradients, API inputs): replicas only where the
-    ranks were fed the same data (a determinism test).
+    every other tensor (activations, gradients, API inputs): replicas only where they
+    were computed from agreeing inputs (``must_agree``), or where the ranks were fed the
+    same data (a determinism test).
+
+Whether a row must agree (``must_agree``) follows from the category and, for a call, from
+whether its inputs matched across the group's ranks (``inputs_agree``): parameters and
+replicated collective outputs always; an output of a call whose recorded inputs all agree
+(every input tensor, every non-tensor input value by its JSON record, and for a backward
+entry its forward entry's inputs too) unless the call is a ``Distributed.*`` call, an API
+of :data:`RANDOM_APIS`, a random module class (``Dropout``, ``AlphaDropout``, ``RReLU``)
+or an entry that contains one of those (through ``parent``). Call inputs, outputs of
+calls with differing inputs (data-dependent activations in data parallelism) and entries
+without a recorded input tensor (``parameters_grad``) need not agree.
 
 Rows are grouped by (``grp``, step, name, io, arg) and, for collectives, by the process
 group the call names (``process_group``, its ranks as JSON text, NULL = the default
@@ -44,10 +55,19 @@ Columns:
     each statistic's spread over ranks (max - min) at most ``tol`` times its largest
     magnitude (``tol`` = 0: bitwise-equal statistics; NaN equals NaN). A tensor recorded
     by one rank only agrees.
+``parent``
+    the entry's parent entry (the module it ran in), as the ``calls`` view has it.
+``inputs_agree``
+    every input leaf of the entry agrees across the group (above); NULL when the entry
+    (with, for a backward entry, its forward entry) has no recorded input tensor, or when a
+    backward entry's forward entry was not recorded.
+``must_agree``
+    the row is one replicas must agree on (above): what ``msprobe check-ranks`` compares
+    by default.
 
-The view reads a *source* relation with one row per tensor leaf and columns rank, step,
+The view reads a *source* relation with one row per leaf and columns rank, step,
 pos, name, kind, io, arg, leaf_kind, dtype, shape, max, min, mean, norm, crc32,
-requires_grad, value_json (the log's names, store.schema); :func:`log_source_sql` builds it
+requires_grad, value_json, parent (the log's names, store.schema); :func:`log_source_sql` builds it
 over the event log, ``msprobe.check_ranks`` over upstream dump.json files.
 """
 from __future__ import annotations
