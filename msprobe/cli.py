@@ -2,12 +2,15 @@
 
 ::
 
+    msprobe --version
+        the version of the installed distribution msprobe-recorder
     msprobe export DUMP_PATH [-o OUT]
         rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
         from the log under DUMP_PATH; prints each directory written and each skipped part
     msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE]
         run SQL over the views tensors, calls, stacks (see store.query); prints the
-        result, or writes it to FILE (--format parquet needs -o)
+        result, or writes it to FILE (--format parquet needs -o). DUMP_PATH may be the
+        OUT of msprobe compare: its tables tensors, calls, alignment (Parquet, or CSV)
     msprobe report DUMP_PATH [-o report.html] [--threshold T] [--jump J] [--max-rows N]
         [--max-steps N]
         write one self-contained HTML page showing the recording (see msprobe.report)
@@ -132,8 +135,8 @@ def _parser() -> argparse.ArgumentParser:
                             "(default: every rank of the recorded world size)")
     ranks.add_argument("--step", default=None, help="steps to check, e.g. 0-4 (default: all)")
     ranks.add_argument("--all-calls", action="store_true",
-                       help="compare every recorded tensor (ranks fed the same data), not only parameters "
-                            "and replicated collective outputs")
+                       help="compare every recorded tensor (ranks fed the same data), not only what must "
+                            "agree: parameters, replicated collective outputs, outputs of calls whose inputs agreed")
     ranks.add_argument("--tol", default="0", help="relative tolerance of statistics where no CRC-32 was "
                                                   "recorded (default 0: equal statistics)")
     return parser
