@@ -25,7 +25,9 @@ replicated collective outputs always; an output of a call whose recorded inputs 
 (every input tensor, every non-tensor input value by its JSON record, and for a backward
 entry its forward entry's inputs too) unless the call is a ``Distributed.*`` call, an API
 of :data:`RANDOM_APIS`, a random module class (``Dropout``, ``AlphaDropout``, ``RReLU``)
-or an entry that contains one of those (through ``parent``). Call inputs, outputs of
+or an entry that contains one of those or a ``Distributed.*`` call other than
+:data:`REPLICATED_COLLECTIVES` (through ``parent``: a module whose result depends on
+other ranks' data). Call inputs, outputs of
 calls with differing inputs (data-dependent activations in data parallelism) and entries
 without a recorded input tensor (``parameters_grad``) need not agree.
 
@@ -89,9 +91,10 @@ REPLICATED_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_i
 #: the categories, in the order ``msprobe check-ranks`` checks them by default
 CATEGORIES = ("parameter", "collective", "call")
 _GROUP_TABLE = "msprobe_replica_groups"
-#: APIs that draw random numbers (the second part of the entry name, ``Functional.dropout``):
-#: replicas seeded apart legitimately differ in their outputs, equal inputs or not
-RANDOM_APIS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+#: APIs whose outputs are no function of their inputs (the second part of the entry name,
+#: ``Functional.dropout``): random draws, in which replicas seeded apart legitimately
+#: differ, and uninitialised memory (``empty``)
+RANDOM_APIS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
                "native_dropout", "fused_dropout", "bernoulli", "bernoulli_", "multinomial", "normal", "normal_",
                "uniform_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
                "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_",
@@ -251,6 +254,7 @@ random_calls AS (
     WHERE (NOT starts_with({S.NAME}, 'Module.') AND NOT starts_with({S.NAME}, 'Cell.')
            AND regexp_matches(split_part({S.NAME}, '.', 2), '{_RANDOM_RE}'))
        OR regexp_matches({S.NAME}, '{_RANDOM_MODULE_RE}')
+       OR (starts_with({S.NAME}, 'Distributed.') AND split_part({S.NAME}, '.', 2) NOT IN ({collective}))
     UNION
     SELECT t.grp, t.{S.STEP}, t.{S.PARENT} FROM random_calls c JOIN tree t
       ON t.grp = c.grp AND t.{S.STEP} = c.{S.STEP} AND t.{S.NAME} = c.{S.NAME}

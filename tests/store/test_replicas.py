@@ -101,6 +101,11 @@ def test_must_agree_by_category_and_input_agreement():
     call("Distributed.reduce_scatter.0.forward", [same], [per_rank], pos=7)
     call("Functional.embedding.0.backward", [same], [per_rank], pos=8, kind="api_backward")
     call("Torch.add.0.backward", [same], [same], pos=9, kind="api_backward")
+    call("Distributed.all_to_all.0.forward", [same], [per_rank], pos=12, parent="Module.moe.Experts.forward.0")
+    call("Module.moe.Experts.forward.0", [same], [per_rank], pos=13, kind="module_forward")   # holds all_to_all
+    call("Distributed.all_reduce.0.forward", [same], [same], pos=14, parent="Module.tp.Reduce.forward.0")
+    call("Module.tp.Reduce.forward.0", [same], [same], pos=15, kind="module_forward")         # a replicated one
+    call("Torch.empty_like.0.forward", [same], [per_rank], pos=16)                            # uninitialised
     for r in range(3):
         rows.append(leaf(r, "Module.fc.Linear.forward.0", "parameters", "weight", kind="module_forward", pos=10,
                          crc="dddddddd"))
@@ -122,6 +127,9 @@ def test_must_agree_by_category_and_input_agreement():
     assert row("Distributed.reduce_scatter.0.forward") == (True, False, False)
     assert row("Functional.embedding.0.backward") == (False, False, False)   # its forward's inputs differ
     assert row("Torch.add.0.backward") == (True, True, True)
+    assert row("Module.moe.Experts.forward.0") == (True, False, False)
+    assert row("Module.tp.Reduce.forward.0") == (True, True, True)
+    assert row("Torch.empty_like.0.forward") == (True, False, False)
     assert row("Module.fc.Linear.forward.0", "parameters", "weight")[1:] == (True, True)
     assert row("Module.fc.Linear.parameters_grad", "weight", "") == (None, False, False)   # local gradient
 
