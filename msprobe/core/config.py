@@ -565,7 +565,8 @@ _RECORDING_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level"
 
 def _check_unknown_keys(doc: dict[str, Any]) -> None:
     """Warn about each top-level key of ``doc`` msprobe does not read, naming the closest
-    key it reads (``difflib.get_close_matches``, ratio >= 0.75) as ``did you mean ...?``.
+    key it reads (``difflib.get_close_matches`` of the lower-cased key, ratio >= 0.75) as
+    ``did you mean ...?``.
 
     Raises:
         ConfigError: the closest key is one of :data:`_RECORDING_KEYS` and absent from
@@ -576,7 +577,7 @@ def _check_unknown_keys(doc: dict[str, Any]) -> None:
         if key in _UPSTREAM_ONLY_KEYS:
             logger.debug("config.json: ignoring unsupported top-level key %r", key)
             continue
-        close = difflib.get_close_matches(key, readable, n=1, cutoff=0.75)
+        close = difflib.get_close_matches(key.lower(), readable, n=1, cutoff=0.75)   # the keys are lower case
         if close and close[0] in _RECORDING_KEYS and close[0] not in doc:
             raise ConfigError(key, doc[key], "a key msprobe reads",
                               f"did you mean `{close[0]}`? (without it, `{close[0]}` keeps its default, "

@@ -179,7 +179,7 @@ def test_unknown_top_level_keys_are_ignored(make):
     assert cfg.task == "statistics"
 
 
-@pytest.mark.parametrize("typo, key", [("levle", "level"), ("Level", "level"), ("statistcs", "statistics"),
+@pytest.mark.parametrize("typo, key", [("levle", "level"), ("LEVEL", "level"), ("statistcs", "statistics"),
                                        ("stpe", "step"), ("tsak", "task")])
 def test_misspelt_recording_key_is_an_error_naming_the_key(make, typo, key):
     """A misspelling of a key that changes what is recorded fails at load time
