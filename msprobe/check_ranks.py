@@ -259,14 +259,14 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
     (:func:`_entry_start`) on, never the origin entry's own inputs.
     """
     start = _entry_start(con, g, origin)
-    rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND (step > ? OR (step = ? AND pos >= ?))"
-                      f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group",
-                 [g, origin[S.STEP], origin[S.STEP], start])
+    rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND step >= ?"
+                      f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, origin[S.STEP]])
     inputs: dict[tuple, bool] = {}     # (step, entry name) -> its inputs agree among the majority
-    for r in rows:
+    for r in rows:                     # every entry of the step: a backward's forward may precede the origin
         if r["io_order"] == 0:
             key = (r[S.STEP], r[S.NAME])
             inputs[key] = inputs.get(key, True) and _majority_agrees(r, majority, tol) is not None
+    rows = [r for r in rows if r[S.STEP] > origin[S.STEP] or r["pos"] >= start]
 
     def inputs_agree(step: int, name: str) -> bool:
         own = inputs.get((step, name))
