@@ -3,12 +3,13 @@
 For each rank group (default: every rank of the recorded world size) and step, the
 ``replicas`` view (:mod:`store.replicas`) lines the ranks' records of one tensor up. This
 module picks the first row (by step, call position, inputs before outputs) that does not
-agree among the checked categories (``parameter`` and ``collective`` by default; every
+agree among the checked rows (by default those that must agree, ``must_agree``:
+parameters, replicated collective outputs, outputs of calls whose inputs agreed; every
 tensor with ``all_calls``), splits its ranks into clusters of equal fingerprints (CRC-32
 where every rank has one, else statistics within ``tol``), names the majority and the odd
 ranks out, says whether it looks like an input difference or a corruption, and measures
-how far the odd ranks' disagreement spreads afterwards (every recorded tensor of that
-step and the later ones).
+how far the odd ranks' disagreement spreads afterwards, in causal order, among the
+tensors the majority ranks hold alike (:func:`_downstream`).
 
 Reads our dump paths (the event log) and upstream layouts (``step{N}/rank{R}/dump.json``;
 ``msprobe.compare.load``). Imports no deep-learning framework.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -27,6 +29,11 @@ from store import schema as S
 from store.replicas import CATEGORIES, create_replicas_view, default_groups, group_text
 
 __all__ = ["Disagreement", "GroupResult", "RankCheck", "check_ranks", "format_report"]
+
+#: what the default check compares besides parameters and collectives: outputs of calls
+#: whose inputs agreed (``must_agree`` rows of category ``call`` in store.replicas)
+SAME_INPUTS = "call outputs from agreeing inputs"
+_BACKWARD = re.compile(r"\.backward(\.[0-9]+)?$")
 
 #: verdicts of a disagreement
 INPUT_DIFFERENCE = "input difference"
@@ -48,10 +55,12 @@ class Disagreement:
         values: per rank, the CRC-32 or ``(max, min, mean, norm)`` it recorded.
         verdict: ``input difference``, ``corruption suspected``, ``replicas not
             synchronised`` (a parameter differs at the first recorded step) or ``no majority``.
-        first_downstream: the first other entry of the step (call order) whose output an
-            odd rank records differently from the majority; None when none.
-        spread: per step from ``step`` on, how many recorded tensors (all categories)
-            the odd ranks hold differently from the majority.
+        first_downstream: the first other entry after the disagreement (causal order:
+            a later step, or this step from the origin entry's start on) whose output an
+            odd rank records differently from the majority, among tensors the majority
+            holds alike; None when none.
+        spread: per step from ``step`` on, how many recorded tensors the majority holds
+            alike and the odd ranks differently (see :func:`_downstream`).
     """
 
     step: int
@@ -137,8 +146,8 @@ def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Opt
     con.register("up_leaves", side.leaves)
     source = (
         "SELECT l.rank, l.step, c.pos, l.name, c.kind, l.io, l.arg, l.leaf_kind, l.dtype, l.shape, "
-        "l.max, l.min, l.mean, l.norm, l.crc32, l.requires_grad, l.value_json FROM up_leaves l JOIN "
-        "(SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
+        "l.max, l.min, l.mean, l.norm, l.crc32, l.requires_grad, l.value_json, c.parent FROM up_leaves l JOIN "
+        "(SELECT rank, step, name, kind, parent, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
         "FROM up_calls) c USING (rank, step, name)")
     ranks = sorted({r for r in side.calls.column("rank").to_pylist()})
     return con, source, ranks, None, "dump.json"
@@ -208,26 +217,93 @@ def _verdict(row: dict, majority: tuple, first_step: int) -> str:
     return CORRUPTION
 
 
-def _odd_differs(row: dict, odd: tuple[int, ...], majority: tuple[int, ...], tol: float) -> bool:
-    """True when some rank of ``odd`` holds ``row``'s tensor differently from the
-    majority ranks' common value (False when the row has no majority rank)."""
+def _majority_agrees(row: dict, majority: tuple[int, ...], tol: float) -> Optional[list]:
+    """The cluster of ``row`` holding every rank of ``majority`` that recorded it (None
+    when those ranks do not hold one value, or fewer than two of them recorded it)."""
+    present = [r for r in majority if r in row["ranks"]]
+    if len(present) < 2:
+        return None
     clusters, _ = _clusters(row, tol)
-    ref = next((c for c in clusters if any(r in majority for r in c)), None)
-    if ref is None:
-        return False
-    return any(r in row["ranks"] and r not in ref for r in odd)
+    ref = next(c for c in clusters if present[0] in c)
+    return ref if all(r in ref for r in present) else None
+
+
+def _entry_start(con, g: int, row: dict) -> int:
+    """The first call position at which ``row``'s entry can have had an effect: the
+    smallest position of the entry and of every entry nested in it (a module's forward
+    entry comes after the calls it made, but its parameters and inputs were used by them)."""
+    tree = con.execute("SELECT DISTINCT name, parent, pos FROM replicas WHERE grp = ? AND step = ?",
+                       [g, row[S.STEP]]).fetchall()
+    parent = {n: p for n, p, _ in tree}
+    start = row["pos"]
+    for name, _, pos in tree:
+        seen, node = 0, name
+        while node is not None and node != row[S.NAME] and seen < 64:   # depth guard against a cycle
+            node, seen = parent.get(node), seen + 1
+        if node == row[S.NAME]:
+            start = min(start, pos)
+    return start
+
+
+def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple[int, ...],
+                step_sql: str, tol: float) -> tuple[Optional[str], dict]:
+    """The first other entry after ``origin`` (causal order) whose output an odd rank holds
+    differently from the majority, and per step the count of such tensors.
+
+    Only tensors the majority ranks hold alike count: a parameter, a replicated collective
+    output, a call input on which the majority ranks agree (a parameter passed to an API),
+    or an output of a call whose inputs (for a backward call, also its forward's inputs)
+    the majority ranks hold alike. Tensors that differ among the majority too
+    (data-dependent activations of a data-parallel run) are no effect of the odd rank.
+    Causal order: later steps, or the origin's step from the origin entry's start
+    (:func:`_entry_start`) on, never the origin entry's own inputs.
+    """
+    start = _entry_start(con, g, origin)
+    rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND step >= ?"
+                      f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, origin[S.STEP]])
+    inputs: dict[tuple, bool] = {}     # (step, entry name) -> its inputs agree among the majority
+    for r in rows:                     # every entry of the step: a backward's forward may precede the origin
+        if r["io_order"] == 0:
+            key = (r[S.STEP], r[S.NAME])
+            inputs[key] = inputs.get(key, True) and _majority_agrees(r, majority, tol) is not None
+    rows = [r for r in rows if r[S.STEP] > origin[S.STEP] or r["pos"] >= start]
+
+    def inputs_agree(step: int, name: str) -> bool:
+        own = inputs.get((step, name))
+        if name.endswith(".backward") or ".backward." in name:
+            fwd = inputs.get((step, _BACKWARD.sub(r".forward\1", name)))
+            return fwd is not None and own is not False and fwd
+        return bool(own)
+
+    first, spread = None, {}
+    for r in rows:
+        if r["agree"]:
+            continue
+        if r[S.STEP] == origin[S.STEP] and r[S.NAME] == origin[S.NAME] and r["io_order"] == 0:
+            if (r[S.IO], r[S.ARG]) != (origin[S.IO], origin[S.ARG]):
+                continue          # the origin entry's other inputs: not its effects
+        if r["category"] == "call" and (r[S.NAME].startswith("Distributed.")
+                                        or (r["io_order"] == 1 and not inputs_agree(r[S.STEP], r[S.NAME]))):
+            continue
+        ref = _majority_agrees(r, majority, tol)
+        if ref is None or not any(o in r["ranks"] and o not in ref for o in odd):
+            continue
+        spread[r[S.STEP]] = spread.get(r[S.STEP], 0) + 1
+        if first is None and r["io_order"] == 1 and r[S.NAME] != origin[S.NAME]:
+            first = r[S.NAME]
+    return first, spread
 
 
 def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[int, ...]],
-                 categories: tuple[str, ...], tol: float) -> GroupResult:
+                 all_calls: bool, tol: float) -> GroupResult:
     step_sql = f" AND step IN ({', '.join(map(str, steps))})" if steps else ""
-    cat_sql = ", ".join(f"'{c}'" for c in categories)
+    checked = "" if all_calls else " AND must_agree"
     counts = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE exact), list(DISTINCT step) FROM replicas "
-        f"WHERE grp = ? AND n_ranks > 1 AND category IN ({cat_sql}){step_sql}", [g]).fetchall()[0]
+        f"WHERE grp = ? AND n_ranks > 1{checked}{step_sql}", [g]).fetchall()[0]
     seen_steps = tuple(sorted(counts[2] or ()))
-    first_rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree "
-                            f"AND category IN ({cat_sql}){step_sql} ORDER BY step, pos, io_order, io, arg, process_group LIMIT 1",
+    first_rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree"
+                            f"{checked}{step_sql} ORDER BY step, pos, io_order, io, arg, process_group LIMIT 1",
                        [g])
     if not first_rows:
         return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=None)
@@ -238,15 +314,7 @@ def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[in
     first_step = min(seen_steps) if seen_steps else row[S.STEP]
     downstream, spread = None, {}
     if majority:
-        later = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree AND step >= ?"
-                           f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, row[S.STEP]])
-        for other in later:
-            if not _odd_differs(other, odd, majority, tol):
-                continue
-            spread[other[S.STEP]] = spread.get(other[S.STEP], 0) + 1
-            if (downstream is None and other[S.STEP] == row[S.STEP] and other["io_order"] == 1
-                    and other[S.NAME] != row[S.NAME]):
-                downstream = other[S.NAME]
+        downstream, spread = _downstream(con, g, row, odd, majority, step_sql, tol)
     first = Disagreement(step=row[S.STEP], name=row[S.NAME], io=row[S.IO], arg=row[S.ARG],
                          category=row["category"], by="crc32" if exact else "statistics", majority=majority,
                          odd=odd, values=values, verdict=_verdict(row, majority, first_step),
@@ -266,7 +334,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
             ``0 .. world_size-1`` of the recorded world size, else the ranks recorded.
         steps: steps to check; None = all.
         all_calls: compare every recorded tensor (a determinism test, where every rank
-            gets the same data), not only parameters and replicated collective outputs.
+            gets the same data), not only what must agree (parameters, replicated
+            collective outputs, outputs of calls whose inputs agreed: store.replicas).
         tol: relative tolerance of statistics where no CRC-32 was recorded (>= 0).
     Returns:
         A :class:`RankCheck`; ``exit_code`` 1 when some group disagrees.
@@ -284,8 +353,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
         if not chosen or any(not g for g in chosen):
             raise CheckRanksInputError(f"--group: got {groups!r}; expected non-empty rank lists")
         create_replicas_view(con, source, chosen, tol=float(tol))
-        categories = CATEGORIES if all_calls else CATEGORIES[:2]
-        results = tuple(_check_group(con, g, tuple(members), tuple(steps) if steps else None, categories,
+        categories = CATEGORIES if all_calls else CATEGORIES[:2] + (SAME_INPUTS,)
+        results = tuple(_check_group(con, g, tuple(members), tuple(steps) if steps else None, all_calls,
                                      float(tol)) for g, members in enumerate(chosen))
     finally:
         con.close()
@@ -332,6 +401,7 @@ def format_report(result: RankCheck) -> str:
         if f.spread:
             lines.append("  tensors that differ on the odd rank, per step: "
                          + ", ".join(f"step {s}: {n}" for s, n in sorted(f.spread.items())))
-    checked = "every recorded tensor" if "call" in result.categories else "parameters, collective outputs"
+    checked = ("every recorded tensor" if "call" in result.categories
+               else "parameters, collective outputs, " + SAME_INPUTS)
     lines.append(f"checked: {checked}; exit status {result.exit_code}")
     return "\n".join(lines)

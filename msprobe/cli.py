@@ -2,6 +2,8 @@
 
 ::
 
+    msprobe --version
+        the version of the installed distribution msprobe-recorder
     msprobe export DUMP_PATH [-o OUT]
         rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
         from the log under DUMP_PATH; prints each directory written and each skipped part.
@@ -9,7 +11,8 @@
         the log (msprobe.kernel_dump.ingest)
     msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE]
         run SQL over the views tensors, calls, stacks (see store.query); prints the
-        result, or writes it to FILE (--format parquet needs -o)
+        result, or writes it to FILE (--format parquet needs -o). DUMP_PATH may be the
+        OUT of msprobe compare: its tables tensors, calls, alignment (Parquet, or CSV)
     msprobe report DUMP_PATH [-o report.html] [--threshold T] [--jump J] [--max-rows N]
         [--max-steps N]
         write one self-contained HTML page showing the recording (see msprobe.report)
@@ -69,10 +72,27 @@ class _Parser(argparse.ArgumentParser):
         super()._print_message(message, file)
 
 
+DISTRIBUTION = "msprobe-recorder"
+
+
+def package_version() -> str:
+    """The version of the installed distribution :data:`DISTRIBUTION` (its package
+    metadata, ``importlib.metadata``), or ``'unknown (msprobe-recorder is not installed)'``
+    when msprobe runs from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="msprobe", description="msprobe precision-debugging dump tools"
     )
+    parser.add_argument("--version", action="version", version=f"msprobe {package_version()}",
+                        help="print the version of the installed msprobe-recorder and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     export = commands.add_parser(
@@ -117,8 +137,8 @@ def _parser() -> argparse.ArgumentParser:
                             "(default: every rank of the recorded world size)")
     ranks.add_argument("--step", default=None, help="steps to check, e.g. 0-4 (default: all)")
     ranks.add_argument("--all-calls", action="store_true",
-                       help="compare every recorded tensor (ranks fed the same data), not only parameters "
-                            "and replicated collective outputs")
+                       help="compare every recorded tensor (ranks fed the same data), not only what must "
+                            "agree: parameters, replicated collective outputs, outputs of calls whose inputs agreed")
     ranks.add_argument("--tol", default="0", help="relative tolerance of statistics where no CRC-32 was "
                                                   "recorded (default 0: equal statistics)")
     return parser
@@ -290,7 +310,8 @@ def _run_compare(args: argparse.Namespace) -> int:
             for r in result["ranks"]:
                 f = r["first_origin"]
                 print(f"rank {r['rank']}: " + (f"first NaN/Inf origin {f['name']} (step {f['step']}, "
-                                               f"{f['direction']}) in {f['module']}" if f else "no NaN/Inf origin"))
+                                               f"{f['direction']}) in {f['module'] or '(top level)'}"
+                                               if f else "no NaN/Inf origin"))
             # 1 when an origin was found; infinities that never come from finite inputs (a
             # causal mask built with float("-inf")) are intended and leave the status 0
             return 1 if any(r["first_origin"] for r in result["ranks"]) else 0
@@ -427,8 +448,15 @@ def _run_query(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.out:
         print("msprobe query: error: --format parquet writes a file: give -o FILE", file=sys.stderr)
         return 2
-    if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
-        table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
+    here = Path(args.dump_path)
+    if (here / "summary.json").is_file() and not (here / ".msprobe").is_dir() and not is_compare_output(here):
+        print(f"msprobe query: error: {str(here)!r} is an output directory of msprobe compare (summary.json) "
+              f"without its tables in Parquet or CSV (tensors, calls, alignment), so there is nothing to query; "
+              f"rerun the compare with --format parquet (or csv) and -o {str(here)!r}, or query the dump path "
+              f"of one of the compared runs", file=sys.stderr)
+        return 2
+    if is_compare_output(here) and not (here / ".msprobe").is_dir():
+        table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
         table = query(args.dump_path, args.sql)
     names = table.column_names

@@ -15,8 +15,21 @@ each recorded tensor leaf (``category``):
     in ``output`` (``all_gather``'s local input) are not replicas. ``reduce``, ``gather``,
     ``scatter``, ``reduce_scatter``, ``all_to_all`` and point-to-point calls are not.
 ``call``
-    every other tensor (activations, gradients, API inputs): replicas only where the
-    ranks were fed the same data (a determinism test).
+    every other tensor (activations, gradients, API inputs): replicas only where they
+    were computed from agreeing inputs (``must_agree``), or where the ranks were fed the
+    same data (a determinism test).
+
+Whether a row must agree (``must_agree``) follows from the category and, for a call, from
+whether its inputs matched across the group's ranks (``inputs_agree``): parameters and
+replicated collective outputs always; an output of a call whose recorded inputs all agree
+(every input tensor, every non-tensor input value by its JSON record, and for a backward
+entry its forward entry's inputs too) unless the call is a ``Distributed.*`` call, an API
+of :data:`RANDOM_APIS`, a random module class (``Dropout``, ``AlphaDropout``, ``RReLU``)
+or an entry that contains one of those or a ``Distributed.*`` call other than
+:data:`REPLICATED_COLLECTIVES` (through ``parent``: a module whose result depends on
+other ranks' data). Call inputs, outputs of
+calls with differing inputs (data-dependent activations in data parallelism) and entries
+without a recorded input tensor (``parameters_grad``) need not agree.
 
 Rows are grouped by (``grp``, step, name, io, arg) and, for collectives, by the process
 group the call names (``process_group``, its ranks as JSON text, NULL = the default
@@ -44,10 +57,19 @@ Columns:
     each statistic's spread over ranks (max - min) at most ``tol`` times its largest
     magnitude (``tol`` = 0: bitwise-equal statistics; NaN equals NaN). A tensor recorded
     by one rank only agrees.
+``parent``
+    the entry's parent entry (the module it ran in), as the ``calls`` view has it.
+``inputs_agree``
+    every input leaf of the entry agrees across the group (above); NULL when the entry
+    (with, for a backward entry, its forward entry) has no recorded input tensor, or when a
+    backward entry's forward entry was not recorded.
+``must_agree``
+    the row is one replicas must agree on (above): what ``msprobe check-ranks`` compares
+    by default.
 
-The view reads a *source* relation with one row per tensor leaf and columns rank, step,
+The view reads a *source* relation with one row per leaf and columns rank, step,
 pos, name, kind, io, arg, leaf_kind, dtype, shape, max, min, mean, norm, crc32,
-requires_grad, value_json (the log's names, store.schema); :func:`log_source_sql` builds it
+requires_grad, value_json, parent (the log's names, store.schema); :func:`log_source_sql` builds it
 over the event log, ``msprobe.check_ranks`` over upstream dump.json files.
 """
 from __future__ import annotations
@@ -69,6 +91,21 @@ REPLICATED_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_i
 #: the categories, in the order ``msprobe check-ranks`` checks them by default
 CATEGORIES = ("parameter", "collective", "call")
 _GROUP_TABLE = "msprobe_replica_groups"
+#: APIs whose outputs are no function of their inputs (the second part of the entry name,
+#: ``Functional.dropout``): random draws, in which replicas seeded apart legitimately
+#: differ, and uninitialised memory (``empty``)
+RANDOM_APIS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+               "native_dropout", "fused_dropout", "bernoulli", "bernoulli_", "multinomial", "normal", "normal_",
+               "uniform_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+               "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_",
+               "gumbel_softmax")
+_RANDOM_RE = "^_*(" + "|".join(RANDOM_APIS) + ")$"
+#: a backward entry's name (``Functional.linear.0.backward``, ``Module.fc.Linear.backward.0``)
+#: and the replacement giving its forward entry's name
+_BACKWARD_RE = r"\.backward(\.[0-9]+)?$"
+_FORWARD_OF = r".forward\1"
+#: module classes that draw random numbers (``Module.drop.Dropout.forward.0``, ``Cell.x.Dropout...``)
+_RANDOM_MODULE_RE = r"\.(Dropout[123]?d?|AlphaDropout|FeatureAlphaDropout|RReLU)\.(forward|backward)\.[0-9]+$"
 _INPUT_IOS = ("input_args", "input_kwargs", "parameters", "input")
 
 
@@ -83,8 +120,8 @@ def log_source_sql(log_table: str, calls_view: str) -> str:
     return (
         f"SELECT l.{S.RANK}, l.{S.STEP}, c.pos, l.{S.NAME}, l.{S.KIND}, l.{S.IO}, l.{S.ARG}, "
         f"l.{S.LEAF_KIND}, l.{S.DTYPE}, l.{S.SHAPE}, l.{S.MAX}, l.{S.MIN}, l.{S.MEAN}, l.{S.NORM}, "
-        f"l.{S.CRC32}, l.{S.REQUIRES_GRAD}, l.{S.VALUE_JSON} FROM {log_table} l JOIN "
-        f"(SELECT {S.RANK}, {S.STEP}, {S.NAME}, row_number() OVER "
+        f"l.{S.CRC32}, l.{S.REQUIRES_GRAD}, l.{S.VALUE_JSON}, c.{S.PARENT} FROM {log_table} l JOIN "
+        f"(SELECT {S.RANK}, {S.STEP}, {S.NAME}, {S.PARENT}, row_number() OVER "
         f"(PARTITION BY {S.RANK}, {S.STEP} ORDER BY {S.SEQ}) AS pos FROM {calls_view}) c "
         f"USING ({S.RANK}, {S.STEP}, {S.NAME}) WHERE l.{S.ROW} = '{S.ROW_LEAF}'"
     )
@@ -153,7 +190,7 @@ def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups
     stats_agree = " AND ".join(spread_ok(c) for c in (S.MAX, S.MIN, S.MEAN, S.NORM))
     con.execute(f"""
 CREATE OR REPLACE VIEW {VIEW_REPLICAS} AS
-WITH src AS ({source_sql}),
+WITH RECURSIVE src AS ({source_sql}),
 pg AS (
     SELECT {S.RANK}, {S.STEP}, {S.NAME}, min(json_extract(CAST({S.VALUE_JSON} AS JSON), '$.value')::VARCHAR)
            AS process_group
@@ -171,7 +208,8 @@ t AS (
                 ELSE 'call' END AS category,
            CASE WHEN s.{S.NAME} LIKE 'Distributed.%' THEN pg.process_group END AS process_group
     FROM src s JOIN {_GROUP_TABLE} g USING ({S.RANK}) LEFT JOIN pg USING ({S.RANK}, {S.STEP}, {S.NAME})
-    WHERE s.{S.LEAF_KIND} = '{S.LEAF_TENSOR}')
+    WHERE s.{S.LEAF_KIND} = '{S.LEAF_TENSOR}'),
+rows AS (
 SELECT grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group, min(pos) AS pos,
        CASE WHEN {S.IO} IN ({_sql_list(_INPUT_IOS)}) THEN 0 ELSE 1 END AS io_order,
        list({S.RANK} ORDER BY {S.RANK}) AS ranks, list({S.CRC32} ORDER BY {S.RANK}) AS {S.CRC32},
@@ -182,9 +220,51 @@ SELECT grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group, min(po
        count({S.CRC32}) = count(*) AS exact,
        count(DISTINCT {S.DTYPE}) <= 1 AND count(DISTINCT {S.SHAPE}) <= 1 AND
        CASE WHEN count({S.CRC32}) = count(*) THEN count(DISTINCT {S.CRC32}) = 1
-            ELSE {stats_agree} END AS agree
+            ELSE {stats_agree} END AS agree,
+       min({S.PARENT}) AS {S.PARENT}
 FROM t
-GROUP BY grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group
+GROUP BY grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group),
+vals AS (
+    SELECT g.grp, v.{S.STEP}, v.{S.NAME},
+           count(DISTINCT coalesce(CAST(v.{S.VALUE_JSON} AS VARCHAR), 'null')) <= 1 AS agree
+    FROM src v JOIN {_GROUP_TABLE} g USING ({S.RANK})
+    WHERE v.{S.LEAF_KIND} <> '{S.LEAF_TENSOR}' AND v.{S.IO} IN ({_sql_list(_INPUT_IOS)})
+    GROUP BY g.grp, v.{S.STEP}, v.{S.NAME}, v.{S.IO}, v.{S.ARG}),
+own AS (
+    SELECT grp, {S.STEP}, {S.NAME}, bool_and(agree) AS ok, count(*) FILTER (WHERE tensor) AS n_tensors
+    FROM (SELECT grp, {S.STEP}, {S.NAME}, agree, true AS tensor FROM rows WHERE io_order = 0
+          UNION ALL SELECT grp, {S.STEP}, {S.NAME}, agree, false FROM vals)
+    GROUP BY ALL),
+entries AS (
+    SELECT DISTINCT grp, {S.STEP}, {S.NAME},
+           regexp_replace({S.NAME}, '{_BACKWARD_RE}', '{_FORWARD_OF}') AS forward_name,
+           regexp_matches({S.NAME}, '{_BACKWARD_RE}') AS is_backward
+    FROM rows),
+inputs AS (
+    SELECT e.grp, e.{S.STEP}, e.{S.NAME},
+           CASE WHEN coalesce(o.n_tensors, 0) + CASE WHEN e.is_backward THEN coalesce(f.n_tensors, 0) ELSE 0 END = 0
+                     OR (e.is_backward AND f.ok IS NULL) THEN NULL
+                ELSE coalesce(o.ok, true) AND (NOT e.is_backward OR f.ok) END AS inputs_agree
+    FROM entries e
+    LEFT JOIN own o ON o.grp = e.grp AND o.{S.STEP} = e.{S.STEP} AND o.{S.NAME} = e.{S.NAME}
+    LEFT JOIN own f ON e.is_backward AND f.grp = e.grp AND f.{S.STEP} = e.{S.STEP} AND f.{S.NAME} = e.forward_name),
+tree AS (SELECT DISTINCT grp, {S.STEP}, {S.NAME}, {S.PARENT} FROM rows),
+random_calls AS (
+    SELECT grp, {S.STEP}, {S.NAME} FROM tree
+    WHERE (NOT starts_with({S.NAME}, 'Module.') AND NOT starts_with({S.NAME}, 'Cell.')
+           AND regexp_matches(split_part({S.NAME}, '.', 2), '{_RANDOM_RE}'))
+       OR regexp_matches({S.NAME}, '{_RANDOM_MODULE_RE}')
+       OR (starts_with({S.NAME}, 'Distributed.') AND split_part({S.NAME}, '.', 2) NOT IN ({collective}))
+    UNION
+    SELECT t.grp, t.{S.STEP}, t.{S.PARENT} FROM random_calls c JOIN tree t
+      ON t.grp = c.grp AND t.{S.STEP} = c.{S.STEP} AND t.{S.NAME} = c.{S.NAME}
+    WHERE t.{S.PARENT} IS NOT NULL)
+SELECT r.*, i.inputs_agree,
+       CASE WHEN r.category <> 'call' THEN true
+            ELSE r.io_order = 1 AND coalesce(i.inputs_agree, false) AND NOT starts_with(r.{S.NAME}, 'Distributed.')
+                 AND NOT EXISTS (SELECT 1 FROM random_calls c WHERE c.grp = r.grp AND c.{S.STEP} = r.{S.STEP}
+                                 AND c.{S.NAME} = r.{S.NAME}) END AS must_agree
+FROM rows r LEFT JOIN inputs i ON i.grp = r.grp AND i.{S.STEP} = r.{S.STEP} AND i.{S.NAME} = r.{S.NAME}
 """)
 
 

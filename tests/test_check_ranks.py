@@ -88,3 +88,56 @@ def test_parse_ranks():
     assert parse_ranks("--group", "0-3,6,2") == (0, 1, 2, 3, 6)
     with pytest.raises(CheckRanksInputError, match="expected integers >= 0"):
         parse_ranks("--group", "")
+
+
+def data_parallel(root: Path) -> Path:
+    """step{0,1,2}/rank{0,1,2}/dump.json and construct.json of a data-parallel run, each rank
+    its own batch: an embedding, then the head (its linear nested in it, reading the head
+    weight), then SGD's update of the head weight (``Tensor.add_``: weight and the
+    all-reduced gradient in, the new weight out). Rank 2's head weight differs from step 1
+    on (a nudge before step 1), and so does its update's output."""
+    for step in range(3):
+        for rank in range(3):
+            odd = rank == 2 and step >= 1
+            w = f"w{step}{'odd' if odd else 'ok'}".ljust(8, "0")[:8]
+            w_next = f"n{step}{'odd' if odd else 'ok'}".ljust(8, "0")[:8]
+            act = f"a{step}{rank}".ljust(8, "0")
+            d = root / f"step{step}" / f"rank{rank}"
+            d.mkdir(parents=True)
+            data = {
+                "Functional.embedding.0.forward": {"input_args": [tensor(f"t{step}{rank}".ljust(8, "0"), requires_grad=False)],
+                                                   "input_kwargs": {}, "output": [tensor(act)]},
+                "Functional.linear.0.forward": {"input_args": [tensor(act), tensor(w)], "input_kwargs": {},
+                                                "output": [tensor(f"o{step}{rank}".ljust(8, "0"))]},
+                "Module.head.Linear.forward.0": {"input_args": [tensor(act)], "input_kwargs": {},
+                                                 "output": [tensor(f"o{step}{rank}".ljust(8, "0"))],
+                                                 "parameters": {"weight": tensor(w)}},
+                "Tensor.add_.0.forward": {"input_args": [tensor(w), tensor(f"g{step}".ljust(8, "0"))],
+                                          "input_kwargs": {"alpha": {"type": "float", "value": -0.1}},
+                                          "output": [tensor(w_next)]},
+            }
+            (d / "dump.json").write_text(json.dumps({"task": "statistics", "level": "mix", "framework": "pytorch",
+                                                     "dump_data_dir": None, "data": data}))
+            (d / "construct.json").write_text(json.dumps({"Functional.linear.0.forward": "Module.head.Linear.forward.0"}))
+    return root
+
+
+def test_data_parallel_downstream_is_causal_and_replicated(tmp_path, capsys):
+    """Each rank its own batch: the head weight is named; the embedding (before the head)
+    and the activations (different on every rank) are never downstream; the update of the
+    weight is, and per step the weight's three records (parameter, linear input, update
+    input) and the update's output differ on rank 2 while ranks 0 and 1 agree."""
+    root = data_parallel(tmp_path)
+    result = check_ranks(root)
+    (g,) = result.groups
+    f = g.first
+    assert (f.step, f.name, f.io, f.arg, f.odd, f.majority) == (1, "Module.head.Linear.forward.0", "parameters",
+                                                                "weight", (2,), (0, 1))
+    assert f.first_downstream == "Tensor.add_.0.forward"
+    assert f.spread == {1: 4, 2: 4}
+    # compared: per step the parameter and the update's output (equal inputs), less the
+    # update of the odd steps, whose inputs differ on rank 2
+    assert g.compared == 3 + 1
+    assert main(["check-ranks", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "embedding" not in out and "first downstream call whose output differs: Tensor.add_.0.forward" in out

@@ -251,3 +251,28 @@ def test_report_imports_no_framework():
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_version_is_the_installed_distribution(capsys):
+    from importlib.metadata import version
+
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0
+    assert out == f"msprobe {version('msprobe-recorder')}\n"
+
+
+@pytest.mark.parametrize("framework, package, extra", [("torch", "msprobe.pytorch", "msprobe-recorder[torch]"),
+                                                       ("mindspore", "msprobe.mindspore", "msprobe-recorder[mindspore]")])
+def test_framework_package_without_its_framework_names_the_extra(framework, package, extra):
+    """Importing msprobe.pytorch (msprobe.mindspore) where torch (mindspore) cannot be
+    imported (``sys.modules[name] = None`` blocks it) raises ModuleNotFoundError naming
+    the extra to install, with ``name`` the missing package."""
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"
+            f"try:\n    import {package}\n"
+            f"except ModuleNotFoundError as exc:\n    print(exc.name); print(exc)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    name, message = done.stdout.splitlines()
+    assert name == framework
+    assert f"{package} needs" in message and f"pip install '{extra}'" in message

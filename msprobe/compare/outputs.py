@@ -199,16 +199,30 @@ def console_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _table_files(path: Union[str, os.PathLike]) -> dict:
+    """``{table: file}`` of the :data:`TABLES` a compare OUT directory holds, the Parquet
+    file where there is one, else the CSV file."""
+    p = Path(path)
+    out = {}
+    for name in TABLES:
+        for fmt in ("parquet", "csv"):
+            if (p / f"{name}.{fmt}").is_file():
+                out[name] = p / f"{name}.{fmt}"
+                break
+    return out
+
+
 def is_compare_output(path: Union[str, os.PathLike]) -> bool:
     """True when ``path`` is an OUT directory of ``msprobe compare`` (summary.json and
-    Parquet tables)."""
-    p = Path(path)
-    return (p / "summary.json").is_file() and any((p / f"{t}.parquet").is_file() for t in TABLES)
+    tables in Parquet or CSV)."""
+    return (Path(path) / "summary.json").is_file() and bool(_table_files(path))
 
 
 def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
-    """Run ``sql`` over the Parquet tables ``tensors``, ``calls``, ``alignment`` of a
-    compare OUT directory (read-only, like :func:`store.query.query`).
+    """Run ``sql`` over the tables ``tensors``, ``calls``, ``alignment`` of a compare OUT
+    directory (read-only, like :func:`store.query.query`): their Parquet files, or the CSV
+    files where a table was written as CSV only (column types as DuckDB's ``read_csv``
+    infers them).
 
     Raises:
         store.errors.QueryError: the SQL is invalid or fails.
@@ -219,10 +233,9 @@ def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
 
     con = duckdb.connect(":memory:")
     try:
-        for name in TABLES:
-            file = Path(path) / f"{name}.parquet"
-            if file.is_file():
-                con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet(?)", [str(file)])
+        for name, file in _table_files(path).items():
+            reader = "read_parquet" if file.suffix == ".parquet" else "read_csv"
+            con.execute(f"CREATE TABLE {name} AS SELECT * FROM {reader}(?)", [str(file)])
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         try:

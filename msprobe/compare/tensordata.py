@@ -263,13 +263,13 @@ def pending_pairs(con: duckdb.DuckDBPyConnection):
     """The tensor leaf pairs of view ``leaf_pairs`` to read (state measured/identical), in
     execution order (rank, step, ord): an iterator of tuples ``(rank, step, aid, io, arg,
     t_payload, t_data_name, b_payload, b_data_name, t_dtype, b_dtype, backward, ord)``,
-    fetched in batches."""
-    cur = con.execute(_PAIRS_SQL)
-    while True:
-        batch = cur.fetchmany(256)
-        if not batch:
-            return
-        yield from batch
+    read as one Arrow table before the first is yielded, so the caller may run other
+    queries on ``con`` while it iterates (a DuckDB result being fetched ends when its
+    connection runs another query)."""
+    rel = con.sql(_PAIRS_SQL)
+    table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    for batch in table.to_batches(max_chunksize=4096):
+        yield from zip(*(col.to_pylist() for col in batch.columns))
 
 
 def measure_pairs(target: Side, baseline: Side, items, loss_scale: float = 1.0, workers: int = 1,

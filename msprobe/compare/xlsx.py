@@ -24,6 +24,7 @@ from msprobe.compare.errors import CompareInputError
 __all__ = ["write_xlsx", "COLUMNS", "MAX_ROWS"]
 
 MAX_ROWS = 1_048_575          # Excel's 1,048,576 rows less the header
+FETCH_ROWS = 1024             # rows fetched from DuckDB at a time
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
 _STATS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
 COLUMNS = {
@@ -122,18 +123,21 @@ def write_xlsx(result, out: Path, mode: str) -> list[Path]:
         ws = wb.active
         ws.title = "compare_result"
         ws.append(cols)
+        if n_stacks:
+            # every stack this rank's rows name, read before the row cursor opens: a query
+            # run on the connection while the cursor is being fetched would end its result
+            stacks = {sid: "\n".join(frames) for sid, frames in con.execute(
+                "SELECT stack_id, list(frame ORDER BY depth) FROM t_stacks WHERE stack_id IN "
+                "(SELECT DISTINCT stack_id FROM calls WHERE rank = ?) GROUP BY stack_id", [rank]).fetchall()}
         cur = con.execute(_SQL, [rank])
         names = [d[0] for d in cur.description]
         while True:
-            batch = cur.fetchmany(1024)
+            batch = cur.fetchmany(FETCH_ROWS)
             if not batch:
                 break
             for values in batch:
                 r = dict(zip(names, values))
                 sid = r["call_stack"]
-                if sid is not None and sid not in stacks:
-                    stacks[sid] = "\n".join(f for (f,) in con.execute(
-                        "SELECT frame FROM t_stacks WHERE stack_id = ? ORDER BY depth", [sid]).fetchall())
                 judged = bad if r["verdict"] in _BAD else good
                 err = r["call_reason"] or ""
                 if r["verdict"] == "unpaired":

@@ -8,6 +8,7 @@ Nothing is created on disk here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -216,8 +217,11 @@ def load_config(
             5.3): unknown task/level, bad rank/step/scope/list/data_mode/summary_mode/
             file_format/async_dump/extra_info/dump_enable/precision/risk_level/tensor_list/
             bench_path/diff_nums/load, async_dump with task tensor and an empty list, L2
-            without exactly one list name or with a scope, and a dump_path that is
-            missing, empty, a file, a symlink, or whose parent cannot be created.
+            without exactly one list name or with a scope, a dump_path that is
+            missing, empty, a file, a symlink, or whose parent cannot be created, and an
+            unknown top-level key close to an absent key that changes what is recorded
+            (``"levle"``: "did you mean `level`?"). Other unknown keys are logged as
+            warnings, with the closest key msprobe reads.
 
     Example: a file ``{"dump_path": "out", "step": [0, "2-4", 3]}`` with
     ``load_config(path, level="L0")`` gives ``task="statistics"``, ``level="L0"``,
@@ -230,11 +234,7 @@ def load_config(
     _check_argument("step", step, (list, tuple))
 
     doc = _read_document(DEFAULT_CONFIG_PATH if config_path is None else config_path)
-    for key in sorted(doc.keys() - _KNOWN_KEYS - set(TASKS)):
-        if key in _UPSTREAM_ONLY_KEYS:
-            logger.debug("config.json: ignoring unsupported top-level key %r", key)
-        else:  # most likely a typo: say so where the user sees it
-            logger.warning("config.json: unknown top-level key %r ignored", key)
+    _check_unknown_keys(doc)
 
     eff_task = _choice("task", task if task is not None else doc.get("task", DEFAULT_TASK), TASKS)
     eff_level = _choice("level", level if level is not None else doc.get("level", DEFAULT_LEVEL), LEVELS)
@@ -558,6 +558,35 @@ def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: t
         allowed, ok = f"{api_allowed} or {module_allowed}", None not in kinds
     if not ok:
         raise ConfigError(f"{task}.scope", list(scope), f"{allowed} at level {level}")
+
+
+#: top-level keys whose value changes what is recorded (a task key names its sub-object):
+#: a misspelling of one of them is an error, not a warning
+_RECORDING_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "api_list", "precision",
+                                    "risk_level", *TASKS})
+
+
+def _check_unknown_keys(doc: dict[str, Any]) -> None:
+    """Warn about each top-level key of ``doc`` msprobe does not read, naming the closest
+    key it reads (``difflib.get_close_matches`` of the lower-cased key, ratio >= 0.75) as
+    ``did you mean ...?``.
+
+    Raises:
+        ConfigError: the closest key is one of :data:`_RECORDING_KEYS` and absent from
+            ``doc`` (``"levle"`` for ``"level"``): recording would silently use the default.
+    """
+    readable = sorted(_KNOWN_KEYS | set(TASKS))
+    for key in sorted(doc.keys() - _KNOWN_KEYS - set(TASKS)):
+        if key in _UPSTREAM_ONLY_KEYS:
+            logger.debug("config.json: ignoring unsupported top-level key %r", key)
+            continue
+        close = difflib.get_close_matches(key.lower(), readable, n=1, cutoff=0.75)   # the keys are lower case
+        if close and close[0] in _RECORDING_KEYS and close[0] not in doc:
+            raise ConfigError(key, doc[key], "a key msprobe reads",
+                              f"did you mean `{close[0]}`? (without it, `{close[0]}` keeps its default, "
+                              f"which changes what is recorded)")
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        logger.warning("config.json: unknown top-level key %r ignored%s", key, hint)
 
 
 # keys of upstream's config.json that this project accepts and does not use (spec 5.1)

@@ -7,13 +7,15 @@ everything else to :func:`value_record`::
     {"type": "ellipsis", "value": "..."}, {"type": "float64", "value": 3.0} (numpy scalar),
     {"type": "<module>.<qualname>", "value": "<short safe repr>"} (anything else).
 
-A ``repr`` that raises gives ``"<type object>"``; long text is cut to :data:`MAX_TEXT`
-characters (strings to :data:`MAX_STR`).
+A ``repr`` that raises gives ``"<type object>"``; memory addresses (`` at 0x7f...``) are
+dropped from a repr, so a value records the same in every run; long text is cut to
+:data:`MAX_TEXT` characters (strings to :data:`MAX_STR`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
@@ -32,12 +34,22 @@ def qualname(obj: Any) -> str:
     return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
 
 
+#: the memory address in a default ``repr`` (``<generator object f at 0x7f3a...>``)
+_ADDRESS = re.compile(r"\s+at\s+0x[0-9A-Fa-f]+")
+
+
 def safe_repr(obj: Any) -> str:
-    """``repr(obj)`` cut to :data:`MAX_TEXT` characters; never raises."""
+    """``repr(obj)`` without memory addresses, cut to :data:`MAX_TEXT` characters; never
+    raises. An address (`` at 0x...`` of Python's default ``repr``, as in
+    ``<generator object batches at 0x7f3a...>``) differs between runs and would make two
+    runs' records of the same argument differ, so it is dropped:
+    ``<generator object batches>``, ``<function f>``, ``<__main__.Foo object>``."""
     try:
         text = repr(obj)
     except Exception:
         text = f"<{qualname(obj)} object>"
+    if "0x" in text:
+        text = _ADDRESS.sub("", text)
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
 
 

@@ -1,5 +1,12 @@
 """msprobe for MindSpore (PyNative; GRAPH_MODE L2 through MindSpore's kernel dump):
 ``PrecisionDebugger`` and ``seed_all``."""
+import importlib.util
+
+if importlib.util.find_spec("mindspore") is None:   # found without importing it (pyarrow's pool comes first)
+    raise ModuleNotFoundError("msprobe.mindspore needs MindSpore, which is not installed: "
+                              "pip install 'msprobe-recorder[mindspore]' (or pip install -r requirements-mindspore.txt)",
+                              name="mindspore")
+
 from msprobe.core.arrow_pool import prefer_system_pool
 
 prefer_system_pool()  # before anything imports pyarrow (msprobe/core/arrow_pool.py)

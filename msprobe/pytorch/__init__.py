@@ -3,6 +3,12 @@
 ``PrecisionDebugger.start()`` and ``module_dump()``, seeds and dropout by ``seed_all()``.
 Importing it first makes the system allocator pyarrow's default memory pool, unless the
 script chose one (:mod:`msprobe.core.arrow_pool`)."""
+import importlib.util
+
+if importlib.util.find_spec("torch") is None:   # found without importing it (pyarrow's pool comes first)
+    raise ModuleNotFoundError("msprobe.pytorch needs PyTorch, which is not installed: "
+                              "pip install 'msprobe-recorder[torch]' (or pip install torch)", name="torch")
+
 from msprobe.core.arrow_pool import prefer_system_pool
 
 prefer_system_pool()  # before anything imports pyarrow (msprobe/core/arrow_pool.py)

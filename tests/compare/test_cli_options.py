@@ -67,6 +67,42 @@ def test_nan_origin(runs, tmp_path, capsys):
     assert r.first[0]["reason"].startswith("nonfinite output")
 
 
+def test_nan_origin_outside_every_module_says_top_level(tmp_path, capsys):
+    """A NaN made by a call outside every module: the origin's module is None in
+    summary.json, and the line says ``(top level)``, as the HTML report does."""
+    import torch
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    torch.log(torch.tensor([-1.0, 1.0]))          # log(-1) = NaN from finite inputs
+    dbg.stop()
+    dbg.close()
+    assert main(["compare", str(tmp_path / "d"), "--nan-origin", "-o", str(tmp_path / "n")]) == 1
+    out = capsys.readouterr().out
+    assert out.strip() == "rank 0: first NaN/Inf origin Torch.log.0.forward (step 0, forward) in (top level)"
+    result = json.loads((tmp_path / "n" / "summary.json").read_text())
+    assert result["ranks"][0]["first_origin"]["module"] is None
+
+
+def test_query_on_compare_output(runs, tmp_path, capsys):
+    """``msprobe query OUT``: a compare OUT with CSV tables only is queried from the CSV
+    files; one without tables (``--format summary,xlsx``) gets an error saying what OUT is."""
+    csv_out, bare = tmp_path / "csv", tmp_path / "bare"
+    assert main(["compare", str(runs["gelu"]), str(runs["base"]), "-o", str(csv_out), "--format", "summary,csv"]) == 1
+    assert main(["compare", str(runs["gelu"]), str(runs["base"]), "-o", str(bare), "--format", "summary"]) == 1
+    capsys.readouterr()
+    r = C.compare(runs["gelu"], runs["base"])
+    (n,), = r.con.sql("SELECT count(*) FROM tensors").fetchall()
+    assert main(["query", str(csv_out), "SELECT count(*) AS n FROM tensors", "--format", "csv"]) == 0
+    assert capsys.readouterr().out == f"n\n{n}\n"
+    assert main(["query", str(bare), "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert "is an output directory of msprobe compare" in err and "--format parquet" in err
+    assert "no msprobe log found" not in err
+
+
 def test_loss_scale(runs):
     plain = C.compare(runs["scaled8"], runs["base"], mode="statistics")
     # the seed gradient (unrecorded) is 8x: no origin, the first diverged call is the first backward

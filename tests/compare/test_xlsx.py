@@ -89,3 +89,32 @@ def test_xlsx_tensor_mode(tmp_path, record_run, scaled_fn):
     assert row[col["Data_name"]] == str(["Functional.gelu.0.forward.output.0.pt"] * 2)
     first = next(x for x in rows if x[0] == "Functional.linear.0.forward.input.0")
     assert first[col["Accuracy Reached or Not"]] == "Yes" and first[col["Cosine"]] == pytest.approx(1.0)
+
+
+def test_xlsx_holds_every_row_past_one_fetch(tmp_path, record_run):
+    """A compare with more leaf pairs than one DuckDB fetch (7 steps of the conftest Net:
+    over 1,100 rows) writes every row, in the order and with the names of the CSV output."""
+    import csv
+
+    import msprobe.compare.xlsx as X
+
+    base = record_run(tmp_path / "b", md5=True, steps=7)
+    same = record_run(tmp_path / "s", md5=True, steps=7)
+    out = tmp_path / "o"
+    r = C.compare(same, base, mode="md5", out=out, formats="xlsx,csv")
+    (n,), = r.con.sql("SELECT count(*) FROM tensors").fetchall()
+    assert n > X.FETCH_ROWS
+    header, rows, _ = _book(out)
+    assert len(rows) == n
+    with open(out / "tensors.csv", newline="") as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert len(csv_rows) == n
+    col = {c: i for i, c in enumerate(header)}
+    assert [row[col["NPU MD5"]] for row in rows] == [c["t_md5"] or "N/A" for c in csv_rows]
+    # a row carries its call's stack wherever the call recorded one, past the first fetch too
+    has_stack = [s is not None for (s,) in r.con.sql(
+        "SELECT c.stack_id FROM tensors t LEFT JOIN calls c ON c.rank = t.rank AND c.step = t.step "
+        "AND c.t_seq = t.aid ORDER BY t.step, t.ord, t.t_lord").fetchall()]
+    assert sum(has_stack[X.FETCH_ROWS:]) > 0
+    assert ["conftest.py" in (row[col["NPU_Stack_Info"]] or "") for row in rows] == has_stack
+    assert [row[col["NPU MD5"]] for row in rows] == [row[col["BENCH MD5"]] for row in rows]

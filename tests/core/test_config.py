@@ -179,6 +179,25 @@ def test_unknown_top_level_keys_are_ignored(make):
     assert cfg.task == "statistics"
 
 
+@pytest.mark.parametrize("typo, key", [("levle", "level"), ("LEVEL", "level"), ("statistcs", "statistics"),
+                                       ("stpe", "step"), ("tsak", "task")])
+def test_misspelt_recording_key_is_an_error_naming_the_key(make, typo, key):
+    """A misspelling of a key that changes what is recorded fails at load time
+    ("did you mean"), instead of recording with that key's default."""
+    with pytest.raises(ConfigError, match=rf"config field `{typo}`: .*did you mean `{key}`\?") as info:
+        load_config(make(**{typo: "L0" if key == "level" else {}}))
+    assert info.value.field == typo
+
+
+def test_misspelt_other_key_warns_with_the_closest_key(make, caplog):
+    with caplog.at_level(logging.WARNING, logger="msprobe.core.config"):
+        cfg = load_config(make(asnyc_dump=True, levle="L0", level="L0"))
+    assert cfg.level == "L0" and cfg.async_dump is False
+    assert "unknown top-level key 'asnyc_dump' ignored; did you mean `async_dump`?" in caplog.text
+    # `level` is given: a near-miss of it is only a warning
+    assert "unknown top-level key 'levle' ignored; did you mean `level`?" in caplog.text
+
+
 def test_rank_and_step_ranges(make):
     cfg = load_config(make(step=[0, "2-4", 3], rank=["1-1", 0, 0]))
     assert cfg.step == (0, 2, 3, 4)

@@ -1,7 +1,8 @@
 """Worker of ``test_check_ranks_torchrun.py``, launched by ``torchrun --nproc_per_node=4``
 (gloo, CPU); not collected by pytest.
 
-Usage: ``replica_worker.py OUT_DIR``. Each rank records four runs of the same seeded
+Usage: ``replica_worker.py OUT_DIR`` (4 ranks) or ``replica_worker.py OUT_DIR data_parallel``
+(3 ranks: :func:`main_data_parallel`). Each rank of the first records four runs of the same seeded
 DDP ``Net`` (SGD, 3 steps, level mix; a ``Distributed.all_reduce`` of the loss per step):
 
 ``clean``  summary_mode md5, every rank gets the same batch.
@@ -119,5 +120,62 @@ def main(out: str) -> None:
     dist.destroy_process_group()
 
 
+class TokenNet(nn.Module):
+    """An embedding, a hidden layer and a head: the head runs last in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.hidden = nn.Linear(8, 8)
+        self.head = nn.Linear(8, VOCAB)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.hidden(self.embed(tokens))))
+
+
+VOCAB = 12
+NUDGE_RANK, NUDGE_STEP, DP_STEPS = 2, 2, 4
+NUDGE = 1e-3            # added to head.weight[0, 0] on NUDGE_RANK before step NUDGE_STEP
+
+
+def tokens(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s own batch of ``step``: 6 input tokens and their 6 targets."""
+    g = torch.Generator().manual_seed(100 * rank + step)
+    t = torch.randint(0, VOCAB, (7,), generator=g)
+    return t[:-1], t[1:]
+
+
+def main_data_parallel(out: str) -> None:
+    """``dp_nudge`` (3 ranks, md5, level mix): DDP on :class:`TokenNet`, every rank its own
+    batch at every step, SGD; before step NUDGE_STEP's ``start()`` rank NUDGE_RANK adds
+    NUDGE to ``head.weight[0, 0]`` (outside recording). ``dp_clean``: the same without it."""
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for name in ("dp_clean", "dp_nudge"):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(TokenNet())
+        dbg = debugger(out, name, rank, "md5")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(DP_STEPS):
+            if name == "dp_nudge" and step == NUDGE_STEP and rank == NUDGE_RANK:
+                with torch.no_grad():
+                    model.module.head.weight[0, 0] += NUDGE
+            x, y = tokens(step, rank)
+            dbg.start(model)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            total = loss.detach().clone()
+            dist.all_reduce(total)          # replicated on every rank
+            dbg.stop()
+            dbg.step()
+        dbg.close()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[2:] == ["data_parallel"]:
+        main_data_parallel(sys.argv[1])
+    else:
+        main(sys.argv[1])

@@ -38,6 +38,19 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def dp_runs(tmp_path_factory) -> Path:
+    """``replica_worker.py OUT data_parallel`` on 3 ranks: runs dp_clean and dp_nudge."""
+    out = tmp_path_factory.mktemp("data_parallel")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(WORKER),
+           str(out), "data_parallel"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return out
+
+
 def crc32_of(t: torch.Tensor) -> str:
     return f"{zlib.crc32(t.detach().contiguous().numpy().tobytes()):08x}"
 
@@ -48,9 +61,17 @@ def test_clean_run_agrees(runs, capsys):
         assert result.exit_code == 0
         (group,) = result.groups
         assert group.ranks == (0, 1, 2, 3) and group.steps == (0, 1, 2)   # recorded world size 4
-        # 4 parameters (fc1/fc2 weight, bias) and the all_reduce output per step, all by CRC-32
+        # per step: 4 parameters (fc1/fc2 weight, bias), the all_reduce output and, every
+        # rank fed the same batch, every call output whose inputs agreed; all by CRC-32
         if not all_calls:
-            assert group.compared == group.exact == 5 * W.STEPS
+            ins = "('input_args', 'input_kwargs', 'parameters', 'input')"
+            n_outputs = query(runs / "clean", (
+                f"SELECT count(*) AS n FROM tensors t WHERE rank = 0 AND io NOT IN {ins} "
+                f"AND NOT starts_with(name, 'Distributed.') AND EXISTS (SELECT 1 FROM tensors i WHERE i.rank = 0 "
+                f"AND i.step = t.step AND i.io IN {ins} AND i.name IN "
+                f"(t.name, regexp_replace(t.name, '\\.backward(\\.[0-9]+)?$', '.forward\\1')))")).column("n")[0].as_py()
+            assert n_outputs > 20
+            assert group.compared == group.exact == 5 * W.STEPS + n_outputs
     assert main(["check-ranks", str(runs / "clean")]) == 0
     assert "all replicas agree" in capsys.readouterr().out
 
@@ -137,3 +158,74 @@ def test_group_and_step_options(runs, capsys):
     assert main(["check-ranks", str(runs / "flip"), "--group", "0-1", "--group", "3"]) == 0
     assert main(["check-ranks", str(runs / "flip"), "--step", "0-1"]) == 0
     capsys.readouterr()
+
+
+def _positions(path: Path, rank: int, step: int) -> dict:
+    """Entry name -> position in rank ``rank``'s call order of ``step`` (1 = first)."""
+    rows = query(path, f"SELECT name, row_number() OVER (ORDER BY seq) AS pos FROM calls "
+                       f"WHERE rank = {rank} AND step = {step}").to_pylist()
+    return {r["name"]: r["pos"] for r in rows}
+
+
+def _odd_only(path: Path, odd: int, majority: tuple) -> dict:
+    """Per step, the tensors whose CRC-32 the majority ranks share and rank ``odd`` does
+    not (computed from the ``tensors`` view, independently of the replicas view)."""
+    a, b = majority
+    rows = query(path, f"""
+        WITH p AS (SELECT step, name, io, arg, max(crc32) FILTER (WHERE rank = {a}) AS ca,
+                          max(crc32) FILTER (WHERE rank = {b}) AS cb, max(crc32) FILTER (WHERE rank = {odd}) AS co
+                   FROM tensors GROUP BY ALL)
+        SELECT step, count(*) AS n FROM p WHERE ca = cb AND co <> ca GROUP BY step""").to_pylist()
+    return {r["step"]: r["n"] for r in rows}
+
+
+def test_data_parallel_nudge_names_the_head_weight(dp_runs, capsys):
+    """3 DDP ranks, each fed its own batch; rank 2's head.weight[0, 0] nudged before step 2.
+    The parameter is named; the downstream call is the SGD update of that weight (after the
+    head, never the embedding that runs before it); only tensors the two other ranks hold
+    alike are counted as differing on rank 2, not the activations that differ by data."""
+    path = dp_runs / "dp_nudge"
+    result = check_ranks(path)
+    assert result.exit_code == 1
+    f = result.groups[0].first
+    assert (f.step, f.name, f.io, f.arg, f.category) == (W.NUDGE_STEP, "Module.module.head.Linear.forward.0",
+                                                         "parameters", "weight", "parameter")
+    assert f.odd == (W.NUDGE_RANK,) and f.majority == (0, 1) and f.verdict == CORRUPTION
+    # rank 2's weight is the others' plus NUDGE in one element: the means differ by NUDGE / numel
+    means = {r["rank"]: r for r in query(path, (
+        f"SELECT rank, mean, numel FROM tensors WHERE step = {W.NUDGE_STEP} AND io = 'parameters' AND arg = 'weight' "
+        "AND name = 'Module.module.head.Linear.forward.0'")).to_pylist()}
+    assert (means[2]["mean"] - means[0]["mean"]) * means[0]["numel"] == pytest.approx(W.NUDGE, rel=1e-3)
+    # the first downstream call: the SGD update whose input is the head weight (same CRC-32 on rank 0)
+    (update,) = query(path, (
+        f"SELECT a.name FROM tensors a JOIN tensors w USING (rank, step) WHERE a.rank = 0 AND a.step = {W.NUDGE_STEP} "
+        "AND starts_with(a.name, 'Tensor.add_.') AND a.io = 'input_args' AND a.arg = '0' "
+        "AND w.name = 'Module.module.head.Linear.forward.0' AND w.io = 'parameters' AND w.arg = 'weight' "
+        "AND a.crc32 = w.crc32")).column("name").to_pylist()
+    assert f.first_downstream == update
+    pos = _positions(path, 0, W.NUDGE_STEP)
+    assert pos[f.first_downstream] > pos["Functional.linear.1.forward"] > pos["Functional.embedding.0.forward"]
+    # per step from the nudge on: the head's parameter record, the weight as the head
+    # linear's input 1, SGD's input and output: the tensors ranks 0 and 1 share and rank 2 not
+    assert f.spread == _odd_only(path, W.NUDGE_RANK, (0, 1)) == {W.NUDGE_STEP: 4, W.NUDGE_STEP + 1: 4}
+    assert main(["check-ranks", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "embedding" not in out and f"first downstream call whose output differs: {update}" in out
+
+
+def test_data_parallel_replicas_view_classifies_what_must_agree(dp_runs):
+    """In the clean DDP run every tensor that must agree does, although most call tensors
+    differ (each rank has its own batch); no call output with differing inputs is checked."""
+    path = dp_runs / "dp_clean"
+    assert check_ranks(path).exit_code == 0
+    rows = query(path, "SELECT category, must_agree, inputs_agree, io_order, agree, name FROM replicas").to_pylist()
+    assert not [r for r in rows if r["must_agree"] and not r["agree"]]
+    data = [r for r in rows if r["category"] == "call" and not r["agree"]]
+    assert len(data) > len(rows) // 2                      # data-dependent: differ on every rank
+    assert all(not r["must_agree"] for r in data)
+    checked = [r for r in rows if r["category"] == "call" and r["must_agree"]]
+    # the SGD updates (Tensor.add_ of weight and gradient, both replicated after DDP's all-reduce)
+    assert checked and {r["name"].split(".")[1] for r in checked} == {"add_"}
+    assert all(r["inputs_agree"] and r["io_order"] == 1 for r in checked)
+    for r in rows:   # parameters and collectives are always checked; activations fed by the batch never
+        assert r["must_agree"] == (r["category"] != "call" or (r["io_order"] == 1 and r["inputs_agree"] is True))

@@ -136,3 +136,32 @@ def test_undescribable_scalar_like_the_walk(monkeypatch):
     monkeypatch.setattr(leaves_module, "value_record", good)
     fast, _ = _both(builder, 0.5)
     assert json.loads(fast[0].value_json) == {"type": "float", "value": 0.5}
+
+
+def _generator_args(path):
+    """Record ``torch.multinomial(p, 2, generator=g)`` (a ``torch.Generator``) and a
+    ``dropout`` given a Python generator (``Module.parameters()``, truthy, as ``inplace``;
+    with ``training`` false the call returns its input) into ``path``; returns the dump's data."""
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1")
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.1, 0.2, 0.7])
+    lin = torch.nn.Linear(2, 2)
+    dbg.start()
+    torch.multinomial(p, 2, generator=g)
+    torch.nn.functional.dropout(p, 0.0, False, lin.parameters())   # a generator object as `inplace`
+    dbg.stop()
+    dbg.close()
+    return load_dump(path)[0]["data"]
+
+
+def test_object_arguments_record_without_address(tmp_path):
+    """A torch.Generator and a Python generator are recorded by type and a repr without
+    the memory address: the same text in two runs (different objects, different addresses)."""
+    one, two = _generator_args(tmp_path / "a"), _generator_args(tmp_path / "b")
+    gen = one["Torch.multinomial.0.forward"]["input_kwargs"]["generator"]
+    assert gen == {"type": "torch._C.Generator", "value": "<torch._C.Generator object>"}
+    py_gen = one["Functional.dropout.0.forward"]["input_args"][3]
+    assert py_gen == {"type": "generator", "value": "<generator object Module.parameters>"}
+    for key in ("Torch.multinomial.0.forward", "Functional.dropout.0.forward"):
+        assert json.dumps(one[key]["input_args"]) == json.dumps(two[key]["input_args"])
+        assert json.dumps(one[key]["input_kwargs"]) == json.dumps(two[key]["input_kwargs"])

@@ -10,13 +10,13 @@ import pytest
 from store.replicas import create_replicas_view, default_groups, group_text
 
 COLUMNS = ["rank", "step", "pos", "name", "kind", "io", "arg", "leaf_kind", "dtype", "shape", "max", "min",
-           "mean", "norm", "crc32", "requires_grad", "value_json"]
+           "mean", "norm", "crc32", "requires_grad", "value_json", "parent"]
 
 
 def leaf(rank, name, io, arg, *, kind="api_forward", pos=1, stats=(1.0, 0.0, 0.5, 2.0), crc=None, step=0,
-         leaf_kind="tensor", value=None):
+         leaf_kind="tensor", value=None, parent=None):
     return dict(zip(COLUMNS, [rank, step, pos, name, kind, io, arg, leaf_kind, "torch.float32", [2],
-                              *stats, crc, True, None if value is None else json.dumps(value)]))
+                              *stats, crc, True, None if value is None else json.dumps(value), parent]))
 
 
 def view(rows, groups, tol=0.0):
@@ -69,6 +69,69 @@ def test_groups_and_process_groups_partition_ranks():
                                                                           ("[2,3]", [2, 3], True)]
     got = view(rows[:4], [[0], [1]])     # two one-rank groups: nothing to compare, agree
     assert [(v["grp"], v["n_ranks"], v["agree"]) for v in got] == [(0, 1, True), (1, 1, True)]
+
+
+def test_must_agree_by_category_and_input_agreement():
+    """3 ranks, each its own batch: what must agree is parameters, replicated collective
+    outputs and outputs of calls whose inputs (tensors and values; a backward's forward
+    inputs too) agree, except random APIs, calls nested around them and Distributed calls."""
+    rows = []
+
+    def call(name, ins, outs, *, pos, kind="api_forward", parent=None, values=()):
+        """``ins``/``outs``: per leaf a function rank -> CRC-32; ``values``: (arg, rank -> value)."""
+        for r in range(3):
+            for i, crc in enumerate(ins):
+                io = "input" if kind.endswith("backward") else "input_args"
+                rows.append(leaf(r, name, io, str(i), kind=kind, pos=pos, crc=crc(r), parent=parent))
+            for arg, value in values:
+                rows.append(leaf(r, name, "input_args", arg, kind=kind, pos=pos, leaf_kind="value",
+                                 value={"type": "int", "value": value(r)}, parent=parent))
+            for i, crc in enumerate(outs):
+                rows.append(leaf(r, name, "output", str(i), kind=kind, pos=pos, crc=crc(r), parent=parent))
+
+    same = lambda r: "aaaaaaaa"             # noqa: E731
+    per_rank = lambda r: f"0000000{r}"      # noqa: E731
+    odd2 = lambda r: "bbbbbbbb" if r == 2 else "cccccccc"   # noqa: E731
+    call("Functional.embedding.0.forward", [per_rank, same], [per_rank], pos=1)      # tokens differ by rank
+    call("Torch.add.0.forward", [same, same], [same], pos=2)                         # equal in, equal out
+    call("Torch.mul.0.forward", [same, same], [odd2], pos=3)                         # equal in, rank 2 out differs
+    call("Functional.dropout.0.forward", [same], [per_rank], pos=4, parent="Module.blk.Block.forward.0")
+    call("Module.blk.Block.forward.0", [same], [per_rank], pos=5, kind="module_forward")
+    call("Torch.narrow.0.forward", [same], [per_rank], pos=6, values=[("1", lambda r: 2 * r)])
+    call("Distributed.reduce_scatter.0.forward", [same], [per_rank], pos=7)
+    call("Functional.embedding.0.backward", [same], [per_rank], pos=8, kind="api_backward")
+    call("Torch.add.0.backward", [same], [same], pos=9, kind="api_backward")
+    call("Distributed.all_to_all.0.forward", [same], [per_rank], pos=12, parent="Module.moe.Experts.forward.0")
+    call("Module.moe.Experts.forward.0", [same], [per_rank], pos=13, kind="module_forward")   # holds all_to_all
+    call("Distributed.all_reduce.0.forward", [same], [same], pos=14, parent="Module.tp.Reduce.forward.0")
+    call("Module.tp.Reduce.forward.0", [same], [same], pos=15, kind="module_forward")         # a replicated one
+    call("Torch.empty_like.0.forward", [same], [per_rank], pos=16)                            # uninitialised
+    for r in range(3):
+        rows.append(leaf(r, "Module.fc.Linear.forward.0", "parameters", "weight", kind="module_forward", pos=10,
+                         crc="dddddddd"))
+        rows.append(leaf(r, "Module.fc.Linear.parameters_grad", "weight", "", kind="parameters_grad", pos=11,
+                         crc=per_rank(r)))
+    got = {(v["name"], v["io"], v["arg"]): v for v in view(rows, [[0, 1, 2]])}
+
+    def row(name, io="output", arg="0"):
+        v = got[(name, io, arg)]
+        return v["inputs_agree"], v["must_agree"], v["agree"]
+
+    assert row("Functional.embedding.0.forward") == (False, False, False)
+    assert row("Functional.embedding.0.forward", "input_args", "0")[1:] == (False, False)   # the batch
+    assert row("Torch.add.0.forward") == (True, True, True)
+    assert row("Torch.mul.0.forward") == (True, True, False)           # a corruption: checked and caught
+    assert row("Functional.dropout.0.forward") == (True, False, False)   # random
+    assert row("Module.blk.Block.forward.0") == (True, False, False)     # holds a random call
+    assert row("Torch.narrow.0.forward") == (False, False, False)       # a value input differs by rank
+    assert row("Distributed.reduce_scatter.0.forward") == (True, False, False)
+    assert row("Functional.embedding.0.backward") == (False, False, False)   # its forward's inputs differ
+    assert row("Torch.add.0.backward") == (True, True, True)
+    assert row("Module.moe.Experts.forward.0") == (True, False, False)
+    assert row("Module.tp.Reduce.forward.0") == (True, True, True)
+    assert row("Torch.empty_like.0.forward") == (True, False, False)
+    assert row("Module.fc.Linear.forward.0", "parameters", "weight")[1:] == (True, True)
+    assert row("Module.fc.Linear.parameters_grad", "weight", "") == (None, False, False)   # local gradient
 
 
 def test_bad_values():
