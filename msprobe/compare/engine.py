@@ -32,6 +32,10 @@ _OUTPUTS_ONLY = (" AND NOT ((l.io LIKE 'input%' OR l.arg LIKE 'unmapped%') AND "
                  "regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') IN ({names}))")
 
 
+# APIs a built-in ``primitive_leaf`` map renamed into: no leaf signs them (name and order align them)
+_BY_NAME = " AND regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') NOT IN ({names})"
+
+
 def _arrow(rel) -> pa.Table:
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
@@ -252,6 +256,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
                         for k in (mapping.leaf if mapping is not None else {})})
     only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
         if leaf_apis else ""
+    by_name = sorted(set().union(*(r.by_name for r in (renames, b_renames) if r is not None)))
+    if by_name:
+        only += _BY_NAME.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in by_name))
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     if on_table is not None:
         on_table("alignment", lambda: _arrow(con.table("alignment")))

@@ -70,6 +70,8 @@ class Mapping:
     families: dict = field(default_factory=dict)    # TARGET family -> tuple of BASELINE families
     primitive: dict = field(default_factory=dict)   # Primitive class -> tuple of BASELINE APIs
     cell_sub: dict = field(default_factory=dict)    # cell_mapping substring -> replacement, in file order
+    primitive_leaf: dict = field(default_factory=dict)  # Primitive class -> {direction: {io.arg: io.arg}}
+    parameter: dict = field(default_factory=dict)   # TARGET layer class -> {parameter: BASELINE parameter}
 
     def merged_over(self, base: "Mapping") -> "Mapping":
         """This mapping with ``base``'s entries where this one has none (``leaf`` and
@@ -89,7 +91,9 @@ class Mapping:
                        candidates={**base.candidates, **self.candidates},
                        families={**base.families, **self.families},
                        primitive={**base.primitive, **self.primitive},
-                       cell_sub={**base.cell_sub, **self.cell_sub})
+                       cell_sub={**base.cell_sub, **self.cell_sub},
+                       primitive_leaf={**base.primitive_leaf, **self.primitive_leaf},
+                       parameter={**base.parameter, **self.parameter})
 
 
 #: PyTorch ↔ MindSpore minimum: the framework prefix only. The full built-in table
@@ -270,12 +274,16 @@ def _ignored(name: str, prefixes) -> bool:
 class Renames:
     """``original``: mapped TARGET name → original name; ``ignored``: {side: count};
     ``api``: the API renames in effect ({TARGET API: BASELINE API}, the built-in
-    table's candidates resolved against the BASELINE's recorded names)."""
+    table's candidates resolved against the BASELINE's recorded names); ``by_name``: the
+    API names (without counter and direction, BASELINE's vocabulary) that Primitive calls
+    with a ``primitive_leaf`` map were renamed to: their leaves differ by construction, so
+    calls of these names align by name and order only, on both sides."""
 
     original: dict = field(default_factory=dict)
     ignored: dict = field(default_factory=dict)
     api: dict = field(default_factory=dict)
     baseline_original: dict = field(default_factory=dict)   # when the BASELINE side was renamed
+    by_name: set = field(default_factory=set)   # API names (BASELINE's vocabulary) aligned by name only
 
 
 def _drop_ignored(side, prefixes, label: str, renames: Renames) -> None:
@@ -405,7 +413,7 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
         new[(ranks[i], steps[i], name)] = out
         if out != name:
             renames.original[out] = name
-    if not renames.original and not mapping.leaf:
+    if not renames.original and not mapping.leaf and not mapping.primitive_leaf and not mapping.parameter:
         return renames
     new_names = [new[(r, s, n)] for r, s, n in zip(ranks, steps, names)]
     parents = [None if p is None else _module_name(p, "module_forward", mapping, paths) if p.count(".") >= 3 else p
@@ -416,21 +424,84 @@ def apply_mapping(target, baseline, mapping: Mapping) -> Renames:
     lnames = [new.get((r, s, n), n) for r, s, n in zip(leaves["rank"].to_pylist(), leaves["step"].to_pylist(),
                                                          leaves["name"].to_pylist())]
     ios, args = leaves["io"].to_pylist(), leaves["arg"].to_pylist()
-    if mapping.leaf:
+    if mapping.leaf or mapping.primitive_leaf or mapping.parameter:
+        recorded = leaves["name"].to_pylist()
         for i, n in enumerate(lnames):
-            base, _, direction = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
-            table = mapping.leaf.get(n) or mapping.leaf.get(f"{base}.{direction}") or mapping.leaf.get(base)
-            if table is None and direction not in ("forward", "backward"):   # module call: P.forward.0
-                stem, d, _c = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
-                table = mapping.leaf.get(f"{stem}.{d}") or mapping.leaf.get(stem)
+            table = None
+            if mapping.leaf:
+                base, _, direction = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
+                table = mapping.leaf.get(n) or mapping.leaf.get(f"{base}.{direction}") or mapping.leaf.get(base)
+                if table is None and direction not in ("forward", "backward"):   # module call: P.forward.0
+                    stem, d, _c = n.rsplit(".", 2) if n.count(".") >= 2 else (n, "", "")
+                    table = mapping.leaf.get(f"{stem}.{d}") or mapping.leaf.get(stem)
+            if table is None and mapping.primitive_leaf:
+                table = _primitive_leaf_table(recorded[i], mapping.primitive_leaf)
             if table:
                 moved = _move_leaf(table, ios[i], args[i] or "")
                 if moved:
                     ios[i], args[i] = moved
+            elif mapping.parameter:
+                ios[i], args[i] = _parameter_leaf(recorded[i], ios[i], args[i], mapping.parameter)
+    if mapping.primitive_leaf:
+        for name, new_name in api_map.items():
+            if name.startswith("Primitive.") and name.rsplit(".", 1)[-1] in mapping.primitive_leaf:
+                renames.by_name.add(new_name)
     for col, values in (("name", lnames), ("io", ios), ("arg", args)):
         leaves = leaves.set_column(leaves.schema.get_field_index(col), col, pa.array(values, pa.string()))
     target.leaves = leaves
     return renames
+
+
+def _primitive_leaf_table(name: str, table: dict) -> Optional[dict]:
+    """The ``primitive_leaf`` map of a recorded ``Primitive.{attr}.{Class}.{n}.{direction}``
+    leaf name (None for other names)."""
+    if not name.startswith("Primitive."):
+        return None
+    parts = name.rsplit(".", 3)
+    if len(parts) != 4:
+        return None
+    return table.get(parts[1], {}).get(parts[3])
+
+
+def _parameter_leaf(name: str, io: str, arg: Optional[str], table: dict) -> tuple:
+    """``(io, arg)`` of a module leaf with its parameter renamed by ``parameter``
+    ({layer class: {parameter: BASELINE parameter}}): ``parameters.{p}`` of a forward call,
+    io ``{p}`` of a ``parameters_grad`` call (``name`` as recorded)."""
+    if name.endswith(".parameters_grad"):
+        cls = name[: -len(".parameters_grad")].rsplit(".", 1)[-1]
+        renamed = table.get(cls, {}).get(io)
+        return (renamed, arg) if renamed else (io, arg)
+    if io == "parameters" and arg:
+        parts = name.rsplit(".", 3)
+        if len(parts) == 4 and parts[2] == "forward":
+            head, _, rest = arg.partition(".")
+            renamed = table.get(parts[1], {}).get(head)
+            if renamed:
+                return io, renamed + (f".{rest}" if rest else "")
+    return io, arg
+
+
+def set_aside_cell_input_gradients(side) -> int:
+    """MindSpore side of a PyTorch/MindSpore comparison: move the backward ``output`` leaves
+    of Cell calls to io ``output_whole_gradient`` (same arg), so they pair with nothing
+    (not even as a leftover leaf of io ``output``). MindSpore's
+    recorder holds there the whole gradient of the Cell's input tensor (every use of it),
+    PyTorch's the module's own contribution (docs/mindspore.md, "Backward entries"); the two
+    differ wherever the input has another user. Returns the number of leaves moved."""
+    kinds = side.calls["kind"].to_pylist()
+    keys = {(r, s, n) for r, s, n, k in zip(side.calls["rank"].to_pylist(), side.calls["step"].to_pylist(),
+                                            side.calls["name"].to_pylist(), kinds) if k == "module_backward"}
+    if not keys:
+        return 0
+    leaves = side.leaves
+    ios = leaves["io"].to_pylist()
+    moved = 0
+    for i, key in enumerate(zip(leaves["rank"].to_pylist(), leaves["step"].to_pylist(), leaves["name"].to_pylist())):
+        if ios[i] == "output" and key in keys:
+            ios[i] = "output_whole_gradient"
+            moved += 1
+    side.leaves = leaves.set_column(leaves.schema.get_field_index("io"), "io", pa.array(ios, pa.string()))
+    return moved
 
 
 def framework_mapping(target, baseline, user: Optional[Mapping], notes: list):
@@ -454,6 +525,10 @@ def framework_mapping(target, baseline, user: Optional[Mapping], notes: list):
 
     tf, bf = target.framework, baseline.framework
     head = f"frameworks differ: TARGET {tf}, BASELINE {bf}; "
+    for side in (target, baseline):
+        if side.framework == "mindspore" and {tf, bf} == {"mindspore", "pytorch"} and set_aside_cell_input_gradients(side):
+            notes.append("mindspore Cell backward 'output' leaves (the whole gradient of each input) are not "
+                         "compared with PyTorch's (each module's own contribution): io 'output_whole_gradient'")
     if tf == "mindspore" and bf == "pytorch":
         table = builtin_mapping()
         notes.append(head + (f"mapping {user.source} over the {table.source}" if user is not None else

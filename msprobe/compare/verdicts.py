@@ -10,8 +10,9 @@ Call (Python, :func:`call_verdicts`): ``origin`` if an argument value differs, o
 output is diverged, nonfinite or structural with e above 10 × the largest input e;
 ``propagated`` if some leaf diverged otherwise; ``pass``; ``unpaired`` for inserted or
 deleted calls. Backward inputs include the incoming gradients and the forward call's
-inputs and parameters; ``parameters_grad`` belongs to its module's backward; a module
-call with recorded children is an origin only through an origin child.
+inputs and parameters; ``parameters_grad`` belongs to its module's backward. A module
+call is judged by its own input and output errors, as any call: its children (recorded
+or not, paired or not) do not change its verdict.
 """
 from __future__ import annotations
 
@@ -94,12 +95,9 @@ def call_verdicts(rows: list[dict]) -> list[dict]:
         the same dicts, completed.
     """
     by_key = {}
-    children: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["t_name"] is not None:
             by_key[(r["rank"], r["step"], r["t_name"])] = r
-        if r.get("module"):
-            children.setdefault((r["rank"], r["step"], r["module"]), []).append(r)
     module_inputs: dict[tuple, float] = {}
     for r in rows:
         if r["kind"] in ("module_forward", "module_backward") and r["in_e"] is not None:
@@ -126,29 +124,6 @@ def call_verdicts(rows: list[dict]) -> list[dict]:
                              f"e={r['out_bad_e']:.3g} > 10 x largest input e {in_e:.3g}")
         r["verdict"] = "origin" if origin_reason else ("propagated" if r["any_bad"] else "pass")
         r["reason"] = origin_reason
-    # a module (or its parameters_grad) with recorded children is an origin only through a child
-    for r in rows:
-        if r.get("verdict") != "origin":
-            continue
-        name = r["t_name"]
-        if r["kind"] in ("module_forward", "module_backward"):
-            owner = name
-        elif r["kind"] == "parameters_grad":
-            owner = None
-            stem = name[: -len(".parameters_grad")]
-            for key in by_key:
-                if key[:2] == (r["rank"], r["step"]) and key[2].startswith(stem + ".backward."):
-                    if children.get(key):
-                        owner = key[2]
-                        break
-            if owner is None:
-                continue
-        else:
-            continue
-        kids = children.get((r["rank"], r["step"], owner), [])
-        if kids and not any(k.get("verdict") == "origin" for k in kids):
-            r["verdict"] = "propagated"
-            r["reason"] = None
     return rows
 
 
@@ -160,7 +135,7 @@ _FWD_OF = (r"CASE a.kind WHEN 'api_backward' THEN regexp_replace(a.t_name, 'back
 
 #: ``calls_pre``: CALL_AGG_SQL rows plus ``e``, ``in_all`` (largest input e, with the
 #: forward call's inputs for backward calls and the module's for parameters_grad) and
-#: ``verdict0`` (before the module-children rule and cross-rank attribution).
+#: ``verdict0`` (before cross-rank attribution).
 CALLS_PRE_SQL = f"""
 CREATE OR REPLACE TABLE calls_pre AS
 WITH a AS ({CALL_AGG_SQL.replace("ORDER BY a.rank, a.step, a.ord", "")}),
@@ -188,23 +163,6 @@ _ORIGINS_SQL = """
 SELECT rank, step, ord, t_name, kind, arg_differs, out_bad_e, in_all, worst_verdict, worst_leaf
 FROM calls_pre WHERE verdict0 = 'origin' ORDER BY rank, step, ord
 """
-# children (calls whose parent is the module) of origin modules, and for origin
-# parameters_grad the first backward call of the module that has children
-_KIDS_SQL = """
-WITH o AS (SELECT rank, step, t_name FROM calls_pre WHERE verdict0 = 'origin'
-           AND kind IN ('module_forward', 'module_backward'))
-SELECT o.rank, o.step, o.t_name, count(*) AS n, count(*) FILTER (WHERE k.verdict0 = 'origin') AS n_origin,
-       list(k.t_name) FILTER (WHERE k.verdict0 = 'origin') AS origin_kids
-FROM o JOIN calls_pre k ON k.rank = o.rank AND k.step = o.step AND k.module = o.t_name GROUP BY ALL
-"""
-_PGRAD_OWNER_SQL = """
-WITH o AS (SELECT rank, step, t_name, left(t_name, length(t_name) - 16) || '.backward.' AS prefix
-           FROM calls_pre WHERE verdict0 = 'origin' AND kind = 'parameters_grad'),
-owners AS (SELECT DISTINCT c.rank, c.step, c.ord, c.t_name, o.t_name AS pgrad FROM o JOIN calls_pre c
-           ON c.rank = o.rank AND c.step = o.step AND starts_with(c.t_name, o.prefix)
-           WHERE EXISTS (SELECT 1 FROM calls_pre k WHERE k.rank = c.rank AND k.step = c.step AND k.module = c.t_name))
-SELECT rank, step, pgrad, arg_min(t_name, ord) AS owner FROM owners GROUP BY ALL
-"""
 
 
 def _origin_reason(r: dict) -> str:
@@ -217,8 +175,7 @@ def _origin_reason(r: dict) -> str:
 def build_calls(con, attribute=None) -> None:
     """Create table ``calls`` from ``alignment``, ``tensors`` and ``t_calls`` with the
     judgement of :func:`call_verdicts` (same verdicts and reasons), in SQL: only origin
-    rows (few) and ``Distributed.*`` rows come to Python, for the reason text, the rule
-    that a module with recorded children is an origin only through an origin child, and
+    rows (few) and ``Distributed.*`` rows come to Python, for the reason text and
     cross-rank attribution.
 
     Args:
@@ -234,31 +191,8 @@ def build_calls(con, attribute=None) -> None:
     cur = con.execute(_ORIGINS_SQL)
     names = [d[0] for d in cur.description]
     origins = [dict(zip(names, row)) for row in cur.fetchall()]
-    verdict = {(r["rank"], r["step"], r["t_name"]): "origin" for r in origins}
-    kids = {(rk, st, n): (cnt, origin_kids or []) for rk, st, n, cnt, _, origin_kids in con.execute(_KIDS_SQL).fetchall()}
-    owner_of = {(rk, st, p): o for rk, st, p, o in con.execute(_PGRAD_OWNER_SQL).fetchall()}
-    fixes: dict[tuple, list] = {}
-    for r in origins:
-        key = (r["rank"], r["step"], r["t_name"])
-        owner = None
-        if r["kind"] in ("module_forward", "module_backward"):
-            owner = r["t_name"]
-        elif r["kind"] == "parameters_grad":
-            owner = owner_of.get(key)
-        n, origin_kids = 0, []
-        if r["kind"] != "parameters_grad":
-            n, origin_kids = kids.get(key, (0, []))
-        elif owner is not None:   # the owning backward call's children, fetched on demand (rare)
-            n, origin_kids = con.execute(
-                "SELECT count(*), list(t_name) FILTER (WHERE verdict0 = 'origin') FROM calls_pre "
-                "WHERE rank = ? AND step = ? AND module = ?", [r["rank"], r["step"], owner]).fetchall()[0]
-            origin_kids = origin_kids or []
-        if owner is not None and n and not any(verdict.get((r["rank"], r["step"], k)) == "origin"
-                                               for k in origin_kids):
-            verdict[key] = "propagated"
-            fixes[key] = ["propagated", None, None]
-        else:
-            fixes[key] = ["origin", _origin_reason(r), None]
+    fixes: dict[tuple, list] = {(r["rank"], r["step"], r["t_name"]): ["origin", _origin_reason(r), None]
+                                for r in origins}
     changed = 0
     if attribute is not None:
         cur = con.execute("SELECT * FROM calls_pre WHERE starts_with(t_name, 'Distributed.') ORDER BY rank, step, ord")

@@ -1,23 +1,36 @@
-"""Backward recording in PyNative mode with ``ops.HookBackward`` identities.
+"""Backward recording in PyNative mode, adding no node that could regroup a gradient sum.
 
-For one recorded call (an API, a Primitive, a Jit function or a Cell forward) made while
-MindSpore builds a gradient graph (``_pynative_executor.requires_grad()``), every tensor
-argument is passed through ``ops.HookBackward(fn)``, an identity whose ``fn`` receives the
-gradient flowing through it, and so is every tensor output:
+MindSpore adds up the gradients a tensor receives from its uses one by one. A node put
+between a tensor and several of its uses makes MindSpore add those uses' gradients first
+and the result to the tensor's other uses: float addition is not associative, so the
+trained parameters would change in their last bits. So, for one recorded call made while
+MindSpore builds a gradient graph (``_pynative_executor.requires_grad()``):
 
-* through an output identity: the gradient w.r.t. that forward output (backward ``input``);
-* through an input identity: the gradient w.r.t. that forward input *contributed by this
-  very call* (backward ``output``; spec section 9 fix 3: ``output[i]`` belongs to
-  ``input_args[i]``, then tensor kwargs in kwarg order; ``null`` for non-tensors and for
-  arguments that receive no gradient).
+* API, Primitive and Jit calls: every tensor argument slot gets its own
+  ``ops.HookBackward(fn)`` identity (one use each: a tensor passed twice, ``x * x``, gets
+  two) whose ``fn`` receives the gradient w.r.t. that forward input *contributed by this
+  very call through that slot* (backward ``output``; spec section 9 fix 3: ``output[i]``
+  belongs to ``input_args[i]``, then tensor kwargs in kwarg order; ``null`` for
+  non-tensors and for arguments that receive no gradient). An API call is a single
+  operation whose backward sends one gradient per argument, so its identities add no
+  grouping.
+* Cells: a Cell may use an input several times (``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``)
+  while the caller uses it too (a residual add), so an identity on a Cell input would
+  regroup. Cell inputs get ``Tensor.register_hook`` instead, which adds no node: the
+  backward ``output`` of a Cell is the *whole* gradient of the input tensor, the sum over
+  all its uses, inside the Cell and elsewhere (equal to the Cell's own contribution
+  exactly when the Cell is the tensor's only user, as in ``h = layer(h)``). A tensor in
+  several slots of a Cell is hooked once and fills every slot.
+* Outputs (every recorded call): each floating output tensor is replaced by an identity;
+  every later use reads that identity, so it adds no grouping. Its ``fn`` receives the
+  gradient w.r.t. that forward output (backward ``input``).
 
-A tensor passed twice gets one identity (so ``a is b`` stays true inside the call) whose
-gradient fills both slots. MindSpore only runs the hooks of tensors on the path to what is
-differentiated, so an entry cannot know in advance how many gradients will arrive: the
-recorder emits every entry that received one when the gradient computation returns
-(:mod:`msprobe.mindspore.grad_end`), in the order of their first gradient.
+MindSpore only runs the hooks of tensors on the path to what is differentiated, so an
+entry cannot know in advance how many gradients will arrive: the recorder emits every entry
+that received one when the gradient computation returns (:mod:`msprobe.mindspore.grad_end`),
+in the order of their first gradient.
 
-Identities only forward values: recording changes no result bit (tested).
+Recording changes no result bit (tests/mindspore/zoo/).
 """
 from __future__ import annotations
 
@@ -26,7 +39,6 @@ from typing import Any, Callable, Optional
 from mindspore import Tensor, ops
 
 from msprobe.core.recorder import PendingBackward as CorePendingBackward
-from msprobe.core.values import restore_swaps, swap_in_place
 
 Path = tuple
 
@@ -72,16 +84,13 @@ class BackwardTaps:
         return ops.HookBackward(hook)(t)
 
     def tap_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict,
-                   skip_first: bool = False, swaps: Optional[list] = None) -> tuple[tuple, dict]:
+                   skip_first: bool = False) -> tuple[tuple, dict]:
         """Replace floating tensors in ``args`` (and lists/tuples in them) and tensor
-        ``kwargs`` by identities; ``skip_first`` leaves ``args[0]`` alone (in-place APIs).
-        With ``swaps`` (a list), the caller's lists get the identities in place, not a copy
-        (a Cell may append to a list it was given, for its caller), and ``(list, index,
-        identity, caller's element)`` is appended to ``swaps`` for :meth:`restore`.
+        ``kwargs`` by identities, one per slot (a tensor passed twice gets two); ``skip_first``
+        leaves ``args[0]`` alone (in-place APIs).
 
         Returns ``(args, kwargs)``; unchanged containers are returned as the same objects.
         """
-        memo: dict[int, tuple[Tensor, list]] = {}
         new_args = []
         changed = False
         for i, a in enumerate(args):
@@ -89,14 +98,14 @@ class BackwardTaps:
                 b = a
                 pending.out_slots.append((0,))
             else:
-                b = self._map_in(pending, a, (i,), memo, 0, swaps)
+                b = self._map_in(pending, a, (i,), 0)
             changed |= b is not a
             new_args.append(b)
         pos = len(args)
         new_kwargs = kwargs
         for k, v in kwargs.items():
             if isinstance(v, Tensor):
-                b = self._map_in(pending, v, (pos,), memo, 0)
+                b = self._map_in(pending, v, (pos,), 0)
                 pos += 1
                 if b is not v:
                     if new_kwargs is kwargs:
@@ -104,35 +113,59 @@ class BackwardTaps:
                     new_kwargs[k] = b
         return (tuple(new_args) if changed else args), new_kwargs
 
-    @staticmethod
-    def restore(swaps: Optional[list]) -> None:
-        """Put the caller's elements back into the lists :meth:`tap_inputs` changed in place
-        (where the call left the identity in its place); idempotent."""
-        if swaps:
-            restore_swaps(swaps)
-
-    def _map_in(self, pending, value, path, memo, depth, swaps=None):
+    def _map_in(self, pending, value, path, depth):
         if isinstance(value, Tensor):
             pending.out_slots.append(path)
             if not _is_float(value):
                 return value
-            known = memo.get(id(value))
-            if known is None:
-                paths = [path]
-                ident = self._identity(value, pending, "output", paths)
-                memo[id(value)] = (ident, paths)
-                return ident
-            known[1].append(path)
-            return known[0]
+            return self._identity(value, pending, "output", [path])
         if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
-            items = [self._map_in(pending, v, path + (j,), memo, depth + 1, swaps) for j, v in enumerate(value)]
+            items = [self._map_in(pending, v, path + (j,), depth + 1) for j, v in enumerate(value)]
             if all(x is y for x, y in zip(items, value)):
                 return value
-            if swaps is not None and isinstance(value, list):  # the caller's list itself
-                return swap_in_place(value, items, swaps)
             return type(value)(items)
         pending.out_slots.append(path)
         return value
+
+    def hook_inputs(self, pending: PendingBackward, args: tuple, kwargs: dict) -> list:
+        """Note the slots of ``args``/``kwargs`` as :meth:`tap_inputs` does, but put no node
+        in the graph: each floating tensor (once, however many slots it fills) gets
+        ``Tensor.register_hook``, which MindSpore calls with the tensor's whole gradient
+        (the sum over all its uses, this call's and any other). Returns the hook handles
+        (the caller removes them when the gradient computation ends)."""
+        memo: dict[int, list] = {}
+        handles: list = []
+        for i, a in enumerate(args):
+            self._hook_in(pending, a, (i,), memo, 0, handles)
+        pos = len(args)
+        for v in kwargs.values():
+            if isinstance(v, Tensor):
+                self._hook_in(pending, v, (pos,), memo, 0, handles)
+                pos += 1
+        return handles
+
+    def _hook_in(self, pending, value, path, memo, depth, handles) -> None:
+        if isinstance(value, Tensor):
+            pending.out_slots.append(path)
+            if not _is_float(value):
+                return
+            paths = memo.get(id(value))
+            if paths is not None:
+                paths.append(path)
+                return
+            memo[id(value)] = paths = [path]
+            on_grad = self._on_grad
+
+            def hook(grad):
+                on_grad(pending, "output", paths, grad)
+
+            handles.append(value.register_hook(hook))
+            return
+        if depth < 4 and isinstance(value, (list, tuple)) and value and not hasattr(value, "_fields"):
+            for j, v in enumerate(value):
+                self._hook_in(pending, v, path + (j,), memo, depth + 1, handles)
+            return
+        pending.out_slots.append(path)
 
     def tap_outputs(self, pending: PendingBackward, out: Any, inputs: tuple = ()) -> Any:
         """Replace floating output tensors by identities; an output that *is* one of the

@@ -2,10 +2,10 @@
 
 Every subcell of the model (``cells_and_names()``, root excluded; a model without subcells
 is recorded as itself under the path ``model``) gets a forward pre-hook and a forward hook
-(``with_kwargs=True``). Backward entries come from HookBackward identities that the
-pre-hook puts on the inputs and the forward hook on the outputs (see ``backward``), not
-from ``register_backward_hook``, which breaks argument identity in MindSpore 2.10 and
-misses kwargs. Names follow spec 2.1: ``Cell.{path}.{Class}``; for a list/tuple of models
+(``with_kwargs=True``). Backward entries come from ``Tensor.register_hook`` on the inputs
+(pre-hook) and HookBackward identities on the outputs (forward hook; see ``backward``), not
+from ``register_backward_hook``, which puts an identity on the inputs (regrouping their
+gradient sums), breaks argument identity in MindSpore 2.10 and misses kwargs. Names follow spec 2.1: ``Cell.{path}.{Class}``; for a list/tuple of models
 the index is prepended to the path (``Cell.0.0.Dense``).
 
 Each direct Parameter of a hooked Cell that requires grad gets ``Parameter.register_hook``;

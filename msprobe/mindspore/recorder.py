@@ -41,10 +41,9 @@ def grad_active() -> bool:
 
 class CellFrame(Frame):
     """A Cell forward in progress (:class:`msprobe.core.recorder.Frame`); ``inputs``: its
-    positional and keyword arguments; ``swaps``: the caller's list items the backward
-    identities replaced (restored when the Cell returns)."""
+    positional and keyword arguments."""
 
-    __slots__ = ("inputs", "swaps")
+    __slots__ = ("inputs",)
 
 
 class Recorder(RecorderCore):
@@ -69,6 +68,7 @@ class Recorder(RecorderCore):
                                   capture=self._capture if session.stores_tensors else None)
         self.taps = BackwardTaps(self._on_grad)
         self._fired = 0
+        self._tensor_hooks: list = []  # handles of the Cell-input hooks of this computation
 
     def _capture(self, a: Any) -> Optional[str]:
         """Task tensor: store the values of host array ``a`` now; the payload reference."""
@@ -162,11 +162,9 @@ class Recorder(RecorderCore):
             pushed = True
             if frame is None or frame.pending is None:
                 return None
-            # the caller's lists in place: a Cell may change a list it was given for its caller
-            new_args, new_kwargs = self.taps.tap_inputs(frame.pending, args, kwargs, swaps=frame.swaps)
-            if new_args is args and new_kwargs is kwargs:
-                return None
-            return new_args, new_kwargs
+            # no identity on the inputs (it would regroup their gradient sums): tensor hooks
+            self._tensor_hooks.extend(self.taps.hook_inputs(frame.pending, args, kwargs))
+            return None
         except Exception as exc:
             self.internal_error(exc)
             if not pushed:
@@ -184,7 +182,6 @@ class Recorder(RecorderCore):
             return None
         frame = self.start_frame(CellFrame(), prefix, fwd, bwd, "Cell", want_fwd)
         frame.inputs = tuple(args) + tuple(kwargs.values())
-        frame.swaps = []
         if want_fwd:
             if self._fwd_input:
                 self.leaves.sequence(fwd, "input_args", args, frame.leaves)
@@ -222,7 +219,6 @@ class Recorder(RecorderCore):
             self.internal_error(exc)
             return None
         finally:
-            self.taps.restore(frame.swaps)
             tls.busy = prev
 
     # --- parameter gradients ----------------------------------------------------------------
@@ -264,6 +260,12 @@ class Recorder(RecorderCore):
                     self.session.emit(pending.to_call())
         self.pending.clear()
         self._fired = 0
+        hooks, self._tensor_hooks = self._tensor_hooks, []
+        for handle in hooks:
+            try:
+                handle.remove()
+            except Exception as exc:
+                self.internal_error(exc)
 
     def flush_pending(self) -> None:
         """Step end: emit what is still pending and forget the step's Cells."""

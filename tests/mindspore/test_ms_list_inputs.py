@@ -1,7 +1,7 @@
 """A Cell that appends to a list it was given changes the caller's list, recorded or not,
-also while gradients are computed (the backward taps put their identities into the
-caller's list for the call and its elements back after it; before, the Cell got a copy
-and the loss changed)."""
+also while gradients are computed: the Cell gets the caller's own list and tensors (its
+inputs are observed by tensor hooks, not replaced), and its backward ``output`` holds the
+whole gradient of the tensor in the list (docs/mindspore.md, "Backward entries")."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,13 +64,13 @@ def test_cell_append_reaches_the_callers_list_under_grad(tmp_path):
     assert float(plain_loss) == float(loss) == 211.0  # 2 * (1 + 2) + (1 + 4) + 2 * 100
     np.testing.assert_array_equal(grad.asnumpy(), plain_grad.asnumpy())
     np.testing.assert_array_equal(grad.asnumpy(), [4.0, 6.0])  # 2 from the Cell + 2x
-    assert len(bwd) == 1  # the Cell contributed 2 to x
-    assert bwd[0]["output"][0][0]["Max"] == 2.0 and bwd[0]["output"][0][0]["Min"] == 2.0
+    assert len(bwd) == 1  # x's whole gradient: 2 from the Cell + 2x from the caller's x * x
+    assert bwd[0]["output"][0][0]["Max"] == 6.0 and bwd[0]["output"][0][0]["Min"] == 4.0
 
 
 def test_cell_insert_moves_the_callers_element(tmp_path):
     plain_loss, plain_grad, loss, grad, bwd = _plain_and_recorded(tmp_path, Front, 1)
     assert float(loss) == float(plain_loss) == 211.0
     np.testing.assert_array_equal(grad.asnumpy(), plain_grad.asnumpy())
-    assert len(bwd) == 1  # the Cell contributed 2 to x, nothing of the caller's x * x
-    assert bwd[0]["output"][0][0]["Max"] == 2.0 and bwd[0]["output"][0][0]["Min"] == 2.0
+    assert len(bwd) == 1  # x's whole gradient: 2 from the Cell + 2x from the caller's x * x
+    assert bwd[0]["output"][0][0]["Max"] == 6.0 and bwd[0]["output"][0][0]["Min"] == 4.0

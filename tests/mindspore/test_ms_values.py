@@ -105,8 +105,8 @@ def test_per_call_contributions():
         dbg.close()
         data = load_dump(d)[0]["data"]
     np.testing.assert_array_equal(g.asnumpy(), 2 * h.asnumpy() + 3.0)
-    first = data["Functional.mul.0.backward"]["output"]  # t*t: 2t in each slot? no: one identity, 2t total
-    assert first[0]["Max"] == 6.0 and first[0]["Min"] == -4.0 and first[1] == first[0]
+    first = data["Functional.mul.0.backward"]["output"]  # t*t: each slot its own contribution, t
+    assert first[0]["Max"] == 3.0 and first[0]["Min"] == -2.0 and first[1] == first[0]
     second = data["Functional.mul.1.backward"]["output"]
     assert second[0]["Max"] == 3.0 and second[0]["Min"] == 3.0 and second[1] is None
 
