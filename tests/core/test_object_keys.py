@@ -81,38 +81,3 @@ def test_walk_pairs_each_key_with_its_own_value():
     d = _ReversedIter(a="A", b="B")
     leaves = list(walk(d, leaf_kind=lambda v: None, record=lambda v: {"type": "str", "value": v}))
     assert sorted((p, v["value"]) for p, v, _ in leaves) == [(("a",), "A"), (("b",), "B")]
-
-
-def test_swap_in_place_and_restore():
-    from msprobe.core.values import restore_swaps, swap_in_place
-    a, b, c, va, vc = object(), object(), object(), object(), object()
-    lst = [a, b, c]
-    swaps = []
-    assert swap_in_place(lst, [va, b, vc], swaps) is lst
-    assert lst == [va, b, vc] and len(swaps) == 2
-    lst.append("added by the call")     # the caller sees the call's changes ...
-    restore_swaps(swaps)
-    assert lst == [a, b, c, "added by the call"] and swaps == []  # ... with its own elements back
-    restore_swaps(swaps)  # idempotent
-    # an element the call replaced stays replaced; one it moved comes back where it went
-    lst = [a, b]
-    swaps = []
-    swap_in_place(lst, [va, b], swaps)
-    lst[0] = "replaced"
-    restore_swaps(swaps)
-    assert lst == ["replaced", b]
-    lst = [a, b]
-    swaps = []
-    swap_in_place(lst, [va, b], swaps)
-    lst.insert(0, "first")
-    lst.append(lst[1])  # the substitute twice
-    restore_swaps(swaps)
-    assert lst == ["first", a, b, a]
-    # the same list given twice: the second substitution wraps the first
-    lst = [a]
-    swaps = []
-    swap_in_place(lst, [va], swaps)
-    swap_in_place(lst, [vc], swaps)  # vc substitutes va
-    lst.reverse()
-    restore_swaps(swaps)
-    assert lst == [a]
