@@ -389,7 +389,8 @@ class LeafBuilder:
 
         Written for the caches a training step leaves behind: each distinct PyTorch
         attribute or method read here costs microseconds when the operator before evicted its
-        code (``benchmarks/cold_python.py``), so each is read once (``numel``, ``dtype``;
+        code (``benchmarks/RESULTS.md``, "The same Python is 5–15× slower inside a training
+        step"), so each is read once (``numel``, ``dtype``;
         ``dim`` only for one element), and the memo key and the storage are computed once
         (the storage is handed to the memo). The ``n``
         elements from the data pointer must lie in the storage's allocation: a storage
