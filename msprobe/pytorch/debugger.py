@@ -215,10 +215,12 @@ class PrecisionDebugger:
         self.recorder.leaves.memo.clear()
         if not self.session.start(rank, rank_dir, world_size):
             return
-        if level in _API_LEVELS and self._api_handles is None:
+        if self._api_handles is None:
             self._api_handles = HandleGroup()
-            self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward))
-            self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
+            self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward,
+                                                         before=self._before_backward))
+            if level in _API_LEVELS:
+                self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
         if models:
             hooked = [ref() for ref in self._hooked_models]
             if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
@@ -226,6 +228,7 @@ class PrecisionDebugger:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
                 self._hooked_models = [weakref.ref(m) for m in models]
+        self._before_backward()
 
     def _start_replay(self, model: Any) -> None:
         """``load``: hook ``model``'s modules named in ``load.modules`` (again when the
@@ -242,6 +245,14 @@ class PrecisionDebugger:
             self._replay_handles = handles
             self._replay_models = [weakref.ref(m) for m in models]
         self._replay.begin(self.session.step, _current_rank()[0])
+
+    def _before_backward(self) -> None:
+        """A backward pass starts (and at ``start()``): parameters that require grad since
+        the hooks were installed get their gradient hooks (msprobe.pytorch.grad_hooks)."""
+        recorder = self.recorder
+        if len(recorder.frozen):
+            with recorder.guarded():
+                recorder.frozen.sweep()
 
     def _after_backward(self) -> None:
         """A backward pass returned. Under torch.distributed, DDP's reducer has allreduced the

@@ -24,6 +24,7 @@ from msprobe.core.recorder import Frame, Plan, RecorderCore
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward
+from msprobe.pytorch.grad_hooks import FrozenParameters
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import HoldingLeafBuilder, LeafBuilder, is_structseq
 from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
@@ -101,6 +102,7 @@ class Recorder(RecorderCore):
         self.taps = BackwardTaps(self._on_grad)
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
+        self.frozen = FrozenParameters()  # parameters of hooked modules waiting to require grad
         self.ancestors: dict[str, tuple[str, ...]] = {}  # module prefix -> prefixes of the hooked modules containing it
         self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
         self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
