@@ -13,9 +13,9 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
 
 * module globals of every imported module outside ``torch`` (and msprobe itself), scanned
   at the first ``start()`` and, for modules imported since, at each later one;
-* attributes of the model's modules (``vars(module)``) and of their classes, at each
-  ``start(model)``; a ``functools.partial`` of an original is replaced by the same
-  partial of the wrapper.
+* attributes of the model's modules (``vars(module)``), at each ``start(model)``, and of
+  their classes, once per class; a ``functools.partial`` of an original is replaced by
+  the same partial of the wrapper.
 
 Nothing is done per call. Each rebinding is undone when the wrappers are removed (the
 original is put back where the slot still holds the wrapper; a wrapper another debugger
@@ -64,6 +64,8 @@ class References:
         self._targets = targets
         self._group = group
         self._scanned: dict[str, int] = {}  # module name -> id of the module object scanned
+        self._classes: set[int] = set()  # ids of the classes scanned (kept alive by _kept)
+        self._kept: list[type] = []
 
     def scan(self, models: Iterable[torch.nn.Module] = ()) -> int:
         """Rebind the references in modules imported since the last scan and in the
@@ -87,9 +89,11 @@ class References:
                 if isinstance(d, dict):
                     count += self._rebind_dict(d, m)
                 for cls in type(m).__mro__:
-                    if cls.__module__ and not _skipped(cls.__module__):
+                    if id(cls) not in self._classes and not _skipped(cls.__module__ or ""):
                         classes.setdefault(id(cls), cls)
-        for cls in classes.values():
+        for cls in classes.values():  # each class once
+            self._classes.add(id(cls))
+            self._kept.append(cls)
             count += self._rebind_class(cls)
         return count
 
