@@ -197,8 +197,9 @@ class BackwardTaps:
     def __init__(self, on_grad: Callable[..., None],
                  on_lost: Optional[Callable[[PendingBackward], None]] = None) -> None:
         """``on_grad(pending, side, paths, grad, count=True)``: ``count`` False for a pass's
-        partial sum delivered when the next pass begins. ``on_lost(pending)``: a later
-        backward pass's gradient cannot be added to ``pending`` (its earlier sum was not kept)."""
+        partial sum delivered when the next pass begins. ``on_lost(pending)``: a gradient of
+        ``pending`` arrived that cannot be recorded (a later pass whose earlier sum was not
+        kept, or the entry was closed: its step ended)."""
         self._on_grad = on_grad
         self._on_lost = on_lost
 
@@ -544,9 +545,8 @@ def _posthook(taps: BackwardTaps, pending: PendingBackward, tasks: list, grad_in
     edge ``j``). Outputs come first: the entry is complete once its inputs' gradients are
     in. (The call's own consumers of an output are other nodes, which run before it.)"""
     if pending.done:
-        if pending.emitted and taps._on_lost is not None and any(
-                isinstance(g, torch.Tensor) for g in grad_outputs):
-            taps._on_lost(pending)  # a later pass over an entry that could not keep its sums
+        if taps._on_lost is not None and any(isinstance(g, torch.Tensor) for g in grad_outputs):
+            taps._on_lost(pending)  # a later pass the entry cannot take (see on_lost)
         return
     for kind, index, rec in tasks:
         if kind == "out":

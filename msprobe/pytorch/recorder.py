@@ -104,6 +104,7 @@ class Recorder(RecorderCore):
             self.leaves.memo.enabled = False
         self.taps = BackwardTaps(self._on_grad, self._lost_pass)
         self._lost_warned = False  # a later backward pass could not be summed (said once)
+        self._late_warned = False  # gradients arrived after their step ended (said once)
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
         self.frozen = FrozenParameters()  # parameters of hooked modules waiting to require grad
@@ -458,9 +459,16 @@ class Recorder(RecorderCore):
             self.pending[id(pending)] = pending
 
     def _lost_pass(self, pending: PendingBackward) -> None:
-        """A later backward pass reached ``pending`` whose earlier sum was not kept: said
-        once per debugger (the entry keeps the earlier passes' gradients)."""
-        if self._lost_warned or not self.session.open_step(pending.step):
+        """A gradient of ``pending`` arrived that cannot be recorded: a later backward pass
+        whose earlier sum was not kept (the entry keeps the earlier passes' gradients), or
+        one after the entry's step ended. Each is said once per debugger."""
+        if not self.session.open_step(pending.step):
+            if not (self._late_warned or self.session.failed or self.session.disabled):
+                self._late_warned = True
+                logger.warning("msprobe: a backward pass reached %s after step() ended step %d; gradients "
+                               "arriving after their step ended are not recorded", pending.name, pending.step)
+            return
+        if self._lost_warned:
             return
         self._lost_warned = True
         logger.warning("msprobe: a further backward pass in step %d reached %s after its entry was written; "

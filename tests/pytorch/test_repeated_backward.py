@@ -161,3 +161,20 @@ def test_unsummable_pass_is_reported_once(tmp_path, caplog):
     data = load_dump(tmp_path)[0]["data"]
     assert data["Torch.add.0.backward"]["input"][0]["Max"] == 1.0  # the first pass's gradient
     assert torch.equal(x.grad, torch.full((4,), 3.0))
+
+
+def test_backward_after_step_is_reported_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    x = torch.randn(4, requires_grad=True)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1", step=[0, 1])
+    dbg.start()
+    y = torch.mul(torch.mul(x, 2), 3)
+    dbg.stop()
+    dbg.step()  # step 0 ends before its backward
+    y.sum().backward()
+    dbg.close()
+    late = [r for r in caplog.records if "after step() ended step 0" in r.getMessage()]
+    assert len(late) == 1
+    assert torch.equal(x.grad, torch.full((4,), 6.0))
+    data = load_dump(tmp_path)[0]["data"]
+    assert "Torch.mul.0.backward" not in data and "Torch.mul.0.forward" in data
