@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import sys
+import types
 from typing import Any, Callable, Optional
 
 import torch
@@ -110,12 +111,36 @@ def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGr
         setattr(owner, name, wrapper)
     except (AttributeError, TypeError):
         return False
+    _pickle_as(wrapper, owner, name)
     restore = functools.partial(restore_attribute, owner, name, wrapper, original if own else None)
     if slots:  # a tensor stays no sequence (msprobe.pytorch.seqslot)
         restore_sq_item(slots)
         restore = functools.partial(_restore_then, restore, functools.partial(restore_sq_item, slots))
     group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
     return True
+
+
+def _pickle_as(wrapper: Any, owner: Any, name: str) -> None:
+    """Let pickle find ``wrapper`` (a function) where it is installed, ``owner.name``, when
+    the ``__module__``/``__qualname__`` copied from its original lead elsewhere (a C
+    builtin such as ``torch._C._nn.gelu``, which is ``torch.nn.functional.gelu``): pickling a
+    model that holds the function by reference (``GELUActivation.act``, rebound to the
+    wrapper by msprobe.pytorch.references) then stores ``torch.nn.functional.gelu``, which
+    loads as whatever that name is then."""
+    if not isinstance(wrapper, types.FunctionType):
+        return
+    if isinstance(owner, types.ModuleType):
+        module, qualname = owner.__name__, name
+    elif isinstance(owner, type):
+        module, qualname = owner.__module__, f"{owner.__qualname__}.{name}"
+    else:
+        return
+    found = sys.modules.get(wrapper.__module__ or "")
+    for part in (wrapper.__qualname__ or "").split("."):
+        found = getattr(found, part, None)
+    if found is wrapper or sys.modules.get(module) is None:
+        return
+    wrapper.__module__, wrapper.__qualname__ = module, qualname
 
 
 def _restore_then(restore: Callable[[], None], after: Callable[[], None]) -> None:

@@ -136,3 +136,18 @@ def test_two_debuggers_and_restore(tmp_path):
     for sub in ("a", "b"):
         data = load_dump(tmp_path / sub)[0]["data"]
         assert data["Functional.gelu.0.forward"]["output"][0]["Max"] == float(y.max())
+
+
+def test_model_holding_a_rebound_function_pickles(tmp_path):
+    """``torch.save(model)`` while recording stores ``torch.nn.functional.gelu`` by name
+    (the wrapper is found there), so the file loads with the original after ``close()``."""
+    model = _bert("gelu")
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1", model=model)
+    dbg.start()
+    assert model.encoder.layer[0].intermediate.intermediate_act_fn.act is torch.nn.functional.gelu
+    torch.save(model, tmp_path / "model.pt")
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert loaded.encoder.layer[0].intermediate.intermediate_act_fn.act is _KEPT[0]
