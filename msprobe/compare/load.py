@@ -191,6 +191,9 @@ def _load_log(p: Path) -> Side:
     leaves = table.select(leaf_cols).filter(pa.array(mask))     # a filter copies faster than a take
     leaves = leaves.append_column("cseq", pa.array(leaf_cseq, pa.int64())).append_column(
         "lord", pa.array(ridx, pa.int64()))
+    if n > len(first):  # some call written in several rows: a later leaf of a slot replaces an earlier one
+        rows_of = np.bincount(group_of)[group_of]
+        leaves = _last_per_slot(leaves, np.unique(cseq[rows_of > 1]))
     markers = table.filter(pc.and_(pc.equal(row, S.scalar(S.ROW_MARKER, S.ROW)), pc.is_valid(table[S.META])))
     metas = [(markers[S.META][0].as_py(),)] if markers.num_rows else []
     meta = json.loads(metas[0][0]) if metas else {}
@@ -228,6 +231,27 @@ def _load_kernel_dump(p: Path) -> Side:
         raise CompareInputError(f"{str(p)!r}: MindSpore kernel dump without any readable iteration")
     side.path = str(p)
     return side
+
+
+def _last_per_slot(leaves: pa.Table, repeated: np.ndarray) -> pa.Table:
+    """``leaves`` with, per (rank, step, call, io, arg), only the last leaf in log order
+    (largest ``lord``), as dump.json keeps it (:func:`store.entries.build_entries`, rule
+    2): a backward entry written again after a later backward pass (its sums over the
+    passes) holds its last values. Only the leaves of calls whose ``cseq`` is in
+    ``repeated`` (calls written in several rows) are looked at."""
+    import pyarrow.compute as pc
+
+    cand = np.isin(leaves["cseq"].to_numpy(), repeated)
+    if not cand.any():
+        return leaves
+    keys = ["rank", "step", "cseq", "io", "arg"]
+    sub = leaves.select(keys + ["lord"]).filter(pa.array(cand))
+    last = sub.group_by(keys, use_threads=False).aggregate([("lord", "max")])
+    if last.num_rows == sub.num_rows:
+        return leaves
+    dropped = pc.invert(pc.is_in(sub["lord"], value_set=last["lord_max"]))
+    drop = pc.filter(sub["lord"], dropped)
+    return leaves.filter(pc.invert(pc.is_in(leaves["lord"], value_set=drop)))
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:

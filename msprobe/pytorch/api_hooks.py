@@ -17,7 +17,8 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -70,8 +71,11 @@ def load_api_list(path: str | None = None) -> tuple[list[ApiSpec], list[str]]:
                          optional=frozenset({"torch_npu"}))
 
 
-def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
-    """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals."""
+def install_api_hooks(specs: list[ApiSpec], recorder: Any, targets: Optional[dict] = None) -> HandleGroup:
+    """Wrap every API of ``specs`` for ``recorder``; returns handles restoring originals.
+
+    ``targets``: filled with ``id(original) -> (original, wrapper)`` of each recording
+    wrapper put in place (for :class:`msprobe.pytorch.references.References`)."""
     group = HandleGroup()
     prepare_builtin_table()  # before any wrapper is in place (see msprobe.pytorch.jit_compat)
     session = recorder.session
@@ -89,7 +93,8 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
             wrapper = make_aten_proxy(original, name, recorder.record_api, session)
         else:
             wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo)
-        _replace(owner, name, original, wrapper, group)
+        if _replace(owner, name, original, wrapper, group) and targets is not None and spec.family != ATEN_FAMILY:
+            targets.setdefault(id(original), (original, wrapper))
     memo = recorder.leaves.memo
     for owner, name in _unlisted_writers(wrapped):
         original = getattr(owner, name)
@@ -97,20 +102,45 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     return group
 
 
-def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGroup) -> None:
+def _replace(owner: Any, name: str, original: Any, wrapper: Any, group: HandleGroup) -> bool:
     """Put ``wrapper`` in place of ``owner.name`` (``original``) and add the handle that
-    restores it to ``group``; attributes that cannot be set are left alone."""
+    restores it to ``group``; attributes that cannot be set are left alone (False)."""
     own = name in vars(owner) if isinstance(owner, type) else True
     slots = saved_sq_item(owner) if name == "__getitem__" else None
     try:
         setattr(owner, name, wrapper)
     except (AttributeError, TypeError):
-        return
+        return False
+    _pickle_as(wrapper, owner, name)
     restore = functools.partial(restore_attribute, owner, name, wrapper, original if own else None)
     if slots:  # a tensor stays no sequence (msprobe.pytorch.seqslot)
         restore_sq_item(slots)
         restore = functools.partial(_restore_then, restore, functools.partial(restore_sq_item, slots))
     group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
+    return True
+
+
+def _pickle_as(wrapper: Any, owner: Any, name: str) -> None:
+    """Let pickle find ``wrapper`` (a function) where it is installed, ``owner.name``, when
+    the ``__module__``/``__qualname__`` copied from its original lead elsewhere (a C
+    builtin such as ``torch._C._nn.gelu``, which is ``torch.nn.functional.gelu``): pickling a
+    model that holds the function by reference (``GELUActivation.act``, rebound to the
+    wrapper by msprobe.pytorch.references) then stores ``torch.nn.functional.gelu``, which
+    loads as whatever that name is then."""
+    if not isinstance(wrapper, types.FunctionType):
+        return
+    if isinstance(owner, types.ModuleType):
+        module, qualname = owner.__name__, name
+    elif isinstance(owner, type):
+        module, qualname = owner.__module__, f"{owner.__qualname__}.{name}"
+    else:
+        return
+    found = sys.modules.get(wrapper.__module__ or "")
+    for part in (wrapper.__qualname__ or "").split("."):
+        found = getattr(found, part, None)
+    if found is wrapper or sys.modules.get(module) is None:
+        return
+    wrapper.__module__, wrapper.__qualname__ = module, qualname
 
 
 def _restore_then(restore: Callable[[], None], after: Callable[[], None]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.api_hooks import restore_attribute, with_script_original
+from msprobe.pytorch.backward import retaining
 from msprobe.pytorch.jit_compat import prepare_builtin_table
 
 
@@ -32,17 +33,21 @@ def _seed(outputs: Any, grads: Any) -> Any:
     return tuple(torch.ones_like(o, memory_format=torch.preserve_format) for o in outs)
 
 
-def install_autograd_guard(session: Any, after: Optional[Callable[[], None]] = None) -> HandleGroup:
+def install_autograd_guard(session: Any, after: Optional[Callable[[], None]] = None,
+                           before: Optional[Callable[[], None]] = None) -> HandleGroup:
     """Wrap ``torch.autograd.backward``/``grad`` for ``session``; returns restoring handles.
 
     ``after``: called when a backward pass returns (or raises), e.g. to forget statistics of
-    gradients that code outside Python may have written during it (DDP's bucket allreduce)."""
+    gradients that code outside Python may have written during it (DDP's bucket allreduce).
+    ``before``: called (also between ``stop()`` and ``step()``) before a pass starts, e.g.
+    to hook parameters that require grad since the hooks were installed; must not raise."""
     group = HandleGroup()
     prepare_builtin_table()  # before any wrapper is in place (see msprobe.pytorch.jit_compat)
     for name, grads_pos, grads_kw, outputs_kw in (("backward", 1, "grad_tensors", "tensors"),
                                                   ("grad", 2, "grad_outputs", "outputs")):
         original = getattr(torch.autograd, name)
-        wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw, after)
+        wrapper = _make_guard(session, original, grads_pos, grads_kw, outputs_kw, after, before,
+                              grads_pos + 1)
         setattr(torch.autograd, name, wrapper)
         restore = functools.partial(restore_attribute, torch.autograd, name, wrapper, original)
         group.add(CallbackHandle(with_script_original(restore, wrapper, original)))
@@ -50,10 +55,27 @@ def install_autograd_guard(session: Any, after: Optional[Callable[[], None]] = N
 
 
 def _make_guard(session: Any, original: Any, grads_pos: int, grads_kw: str, outputs_kw: str,
-                after: Optional[Callable[[], None]]) -> Any:
+                after: Optional[Callable[[], None]], before: Optional[Callable[[], None]], retain_pos: int) -> Any:
     tls = session._tls
 
     def wrapper(*args, **kwargs):
+        if wrapper.__msprobe_disabled__:
+            return original(*args, **kwargs)
+        if before is not None:
+            before()
+        # retain_graph (default: create_graph) at retain_pos / retain_pos + 1 of both signatures
+        retain = args[retain_pos] if len(args) > retain_pos else kwargs.get("retain_graph")
+        if retain is None:
+            retain = args[retain_pos + 1] if len(args) > retain_pos + 1 else kwargs.get("create_graph", False)
+        if retain:
+            retaining(1)
+            try:
+                return _guarded_call(wrapper, args, kwargs)
+            finally:
+                retaining(-1)
+        return _guarded_call(wrapper, args, kwargs)
+
+    def _guarded_call(wrapper, args, kwargs):
         if (not wrapper.__msprobe_disabled__ and session.recording and not getattr(tls, "busy", False)
                 and len(args) <= grads_pos and kwargs.get(grads_kw) is None):
             outputs = args[0] if args else kwargs.get(outputs_kw)

@@ -43,6 +43,18 @@ When one call's node is a single node that both produces the outputs and reads t
 An entry is complete when every input's gradient has arrived (or, with none expected,
 every output's); entries left incomplete are emitted at step end with what arrived (a
 consumer node autograd never ran sent no gradient: the sum of the others is the call's).
+
+Several backward passes over one graph in a step (``backward(retain_graph=True)`` then
+another loss's ``backward()``; ``torch.autograd.grad(..., create_graph=True)`` then
+``backward()``, as gradient penalties do): each gradient is collected per pass (autograd's
+graph task id tells the passes apart) and the entry holds the sum over the passes, what
+``.grad`` would accumulate. The entry is written when its first pass completes and written
+again, under the same name, when a later pass completes (or at step end): in dump.json the
+later record replaces the earlier one. Summing needs the earlier passes' gradients: they
+are kept (not copied) while a pass that retains the graph runs (``retain_graph`` or
+``create_graph`` given to ``torch.autograd.backward``/``grad``, which msprobe's guard
+sees, :func:`retaining`), until step end. A later pass over an entry whose earlier
+gradients were not kept is reported once (``on_lost``) and leaves the entry as it was.
 """
 from __future__ import annotations
 
@@ -74,6 +86,23 @@ _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _STRIDED = torch.strided
 #: the type of a leaf's gradient accumulator node (None where torch._C does not name it)
 _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
+#: the running graph task's id (-1 outside backward); None where torch lacks it
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+#: how many backward passes that retain their graph are running (msprobe.pytorch.autograd_guard)
+_RETAINING = [0]
+
+
+def retaining(delta: int) -> None:
+    """A backward pass that retains its graph starts (``delta`` 1) or ends (-1): while one
+    runs, delivered gradients are kept for a later pass's sum."""
+    _RETAINING[0] += delta
+
+
+def graph_task_id() -> int:
+    """The id of the backward pass (autograd graph task) running in this thread, -1 outside one."""
+    return _GRAPH_TASK_ID() if _GRAPH_TASK_ID is not None else -1
+
+
 #: nesting depth of argument containers whose tensors get backward slots
 _MAX_DEPTH = 4
 #: argument types that hold no tensor (no container walk)
@@ -91,9 +120,13 @@ class _Grad:
     ``need``: contributions still to come; ``total``: their running sum; ``internal``: for an
     output, the running sum of what the call's own nodes sent to it (subtracted);
     ``copies``: input records that take this output's gradient (inputs handed back
-    unchanged)."""
+    unchanged). Per backward pass: ``need0`` contributions are expected, ``task`` is the
+    graph task id of the pass being collected; ``cum`` the sum delivered over the passes
+    so far (kept only while a pass retaining its graph runs), ``passes`` how many were
+    delivered."""
 
-    __slots__ = ("side", "paths", "need", "total", "internal", "copies", "seen", "delivered")
+    __slots__ = ("side", "paths", "need", "total", "internal", "copies", "seen", "delivered",
+                 "need0", "task", "cum", "passes")
 
     def __init__(self, side: str, paths: list) -> None:
         self.side, self.paths = side, paths
@@ -103,18 +136,25 @@ class _Grad:
         self.copies: tuple = ()
         self.seen = False  # some contribution arrived (maybe None: no gradient along it)
         self.delivered = False
+        self.need0 = 0
+        self.task: Optional[int] = None
+        self.cum: Optional[torch.Tensor] = None
+        self.passes = 0
 
 
 class PendingBackward(CorePendingBackward):
     """The gradients of one forward call, collected while backward runs
     (:class:`msprobe.core.recorder.PendingBackward`, same arguments).
 
-    ``open`` holds the gradients still expected (:meth:`BackwardTaps.settle` delivers what
-    they have summed so far); ``expect_in``/``expect_out`` count the gradients expected
-    per side and ``fired_in``/``fired_out`` those arrived; ``keep`` holds the leaf gradient
-    accumulators hooked (see ``BackwardTaps._hook_accumulator``)."""
+    ``open`` holds every gradient the entry collects (:meth:`BackwardTaps.settle` delivers
+    what those of the current pass have summed so far); ``expect_in``/``expect_out`` count
+    the gradients expected per side and ``fired_in``/``fired_out`` those arrived in the
+    pass ``task`` (a graph task id); ``keep`` holds the leaf gradient accumulators hooked
+    (see ``BackwardTaps._hook_accumulator``); ``emitted``: the entry was written;
+    ``dirty``: a gradient arrived since."""
 
-    __slots__ = ("open", "expect_in", "expect_out", "fired_in", "fired_out", "keep", "__weakref__")
+    __slots__ = ("open", "expect_in", "expect_out", "fired_in", "fired_out", "keep", "task", "emitted",
+                 "dirty", "__weakref__")
 
     def __init__(self, **fields: Any) -> None:
         super().__init__(**fields)
@@ -122,6 +162,13 @@ class PendingBackward(CorePendingBackward):
         self.expect_in = self.expect_out = 0
         self.fired_in = self.fired_out = 0
         self.keep: tuple = ()
+        self.task: Optional[int] = None
+        self.emitted = self.dirty = False
+
+    def holds_sums(self) -> bool:
+        """Whether a later backward pass can still be added to this entry (some gradient
+        was kept)."""
+        return any(rec.cum is not None for rec in self.open)
 
 
 class TapState:
@@ -147,8 +194,14 @@ class BackwardTaps:
             ``"output"`` (w.r.t. a forward input).
     """
 
-    def __init__(self, on_grad: Callable[[PendingBackward, str, list, Optional[torch.Tensor]], None]) -> None:
+    def __init__(self, on_grad: Callable[..., None],
+                 on_lost: Optional[Callable[[PendingBackward], None]] = None) -> None:
+        """``on_grad(pending, side, paths, grad, count=True)``: ``count`` False for a pass's
+        partial sum delivered when the next pass begins. ``on_lost(pending)``: a gradient of
+        ``pending`` arrived that cannot be recorded (a later pass whose earlier sum was not
+        kept, or the entry was closed: its step ended)."""
         self._on_grad = on_grad
+        self._on_lost = on_lost
 
     @staticmethod
     def active() -> bool:
@@ -268,8 +321,10 @@ class BackwardTaps:
             if rec.need:
                 pending.expect_out += 1
                 pending.open.append(rec)
+            rec.need0 = rec.need
         for _, _, _, rec, _ in out_records:
             rec.need += 1
+            rec.need0 = rec.need
             pending.expect_in += 1
             pending.open.append(rec)
 
@@ -316,7 +371,21 @@ class BackwardTaps:
         node.register_prehook(partial(_weak_prehook, self, weakref.ref(pending), rec))
 
     # --- delivery --------------------------------------------------------------------------
+    def _begin(self, pending: PendingBackward, rec: _Grad) -> None:
+        """Start collecting ``rec`` for the running backward pass if it is a new one (the
+        previous pass's partial sum, if any, is delivered first)."""
+        task = graph_task_id()
+        if rec.task == task:
+            return
+        if rec.task is not None and rec.seen and not rec.delivered:
+            self._deliver(pending, rec, count=False)
+        rec.task = task
+        rec.need = rec.need0
+        rec.total = rec.internal = None
+        rec.seen = rec.delivered = False
+
     def _add(self, pending: PendingBackward, rec: _Grad, grad: Optional[torch.Tensor]) -> None:
+        self._begin(pending, rec)
         if rec.delivered:
             return
         if isinstance(grad, torch.Tensor):
@@ -326,23 +395,30 @@ class BackwardTaps:
         if rec.need <= 0:
             self._deliver(pending, rec)
 
-    def _deliver(self, pending: PendingBackward, rec: _Grad) -> None:
+    def _deliver(self, pending: PendingBackward, rec: _Grad, count: bool = True) -> None:
+        """Deliver ``rec``'s sum for this pass, added to the earlier passes' (``count``
+        False: a partial sum delivered late, not counted towards the entry's completion)."""
         rec.delivered = True
         grad, rec.total = rec.total, None
         if rec.internal is not None and grad is not None:
             with torch.no_grad():
                 grad = _SUB(grad, rec.internal)
         rec.internal = None
-        try:
-            pending.open.remove(rec)
-        except ValueError:
-            pass
-        self._on_grad(pending, rec.side, rec.paths, grad)
+        this_pass = grad
+        if rec.passes:
+            if rec.cum is None:  # the earlier passes' sum was not kept: cannot add this one
+                if grad is not None and self._on_lost is not None:
+                    self._on_lost(pending)
+                return
+            grad = rec.cum if grad is None else _sum(rec.cum, grad)
+        rec.passes += 1
+        rec.cum = grad if _RETAINING[0] > 0 else None
+        self._on_grad(pending, rec.side, rec.paths, grad, count)
         for copy in rec.copies:
-            self._add(pending, copy, grad)
+            self._add(pending, copy, this_pass)
 
     def settle(self, pending: PendingBackward) -> None:
-        """Deliver what the gradients still expected by ``pending`` have summed so far (at
+        """Deliver what the gradients of ``pending``'s current pass have summed so far (at
         step end: a consumer node autograd did not run contributes nothing); a gradient
         none of whose nodes ran stays missing."""
         for rec in list(pending.open):
@@ -469,6 +545,8 @@ def _posthook(taps: BackwardTaps, pending: PendingBackward, tasks: list, grad_in
     edge ``j``). Outputs come first: the entry is complete once its inputs' gradients are
     in. (The call's own consumers of an output are other nodes, which run before it.)"""
     if pending.done:
+        if taps._on_lost is not None and any(isinstance(g, torch.Tensor) for g in grad_outputs):
+            taps._on_lost(pending)  # a later pass the entry cannot take (see on_lost)
         return
     for kind, index, rec in tasks:
         if kind == "out":
@@ -481,6 +559,7 @@ def _posthook(taps: BackwardTaps, pending: PendingBackward, tasks: list, grad_in
             continue
         grad = grad_inputs[index] if index < len(grad_inputs) else None
         if kind == "internal":
+            taps._begin(pending, rec)
             if not rec.delivered and isinstance(grad, torch.Tensor):
                 rec.internal = grad if rec.internal is None else _sum(rec.internal, grad)
             continue

@@ -40,6 +40,7 @@ from msprobe.pytorch.debug_save import DebugSaver
 from msprobe.pytorch.module_hooks import hook_module, install_module_hooks
 from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
+from msprobe.pytorch.references import References
 from msprobe.pytorch.replay import InputReplay
 from store.export import TENSOR_DIR
 
@@ -82,6 +83,15 @@ def _as_models(model: Any, level: str, why: Optional[str] = None) -> tuple[list[
                       detail=why or f"level {level} records modules")
 
 
+def _modules_of(model: Any) -> list[torch.nn.Module]:
+    """``model`` as a list of modules where it is a module or a list/tuple of them, else []."""
+    if isinstance(model, torch.nn.Module):
+        return [model]
+    if isinstance(model, (list, tuple)):
+        return [m for m in model if isinstance(m, torch.nn.Module)]
+    return []
+
+
 class PrecisionDebugger:
     """Records a PyTorch training run (spec section 6.1, with the fixes of section 9).
 
@@ -122,6 +132,7 @@ class PrecisionDebugger:
         self._replay_handles: Optional[HandleGroup] = None
         self._replay_models: list[weakref.ref] = []
         self._api_handles: Optional[HandleGroup] = None
+        self._references: Optional[References] = None
         self._model_handles: Optional[HandleGroup] = None
         self._hooked_models: list[weakref.ref] = []
         self._dump_module_handles: Optional[HandleGroup] = None
@@ -215,10 +226,14 @@ class PrecisionDebugger:
         self.recorder.leaves.memo.clear()
         if not self.session.start(rank, rank_dir, world_size):
             return
-        if level in _API_LEVELS and self._api_handles is None:
+        if self._api_handles is None:
             self._api_handles = HandleGroup()
-            self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward))
-            self._api_handles.add(install_api_hooks(self._api_specs, self.recorder))
+            self._api_handles.add(install_autograd_guard(self.session, after=self._after_backward,
+                                                         before=self._before_backward))
+            if level in _API_LEVELS:
+                targets: dict = {}
+                self._api_handles.add(install_api_hooks(self._api_specs, self.recorder, targets))
+                self._references = References(targets, self._api_handles)
         if models:
             hooked = [ref() for ref in self._hooked_models]
             if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
@@ -226,6 +241,10 @@ class PrecisionDebugger:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
                 self._hooked_models = [weakref.ref(m) for m in models]
+        if self._references is not None:  # functions held by reference (msprobe.pytorch.references)
+            with self.recorder.guarded():
+                self._references.scan(models or _modules_of(model))
+        self._before_backward()
 
     def _start_replay(self, model: Any) -> None:
         """``load``: hook ``model``'s modules named in ``load.modules`` (again when the
@@ -242,6 +261,14 @@ class PrecisionDebugger:
             self._replay_handles = handles
             self._replay_models = [weakref.ref(m) for m in models]
         self._replay.begin(self.session.step, _current_rank()[0])
+
+    def _before_backward(self) -> None:
+        """A backward pass starts (and at ``start()``): parameters that require grad since
+        the hooks were installed get their gradient hooks (msprobe.pytorch.grad_hooks)."""
+        recorder = self.recorder
+        if len(recorder.frozen):
+            with recorder.guarded():
+                recorder.frozen.sweep()
 
     def _after_backward(self) -> None:
         """A backward pass returned. Under torch.distributed, DDP's reducer has allreduced the
@@ -353,6 +380,7 @@ class PrecisionDebugger:
             if handles is not None:
                 handles.remove()
         self._api_handles = self._model_handles = None
+        self._references = None
         self._hooked_models = []
 
     def _remove_all_hooks(self) -> None:

@@ -282,7 +282,7 @@ class LeafBuilder:
             memo = self.memo
             # an opaque view (null statistics) has the memo key of its whole tensor when
             # dense (layout_free): neither may take the other's value
-            remember = not opaque(t)
+            remember = t.layout is _STRIDED and not opaque(t)
             hit = memo.get(t) if remember else None
             if hit is not None:
                 st, crc = hit

@@ -76,11 +76,11 @@ def root_prefixes(models: Sequence[torch.nn.Module], indexed: bool) -> list[tupl
     own parameters' gradients are, as ``Module.model.{Class}.parameters_grad``
     (``Module.{i}.{Class}`` for a list of models), the name a model without submodules
     has. An ``OptimizedModule`` root has no parameters of its own (its ``_orig_mod``'s are
-    recorded under that child's name)."""
+    recorded under that child's name). Parameters that do not require grad yet are
+    included (:class:`msprobe.pytorch.grad_hooks.FrozenParameters`)."""
     out = []
     for i, model in enumerate(models):
-        if any(True for _ in model.children()) and any(
-                p.requires_grad for _, p in model.named_parameters(recurse=False)):
+        if any(True for _ in model.children()) and any(True for _ in model.named_parameters(recurse=False)):
             out.append((f"Module.{i if indexed else 'model'}.{type(model).__name__}", model))
     return out
 

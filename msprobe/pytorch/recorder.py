@@ -13,6 +13,7 @@ they never propagate into the training script.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Optional
 
 import torch
@@ -23,7 +24,8 @@ from msprobe.core.filters import NameList
 from msprobe.core.recorder import Frame, Plan, RecorderCore
 from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
-from msprobe.pytorch.backward import BackwardTaps, PendingBackward
+from msprobe.pytorch.backward import BackwardTaps, PendingBackward, graph_task_id
+from msprobe.pytorch.grad_hooks import FrozenParameters
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.leaves import HoldingLeafBuilder, LeafBuilder, is_structseq
 from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
@@ -31,6 +33,8 @@ from msprobe.pytorch.payload import PayloadCapture
 from store import schema
 from store.records import Call, null_leaf
 
+
+logger = logging.getLogger("msprobe")
 
 _current_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
 #: True while torch.jit.trace runs the model (nothing is recorded then)
@@ -98,9 +102,12 @@ class Recorder(RecorderCore):
         # at L0 and debug nothing clears it between module hooks / save() calls
         if cfg.level not in ("L1", "mix"):
             self.leaves.memo.enabled = False
-        self.taps = BackwardTaps(self._on_grad)
+        self.taps = BackwardTaps(self._on_grad, self._lost_pass)
+        self._lost_warned = False  # a later backward pass could not be summed (said once)
+        self._late_warned = False  # gradients arrived after their step ended (said once)
         self.modules_bwd: set[str] = set()   # module prefixes whose backward is recorded this step
         self.root_prefixes: set[str] = set()  # roots whose own parameters' gradients are recorded
+        self.frozen = FrozenParameters()  # parameters of hooked modules waiting to require grad
         self.ancestors: dict[str, tuple[str, ...]] = {}  # module prefix -> prefixes of the hooked modules containing it
         self.exclusive: Optional[str] = None  # module_dump: the only module prefix recorded
         self._closing: Optional[str] = None   # name of the scope's last entry, while it starts
@@ -400,7 +407,11 @@ class Recorder(RecorderCore):
         if pending.expect_in or pending.expect_out:
             self.pending[id(pending)] = pending
 
-    def _on_grad(self, pending: PendingBackward, side: str, paths: list, grad: Optional[torch.Tensor]) -> None:
+    def _on_grad(self, pending: PendingBackward, side: str, paths: list, grad: Optional[torch.Tensor],
+                 count: bool = True) -> None:
+        """A gradient of ``pending`` (summed over this step's backward passes so far) for
+        the slots ``paths`` of ``side``; ``count`` False: not counted towards the pass's
+        completion (see :meth:`BackwardTaps._deliver`)."""
         with self.guarded():
             if not self.accepts_grad(pending):
                 return
@@ -415,6 +426,13 @@ class Recorder(RecorderCore):
                     else:  # async placeholders are resolved by identity: one per slot
                         grads[p] = self.gatherer.replace(self.leaves.tensor_leaf(side, p, grad),
                                                          value_json=alias_text(side, paths[0]))
+            pending.dirty = True
+            if not count:
+                return
+            task = graph_task_id()
+            if pending.task != task:  # a new backward pass over this entry
+                pending.task = task
+                pending.fired_in = pending.fired_out = 0
             if side == "output":
                 pending.fired_out += 1
                 complete = pending.fired_out >= pending.expect_out
@@ -424,11 +442,39 @@ class Recorder(RecorderCore):
             if complete:
                 self._emit_pending(pending)
 
-    def _emit_pending(self, pending: PendingBackward) -> None:
-        pending.done = True
-        self.pending.pop(id(pending), None)
-        if pending.keys and (pending.fired_in or pending.fired_out):
+    def _emit_pending(self, pending: PendingBackward, final: bool = False) -> None:
+        """Write the backward entry (again, under the same name, after a later pass); it
+        stays open for later passes while it keeps sums (:meth:`PendingBackward.holds_sums`)
+        and the step lasts (``final`` False)."""
+        first = not pending.emitted
+        pending.emitted = True
+        if pending.keys and (pending.dirty or (first and (pending.fired_in or pending.fired_out))):
             self.emit(pending.to_call())
+        pending.dirty = False
+        if final or not pending.holds_sums():
+            pending.done = True
+            pending.keep = ()
+            self.pending.pop(id(pending), None)
+        else:
+            self.pending[id(pending)] = pending
+
+    def _lost_pass(self, pending: PendingBackward) -> None:
+        """A gradient of ``pending`` arrived that cannot be recorded: a later backward pass
+        whose earlier sum was not kept (the entry keeps the earlier passes' gradients), or
+        one after the entry's step ended. Each is said once per debugger."""
+        if not self.session.open_step(pending.step):
+            if not (self._late_warned or self.session.failed or self.session.disabled):
+                self._late_warned = True
+                logger.warning("msprobe: a backward pass reached %s after step() ended step %d; gradients "
+                               "arriving after their step ended are not recorded", pending.name, pending.step)
+            return
+        if self._lost_warned:
+            return
+        self._lost_warned = True
+        logger.warning("msprobe: a further backward pass in step %d reached %s after its entry was written; "
+                       "its gradients are not added to it (nor to other entries in the same case): run the "
+                       "earlier passes with retain_graph=True (or create_graph=True) through "
+                       "torch.autograd.backward/grad to have them summed", pending.step, pending.name)
 
     def flush_pending(self) -> None:
         """Emit the backward entries still incomplete (some gradient never arrived)."""
@@ -437,7 +483,9 @@ class Recorder(RecorderCore):
                 if not pending.done and self.session.open_step(pending.step):
                     self.taps.settle(pending)
                     if not pending.done:
-                        self._emit_pending(pending)
+                        self._emit_pending(pending, final=True)
+                pending.done = True
+                pending.keep = ()
         self.pending.clear()
         self.leaves.memo.clear()
         self.drain()

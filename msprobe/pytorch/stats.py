@@ -3,7 +3,9 @@
 =====================  =====================  ==================================
 tensor                 Max / Min              Mean / Norm
 =====================  =====================  ==================================
-empty, meta, sparse    null                   null
+empty, meta           null                   null
+sparse (COO, CSR, CSC, over the matrix it represents: stored values and
+BSR, BSC)              implicit zeros (:func:`sparse_stats`), never densified
 bool                   any() / all()          null
 complex                max/min of ``|z|``     mean of ``|z|`` / sqrt(sum ``|z|**2``)
 float16/bfloat16/fp32  exact, source dtype    host: float64 (native pass; without
@@ -257,6 +259,8 @@ def tensor_stats(t: torch.Tensor, *, high: bool = False) -> TensorStats:
     tensor (``torch.qint8``...) gets the statistics of its dequantized values
     (:func:`computable`).
     """
+    if t.layout in SPARSE_LAYOUTS:
+        return sparse_stats(t, high=high)
     if not has_data(t):
         return TensorStats()
     t = materialized(t)
@@ -305,6 +309,53 @@ def tensor_stats(t: torch.Tensor, *, high: bool = False) -> TensorStats:
             _except_inf_nan(x, s)
         else:
             _rescaled(x, s)
+    return s
+
+
+#: layouts whose stored values stand for a larger matrix with implicit zeros
+SPARSE_LAYOUTS = frozenset((torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc))
+
+
+def sparse_stats(t: torch.Tensor, *, high: bool = False) -> TensorStats:
+    """The statistics of the matrix a sparse tensor (:data:`SPARSE_LAYOUTS`) represents,
+    from its stored values, without densifying it: Max/Min over the stored values and,
+    when some elements are not stored, the implicit zeros; Mean = sum of the stored values
+    / ``t.numel()``; Norm = sqrt(sum of the squared stored values) (the zeros add nothing).
+    An uncoalesced COO tensor is coalesced first (duplicate indices add up, as in the
+    matrix). Stored values are reduced by :func:`tensor_stats` (float64 sums), so a hybrid
+    tensor's dense dimensions and block layouts' blocks count element by element. bool:
+    Max = any, Min = all (False when a zero is implicit). Meta tensors and empty ones give
+    null statistics; ``Max_except_inf_nan``/``Min_except_inf_nan`` include the implicit
+    zeros (which are finite)."""
+    numel = t.numel()
+    if numel == 0 or t.device.type == "meta":
+        return TensorStats()
+    with torch.no_grad():
+        x = t.detach()
+        if x.layout is torch.sparse_coo and not x.is_coalesced():
+            x = x.coalesce()
+        values = x.values()
+    stored = values.numel()
+    zeros = stored < numel
+    if stored == 0:
+        s = TensorStats()
+        s.max = s.min = 0.0
+        s.mean = s.norm = None if t.dtype == torch.bool else 0.0
+        s.has_nan = s.has_inf = False
+        return s
+    s = tensor_stats(values.reshape(-1), high=high)
+    if s.max is None or not zeros:
+        return s
+    if t.dtype == torch.bool:
+        s.min = 0.0
+        return s
+    s.max = s.max if math.isnan(s.max) else max(s.max, 0.0)
+    s.min = s.min if math.isnan(s.min) else min(s.min, 0.0)
+    if s.mean is not None:
+        s.mean = s.mean * stored / numel
+    if s.max_finite is not None:  # stored values hold NaN or Inf: the zeros are finite
+        s.max_finite = 0.0 if math.isnan(s.max_finite) else max(s.max_finite, 0.0)
+        s.min_finite = 0.0 if math.isnan(s.min_finite) else min(s.min_finite, 0.0)
     return s
 
 

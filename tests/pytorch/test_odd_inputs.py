@@ -104,7 +104,7 @@ def test_nan_and_inf_are_reported(tmp_path, errors):
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
-def test_meta_and_sparse_tensors_are_recorded_without_data(tmp_path, errors):
+def test_meta_and_sparse_tensors_are_recorded(tmp_path, errors):
     meta = torch.empty(2, 5, device="meta")
     coo = torch.eye(3).to_sparse()
     csr = torch.eye(3).to_sparse_csr()
@@ -117,7 +117,13 @@ def test_meta_and_sparse_tensors_are_recorded_without_data(tmp_path, errors):
     for name, shape in (("Torch.add.0.forward", [2, 5]), ("Torch.mul.0.forward", [3, 3]), ("Torch.mul.1.forward", [3, 3])):
         rec = data[name]["output"][0]
         assert rec["type"] == "torch.Tensor" and rec["shape"] == shape and rec["dtype"] == "torch.float32"
-        assert [rec[k] for k in ("Max", "Min", "Mean", "Norm")] == [None] * 4
+    rec = data["Torch.add.0.forward"]["output"][0]
+    assert [rec[k] for k in ("Max", "Min", "Mean", "Norm")] == [None] * 4
+    # sparse: the statistics of the matrix (tests/pytorch/test_sparse_stats.py)
+    for name, k in (("Torch.mul.0.forward", 2.0), ("Torch.mul.1.forward", 3.0)):
+        rec = data[name]["output"][0]
+        assert [rec[x] for x in ("Max", "Min", "Mean")] == [k, 0.0, k / 3]
+        assert rec["Norm"] == pytest.approx(k * 3 ** 0.5, rel=1e-15)
     assert torch.equal(outs[1].to_dense(), torch.eye(3) * 2)
     assert torch.equal(outs[2].to_dense(), torch.eye(3) * 3)
 
