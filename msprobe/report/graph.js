@@ -22,7 +22,8 @@ function graphLabel(name) {
 }
 
 // modelGraph(container, opts) -> {setNodes, redraw, expand, expandAll, collapseAll, select, search}
-// opts.colour(node) -> fill colour; opts.onSelect(node); opts.title(node) -> hover text.
+// opts.colour(node) -> fill colour; opts.onSelect(node); opts.title(node) -> hover text;
+// opts.nodeClass(node) -> extra class names of the node's <g>.
 // nodes: [{name, parent (name or null), kind}] in call order. The SVG's <g class="node">
 // elements carry data-name; the container's data-nodes is the number of nodes given.
 function modelGraph(container, opts) {
@@ -164,7 +165,7 @@ function modelGraph(container, opts) {
       } else {
         const n = it.node;
         box.setAttribute("class", "node" + (n.kind === "api_forward" ? " api" : "") + (n.name === selected ? " selected" : "") +
-          (matches.includes(n.name) ? " hit" : ""));
+          (matches.includes(n.name) ? " hit" : "") + (opts.nodeClass ? " " + opts.nodeClass(n) : ""));
         box.dataset.name = n.name;
         const fill = opts.colour(n);
         const r = svgEl("rect", {width: b.width, height: b.height, rx: n.kind === "api_forward" ? 10 : 3, fill});
