@@ -202,6 +202,7 @@ function main() {
   pickStep.addEventListener("change", draw);
   if (D.ranks.length) fillSteps();
   draw();
+  document.body.dataset.readyMs = String(Math.round(performance.now()));   // since navigation start
   document.body.dataset.ready = "1";
 }
 main();

@@ -242,6 +242,7 @@ function main() {
   if (D.ranks.length) fillSteps();
   draw();
   largest(D, document.getElementById("largest"));
+  document.body.dataset.readyMs = String(Math.round(performance.now()));   // since navigation start
   document.body.dataset.ready = "1";
 }
 main();

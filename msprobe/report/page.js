@@ -50,7 +50,7 @@ function table(rows, columns, cell) {
       const custom = cell ? cell(r, k) : undefined;
       if (custom !== undefined) { tr.append(el("td", {}, custom)); continue; }
       const v = r[k];
-      tr.append(kind === "num" ? el("td", {class: "num", text: fmt(v)})
+      tr.append(kind === "num" ? el("td", {class: "num", text: fmt(v), "data-value": v === null || v === undefined ? "" : String(v)})
                                : el("td", {text: v === null || v === undefined ? "—" : String(v)}));
     }
     t.append(tr);
