@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from msprobe.compare import compare
 
@@ -65,4 +66,67 @@ def test_compare_graph_origin_and_both_runs(browser, gelu_two_steps):
     assert "largest e/tol of the outputs (log scale)" in browser.js(
         "[...document.querySelectorAll('.e-plot svg text')].map(t => t.textContent)")
     assert browser.js("document.querySelectorAll('.e-plot .hline').length") == 1
+    assert browser.errors == []
+
+
+class _Dense(torch.nn.Linear):
+    """``nn.Linear`` under the class name ``Dense`` (a MindSpore-like name), its output
+    scaled by ``factor``."""
+
+    factor = 1.0
+
+    def forward(self, x):
+        return super().forward(x) * self.factor
+
+
+_Dense.__name__ = "Dense"
+
+
+def _record_l0(path: Path, target: bool) -> Path:
+    """Two steps of fc1 → tanh → fc2, level L0; the target's layers are ``Dense`` with fc2's
+    output scaled by 1 + 1e-3, the baseline's ``Linear``."""
+    from msprobe.pytorch import PrecisionDebugger
+
+    torch.manual_seed(0)
+    layer = _Dense if target else torch.nn.Linear
+    net = torch.nn.Sequential()
+    net.add_module("fc1", layer(8, 16))
+    net.add_module("act", torch.nn.Tanh())
+    net.add_module("fc2", layer(16, 4))
+    if target:
+        net.fc2.factor = 1 + 1e-3
+    x = torch.randn(4, 8)
+    config = path.parent / f"{path.name}.json"
+    config.write_text(json.dumps({"task": "statistics", "dump_path": str(path), "level": "L0"}))
+    debugger = PrecisionDebugger(config_path=str(config))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        debugger.start(model=net)
+        net(x).pow(2).mean().backward()
+        debugger.stop()
+        debugger.step()
+        opt.step()
+        opt.zero_grad()
+    debugger.close()
+    return path
+
+
+def test_mapped_names_are_the_targets_once_everywhere(browser, tmp_path):
+    target, baseline = _record_l0(tmp_path / "dense", True), _record_l0(tmp_path / "linear", False)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("layer:\n  Dense: Linear\n")
+    summary = compare(target, baseline, out=tmp_path / "out", formats="summary,html", mapping=mapping).summary
+    origin = summary["ranks"][0]["first_origin"]
+    assert origin["name"] == "Module.fc2.Dense.forward.0" and origin["baseline_name"] == "Module.fc2.Linear.forward.0"
+    browser.open(tmp_path / "out" / "report.html")
+    assert browser.js("document.body.dataset.ready") == "1" and browser.errors == []
+    assert browser.js("document.querySelector('.first-origin .call-name').textContent") == origin["name"]
+    calls = browser.js("[...document.querySelectorAll('table.calls tr')].slice(1).map(r => r.cells[1].innerText.split('\\n'))")
+    assert [origin["name"], f"baseline: {origin['baseline_name']}"] == calls[0][:2]
+    assert all("Linear" not in lines[0] for lines in calls)
+    tree = browser.js("[...document.querySelectorAll('.tree [data-name]')].map(e => e.dataset.name)")
+    assert tree.count(origin["name"]) == 1 and all(".Dense." in n for n in tree if n.startswith("Module.fc"))
+    assert browser.js("[...document.querySelectorAll('#graph .node.verdict-origin')].map(e => e.dataset.name)") == [origin["name"]]
+    # the dashed line at the origin's call index
+    assert browser.js("document.querySelectorAll('.e-plot line[stroke-dasharray=\"4\"]').length") == 1
     assert browser.errors == []
