@@ -155,7 +155,7 @@ function heatmap(container, heat, rowLabel, valueLabel, markColumn) {
   const total = pageWidth();
   const longest = Math.max(...rows.map((r) => measure.measureText(r.replace(/^(Module|Cell)\./, "")).width));
   const left = Math.ceil(Math.min(longest + 12, total * 0.45)), top = 8, bottom = 40;
-  const cw = Math.max(2, Math.min(160, Math.floor((total - left - 10) / cols.length)));
+  const cw = Math.max(2, Math.min(400, Math.floor((total - left - 10) / cols.length)));
   const ch = Math.max(2, Math.min(16, Math.floor(640 / rows.length)));
   const dpr = window.devicePixelRatio || 1;
   const W = left + cols.length * cw + 10, H = top + rows.length * ch + bottom;
