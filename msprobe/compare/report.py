@@ -19,10 +19,11 @@ the details the first :data:`MAX_DETAIL_TENSORS` tensors; the page says so.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
-from msprobe.report.data import plain
+from msprobe.report.data import _short, plain
 from msprobe.report.page import render
 
 __all__ = ["MAX_PLOTTED", "MAX_ROWS", "MAX_GRAPH_STEPS", "MAX_DETAIL_TENSORS", "write_html"]
@@ -30,7 +31,7 @@ __all__ = ["MAX_PLOTTED", "MAX_ROWS", "MAX_GRAPH_STEPS", "MAX_DETAIL_TENSORS", "
 MAX_PLOTTED = 5000
 MAX_ROWS = 2000
 MAX_GRAPH_STEPS = 200
-MAX_DETAIL_TENSORS = 50000
+MAX_DETAIL_TENSORS = 20000
 _VERDICTS = ("pass", "propagated", "origin", "unpaired")
 
 _BODY = """<h1 id='title'>msprobe compare</h1>
@@ -114,8 +115,11 @@ def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
     spaced) as graph nodes ``[name, parent index or -1, kind, stack id, baseline name,
     TARGET name as the tables hold it (mapped) or None]``
     (order of first call) and per step ``[node index, verdict, e, e/tol, call index i]``;
-    ``details`` maps ``i`` to the rows of both runs' tensors of that call
-    (:data:`_DETAIL_COLUMNS`), for the first :data:`MAX_DETAIL_TENSORS` tensors."""
+    ``details`` maps ``i`` to the rows of both runs' tensors of that call (outputs; inputs
+    too for a call that did not pass)
+    (:data:`_DETAIL_COLUMNS`; statistics to 7 significant digits, float32's precision;
+    relative errors to 4; the baseline's dtype and shape None where they equal the
+    target's), for the first :data:`MAX_DETAIL_TENSORS` tensors."""
     forward = [c for c in rows if c["kind"] in ("module_forward", "api_forward")]
     steps = sorted({c["step"] for c in rows})
     steps_total = len(steps)
@@ -137,6 +141,7 @@ def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
     for node in nodes:
         node[1] = index.get(node[1], -1) if node[1] is not None else -1
     calls = {(c["step"], c["mapped"], c["b_name"]): c["i"] for c in forward if c["step"] in kept}
+    passing = {c["i"] for c in forward if c["verdict"] == "pass"}
     details: dict[str, list] = {}
     cols = ", ".join(_DETAIL_COLUMNS)
     cur = con.execute(f"""SELECT step, t_call, b_call, {cols} FROM tensors
@@ -146,7 +151,16 @@ def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
     for step, t_call, b_call, *values in got[:MAX_DETAIL_TENSORS]:
         i = calls.get((step, t_call, b_call))
         if i is not None:
-            details.setdefault(str(i), []).append(values)
+            row = dict(zip(_DETAIL_COLUMNS, values))
+            if i in passing and not row["io"].startswith("output"):
+                continue
+            for side in ("dtype", "shape"):   # the baseline's only where it differs
+                if row[f"b_{side}"] == row[f"t_{side}"]:
+                    row[f"b_{side}"] = None
+            for key in ("max_rel_pct", "min_rel_pct", "mean_rel_pct", "norm_rel_pct"):
+                if isinstance(row[key], float) and math.isfinite(row[key]):
+                    row[key] = float(f"{row[key]:.4g}")
+            details.setdefault(str(i), []).append([_short(v) if isinstance(v, float) else v for v in row.values()])
     return {"nodes": nodes, "steps": steps, "steps_total": steps_total, "stats": stats, "details": details,
             "detail_columns": list(_DETAIL_COLUMNS), "details_cut": len(got) > MAX_DETAIL_TENSORS,
             "stack_ids": sorted({n[3] for n in nodes if n[3] is not None})}

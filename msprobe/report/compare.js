@@ -82,7 +82,10 @@ function compareDetails(D, R, step, n, box) {
   if (tensors.length) {
     const rows = [];
     for (const t of tensors) {
-      const head = `${t.io} ${t.arg} · ${t.t_dtype || t.b_dtype || ""} ${JSON.stringify(t.t_shape || t.b_shape || [])} · e ${fmt(t.e)}, tol ${fmt(t.tol)} · ${t.verdict}`;
+      const side = (k) => t["t_" + k] === null || t["t_" + k] === undefined ? t["b_" + k] : t["t_" + k];
+      const differs = (t.b_dtype !== null && t.t_dtype !== null) || (t.b_shape !== null && t.t_shape !== null)
+        ? ` (baseline ${t.b_dtype || t.t_dtype || ""} ${JSON.stringify(t.b_shape || t.t_shape || [])})` : "";
+      const head = `${t.io} ${t.arg} · ${side("dtype") || ""} ${JSON.stringify(side("shape") || [])}${differs} · e ${fmt(t.e)}, tol ${fmt(t.tol)} · ${t.verdict}`;
       rows.push({head, stat: "Max", t: t.t_max, b: t.b_max, rel: t.max_rel_pct});
       rows.push({head: "", stat: "Min", t: t.t_min, b: t.b_min, rel: t.min_rel_pct});
       rows.push({head: "", stat: "Mean", t: t.t_mean, b: t.b_mean, rel: t.mean_rel_pct});

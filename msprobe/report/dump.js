@@ -97,7 +97,7 @@ function graphSection(D, rank, step, box, state) {
   }
   function drawLegend() {
     legend.replaceChildren();
-    if (col() === "flag") legend.append(el("span", {style: `color:${FINITE_COLOUR};text-shadow:0 0 1px #555`, text: "■ finite outputs"}));
+    if (col() === "flag") legend.append(el("span", {}, el("span", {class: "swatch", style: `background:${FINITE_COLOUR}`}), "finite outputs"));
     else {
       const bar = el("canvas", {width: "160", height: "10"}), bg = bar.getContext("2d");
       for (let k = 0; k < 160; k++) { bg.fillStyle = ramp(k / 159); bg.fillRect(k, 0, 1, 10); }

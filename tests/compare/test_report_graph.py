@@ -58,8 +58,8 @@ def test_compare_graph_origin_and_both_runs(browser, gelu_two_steps):
             t_leaf, b_leaf = t_json[step][origin["name"]][io][0], b_json[step][origin["name"]][io][0]
             for (stat, t_text, b_text), expected in zip(rows[4 * k: 4 * k + 4], STATS):
                 assert stat == expected
-                assert float(t_text) == pytest.approx(t_leaf[stat], rel=1e-12)
-                assert float(b_text) == pytest.approx(b_leaf[stat], rel=1e-12)
+                assert float(t_text) == pytest.approx(t_leaf[stat], rel=1e-6)   # 7 significant digits
+                assert float(b_text) == pytest.approx(b_leaf[stat], rel=1e-6)
         if step == 1:   # step 1's values differ from step 0's (the weights moved)
             assert float(rows[4][1]) != pytest.approx(t_json[0][origin["name"]]["output"][0]["Max"], rel=1e-9)
     # the plot: e in units of tolerance, a dotted line at 1, the dashed line at the origin
