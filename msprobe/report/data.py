@@ -20,7 +20,9 @@ strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; see :func:`plain`), which
   one, named by its first entry (rank, entry name, io, arg) with the other entries
   holding it in ``seen_in``; a row covers the steps where that first entry holds it;
 - a *Norm jump* is a tensor (same rank, entry name, io and arg) whose Norm changed by at
-  least ``jump`` times between two consecutive recorded steps.
+  least ``jump`` times between two consecutive recorded steps; jumps between the same
+  steps from and to the same Norms (one tensor handed on) are one row, named by the first
+  entry, the others in ``seen_in``.
 
 Big dumps are reduced before they are embedded: at most ``max_rows`` rows per heat map
 (taken evenly along execution order) and at most ``max_steps`` columns (consecutive
@@ -263,11 +265,19 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
         WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
                           lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
                           lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
-                   FROM tensors WHERE norm IS NOT NULL)
-        SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio
-        FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
-                 AND greatest(norm / previous, previous / norm) >= ?
+                   FROM tensors WHERE norm IS NOT NULL),
+             j AS (SELECT * FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
+                                     AND greatest(norm / previous, previous / norm) >= ?),
+             one AS (SELECT rank, previous_step, step, previous, norm, min(seq) AS seq,
+                            arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
+                            list(DISTINCT name ORDER BY name) AS names
+                     FROM j GROUP BY rank, previous_step, step, previous, norm)
+        SELECT rank, previous_step, step, first.name AS name, first.io AS io, first.arg AS arg, previous, norm,
+               norm / previous AS ratio, names AS seen_in
+        FROM one
         ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq, io, arg LIMIT ?""", [jump, limit])
+    for row in jumps:
+        row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
 
@@ -283,8 +293,9 @@ def collect(
         threshold: a tensor is listed under "largest values" when ``|Max|`` or ``|Min|``
             is at least this.
         jump: a Norm jump is a change by at least this factor between recorded steps.
-        max_rows, max_steps: heat map size limits (rows sampled, steps binned beyond them).
-        max_tree: most nodes in the module tree (modules kept first, then APIs dropped).
+        max_rows, max_steps: heat map size limits (rows sampled, steps binned beyond them);
+            ``max_steps`` also caps the steps of the graph (evenly spaced beyond it).
+        max_tree: most distinct calls in the graph and module tree (beyond it, modules only).
         movers: how many parameter-gradient lines to draw.
         progress: called with the name of each part as it starts (for a progress bar).
     Returns:

@@ -208,8 +208,10 @@ function largest(D, box) {
     ["also", "also in", "num"], ["also_names", "e.g."]], null, "extremes") : el("p", {class: "note", text: "none"}));
   if (L.extremes.length === L.limit) box.append(el("p", {class: "note", text: `the ${L.limit} largest kept`}));
   box.append(el("h3", {text: `Norm jumps (×${fmt(L.jump)} or more between recorded steps)`}));
-  box.append(L.jumps.length ? dataTable(L.jumps, [["rank", "rank", "num"], ["previous_step", "from step", "num"], ["step", "to step", "num"], ["name", "entry"],
-    ["io", "io"], ["arg", "arg"], ["previous", "Norm before", "num"], ["norm", "Norm after", "num"], ["ratio", "ratio", "num"]], null, "jumps") : el("p", {class: "note", text: "none"}));
+  const jumps = L.jumps.map((r) => ({...r, also: r.seen_in.length, also_names: r.seen_in.slice(0, 3).join(", ") + (r.seen_in.length > 3 ? ", …" : "")}));
+  box.append(jumps.length ? dataTable(jumps, [["rank", "rank", "num"], ["previous_step", "from step", "num"], ["step", "to step", "num"], ["name", "entry"],
+    ["io", "io"], ["arg", "arg"], ["previous", "Norm before", "num"], ["norm", "Norm after", "num"], ["ratio", "ratio", "num"],
+    ["also", "also in", "num"], ["also_names", "e.g."]], null, "jumps") : el("p", {class: "note", text: "none"}));
   if (L.jumps.length === L.limit) box.append(el("p", {class: "note", text: `the ${L.limit} largest kept`}));
 }
 

@@ -146,6 +146,10 @@ def test_largest_values_and_norm_jumps(nan_dump):
     for row in largest["jumps"]:
         assert max(row["ratio"], 1 / row["ratio"]) >= 1.5
         assert row["ratio"] == pytest.approx(row["norm"] / row["previous"], rel=1e-12)
+    # one row per tensor handed on: no two rows jump between the same steps and Norms
+    jumps = collect(nan_dump, jump=1.0001)["largest"]["jumps"]
+    keys = [(r["rank"], r["previous_step"], r["step"], r["previous"], r["norm"]) for r in jumps]
+    assert len(keys) == len(set(keys)) and any(r["seen_in"] for r in jumps)
 
 
 def test_graph_is_construct_json_of_every_step_with_output_statistics(nan_dump):
