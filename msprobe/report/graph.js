@@ -2,8 +2,9 @@
 // collapsible boxes, laid out by dagre (vendor/dagre.min.js, @dagrejs/dagre, MIT). An expanded
 // module is a box holding its own node (at the top) and its children; the arrows join the
 // visible calls in call order (the data flow of a forward pass). Only what is open is laid
-// out: more than GRAPH_CHUNK children are shown in groups of GRAPH_CHUNK, and a run of more
-// than GRAPH_API_RUN API calls in one module is one group, each opened on a click.
+// out: a run of more than GRAPH_API_RUN API calls in one module is one group, and more than
+// GRAPH_CHUNK items are shown in groups of GRAPH_CHUNK (groups of groups beyond GRAPH_CHUNK
+// groups), each opened on a click.
 "use strict";
 
 const GRAPH_CHUNK = 40, GRAPH_API_RUN = 5;
@@ -51,7 +52,7 @@ function modelGraph(container, opts) {
   function setNodes(list) {
     nodes = list; byName = new Map(list.map((n) => [n.name, n])); kids = new Map(); roots = [];
     for (const n of list) {
-      if (n.parent !== null && n.parent !== undefined && byName.has(n.parent)) {
+      if (n.parent !== null && n.parent !== undefined && n.parent !== n.name && byName.has(n.parent)) {
         if (!kids.has(n.parent)) kids.set(n.parent, []);
         kids.get(n.parent).push(n);
       } else roots.push(n);
@@ -59,14 +60,30 @@ function modelGraph(container, opts) {
     container.dataset.nodes = String(list.length);
   }
 
-  // the items shown in one container: nodes, and groups of them ({group, id, members})
+  // groups of at most GRAPH_CHUNK items (groups of groups when there are more than GRAPH_CHUNK groups)
+  function chunk(parentId, list) {
+    if (list.length <= GRAPH_CHUNK) return list;
+    const size = Math.pow(GRAPH_CHUNK, Math.ceil(Math.log(list.length) / Math.log(GRAPH_CHUNK)) - 1);
+    const out = [];
+    for (let i = 0; i < list.length; i += size) {
+      const part = list.slice(i, i + size);
+      const count = part.reduce((s, p) => s + (p.group ? p.count : 1), 0);
+      out.push({group: true, id: `${parentId}#${i}`, members: chunk(`${parentId}#${i}`, part), count,
+        label: [`calls ${i + 1}–${i + part.length} of ${list.length}`, `${count} calls`]});
+    }
+    return out;
+  }
+
+  // the items shown in one container: nodes, and groups of them ({group, id, members, count})
   function items(parentId, children) {
     const out = [];
     let run = [];
     const flush = () => {
-      if (run.length > GRAPH_API_RUN) out.push({group: true, id: `${parentId}#api${out.length}`, members: run,
-        label: [`${run.length} API calls`, `${graphLabel(run[0].name)[0]} … ${graphLabel(run[run.length - 1].name)[0]}`]});
-      else out.push(...run);
+      if (run.length > GRAPH_API_RUN) {
+        const id = `${parentId}#api${out.length}`;
+        out.push({group: true, id, members: chunk(id, run), count: run.length,
+          label: [`${run.length} API calls`, `${graphLabel(run[0].name)[0]} … ${graphLabel(run[run.length - 1].name)[0]}`]});
+      } else out.push(...run);
       run = [];
     };
     for (const c of children) {
@@ -74,15 +91,7 @@ function modelGraph(container, opts) {
       flush(); out.push(c);
     }
     flush();
-    if (out.length <= GRAPH_CHUNK) return out;
-    const chunks = [];
-    for (let i = 0; i < out.length; i += GRAPH_CHUNK) {
-      const part = out.slice(i, i + GRAPH_CHUNK);
-      const members = part.flatMap((p) => p.group ? p.members : [p]);
-      chunks.push({group: true, id: `${parentId}#${i}`, members: part, count: members.length,
-        label: [`calls ${i + 1}–${i + part.length} of ${out.length}`, `${members.length} calls`]});
-    }
-    return chunks;
+    return chunk(parentId, out);
   }
 
   function nodeSize(label) {

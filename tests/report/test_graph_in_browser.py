@@ -98,3 +98,21 @@ def test_report_graph_nodes_children_values_and_steps(browser, nan_dump, tmp_pat
                " s.dispatchEvent(new Event('input')); })()")
     assert browser.js("[...document.querySelectorAll('#graph .node.hit')].map(e => e.dataset.name)") == ["Functional.linear.1.forward"]
     assert browser.errors == []
+
+
+def test_long_runs_of_api_calls_open_forty_at_a_time(browser, example_dump, tmp_path):
+    browser.open(write_report(example_dump, tmp_path / "report.html"))
+    assert browser.errors == []
+    construct = json.loads((example_dump / "step0" / "rank" / "construct.json").read_text())
+    top_apis = [n for n in forward_entries(construct) if construct[n] is None and not n.startswith("Module.")]
+    group = "[...document.querySelectorAll('#graph .group')].find(g => / API calls$/.test(g.querySelector('text').textContent))"
+    first = browser.js(f"{group}.querySelector('text').textContent")
+    run = int(first.split()[0])
+    assert run > 40 and run <= len(top_apis)
+    browser.js(f"{group}.dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+    chunks = browser.js("[...document.querySelectorAll('#graph .group:not(.open)')].map(g => g.querySelector('text').textContent)")
+    assert chunks[0] == f"calls 1–40 of {run}" and len(chunks) == -(-run // 40)
+    before = len(shown_names(browser))
+    browser.js("[...document.querySelectorAll('#graph .group:not(.open)')][0].dispatchEvent(new MouseEvent('click', {bubbles: true}))")
+    assert len(shown_names(browser)) == before + 40
+    assert browser.errors == []
