@@ -256,7 +256,7 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
                      FROM big GROUP BY rank, step, max, min, mean, norm, shape, crc)
         SELECT rank, first.name AS name, first.io AS io, first.arg AS arg, count(*) AS steps,
                min(step) AS first_step, max(max) AS max, min(min) AS min, max(largest) AS largest,
-               list_sort(list_distinct(flatten(list(names)))) AS seen_in
+               list_sort(list_distinct(flatten(list(names)))) AS seen_in, list(step ORDER BY step) AS step_list
         FROM one GROUP BY rank, first.name, first.io, first.arg
         ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
     for row in extremes:

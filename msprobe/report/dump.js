@@ -198,17 +198,22 @@ function moduleTree(D, rank, step, box) {
        (n) => `Norm ${fmt(n.norm)} · max|x| ${fmt(n.absmax)}${n.nonfinite ? " · NaN/Inf" : ""}`, null);
 }
 
-function largest(D, box) {
+function largest(D, box, rank, step, state) {
   const L = D.largest;
+  const only = el("input", {type: "checkbox", id: "largest-step-only"});
+  only.checked = !!state.stepOnly;
+  box.append(el("p", {}, el("label", {}, only, ` only rank ${rank}, step ${step} (the selectors at the top)`)));
+  only.addEventListener("change", () => { state.stepOnly = only.checked; box.replaceChildren(); largest(D, box, rank, step, state); });
+  const here = (r) => !state.stepOnly || (String(r.rank) === String(rank) && (r.step_list ? r.step_list.includes(step) : (r.step === step || r.previous_step === step)));
   box.append(el("h3", {text: `Values with |Max| or |Min| ≥ ${fmt(L.threshold)}`}));
   box.append(el("p", {class: "note", text: "One row per distinct tensor: a tensor handed on from call to call (same Max, Min, Mean, Norm, shape and CRC-32 in a step) is listed once, under its first entry; \"also in\" counts the other entries holding it. Steps: where it reaches the threshold. Click a header to sort."}));
-  const rows = L.extremes.map((r) => ({...r, also: r.seen_in.length, also_names: r.seen_in.slice(0, 3).join(", ") + (r.seen_in.length > 3 ? ", …" : "")}));
+  const rows = L.extremes.filter(here).map((r) => ({...r, also: r.seen_in.length, also_names: r.seen_in.slice(0, 3).join(", ") + (r.seen_in.length > 3 ? ", …" : "")}));
   box.append(rows.length ? dataTable(rows, [["rank", "rank", "num"], ["name", "entry"], ["io", "io"], ["arg", "arg"],
     ["steps", "steps", "num"], ["first_step", "first step", "num"], ["max", "Max", "num"], ["min", "Min", "num"],
     ["also", "also in", "num"], ["also_names", "e.g."]], null, "extremes") : el("p", {class: "note", text: "none"}));
   if (L.extremes.length === L.limit) box.append(el("p", {class: "note", text: `the ${L.limit} largest kept`}));
   box.append(el("h3", {text: `Norm jumps (×${fmt(L.jump)} or more between recorded steps)`}));
-  const jumps = L.jumps.map((r) => ({...r, also: r.seen_in.length, also_names: r.seen_in.slice(0, 3).join(", ") + (r.seen_in.length > 3 ? ", …" : "")}));
+  const jumps = L.jumps.filter(here).map((r) => ({...r, also: r.seen_in.length, also_names: r.seen_in.slice(0, 3).join(", ") + (r.seen_in.length > 3 ? ", …" : "")}));
   box.append(jumps.length ? dataTable(jumps, [["rank", "rank", "num"], ["previous_step", "from step", "num"], ["step", "to step", "num"], ["name", "entry"],
     ["io", "io"], ["arg", "arg"], ["previous", "Norm before", "num"], ["norm", "Norm after", "num"], ["ratio", "ratio", "num"],
     ["also", "also in", "num"], ["also_names", "e.g."]], null, "jumps") : el("p", {class: "note", text: "none"}));
@@ -231,19 +236,19 @@ function main() {
     else if (o && R.graph.steps.includes(o.step)) pickStep.value = String(o.step);   // where the NaN hunt starts
   };
   const draw = () => {
-    const ids = ["graph-section", "trends", "tree"];
+    const ids = ["graph-section", "trends", "tree", "largest"];
     for (const id of ids) document.getElementById(id).replaceChildren();
     if (!D.ranks.length || pickStep.value === "") return;
     const rank = pickRank.value, step = Number(pickStep.value);
     graphSection(D, rank, step, document.getElementById("graph-section"), state);
     trends(D, rank, step, document.getElementById("trends"));
     moduleTree(D, rank, step, document.getElementById("tree"));
+    largest(D, document.getElementById("largest"), rank, step, state);
   };
   pickRank.addEventListener("change", () => { fillSteps(); draw(); });
   pickStep.addEventListener("change", draw);
   if (D.ranks.length) fillSteps();
   draw();
-  largest(D, document.getElementById("largest"));
   document.body.dataset.readyMs = String(Math.round(performance.now()));   // since navigation start
   document.body.dataset.ready = "1";
 }

@@ -93,3 +93,21 @@ def test_movers_ticks_are_nice_and_the_step_is_marked(browser, nan_dump, tmp_pat
         marks = browser.js("[...document.querySelectorAll('#movers line[stroke-dasharray=\"4\"]')].map(l => l.getAttribute('x1'))")
         assert len(marks) == 1
     assert browser.errors == []
+
+
+def test_largest_values_follow_the_step_when_asked(browser, example_dump, tmp_path):
+    browser.open(write_report(example_dump, tmp_path / "report.html", threshold=1e-3, jump=1.2))
+    data = collect(example_dump, threshold=1e-3, jump=1.2)["largest"]
+    box = "document.querySelector('#largest')"
+    assert len(table_rows(browser, "extremes")) == min(100, len(data["extremes"]))
+    browser.js("(() => { const c = document.getElementById('largest-step-only'); c.checked = true;"
+               " c.dispatchEvent(new Event('change')); })()")
+    for step in (1, 2):
+        choose(browser, "step", step)
+        assert browser.js("document.getElementById('largest-step-only').checked") is True
+        extremes = [e for e in data["extremes"] if step in e["step_list"]]
+        jumps = [j for j in data["jumps"] if step in (j["step"], j["previous_step"])]
+        assert browser.js(f"{box}.querySelectorAll('.table-info')[0].textContent").endswith(f"of {len(extremes)}")
+        assert browser.js(f"{box}.querySelectorAll('.table-info')[1].textContent").endswith(f"of {len(jumps)}")
+        assert len(jumps) > 0
+    assert browser.errors == []
