@@ -134,8 +134,8 @@ def _nonfinite(con, rank: int) -> dict:
 def _keyed(level_has_modules: bool) -> tuple[str, str]:
     """(key expression, WHERE clause) of the output heat map's rows."""
     if level_has_modules:
-        return _MODULE_KEY, "api_type = 'Module' AND direction = 'forward' AND io = 'output'"
-    return _API_KEY, "api_type <> 'Module' AND direction = 'forward' AND io = 'output'"
+        return _MODULE_KEY, "api_type IN ('Module', 'Cell') AND direction = 'forward' AND io = 'output'"
+    return _API_KEY, "api_type NOT IN ('Module', 'Cell') AND direction = 'forward' AND io = 'output'"
 
 
 def _heat(con, rank: int, key: str, where: str, max_rows: int, max_steps: int) -> dict:

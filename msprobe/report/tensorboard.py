@@ -62,7 +62,7 @@ def write_tensorboard(dump_path: Union[str, os.PathLike], out: Union[str, os.Pat
     try:
         has_modules = bool(con.execute("SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1").fetchall())
         key = _MODULE_KEY if has_modules else _API_KEY
-        forward = ("api_type = 'Module'" if has_modules else "api_type <> 'Module'") + \
+        forward = ("api_type IN ('Module', 'Cell')" if has_modules else "api_type NOT IN ('Module', 'Cell')") + \
             " AND direction = 'forward' AND io = 'output'"
         queries = [
             f"""SELECT 'output_norm/' || {key} AS tag, step, sqrt(sum(norm * norm)) AS value, min(seq) AS seq
