@@ -130,3 +130,32 @@ def test_mapped_names_are_the_targets_once_everywhere(browser, tmp_path):
     # the dashed line at the origin's call index
     assert browser.js("document.querySelectorAll('.e-plot line[stroke-dasharray=\"4\"]').length") == 1
     assert browser.errors == []
+
+
+def page_data(html: Path) -> dict:
+    text = html.read_text(encoding="utf-8")
+    return json.loads(text.split("id='msprobe-data'>", 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
+
+
+def test_bf16_pass_calls_stay_below_their_tolerance(tmp_path, record_run):
+    """bf16 autocast against fp32: in units of each tensor's tolerance no pass call draws
+    above 1, and each call's value is its largest output e/tol in compare's tensors table."""
+    bf16, fp32 = record_run(tmp_path / "bf16", autocast=True, steps=2), record_run(tmp_path / "fp32", steps=2)
+    summary = compare(bf16, fp32, out=tmp_path / "out", formats="summary,parquet,html").summary
+    (rank,) = page_data(tmp_path / "out" / "report.html")["ranks"]
+    assert rank["counts"] == summary["ranks"][0]["counts"] and rank["counts"]["propagated"] > 0
+    by_verdict: dict = {}
+    for _i, ratio, verdict, _name, _step, e in rank["plot"]:
+        if ratio is not None:
+            by_verdict.setdefault(verdict, []).append((ratio, e))
+    passing, propagated = by_verdict["pass"], by_verdict["propagated"]
+    assert max(r for r, _ in passing) <= 1 < max(r for r, _ in propagated)
+    # each ratio is the call's largest e/tol over its output tensors (compare's own tensors table)
+    import duckdb
+
+    tensors = duckdb.sql(f"SELECT t_call, step, max(e / tol) FILTER (WHERE tol > 0 AND role = 'out') AS r "
+                         f"FROM '{tmp_path / 'out' / 'tensors.parquet'}' GROUP BY ALL").fetchall()
+    ratios = {(name, step): r for name, step, r in tensors}
+    for _i, ratio, _verdict, name, step, _e in rank["plot"]:
+        if ratio is not None:
+            assert ratio == pytest.approx(ratios[(name, step)], rel=1e-12)
