@@ -4,10 +4,11 @@
 // visible calls in call order (the data flow of a forward pass). Only what is open is laid
 // out: a run of more than GRAPH_API_RUN API calls in one module is one group, and more than
 // GRAPH_CHUNK items are shown in groups of GRAPH_CHUNK (groups of groups beyond GRAPH_CHUNK
-// groups), each opened on a click.
+// groups), each opened on a click. "expand all" opens level by level while at most
+// GRAPH_MAX_SHOWN boxes are shown (a layout of more takes seconds).
 "use strict";
 
-const GRAPH_CHUNK = 40, GRAPH_API_RUN = 5;
+const GRAPH_CHUNK = 40, GRAPH_API_RUN = 5, GRAPH_MAX_SHOWN = 400;
 
 // "Module.layers.0.self_attn.MultiheadAttention.forward.0" -> ["layers.0.self_attn", "MultiheadAttention"];
 // "Torch.relu.1.forward" -> ["Torch.relu.1", ""]
@@ -32,7 +33,8 @@ function modelGraph(container, opts) {
   const search = el("input", {type: "search", placeholder: "search names (Enter: next match)", class: "graph-search", size: "36"});
   const hits = el("span", {class: "note graph-hits"});
   const bExpand = el("button", {text: "expand all"}), bCollapse = el("button", {text: "collapse all"}), bFit = el("button", {text: "fit"});
-  bar.append(search, " ", bExpand, " ", bCollapse, " ", bFit, " ", hits);
+  const capNote = el("span", {class: "note graph-cap"});
+  bar.append(search, " ", bExpand, " ", bCollapse, " ", bFit, " ", hits, " ", capNote);
   const view = el("div", {class: "graph-view"});
   const svg = svgEl("svg", {class: "graph-svg"});
   const defs = svgEl("defs");
@@ -261,16 +263,31 @@ function modelGraph(container, opts) {
     if (ev.key !== "Enter" || !matches.length) return;
     matchAt = (matchAt + 1) % matches.length; centre(matches[matchAt]); select(matches[matchAt]);
   });
-  bExpand.onclick = () => { for (const n of nodes) if (kids.has(n.name)) expanded.add(n.name); openAllGroups(); redraw(); fit(); };
-  bCollapse.onclick = () => { expanded.clear(); openGroups.clear(); redraw(); fit(); };
+  bExpand.onclick = () => {
+    const capped = expandAll();
+    capNote.textContent = capped ? `expand all stopped at ${GRAPH_MAX_SHOWN} boxes: open the groups and modules still closed with their +` : "";
+    redraw(); fit();
+  };
+  bCollapse.onclick = () => { expanded.clear(); openGroups.clear(); capNote.textContent = ""; redraw(); fit(); };
   bFit.onclick = fit;
-  function openAllGroups() {
-    const walk = (list) => {
-      for (const it of list) {
-        if (it.group) { openGroups.add(it.id); walk(it.members); } else if (kids.has(it.name)) walk(items(it.name, kids.get(it.name)));
+  // open modules and groups breadth first while at most GRAPH_MAX_SHOWN boxes are shown;
+  // returns true when it stopped early
+  function expandAll() {
+    expanded.clear(); openGroups.clear();
+    let frontier = items("", roots), shown = frontier.length;
+    while (frontier.length) {
+      const next = [];
+      for (const it of frontier) {
+        const inner = it.group ? it.members : kids.has(it.name) ? items(it.name, kids.get(it.name)) : null;
+        if (!inner) continue;
+        if (shown + inner.length > GRAPH_MAX_SHOWN) return true;
+        shown += inner.length;
+        if (it.group) openGroups.add(it.id); else expanded.add(it.name);
+        next.push(...inner);
       }
-    };
-    walk(items("", roots));
+      frontier = next;
+    }
+    return false;
   }
 
   // pan with the mouse, zoom with the wheel (around the pointer)

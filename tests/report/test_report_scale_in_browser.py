@@ -1,6 +1,7 @@
 """A page of 1,000 modules x 100 steps (``benchmarks/report_scale.py``'s synthetic log,
 modules nested in blocks of 10) loads and draws in headless Chromium in under 3 s; the
-graph holds all 1,000 modules of the step and draws only the open part."""
+graph holds all 1,000 modules of the step and draws only the open part (expand all: at
+most 400 boxes)."""
 from __future__ import annotations
 
 import sys
@@ -43,6 +44,11 @@ def test_thousand_modules_hundred_steps_load_under_3_s(big_page):
         assert len(groups) == 3 and groups[0].startswith("calls 1–40 of 100")
         browser.js("document.querySelector('#graph .group').dispatchEvent(new MouseEvent('click', {bubbles: true}))")
         assert browser.js("document.querySelectorAll('#graph .node').length") == 40
+        # expand all opens level by level up to 400 boxes and says where it stopped
+        browser.js("[...document.querySelectorAll('#graph .graph-bar button')].find(b => b.textContent === 'expand all').click()")
+        boxes = browser.js("document.querySelectorAll('#graph .node, #graph .group').length")
+        assert 300 < boxes <= 400
+        assert browser.js("document.querySelector('#graph .graph-cap').textContent").startswith("expand all stopped at 400 boxes")
         assert browser.errors == []
     finally:
         browser.close()
