@@ -102,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument(
         "-o", "--out", metavar="OUT", default=None, help="output directory (default: DUMP_PATH)"
     )
+    export.add_argument(
+        "--tensorboard", metavar="DIR", default=None,
+        help="write per-step scalars (output and gradient Norm per module, NaN/Inf counts) as TensorBoard "
+             "event files under DIR/rank{R}; the dump layout is then written only when -o is given",
+    )
     query = commands.add_parser("query", help="run SQL over the views tensors, calls, stacks")
     query.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     query.add_argument("sql", metavar="SQL", help="one SQL statement")
@@ -383,6 +388,18 @@ def _write_pt(path: Path, payload: Any) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    if args.tensorboard is not None:
+        from msprobe.report.tensorboard import write_tensorboard
+
+        try:
+            written = write_tensorboard(args.dump_path, args.tensorboard)
+        except ImportError as exc:
+            print(f"msprobe export: error: {exc}", file=sys.stderr)
+            return 2
+        for rank, points in written.items():
+            print(f"wrote {Path(args.tensorboard) / f'rank{rank}'} ({points} scalars)")
+        if args.out is None:
+            return 0
     from msprobe.core.npy_payload import write_npy
     from msprobe.kernel_dump.ingest import ingest_if_missing
     from msprobe.progress import Progress

@@ -73,14 +73,19 @@ def test_project_metadata():
     assert extras["torch"] == ["torch>=2.1"]
     assert extras["mindspore"] == ["mindspore>=2.10", "numpy<2"]
     assert extras["test"] == ["pytest>=7", "hypothesis>=6"]
+    assert extras["tensorboard"] == ["tensorboard>=2.12"]
 
 
 def test_package_data_is_declared_and_present():
     data = _pyproject()["tool"]["setuptools"]["package-data"]
     assert data == {"msprobe": ["*.json"], "msprobe.pytorch": ["*.yaml"], "msprobe.mindspore": ["*.yaml"],
-                    "msprobe.compare": ["*.yaml"], "msprobe.report": ["*.js", "*.css"]}
+                    "msprobe.compare": ["*.yaml"], "msprobe.report": ["*.js", "*.css", "vendor/*"]}
     assert (REPO / "msprobe" / "config.json").is_file()
     assert list((REPO / "msprobe" / "report").glob("*.js")) and list((REPO / "msprobe" / "report").glob("*.css"))
+    # the vendored graph layout library and its licence
+    assert (REPO / "msprobe" / "report" / "vendor" / "dagre.min.js").is_file()
+    assert "MIT" in (REPO / "msprobe" / "report" / "vendor" / "dagre.LICENSE").read_text() or \
+        "Permission is hereby granted" in (REPO / "msprobe" / "report" / "vendor" / "dagre.LICENSE").read_text()
     assert (REPO / "msprobe" / "pytorch" / "support_wrap_ops.yaml").is_file()
     assert (REPO / "msprobe" / "mindspore" / "support_wrap_ops.yaml").is_file()
     assert (REPO / "msprobe" / "compare" / "ms_pt_table.yaml").is_file()

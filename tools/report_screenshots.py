@@ -3,20 +3,22 @@
 
 Usage: ``python tools/report_screenshots.py [--out docs/img] [--work DIR] [--steps 8]``
 
-Records three runs of ``examples/char_lm.py`` (each in its own process, ``--steps`` steps,
+Records four runs of ``examples/char_lm.py`` (each in its own process, ``--steps`` steps,
 into ``WORK/KIND/dump_path``):
 
 - ``example``: the example as it ships (``python examples/char_lm.py``);
 - ``nan``: ``torch.relu`` returns NaN in the first element of its output in layer 1 of
-  step :data:`NAN_STEP` (a stand-in for a faulty kernel: finite input, NaN output);
-- ``scaled``: ``torch.relu``'s output is multiplied by ``1 + 1e-3`` everywhere (a stand-in
-  for a changed kernel).
+  step :data:`NAN_STEP` (a stand-in for a faulty kernel: finite input, NaN output); the
+  loss is NaN from that step on;
+- ``gelu``: the encoder layers' activation is GELU (``F.gelu(x)``, exact erf form);
+- ``gelu_tanh``: the same with GELU's tanh approximation (``F.gelu(x, approximate="tanh")``):
+  a GELU variant changed between two runs.
 
-The replacements of ``torch.relu`` are installed before the debugger is created, so the
-recorder wraps them like the original (the entries keep the name ``Torch.relu.N``).
+The replacements are installed before the debugger is created, so the recorder wraps
+them like the originals (the entries keep the names ``Torch.relu.N``, ``Functional.gelu.N``).
 It writes ``msprobe report ./dump_path`` pages of ``example`` and ``nan`` (in their folders,
-so the pages are titled ``./dump_path``), runs ``msprobe compare`` of ``scaled`` (target)
-against ``example`` (baseline), opens the pages in headless
+so the pages are titled ``./dump_path``), runs ``msprobe compare`` of ``gelu_tanh`` (target)
+against ``gelu`` (baseline), opens the pages in headless
 Chromium (``tests/report/chromium_page.py``, the DevTools helper of the browser tests;
 needs the ``chromium`` binary and ``websocket-client``), clicks and hovers where a
 picture needs it, and writes each picture clipped to its section. In the pages, the
@@ -42,8 +44,6 @@ sys.path.insert(0, str(ROOT / "tests" / "report"))
 
 #: The step in which the ``nan`` run's ``torch.relu`` of layer 1 returns a NaN.
 NAN_STEP = 5
-#: The factor of the ``scaled`` run's ``torch.relu``.
-SCALE = 1 + 1e-3
 #: A picture larger than this (bytes) is reduced to a 256-colour palette.
 MAX_BYTES = 60_000
 WIDTH, HEIGHT = 1400, 900
@@ -53,10 +53,30 @@ CHECKOUT = "/path/to/msprobe/"
 
 def record(kind: str, dump_path: str, steps: int) -> None:
     """Train the example ``steps`` steps with recording into ``dump_path``, ``torch.relu``
-    replaced as ``kind`` says (``nan``, ``scaled``)."""
+    or the layers' activation replaced as ``kind`` says (``nan``, ``gelu``, ``gelu_tanh``)."""
     import torch
+    import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT / "examples"))
+    if kind in ("gelu", "gelu_tanh"):
+        layer_init = torch.nn.TransformerEncoderLayer.__init__
+        approximate = "tanh" if kind == "gelu_tanh" else "none"
+
+        def gelu(x):   # F.gelu looked up at each call: the recorder's wrapper records it
+            return F.gelu(x, approximate=approximate)
+
+        def init(self, *args, **kwargs):
+            kwargs["activation"] = gelu
+            layer_init(self, *args, **kwargs)
+
+        torch.nn.TransformerEncoderLayer.__init__ = init
+        try:
+            import char_lm
+
+            char_lm.train(steps, dump_path)
+        finally:
+            torch.nn.TransformerEncoderLayer.__init__ = layer_init
+        return
     original = torch.relu
     calls = [0]
 
@@ -68,10 +88,7 @@ def record(kind: str, dump_path: str, steps: int) -> None:
             y.view(-1)[0] = float("nan")
         return y
 
-    def relu_scaled(x):
-        return original(x) * SCALE
-
-    torch.relu = {"nan": relu_nan, "scaled": relu_scaled}[kind]
+    torch.relu = {"nan": relu_nan}[kind]
     try:
         import char_lm
 
@@ -151,6 +168,16 @@ class Shooter:
         self.browser.close()
 
 
+GRAPH_NODE = "#graph .node[data-name=\"{}\"]"
+LAYER0 = "Module.layers.0.TransformerEncoderLayer.forward.0"
+
+
+def click_node(shooter: Shooter, name: str) -> None:
+    """Click the graph node ``name`` (shown: its ancestors open)."""
+    shooter.js(f"document.querySelector({json.dumps(GRAPH_NODE.format(name))})"
+               ".dispatchEvent(new MouseEvent('click', {bubbles: true}))")
+
+
 def search(shooter: Shooter, text: str) -> None:
     shooter.js(f"(() => {{ const s = document.getElementById('tree-search'); s.value = {json.dumps(text)};"
                " s.dispatchEvent(new Event('input')); })()")
@@ -169,7 +196,7 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         os.chdir(work / "nan")
         nan = write_report("./dump_path", "report.html").resolve()
         os.chdir(work)
-        compare("scaled/dump_path", "example/dump_path", out="compare", formats="summary,html")
+        compare("gelu_tanh/dump_path", "gelu/dump_path", out="compare", formats="summary,parquet,html")
     finally:
         os.chdir(here)
     pages = [example, example_jumps, nan, work / "compare" / "report.html"]
@@ -179,9 +206,14 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
     try:
         s.open(example)
         s.js("document.querySelector('#first-nan-0 details summary').click()")
-        s.shot("report-overview.png", "h1", "#s-trends")
-        s.shot("report-heatmaps.png", "#s-trends", "#trends h3:nth-of-type(3)")
-        s.shot("report-movers.png", "#trends h3:nth-of-type(3)", "#s-tree", width=960)
+        s.shot("report-overview.png", "h1", "#s-graph")
+        s.js(f"(() => {{ const e = document.querySelector({json.dumps(GRAPH_NODE.format(LAYER0))}); "
+             "e.querySelector('.toggle').dispatchEvent(new MouseEvent('click', {bubbles: true})); })()")
+        click_node(s, "Module.layers.0.linear1.Linear.forward.0")
+        s.js("document.querySelector('#graph .graph-bar button:nth-of-type(3)').click()")   # fit
+        s.shot("report-graph.png", "#s-graph", "#s-trends", width=1400)
+        s.shot("report-heatmaps.png", "#s-trends", "#trends h3:nth-of-type(3)", width=1400)
+        s.shot("report-movers.png", "#trends h3:nth-of-type(3)", "#s-tree", width=1400)
         s.js("[...document.querySelectorAll('#tree button')].find(b => b.textContent === 'collapse all').click()")
         s.shot("report-tree-collapsed.png", "#s-tree", "#s-largest", width=1100)
         s.js("(() => { const d = document.querySelector('.tree details[data-name=\"Module.layers.0.TransformerEncoderLayer.forward.0\"]');"
@@ -191,22 +223,26 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         s.shot("report-tree-search.png", "#s-tree", height=330, width=1100)
 
         s.open(example_jumps)
-        s.shot("report-largest.png", "#s-largest", height=640, width=1400)
+        s.shot("report-largest.png", "#s-largest", height=700, width=1400)
 
-        s.open(nan)
+        s.open(nan)   # the NaN hunt: the page opens on the origin's step, the origin selected
         s.js("document.querySelector('#first-nan-0 details summary').click()")
-        s.shot("report-nan-overview.png", "#overview h3:nth-of-type(2)", "#overview h3:nth-of-type(3)")
+        s.shot("report-nan-overview.png", "#overview h3:nth-of-type(2)", "#s-graph")
+        s.js("document.querySelector('#details details summary').click()")
+        s.shot("report-nan-graph.png", "#s-graph", "#s-trends", width=1400)
         s.js("document.getElementById('heat-output').scrollIntoView()")
         row = s.js("readData().per_rank['0'].output.rows.indexOf('Module.layers.1.dropout.Dropout')")
         tip = s.hover("#heat-output", row, NAN_STEP)
         if "NaN" not in tip:
             raise RuntimeError(f"the hovered cell is not NaN: {tip!r}")
-        s.shot("report-nan-heatmap.png", "#trends h3:nth-of-type(1)", "#trends h3:nth-of-type(2)")
+        s.shot("report-nan-heatmap.png", "#trends h3:nth-of-type(1)", "#trends h3:nth-of-type(2)", width=1400)
 
         s.open(work / "compare" / "report.html")
-        s.shot("compare-report.png", "h1", "#compare h3:nth-of-type(2)", width=1400)
-        s.shot("compare-tree.png", "#compare h3:nth-of-type(2)", "#compare h3:nth-of-type(3)")
-        s.shot("compare-table.png", "#compare h3:nth-of-type(3)", height=480, width=1400)
+        s.shot("compare-report.png", "h1", "#compare h3:nth-of-type(1)", width=1400)
+        s.shot("compare-graph.png", "#compare h3:nth-of-type(1)", "#compare h3:nth-of-type(2)", width=1400)
+        s.shot("compare-plot.png", "#compare h3:nth-of-type(2)", "#compare h3:nth-of-type(3)", width=1400)
+        s.shot("compare-tree.png", "#compare h3:nth-of-type(3)", "#compare h3:nth-of-type(4)")
+        s.shot("compare-table.png", "#compare h3:nth-of-type(4)", height=480, width=1400)
     finally:
         s.close()
     return s.sizes
@@ -225,7 +261,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="msprobe-screenshots-"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for kind in ("example", "nan", "scaled"):
+    for kind in ("example", "nan", "gelu", "gelu_tanh"):
         dump = str(work / kind / "dump_path")
         command = ([sys.executable, str(ROOT / "examples" / "char_lm.py"), "--steps", str(args.steps), "--dump-path", dump]
                    if kind == "example" else

@@ -62,6 +62,8 @@ class CompareResult:
             (collective calls attributed to another rank).
         arrow: ``{"tensors": pyarrow.Table}``: the Arrow table behind the ``tensors``
             view of ``con`` (outputs write it without a copy).
+        original: ``{mapped TARGET call name: original TARGET name}`` when a mapping
+            renamed calls (the tables hold the mapped names; reports show the original).
     """
 
     summary: dict
@@ -70,6 +72,7 @@ class CompareResult:
     timings: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     arrow: dict = field(default_factory=dict)
+    original: dict = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -297,7 +300,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow)
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow,
+                         original=dict(renames.original) if renames is not None else {})
 
 
 def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,

@@ -2,8 +2,10 @@
 
 :func:`write_report` builds it from the SQL views (:mod:`msprobe.report.data`) and draws
 it with inline JavaScript (:mod:`msprobe.report.page`): overview and first NaN/Inf per
-rank, step × module heat maps of output and parameter-gradient Norms, the largest movers,
-the module tree, the largest values. Imports no deep-learning framework.
+rank, the model graph of the chosen step (nested modules, call order, a node's values),
+step × module heat maps of output and parameter-gradient Norms, the largest movers,
+the module tree of the chosen step, the largest values. ``<div id="notices">`` at the
+top holds notices about the input. Imports no deep-learning framework.
 """
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ from msprobe.report.page import render
 __all__ = ["write_report"]
 
 _BODY = """<h1 id='title'>msprobe report</h1>
-<nav><a href='#s-overview'>overview</a><a href='#s-trends'>trends</a><a href='#s-tree'>module tree</a>
-<a href='#s-largest'>largest values</a> <label>rank <select id='rank'></select></label></nav>
+<div id='notices'></div>
+<nav><a href='#s-overview'>overview</a><a href='#s-graph'>model graph</a><a href='#s-trends'>trends</a>
+<a href='#s-tree'>module tree</a><a href='#s-largest'>largest values</a>
+<label>rank <select id='rank'></select></label> <label>step <select id='step'></select></label></nav>
 <h2 id='s-overview'>Overview</h2><div id='overview'></div>
+<h2 id='s-graph'>Model graph</h2><div id='graph-section'></div>
 <h2 id='s-trends'>Trends</h2><div id='trends'></div>
 <h2 id='s-tree'>Module tree</h2><div id='tree'></div>
 <h2 id='s-largest'>Largest values</h2><div id='largest'></div>"""

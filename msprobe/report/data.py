@@ -13,16 +13,21 @@ strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; see :func:`plain`), which
   (``parameters_grad`` entries);
 - *movers* are the parameters whose gradient Norm spans the largest ratio
   ``max/min`` over the steps;
-- a *large value* is a tensor (rank, entry name, io, arg) whose ``|Max|`` or ``|Min|``
-  reaches ``threshold`` in some step (NaN is left to the first-NaN section); listed
-  once, with the steps where it does;
+- a *large value* is a tensor whose ``|Max|`` or ``|Min|`` reaches ``threshold`` in some
+  step (NaN is left to the first-NaN section). One tensor handed from call to call (an
+  output that is the next call's input, a view, a transpose keeping statistics and shape)
+  is one row: the tensors of a step with equal Max, Min, Mean, Norm, shape and CRC-32 are
+  one, named by its first entry (rank, entry name, io, arg) with the other entries
+  holding it in ``seen_in``; a row covers the steps where that first entry holds it;
 - a *Norm jump* is a tensor (same rank, entry name, io and arg) whose Norm changed by at
-  least ``jump`` times between two consecutive recorded steps.
+  least ``jump`` times between two consecutive recorded steps; jumps between the same
+  steps from and to the same Norms (one tensor handed on) are one row, named by the first
+  entry, the others in ``seen_in``.
 
 Big dumps are reduced before they are embedded: at most ``max_rows`` rows per heat map
 (taken evenly along execution order) and at most ``max_steps`` columns (consecutive
-recorded steps binned, the cell showing the bin's largest value), and the tree keeps at
-most ``max_tree`` nodes; each heat map's ``rows_total``, ``steps_total`` and ``bin`` say
+recorded steps binned, the cell showing the bin's largest value), the graph and tree
+keep at most ``max_tree`` distinct calls (modules first) and ``max_steps`` steps; each heat map's ``rows_total``, ``steps_total`` and ``bin`` say
 what was reduced (the page prints it).
 """
 from __future__ import annotations
@@ -129,8 +134,8 @@ def _nonfinite(con, rank: int) -> dict:
 def _keyed(level_has_modules: bool) -> tuple[str, str]:
     """(key expression, WHERE clause) of the output heat map's rows."""
     if level_has_modules:
-        return _MODULE_KEY, "api_type = 'Module' AND direction = 'forward' AND io = 'output'"
-    return _API_KEY, "api_type <> 'Module' AND direction = 'forward' AND io = 'output'"
+        return _MODULE_KEY, "api_type IN ('Module', 'Cell') AND direction = 'forward' AND io = 'output'"
+    return _API_KEY, "api_type NOT IN ('Module', 'Cell') AND direction = 'forward' AND io = 'output'"
 
 
 def _heat(con, rank: int, key: str, where: str, max_rows: int, max_steps: int) -> dict:
@@ -179,44 +184,100 @@ def _movers(con, rank: int, count: int, max_steps: int) -> list[dict]:
     return lines
 
 
-def _tree(con, rank: int, step: int, max_tree: int) -> dict:
-    """Forward entries of one step as construct.json's tree, with statistics per node:
-    calls, output Norm (L2 over output tensors), largest |Max|/|Min| of its outputs, NaN/Inf."""
-    nodes = _rows(con, """
-        SELECT c.name, c.parent, c.kind, c.seq,
-               sqrt(sum(t.norm * t.norm) FILTER (WHERE t.io = 'output')) AS norm,
-               max(greatest(abs(t.max), abs(t.min))) FILTER (WHERE t.io = 'output') AS absmax,
-               coalesce(bool_or(t.has_nan OR t.has_inf) FILTER (WHERE t.io = 'output'), false) AS nonfinite
-        FROM calls c LEFT JOIN tensors t ON t.rank = c.rank AND t.step = c.step AND t.name = c.name
-        WHERE c.rank = ? AND c.step = ? AND c.kind IN ('module_forward', 'api_forward')
-        GROUP BY ALL ORDER BY c.seq""", [rank, step])
-    total = len(nodes)
-    if total > max_tree:
-        modules = [n for n in nodes if n["kind"] == "module_forward"]
-        nodes = (modules if len(modules) <= max_tree else modules[:max_tree])
-    names = {n["name"] for n in nodes}
-    for n in nodes:
-        if n["parent"] not in names:
-            n["parent"] = None
-        del n["seq"]
-    return {"step": step, "nodes": nodes, "total": total}
+def _short(value):
+    """A statistic as a float of 7 significant digits (float32's precision): a smaller page."""
+    if value is None or not math.isfinite(value):
+        return value
+    return float(f"{value:.7g}")
+
+
+def _graph(con, rank: int, max_tree: int, max_steps: int, max_stacks: int = 2000) -> dict:
+    """The forward calls (modules and APIs) of every step of one rank, for the model graph
+    and the module tree: construct.json's hierarchy plus, per step, each call's output
+    statistics taken over all its output tensors together.
+
+    Returns ``{"nodes": [[name, parent index or -1, kind, stack id or None]], "steps":
+    [step], "stats": {step: [[node index, Max, Min, Mean, Norm, flag, tensors]]}, "stacks":
+    {stack id: [frame]}, "total": distinct calls, "steps_total": recorded steps}``. Nodes
+    are in order of first call (step, then seq). Max is the largest Max of the outputs, Min
+    the smallest Min, Mean the numel-weighted mean of the Means, Norm ``sqrt(sum(Norm^2))``
+    (each the statistic of all outputs concatenated); flag: 1 an output holds NaN, 2 Inf, 3
+    both, 0 neither. Beyond ``max_tree`` distinct calls only modules are kept (the first
+    ``max_tree`` of them); beyond ``max_steps`` steps, evenly spaced steps are kept.
+    """
+    steps = [r["step"] for r in _rows(con, "SELECT DISTINCT step FROM calls WHERE rank = ? ORDER BY step", [rank])]
+    steps_total = len(steps)
+    if len(steps) > max_steps:
+        steps = [steps[i * len(steps) // max_steps] for i in range(max_steps)]
+    total = _rows(con, "SELECT count(DISTINCT name) AS n, count(DISTINCT name) FILTER (WHERE kind = 'module_forward') AS m "
+                       "FROM calls WHERE rank = ? AND kind IN ('module_forward', 'api_forward')", [rank])[0]
+    kinds = "('module_forward', 'api_forward')" if total["n"] <= max_tree else "('module_forward')"
+    rows = con.execute(f"""
+        WITH c AS (SELECT step, seq, name, parent, kind, stack_id FROM calls
+                   WHERE rank = ? AND kind IN {kinds} AND list_contains(?, step)),
+             o AS (SELECT step, name, max(max) AS mx, min(min) AS mn,
+                          sum(mean * numel) / nullif(sum(numel), 0) AS mean, sqrt(sum(norm * norm)) AS norm,
+                          bool_or(has_nan) AS nan, bool_or(has_inf) AS inf, count(*) AS n
+                   FROM tensors WHERE rank = ? AND io = 'output' AND direction = 'forward'
+                     AND list_contains(?, step) GROUP BY step, name)
+        SELECT c.step, c.name, c.parent, c.kind, c.stack_id, o.mx, o.mn, o.mean, o.norm, o.nan, o.inf, o.n
+        FROM c LEFT JOIN o USING (step, name) ORDER BY c.step, c.seq""", [rank, steps, rank, steps]).fetchall()
+    index: dict[str, int] = {}
+    nodes: list[list] = []
+    stats: dict[str, list] = {str(s): [] for s in steps}
+    for step, name, parent, kind, stack_id, mx, mn, mean, norm, nan, inf, n in rows:
+        i = index.get(name)
+        if i is None:
+            if len(nodes) >= max_tree:
+                continue
+            i = index[name] = len(nodes)
+            nodes.append([name, parent, kind, None if stack_id is None else str(stack_id)])
+        stats[str(step)].append([i, _short(mx), _short(mn), _short(mean), _short(norm),
+                                 (1 if nan else 0) + (2 if inf else 0), n or 0])
+    for node in nodes:
+        node[1] = index.get(node[1], -1) if node[1] is not None else -1
+    stack_ids = sorted({int(n[3]) for n in nodes if n[3] is not None})[:max_stacks]
+    stacks = {}
+    if stack_ids:
+        for sid, frames in con.execute("SELECT stack_id, list(frame ORDER BY depth) FROM stacks "
+                                       "WHERE list_contains(?, stack_id) GROUP BY stack_id", [stack_ids]).fetchall():
+            stacks[str(sid)] = frames
+    return {"nodes": nodes, "steps": steps, "stats": stats, "stacks": stacks, "total": total["n"],
+            "modules_total": total["m"], "steps_total": steps_total}
 
 
 def _largest(con, threshold: float, jump: float, limit: int) -> dict:
     extremes = _rows(con, """
-        SELECT rank, name, io, arg, count(*) AS steps, min(step) AS first_step, max(max) AS max,
-               min(min) AS min, max(greatest(abs(max), abs(min))) AS largest
-        FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
-        GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
+        WITH big AS (SELECT rank, step, seq, name, io, arg, shape, max, min, mean, norm, coalesce(crc32, '') AS crc
+                     FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)),
+             one AS (SELECT rank, step, max, min, greatest(abs(max), abs(min)) AS largest, min(seq) AS seq,
+                            arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
+                            list(DISTINCT name ORDER BY name) AS names
+                     FROM big GROUP BY rank, step, max, min, mean, norm, shape, crc)
+        SELECT rank, first.name AS name, first.io AS io, first.arg AS arg, count(*) AS steps,
+               min(step) AS first_step, max(max) AS max, min(min) AS min, max(largest) AS largest,
+               list_sort(list_distinct(flatten(list(names)))) AS seen_in, list(step ORDER BY step) AS step_list
+        FROM one GROUP BY rank, first.name, first.io, first.arg
+        ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
+    for row in extremes:
+        row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
     jumps = _rows(con, """
         WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
                           lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
                           lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
-                   FROM tensors WHERE norm IS NOT NULL)
-        SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio
-        FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
-                 AND greatest(norm / previous, previous / norm) >= ?
+                   FROM tensors WHERE norm IS NOT NULL),
+             j AS (SELECT * FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
+                                     AND greatest(norm / previous, previous / norm) >= ?),
+             one AS (SELECT rank, previous_step, step, previous, norm, min(seq) AS seq,
+                            arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
+                            list(DISTINCT name ORDER BY name) AS names
+                     FROM j GROUP BY rank, previous_step, step, previous, norm)
+        SELECT rank, previous_step, step, first.name AS name, first.io AS io, first.arg AS arg, previous, norm,
+               norm / previous AS ratio, names AS seen_in
+        FROM one
         ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq, io, arg LIMIT ?""", [jump, limit])
+    for row in jumps:
+        row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
 
@@ -232,8 +293,9 @@ def collect(
         threshold: a tensor is listed under "largest values" when ``|Max|`` or ``|Min|``
             is at least this.
         jump: a Norm jump is a change by at least this factor between recorded steps.
-        max_rows, max_steps: heat map size limits (rows sampled, steps binned beyond them).
-        max_tree: most nodes in the module tree (modules kept first, then APIs dropped).
+        max_rows, max_steps: heat map size limits (rows sampled, steps binned beyond them);
+            ``max_steps`` also caps the steps of the graph (evenly spaced beyond it).
+        max_tree: most distinct calls in the graph and module tree (beyond it, modules only).
         movers: how many parameter-gradient lines to draw.
         progress: called with the name of each part as it starts (for a progress bar).
     Returns:
@@ -268,16 +330,15 @@ def collect(
         }
         for rank in ranks:
             tick(f"rank {rank}")
-            steps = [r["step"] for r in per_step if r["rank"] == rank]
             out["per_rank"][str(rank)] = {
                 "nonfinite": _nonfinite(con, rank),
                 "output": _heat(con, rank, key, where, max_rows, max_steps),
                 "grad": _heat(con, rank, _MODULE_KEY, "name LIKE '%.parameters_grad'", max_rows, max_steps),
                 "movers": _movers(con, rank, movers, max_steps),
-                "tree": _tree(con, rank, steps[0], max_tree) if steps else {"step": None, "nodes": [], "total": 0},
+                "graph": _graph(con, rank, max_tree, max_steps),
             }
         tick("largest values")
-        out["largest"] = _largest(con, float(threshold), float(jump), 50)
+        out["largest"] = _largest(con, float(threshold), float(jump), 1000)
         out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree}
     finally:
         con.close()

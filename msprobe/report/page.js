@@ -50,12 +50,63 @@ function table(rows, columns, cell) {
       const custom = cell ? cell(r, k) : undefined;
       if (custom !== undefined) { tr.append(el("td", {}, custom)); continue; }
       const v = r[k];
-      tr.append(kind === "num" ? el("td", {class: "num", text: fmt(v)})
+      tr.append(kind === "num" ? el("td", {class: "num", text: fmt(v), "data-value": v === null || v === undefined ? "" : String(v)})
                                : el("td", {text: v === null || v === undefined ? "—" : String(v)}));
     }
     t.append(tr);
   }
   return t;
+}
+
+// a sortable, filterable table of any number of rows, PAGE rows at a time: a click on a
+// header sorts by that column (again: the other way); the filter keeps the rows whose text
+// contains every word typed. Returns a div holding the controls and the <table> (class cls).
+const PAGE = 100;
+function dataTable(rows, columns, cell, cls) {
+  const box = el("div", {class: "data-table"});
+  const filter = el("input", {type: "search", placeholder: "filter rows", class: "table-filter", size: "30"});
+  const info = el("span", {class: "note table-info"});
+  const prev = el("button", {text: "‹ previous", class: "table-prev"}), next = el("button", {text: "next ›", class: "table-next"});
+  const all = el("button", {text: "show all", class: "table-all"});
+  const text = (r) => columns.map(([k]) => r[k] === null || r[k] === undefined ? "" : String(r[k])).join(" ").toLowerCase();
+  const texts = new Map(rows.map((r) => [r, text(r)]));
+  let shown = rows, page = 0, per = PAGE, sortKey = null, sortDir = 1;
+  box.append(el("div", {class: "table-bar"}, filter, " ", prev, " ", next, " ", all, " ", info));
+  let t = null;
+  function draw() {
+    const pages = Math.max(1, Math.ceil(shown.length / per));
+    page = Math.min(page, pages - 1);
+    const part = shown.slice(page * per, (page + 1) * per);
+    const nt = table(part, columns, cell);
+    if (cls) nt.classList.add(cls);
+    const heads = nt.querySelectorAll("th");
+    columns.forEach(([k], i) => {
+      heads[i].classList.add("sortable");
+      if (k === sortKey) heads[i].classList.add(sortDir > 0 ? "asc" : "desc");
+      heads[i].addEventListener("click", () => { sortDir = sortKey === k ? -sortDir : 1; sortKey = k; sort(); draw(); });
+    });
+    if (t) t.replaceWith(nt); else box.append(nt);
+    t = nt;
+    info.textContent = `rows ${shown.length ? page * per + 1 : 0}–${page * per + part.length} of ${shown.length}` +
+      (shown.length < rows.length ? ` (filtered from ${rows.length})` : "");
+    prev.disabled = page === 0; next.disabled = page >= pages - 1; all.disabled = shown.length <= per;
+  }
+  function sort() {
+    if (sortKey === null) return;
+    const kind = (columns.find(([k]) => k === sortKey) || [])[2];
+    const key = (r) => { const v = r[sortKey]; if (kind !== "num") return v === null || v === undefined ? "" : String(v); const x = num(v); return x === null || Number.isNaN(x) ? -Infinity : x; };
+    shown = [...shown].sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * sortDir; });
+  }
+  filter.addEventListener("input", () => {
+    const words = filter.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
+    shown = words.length ? rows.filter((r) => words.every((w) => texts.get(r).includes(w))) : rows;
+    page = 0; sort(); draw();
+  });
+  prev.onclick = () => { page--; draw(); };
+  next.onclick = () => { page++; draw(); };
+  all.onclick = () => { per = Infinity; page = 0; draw(); };
+  draw();
+  return box;
 }
 
 const tooltip = () => document.getElementById("tooltip");
@@ -77,7 +128,19 @@ const NAN_COLOUR = "#e53935", INF_COLOUR = "#ff00ff";
 // heat map on a canvas: rows x columns, log10 colour scale; hover shows the values.
 // Sets data-cells on the canvas to the number of cells drawn (cells holding a value), data-rows,
 // data-columns, and data-grid ("left,top,width,height": the first cell, CSS pixels).
-function heatmap(container, heat, rowLabel, valueLabel) {
+// A row label: the name without "Module."/"Cell.", shortened in the middle to fit maxWidth.
+function rowText(g, name, maxWidth) {
+  let s = name.replace(/^(Module|Cell)\./, "");
+  if (g.measureText(s).width <= maxWidth) return s;
+  let a = Math.ceil(s.length / 2), b = s.length - a;
+  while (a + b > 4 && g.measureText(s.slice(0, a) + "…" + s.slice(s.length - b)).width > maxWidth) { if (a > b) a--; else b--; }
+  return s.slice(0, a) + "…" + s.slice(s.length - b);
+}
+
+// The width a chart may use: the page's content width.
+function pageWidth() { return Math.max(600, document.documentElement.clientWidth - 60); }
+
+function heatmap(container, heat, rowLabel, valueLabel, markColumn) {
   const rows = heat.rows, cols = heat.columns, values = heat.values;
   if (!rows.length) { container.append(el("p", {class: "note", text: "nothing recorded"})); return null; }
   let lo = Infinity, hi = -Infinity;
@@ -87,10 +150,13 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   }
   if (lo === Infinity) { lo = 1; hi = 10; }
   const llo = Math.log10(lo), lhi = Math.max(Math.log10(hi), llo + 1e-9);
-  const left = 300, top = 8, bottom = 40;
-  const cw = Math.max(2, Math.min(24, Math.floor(900 / cols.length)));
-  const ch = Math.max(2, Math.min(16, Math.floor(640 / rows.length)));
   const canvas = el("canvas", {class: "heat"});
+  const measure = canvas.getContext("2d"); measure.font = "11px sans-serif";
+  const total = pageWidth();
+  const longest = Math.max(...rows.map((r) => measure.measureText(r.replace(/^(Module|Cell)\./, "")).width));
+  const left = Math.ceil(Math.min(longest + 12, total * 0.45)), top = 8, bottom = 40;
+  const cw = Math.max(2, Math.min(400, Math.floor((total - left - 10) / cols.length)));
+  const ch = Math.max(2, Math.min(16, Math.floor(640 / rows.length)));
   const dpr = window.devicePixelRatio || 1;
   const W = left + cols.length * cw + 10, H = top + rows.length * ch + bottom;
   canvas.width = W * dpr; canvas.height = H * dpr; canvas.style.width = W + "px"; canvas.style.height = H + "px";
@@ -108,13 +174,16 @@ function heatmap(container, heat, rowLabel, valueLabel) {
   g.fillStyle = "#333"; g.font = "11px sans-serif"; g.textBaseline = "middle"; g.textAlign = "right";
   const rowEvery = Math.ceil(12 / ch);
   for (let i = 0; i < rows.length; i += rowEvery) {
-    let s = rows[i]; if (s.length > 46) s = "…" + s.slice(-45);
-    g.fillText(s, left - 4, top + i * ch + ch / 2);
+    g.fillText(rowText(g, rows[i], left - 8), left - 4, top + i * ch + ch / 2);
   }
   g.textAlign = "center"; g.textBaseline = "top";
   const colEvery = Math.ceil(40 / cw);
   for (let j = 0; j < cols.length; j += colEvery) g.fillText(cols[j], left + j * cw + cw / 2, top + rows.length * ch + 3);
   g.fillText("step", left + cols.length * cw / 2, top + rows.length * ch + 22);
+  if (markColumn !== undefined && markColumn !== null && markColumn >= 0) {   // the selected step
+    g.strokeStyle = "#000"; g.lineWidth = 2;
+    g.strokeRect(left + markColumn * cw + 1, top + 1, Math.max(cw - 2, 1), rows.length * ch - 2);
+  }
   canvas.dataset.cells = String(drawn);
   canvas.dataset.rows = String(rows.length); canvas.dataset.columns = String(cols.length);
   canvas.dataset.grid = [left, top, cw, ch].join(",");   // CSS px: first cell's corner, cell size
@@ -161,7 +230,7 @@ function decade(k) { return Math.abs(k) <= 3 ? String(Number(`1e${k}`)) : `1e${k
 // Ticks (text of class "xtick"/"ytick"): multiples of 1, 2 or 5 x 10^k; on a log axis spanning
 // two decades or more, powers of ten.
 function plot(container, series, opts) {
-  const W = opts.width || 900, H = opts.height || 280, L = 84, R = 10, T = 10, B = 44;
+  const W = opts.width || Math.min(pageWidth(), 1400), H = opts.height || 280, L = 84, R = 10, T = 10, B = 44;
   const svg = svgEl("svg", {width: W, height: H, class: "plot"});
   const ys = [], xs = [];
   const yOf = (v) => { const x = num(v); return opts.logY ? (x > 0 && Number.isFinite(x) ? Math.log10(x) : null) : x; };
@@ -176,8 +245,10 @@ function plot(container, series, opts) {
   let yticks;   // [position (log10 when logY), label]
   if (opts.logY && Math.floor(y1) - Math.ceil(y0) >= 1) {   // decades
     yticks = multiples(y0, y1, Math.max(1, Math.ceil((y1 - y0) / 6))).map((k) => [k, decade(k)]);
-  } else if (opts.logY) {
-    yticks = [0, 1, 2, 3, 4].map((k) => y0 + k * (y1 - y0) / 4).map((y) => [y, fmt(Math.pow(10, y))]);
+  } else if (opts.logY) {   // less than two decades: nice values between the ends, placed on the log axis
+    const lo = Math.pow(10, y0), hi = Math.pow(10, y1);
+    yticks = multiples(lo, hi, niceStep((hi - lo) / 4)).filter((v) => v > 0).map((v) => [Math.log10(v), tickText(v)]);
+    if (yticks.length < 2) yticks = [[y0, tickText(Number(lo.toPrecision(2)))], [y1, tickText(Number(hi.toPrecision(2)))]];
   } else {
     yticks = multiples(y0, y1, niceStep((y1 - y0) / 5)).map((y) => [y, tickText(y)]);
   }
@@ -191,6 +262,12 @@ function plot(container, series, opts) {
   svg.append(svgEl("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", "font-size": 12}, opts.xLabel));
   svg.append(svgEl("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", "font-size": 12,
                             transform: `rotate(-90 14 ${(T + H - B) / 2})`}, opts.yLabel));
+  for (const [y, text] of opts.hlines || []) {   // horizontal reference lines (y in data units)
+    const yy = yOf(y);
+    if (yy === null || yy < y0 || yy > y1) continue;
+    svg.append(svgEl("line", {x1: L, x2: W - R, y1: py(yy), y2: py(yy), stroke: "#555", "stroke-dasharray": "2 3", class: "hline"}));
+    svg.append(svgEl("text", {x: W - R - 4, y: py(yy) - 4, "text-anchor": "end", "font-size": 11, fill: "#555"}, text));
+  }
   for (const m of opts.marks || []) svg.append(svgEl("line", {x1: px(m), x2: px(m), y1: T, y2: H - B, stroke: "#d32f2f", "stroke-dasharray": "4"}));
   for (const s of series) {
     const pts = s.points.map((p) => [px(p[0]), yOf(p[1]), p]);

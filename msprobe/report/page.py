@@ -1,6 +1,7 @@
 """One self-contained HTML page: the data as JSON in ``<script id="msprobe-data">``, the
-style and the drawing code inline (``page.css``, ``page.js`` and one page script of this
-package), nothing fetched from the network."""
+style and the drawing code inline (``page.css``, ``page.js``, ``graph.js``, one page script
+of this package, and the graph layout library ``vendor/dagre.min.js`` with its licence),
+nothing fetched from the network."""
 from __future__ import annotations
 
 import html
@@ -8,7 +9,11 @@ import json
 from importlib import resources
 from typing import Any
 
-__all__ = ["render"]
+__all__ = ["render", "DAGRE_VERSION"]
+
+#: The vendored @dagrejs/dagre (npm, MIT licence in ``vendor/dagre.LICENSE``): the layered
+#: layout of the model graph (``graph.js``).
+DAGRE_VERSION = "3.1.4"
 
 
 def _resource(name: str) -> str:
@@ -37,4 +42,6 @@ def render(title: str, body: str, data: Any, script: str) -> str:
             f"<title>{html.escape(title)}</title><style>{_resource('page.css')}</style></head><body>"
             f"{body}<div id='tooltip'></div>"
             f"<script type='application/json' id='msprobe-data'>{_script_json(data)}</script>"
-            f"<script>{_resource('page.js')}\n{_resource(script)}</script></body></html>\n")
+            f"<script>/*! @dagrejs/dagre {DAGRE_VERSION}\n{_resource('vendor/dagre.LICENSE')}*/\n"
+            f"{_resource('vendor/dagre.min.js')}</script>"
+            f"<script>{_resource('page.js')}\n{_resource('graph.js')}\n{_resource(script)}</script></body></html>\n")

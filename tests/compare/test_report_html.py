@@ -39,7 +39,7 @@ def test_report_html_in_browser(gelu_report):
         assert origin["name"] in marked and origin["module"] in marked
         assert browser.js(f"document.querySelector('.tree [data-name=\"{origin['name']}\"]').checkVisibility()")
         labels = browser.js("[...document.querySelectorAll('.e-plot svg text')].map(t => t.textContent)")
-        assert "call (execution order, all steps)" in labels and "largest relative error e (log scale)" in labels
+        assert "call (execution order, all steps)" in labels and "largest e/tol of the outputs (log scale)" in labels
         # ticks: x at a multiple of 1, 2 or 5 x 10^k from 0; y at powers of ten (e spans decades)
         xticks = [float(v) for v in browser.js("[...document.querySelectorAll('.e-plot .xtick')].map(t => t.textContent)")]
         step = xticks[1] - xticks[0]

@@ -146,14 +146,69 @@ def test_largest_values_and_norm_jumps(nan_dump):
     for row in largest["jumps"]:
         assert max(row["ratio"], 1 / row["ratio"]) >= 1.5
         assert row["ratio"] == pytest.approx(row["norm"] / row["previous"], rel=1e-12)
+    # one row per tensor handed on: no two rows jump between the same steps and Norms
+    jumps = collect(nan_dump, jump=1.0001)["largest"]["jumps"]
+    keys = [(r["rank"], r["previous_step"], r["step"], r["previous"], r["norm"]) for r in jumps]
+    assert len(keys) == len(set(keys)) and any(r["seen_in"] for r in jumps)
 
 
-def test_tree_is_construct_json_of_the_first_step(nan_dump):
-    tree = collect(nan_dump)["per_rank"]["0"]["tree"]
-    construct = json.loads((nan_dump / "step0" / "rank" / "construct.json").read_text())
-    nodes = {n["name"]: n["parent"] for n in tree["nodes"]}
-    forward = {k: v for k, v in construct.items() if k.endswith(".forward") or ".forward." in k}
-    assert nodes == forward
+def test_graph_is_construct_json_of_every_step_with_output_statistics(nan_dump):
+    graph = collect(nan_dump)["per_rank"]["0"]["graph"]
+    by_step = dump_jsons(nan_dump, "rank")
+    assert graph["steps"] == sorted(by_step) == [0, 1, 2]
+    names = [n[0] for n in graph["nodes"]]
+    assert len(set(names)) == len(names)
+    for step, data in by_step.items():
+        construct = json.loads((nan_dump / f"step{step}" / "rank" / "construct.json").read_text())
+        rows = graph["stats"][str(step)]
+        nodes = {graph["nodes"][r[0]][0]: graph["nodes"][r[0]] for r in rows}
+        forward = {k: v for k, v in construct.items() if k.endswith(".forward") or ".forward." in k}
+        assert {name: (None if n[1] < 0 else graph["nodes"][n[1]][0]) for name, n in nodes.items()} == forward
+        for i, mx, mn, mean, norm, flag, count in rows:
+            outputs = [leaf for leaf in data[graph["nodes"][i][0]].get("output", [])
+                       if isinstance(leaf, dict) and "Norm" in leaf]
+            assert count == len(outputs)
+            if not outputs:
+                continue
+            values = np.array([[o["Max"], o["Min"], o["Mean"], o["Norm"]] for o in outputs], dtype=np.float64)
+            numel = np.array([np.prod(o["shape"]) for o in outputs], dtype=np.float64)
+            nan = bool(np.isnan(values).any())
+            assert flag & 1 == int(nan)
+            expected = [values[:, 0].max(), values[:, 1].min(), (values[:, 2] * numel).sum() / numel.sum(),
+                        np.sqrt((values[:, 3] ** 2).sum())]
+            got = [float(v) if not isinstance(v, str) else float(v.replace("Infinity", "inf")) for v in (mx, mn, mean, norm)]
+            for g, e in zip(got, expected):
+                if nan and math.isnan(e):
+                    continue
+                assert g == pytest.approx(e, rel=1e-6)
+
+
+def test_largest_values_list_a_tensor_handed_on_once(nan_dump):
+    """The same tensor (equal statistics and shape) seen as one call's output and the next
+    call's input is one row, named by its first entry."""
+    by_step = dump_jsons(nan_dump, "rank")
+    largest = collect(nan_dump, threshold=0.5)["largest"]["extremes"]
+    keys = []
+    for row in largest:
+        assert row["name"] not in row["seen_in"]
+        keys.append((row["rank"], row["name"], row["io"], row["arg"]))
+    assert len(keys) == len(set(keys))
+    # step 0: tensors reaching 0.5, grouped by (Max, Min, Mean, Norm, shape) from dump.json
+    groups = {}
+    for name, entry in by_step[0].items():
+        for io, leaves in entry.items():
+            items = leaves.items() if isinstance(leaves, dict) else enumerate(leaves or [])
+            for arg, leaf in items:
+                if isinstance(leaf, dict) and "Max" in leaf and leaf["Max"] is not None \
+                        and max(abs(leaf["Max"]), abs(leaf["Min"])) >= 0.5 and leaf["Max"] == leaf["Max"]:
+                    key = (leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"], tuple(leaf["shape"]))
+                    groups.setdefault(key, set()).add((name, io, str(arg)))
+    rows0 = [r for r in largest if r["first_step"] == 0]
+    assert len(rows0) == len(groups)
+    assert any(len(names) > 1 for names in groups.values())   # fc1's output is act's input
+    for entries in groups.values():   # one row per group, naming the others (seen_in: over all its steps)
+        (row,) = [r for r in rows0 if (r["name"], r["io"], r["arg"]) in entries]
+        assert {name for name, _, _ in entries} - {row["name"]} <= set(row["seen_in"])
 
 
 def test_bad_limits_and_missing_log_raise(tmp_path, nan_dump):
