@@ -41,6 +41,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -304,6 +305,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2
+    _print_notices(result.notices)
     print(console_summary(result.summary))
     return result.exit_code
 
@@ -359,6 +361,21 @@ def _write_pt(path: Path, payload: Any) -> None:
     write_pt(path, payload)
 
 
+_SKIP_LINE = re.compile(r"^((TARGET|BASELINE): )?skipped ")
+
+
+def _print_notices(lines: Sequence[str]) -> None:
+    """Print on stderr what a command did not read as data (damaged log batches, torn
+    tails, missing or damaged payload shards, unverified logs), one line each, followed by
+    a count: a result computed without them is partial."""
+    for line in lines:
+        print(line, file=sys.stderr)
+    skipped = sum(1 for line in lines if _SKIP_LINE.match(line))
+    if skipped:
+        print(f"warning: {skipped} part(s) of the dump were skipped (above); the result is partial",
+              file=sys.stderr)
+
+
 def _run_export(args: argparse.Namespace) -> int:
     from msprobe.core.npy_payload import write_npy
     from msprobe.progress import Progress
@@ -374,9 +391,7 @@ def _run_export(args: argparse.Namespace) -> int:
     for directory in directories:
         names = ", ".join(p.name for p in report.written if p.parent == directory)
         print(f"wrote {directory} ({names})")
-    for skip in report.skipped:
-        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
-        print(f"skipped {skip.path}{where}: {skip.reason}")
+    _print_notices(report.notices())
     if not report.written:
         print("nothing to export")
     return 0
@@ -385,12 +400,12 @@ def _run_export(args: argparse.Namespace) -> int:
 def _run_compact(args: argparse.Namespace) -> int:
     from store.compact import compact
 
+    from store.log_reader import notices
+
     report = compact(args.dump_path, args.out)
     for path, rows in zip(report.written, report.rows):
         print(f"wrote {path} ({rows} rows)")
-    for skip in report.skipped:
-        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
-        print(f"skipped {skip.path}{where}: {skip.reason}")
+    _print_notices(notices(report.skipped))
     return 0
 
 
@@ -408,6 +423,7 @@ def _run_check_ranks(args: argparse.Namespace) -> int:
     except CheckRanksInputError as exc:
         print(f"msprobe check-ranks: error: {exc}", file=sys.stderr)
         return 2
+    _print_notices(result.notices)
     print(format_report(result))
     return result.exit_code
 
@@ -422,7 +438,9 @@ def _run_query(args: argparse.Namespace) -> int:
     if is_compare_output(args.dump_path) and not (Path(args.dump_path) / ".msprobe").is_dir():
         table = query_outputs(args.dump_path, args.sql)   # an OUT directory of msprobe compare
     else:
-        table = query(args.dump_path, args.sql)
+        notices: list[str] = []
+        table = query(args.dump_path, args.sql, notices=notices)
+        _print_notices(notices)
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
     rows = list(zip(*columns)) if columns else []
@@ -450,13 +468,16 @@ def _run_report(args: argparse.Namespace) -> int:
     from msprobe.progress import Progress
     from msprobe.report import write_report
 
+    notices: list[str] = []
     with Progress("msprobe report", unit="part") as bar:
         try:
             path = write_report(args.dump_path, args.out, progress=bar.advance, threshold=args.threshold,
-                                jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps)
+                                jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps,
+                                notices=notices)
         except ValueError as exc:
             print(f"msprobe report: error: {exc}", file=sys.stderr)
             return 2
+    _print_notices(notices)
     print(f"wrote {path}")
     return 0
 

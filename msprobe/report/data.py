@@ -265,6 +265,7 @@ def collect(
         out: dict[str, Any] = {
             "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
             "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
+            "skipped": contents.notices(),
         }
         for rank in ranks:
             tick(f"rank {rank}")
