@@ -387,11 +387,16 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
     out_ranks = []
     any_div = False
     unpaired_ranks = []
+    sides = {rank: (n_t, n_b) for rank, n_t, n_b in con.execute(
+        "SELECT rank, count(t_name), count(b_name) FROM calls GROUP BY rank").fetchall()}
     for rank in ranks:
         c = counts_of[rank]
         paired = c["pass"] + c["propagated"] + c["origin"]
-        if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
+        if 2 * paired < min(sides.get(rank, (0, 0))):
+            # fewer than half the calls of the smaller side found a partner: two different
+            # programs; whatever differs among the few pairs says nothing
             unpaired_ranks.append(rank)
+        if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
             notes.append(f"rank {rank}: {c['unpaired']} calls found no partner against {paired} paired: the runs "
                          "differ in structure (another model, level, scope or steps), or a dump path holds the "
                          "logs of several runs")
