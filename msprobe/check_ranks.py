@@ -291,6 +291,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
         if not chosen or any(not g for g in chosen):
             raise CheckRanksInputError(f"--group: got {groups!r}; expected non-empty rank lists")
         for rank in sorted({r for g in chosen for r in g} - set(ranks)):
+            if any(line.startswith(f"skipped rank {rank}:") for line in notices):
+                continue  # the reader said so already
             notices.append(f"skipped rank {rank}: nothing recorded for it (its log is missing or unreadable); "
                            f"not compared")
         create_replicas_view(con, source, chosen, tol=float(tol))

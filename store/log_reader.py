@@ -41,7 +41,7 @@ from store import schema as S
 from store.errors import LogNotFoundError
 from store.log_writer import parse_log_file_name
 
-__all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "notices", "read_log"]
+__all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "missing_ranks", "notices", "read_log"]
 
 _CONTINUATION = 0xFFFFFFFF
 _MARKER = b"\xff\xff\xff\xff"
@@ -439,20 +439,50 @@ class LogContents:
     files: tuple[Path, ...] = field(default=())
     row_files: Optional[pa.Array] = None
     unverified: tuple[str, ...] = ()
+    missing_ranks: tuple[int, ...] = ()
 
     def notices(self) -> list[str]:
         """What a command that read these logs must tell its user: one line per skipped
-        part (:meth:`Skipped.describe`) and one per unverified file."""
-        return notices(self.skipped, self.unverified)
+        part (:meth:`Skipped.describe`), per rank without a log, per unverified file."""
+        return notices(self.skipped, self.unverified, self.missing_ranks)
 
 
-def notices(skipped, unverified=()) -> list[str]:
-    """Lines for people about ``skipped`` (:class:`Skipped`) and ``unverified`` (paths
-    of format-1 logs): the same wording in every command."""
+def notices(skipped, unverified=(), missing_ranks=()) -> list[str]:
+    """Lines for people about ``skipped`` (:class:`Skipped`), ``unverified`` (paths of
+    format-1 logs) and ``missing_ranks``: the same wording in every command."""
     lines = [skip.describe() if isinstance(skip, Skipped) else str(skip) for skip in skipped]
+    lines += [f"skipped rank {rank}: no readable log, although the run recorded it (world size or "
+              f"config rank list in the markers)" for rank in missing_ranks]
     lines += [f"unverified {path}: log format 1 has no checksums; damage in it may go unnoticed"
               for path in unverified]
     return lines
+
+
+def missing_ranks(table: pa.Table) -> tuple[int, ...]:
+    """The ranks that should have recorded but have no rows in ``table`` (log rows of
+    every rank): ranks ``0 .. world_size-1`` of the largest ``world_size`` in the markers'
+    ``meta``, or the config's rank list (``ranks``) where the markers carry one; () when
+    neither is known (a run without torch.distributed)."""
+    import json
+
+    import pyarrow.compute as pc  # offline only
+
+    markers = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_MARKER, S.ROW)))
+    world, listed = None, set()
+    for text in markers[S.META].to_pylist():
+        try:
+            meta = json.loads(text) if text else {}
+        except ValueError:
+            continue
+        if isinstance(meta.get("world_size"), int):
+            world = max(world or 0, meta["world_size"])
+        if isinstance(meta.get("ranks"), list):
+            listed.update(r for r in meta["ranks"] if isinstance(r, int))
+    if world is None and not listed:
+        return ()
+    expected = listed if listed else set(range(world))
+    present = set(pc.unique(table[S.RANK]).to_pylist())
+    return tuple(sorted(expected - present))
 
 
 def _file_order(path: Path) -> tuple:
@@ -527,7 +557,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         table = S.LOG_SCHEMA.empty_table()
         origin = pa.array([], pa.int32())
     return LogContents(table=table, stacks=stacks, skipped=tuple(skipped), files=tuple(files), row_files=origin,
-                       unverified=tuple(unverified))
+                       unverified=tuple(unverified), missing_ranks=missing_ranks(table))
 
 
 def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:

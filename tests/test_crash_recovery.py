@@ -85,7 +85,8 @@ def copy_of(killed, name: str, tmp_path: Path) -> tuple[Path, list[str]]:
 
 def export(dump: Path, out: Path, capsys) -> str:
     assert cli_main(["export", str(dump), "--out", str(out)]) == 0
-    return capsys.readouterr().out
+    captured = capsys.readouterr()
+    return captured.out + captured.err  # what was written, then what was skipped
 
 
 def files_of(root: Path, step: int) -> dict[str, bytes]:

@@ -212,7 +212,10 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
             log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
                                 "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
                                 "reason": skip.reason})
-        notices += [f"{label}: {line}" for line in _log_notices(side.skipped, side.unverified)]
+        for rank in side.missing_ranks:
+            if opts.ranks is None or rank in opts.ranks:
+                incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
+        notices += [f"{label}: {line}" for line in _log_notices(side.skipped, side.unverified, side.missing_ranks)]
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
@@ -464,10 +467,10 @@ def _selected_skips(skipped, opts: CompareOptions) -> list:
     return out
 
 
-def _log_notices(skipped, unverified) -> list[str]:
+def _log_notices(skipped, unverified, missing) -> list[str]:
     from store.log_reader import notices
 
-    return notices(skipped, unverified)
+    return notices(skipped, unverified, missing)
 
 
 def _global_origin(out_ranks: list[dict]) -> Optional[dict]:

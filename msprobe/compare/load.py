@@ -70,6 +70,7 @@ class Side:
     data_dirs: dict = field(default_factory=dict)
     skipped: tuple = ()
     unverified: tuple = ()
+    missing_ranks: tuple = ()       # ranks the markers say recorded, without a readable log
     producer: Optional[str] = None  # msprobe.compare.producers: "msprobe", "upstream-1.x", "upstream-26"
 
 
@@ -139,7 +140,10 @@ def _read_log_chunks(p: Path):
             if stack_id is not None and stack_id not in stacks:
                 stacks[stack_id] = tuple(frames or ())
     table = pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
-    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped), unverified=tuple(unverified))
+    from store.log_reader import missing_ranks
+
+    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped), unverified=tuple(unverified),
+                           missing_ranks=missing_ranks(table))
 
 
 def _load_log(p: Path) -> Side:
@@ -204,7 +208,8 @@ def _load_log(p: Path) -> Side:
                        "frame": pa.array(frames, pa.string())})
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
-                skipped=contents.skipped, unverified=contents.unverified, producer=OURS)
+                skipped=contents.skipped, unverified=contents.unverified,
+                missing_ranks=contents.missing_ranks, producer=OURS)
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -238,3 +238,31 @@ def test_random_bit_flips_and_words_are_detected_or_harmless(tmp_path, log, widt
         reader, got = read_damaged(tmp_path, bytes(damaged))
         assert rows(got) == rows(expected_after_flip(batches, ranges, changed[0])), at
         assert any(s.offset <= changed[0] < (s.end or len(data)) for s in reader.skipped), at
+
+
+META = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None}
+
+
+def write_ranks(dump, ranks, meta_extra):
+    from store.records import Marker
+
+    for rank in ranks:
+        with LogWriter(dump, rank) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta={**META, "rank_dir": f"rank{rank}", **meta_extra}))
+            writer.append(make_call(rank, step=0))
+
+
+def test_a_rank_the_run_recorded_without_a_log_is_reported(tmp_path):
+    write_ranks(tmp_path, [0, 1], {"world_size": 3})
+    contents = read_log(tmp_path)
+    assert contents.missing_ranks == (2,)
+    assert contents.notices() == [
+        "skipped rank 2: no readable log, although the run recorded it (world size or config rank list in the markers)"]
+
+
+@pytest.mark.parametrize("extra, missing", [({"world_size": 3, "ranks": [0, 1]}, ()),  # config rank list
+                                            ({}, ()),  # no torch.distributed: nothing expected
+                                            ({"world_size": 2}, ())])
+def test_ranks_not_expected_are_not_reported(tmp_path, extra, missing):
+    write_ranks(tmp_path, [0, 1], extra)
+    assert read_log(tmp_path).missing_ranks == missing
