@@ -20,12 +20,21 @@
         [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm [LAYER.yaml]]
         upstream spellings: -i compare.json, -tp/-gp, -o/--output_path, -m auto, -s, -c, -hl,
         -f/-fm, -da, -tensor_log, --xlsx (docs/compare-upstream-formats.md)
+        find the first divergence between two dumps (see msprobe.compare); exit status 0
+        identical or close, 1 diverged, 3 incomplete (a step, rank or log part on one side
+        only or damaged), 4 inconclusive (almost nothing pairs), 2 bad input (docs/compare.md)
     msprobe check-ranks DUMP_PATH [--group 0-7 ...] [--step 0-4] [--all-calls] [--tol REL]
         the first tensor on which data-parallel replicas disagree (see msprobe.check_ranks);
         exit status 0 all agree, 1 a disagreement, 2 bad input
     msprobe compare TARGET --nan-origin
-        find the first divergence between two dumps (see msprobe.compare); exit status
-        0 no divergence, 1 divergence, 2 bad input
+        the first call per rank that turns finite inputs into NaN/Inf; exit status 0 none,
+        1 one found, 2 bad input
+
+Every command that reads a log (export, query, report, compact, compare, check-ranks) prints
+on stderr each part it did not read as data (a damaged batch, a torn tail, a rank without a
+log, a tensor whose payload shard is missing or damaged), one line each, then a warning that
+the result is partial; logs of format 1 (no checksums) are named as unverified
+(docs/reliability.md).
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
 log, a failed export or an invalid query (message on stderr); 141 (128 + SIGPIPE, what a

@@ -550,17 +550,20 @@ class ExportReport:
             files not written because their payload is missing or damaged (``offset`` -1,
             ``path`` the shard).
         unverified: log files of format 1 (no checksums).
+        missing_ranks, unfinished: as :class:`store.log_reader.LogContents`.
     """
 
     written: tuple[Path, ...]
     groups: tuple[tuple[int, int], ...]
     skipped: tuple[Skipped, ...]
     unverified: tuple[str, ...] = ()
+    missing_ranks: tuple[int, ...] = ()
+    unfinished: tuple[str, ...] = ()
 
     def notices(self) -> list[str]:
-        """One line per skipped part and per unverified log file
-        (:func:`store.log_reader.notices`)."""
-        return notices(self.skipped, self.unverified)
+        """One line per skipped part, rank without a log, unverified or unfinished log
+        file (:func:`store.log_reader.notices`)."""
+        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
 
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
@@ -664,7 +667,8 @@ def export_log(
         skipped.append(Skipped(os.path.join(payload_dir, shard), -1,
                                f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
-                        unverified=contents.unverified)
+                        unverified=contents.unverified, missing_ranks=contents.missing_ranks,
+                        unfinished=contents.unfinished)
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:

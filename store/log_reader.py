@@ -431,6 +431,11 @@ class LogContents:
             keeps the calls of two files apart (two runs pointed at one dump path).
         unverified: the files of log format 1, whose batches carry no checksum (read, but
             damage in them may go unnoticed).
+        missing_ranks: ranks the markers say recorded (``world_size``, or the config's
+            ``ranks``) that have no rows (:func:`missing_ranks`).
+        unfinished: files that end cleanly after a batch but without the end-of-stream
+            marker: the writer was killed (or still writes); a torn tail is in ``skipped``
+            instead.
     """
 
     table: pa.Table
@@ -440,21 +445,26 @@ class LogContents:
     row_files: Optional[pa.Array] = None
     unverified: tuple[str, ...] = ()
     missing_ranks: tuple[int, ...] = ()
+    unfinished: tuple[str, ...] = ()
 
     def notices(self) -> list[str]:
         """What a command that read these logs must tell its user: one line per skipped
-        part (:meth:`Skipped.describe`), per rank without a log, per unverified file."""
-        return notices(self.skipped, self.unverified, self.missing_ranks)
+        part (:meth:`Skipped.describe`), per rank without a log, per unverified file, per
+        unfinished file."""
+        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
 
 
-def notices(skipped, unverified=(), missing_ranks=()) -> list[str]:
+def notices(skipped, unverified=(), missing_ranks=(), unfinished=()) -> list[str]:
     """Lines for people about ``skipped`` (:class:`Skipped`), ``unverified`` (paths of
-    format-1 logs) and ``missing_ranks``: the same wording in every command."""
+    format-1 logs), ``missing_ranks`` and ``unfinished`` (paths of logs without an
+    end-of-stream marker): the same wording in every command."""
     lines = [skip.describe() if isinstance(skip, Skipped) else str(skip) for skip in skipped]
     lines += [f"skipped rank {rank}: no readable log, although the run recorded it (world size or "
               f"config rank list in the markers)" for rank in missing_ranks]
     lines += [f"unverified {path}: log format 1 has no checksums; damage in it may go unnoticed"
               for path in unverified]
+    lines += [f"unfinished {path}: no end-of-stream marker: the process writing it was killed or is still "
+              f"running; rows it had not flushed are not in it" for path in unfinished]
     return lines
 
 
@@ -529,6 +539,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     tables: list[pa.Table] = []
     skipped: list[Skipped] = []
     unverified: list[str] = []
+    unfinished: list[str] = []
     stacks: dict[int, tuple[str, ...]] = {}
     next_seq: dict[int, int] = {}
     row_files: list[pa.Array] = []
@@ -538,6 +549,8 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         skipped.extend(reader.skipped)
         if reader.verified is False:
             unverified.append(str(path))
+        if not reader.finished and not any(s.end is None for s in reader.skipped):
+            unfinished.append(str(path))  # a clean prefix: no torn tail, no end marker either
         if not batches:
             continue
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
@@ -557,7 +570,8 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         table = S.LOG_SCHEMA.empty_table()
         origin = pa.array([], pa.int32())
     return LogContents(table=table, stacks=stacks, skipped=tuple(skipped), files=tuple(files), row_files=origin,
-                       unverified=tuple(unverified), missing_ranks=missing_ranks(table))
+                       unverified=tuple(unverified), missing_ranks=missing_ranks(table),
+                       unfinished=tuple(unfinished))
 
 
 def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:

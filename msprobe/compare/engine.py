@@ -215,7 +215,11 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         for rank in side.missing_ranks:
             if opts.ranks is None or rank in opts.ranks:
                 incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
-        notices += [f"{label}: {line}" for line in _log_notices(side.skipped, side.unverified, side.missing_ranks)]
+        for path in _selected_files(side.unfinished, opts):
+            incomplete.append(f"{label}: {path} has no end-of-stream marker (its process was killed or still "
+                              "runs): its last rows may be missing")
+        notices += [f"{label}: {line}" for line in
+                    _log_notices(side.skipped, side.unverified, side.missing_ranks, side.unfinished)]
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
@@ -467,10 +471,22 @@ def _selected_skips(skipped, opts: CompareOptions) -> list:
     return out
 
 
-def _log_notices(skipped, unverified, missing) -> list[str]:
+def _log_notices(skipped, unverified, missing, unfinished) -> list[str]:
     from store.log_reader import notices
 
-    return notices(skipped, unverified, missing)
+    return notices(skipped, unverified, missing, unfinished)
+
+
+def _selected_files(paths, opts: CompareOptions) -> list:
+    """The log files among ``paths`` of the ranks selected by ``--rank``."""
+    from store.log_writer import parse_log_file_name
+
+    out = []
+    for path in paths:
+        parsed = parse_log_file_name(Path(path).name)
+        if opts.ranks is None or parsed is None or parsed[0] in opts.ranks:
+            out.append(path)
+    return out
 
 
 def _global_origin(out_ranks: list[dict]) -> Optional[dict]:

@@ -71,6 +71,7 @@ class Side:
     skipped: tuple = ()
     unverified: tuple = ()
     missing_ranks: tuple = ()       # ranks the markers say recorded, without a readable log
+    unfinished: tuple = ()          # our log files without an end-of-stream marker (writer killed)
     producer: Optional[str] = None  # msprobe.compare.producers: "msprobe", "upstream-1.x", "upstream-26"
 
 
@@ -112,13 +113,15 @@ def _read_log_chunks(p: Path):
 
     from store.log_reader import LogReader, find_log_files
 
-    tables, skipped, unverified, stacks, next_seq = [], [], [], {}, {}
+    tables, skipped, unverified, unfinished, stacks, next_seq = [], [], [], [], {}, {}
     for path in find_log_files(p):
         reader = LogReader(path)
         batches = reader.read_new()
         skipped.extend(reader.skipped)
         if reader.verified is False:
             unverified.append(str(path))
+        if not reader.finished and not any(s.end is None for s in reader.skipped):
+            unfinished.append(str(path))
         if not batches:
             continue
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
@@ -143,7 +146,7 @@ def _read_log_chunks(p: Path):
     from store.log_reader import missing_ranks
 
     return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped), unverified=tuple(unverified),
-                           missing_ranks=missing_ranks(table))
+                           missing_ranks=missing_ranks(table), unfinished=tuple(unfinished))
 
 
 def _load_log(p: Path) -> Side:
@@ -209,7 +212,7 @@ def _load_log(p: Path) -> Side:
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
                 skipped=contents.skipped, unverified=contents.unverified,
-                missing_ranks=contents.missing_ranks, producer=OURS)
+                missing_ranks=contents.missing_ranks, unfinished=contents.unfinished, producer=OURS)
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:

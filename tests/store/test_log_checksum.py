@@ -266,3 +266,19 @@ def test_a_rank_the_run_recorded_without_a_log_is_reported(tmp_path):
 def test_ranks_not_expected_are_not_reported(tmp_path, extra, missing):
     write_ranks(tmp_path, [0, 1], extra)
     assert read_log(tmp_path).missing_ranks == missing
+
+
+def test_a_log_cut_between_batches_is_unfinished_not_silent(tmp_path, log):
+    data, batches, ranges = log
+    log_dir = tmp_path / S.STORE_DIR / S.LOG_DIR
+    log_dir.mkdir(parents=True)
+    path = log_dir / "rank0.1.2.arrows"
+    path.write_bytes(data[: ranges[5][1]])  # 5 whole batches, no end-of-stream marker
+    contents = read_log(tmp_path)
+    assert contents.table.to_pylist() == rows(batches[:5]) and contents.skipped == ()
+    assert contents.unfinished == (str(path),)
+    assert contents.notices() == [
+        f"unfinished {path}: no end-of-stream marker: the process writing it was killed or is still running; "
+        "rows it had not flushed are not in it"]
+    path.write_bytes(data)
+    assert read_log(tmp_path).unfinished == ()
