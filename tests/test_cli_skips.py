@@ -138,6 +138,8 @@ def test_compare_with_a_damaged_batch_is_incomplete_exit_3(damaged, clean, tmp_p
     (skip,) = summary["log_skipped"]
     assert (skip["side"], skip["path"], skip["offset"], skip["end"]) == ("TARGET", str(log), start, end)
     assert any(reason.startswith("TARGET: skipped") for reason in summary["incomplete"])
+    page = (out_dir / "report.html").read_text()  # compare's page lists what was not compared
+    assert "Not compared (the answer is incomplete)" in page and "TARGET: skipped" in page
     # the same two runs, undamaged: identical, exit 0
     code, out, err = run(["compare", clean, clean], capsys)
     assert code == 0 and out.startswith("verdict: identical") and err == ""

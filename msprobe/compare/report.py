@@ -77,6 +77,7 @@ def write_html(result, path: Path) -> Path:
     (no external resources); returns ``path``."""
     summary = result.summary
     data = plain({"verdict": summary["verdict"], "mode": summary["mode"], "notes": summary.get("notes", []),
+                  "incomplete": summary.get("incomplete", []),
                   "ranks": _ranks(result), "max_plotted": MAX_PLOTTED, "max_rows": MAX_ROWS})
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")

@@ -72,6 +72,11 @@ function main() {
   const D = readData();
   document.getElementById("title").textContent = `msprobe compare: ${D.verdict} (mode ${D.mode})`;
   const box = document.getElementById("compare");
+  if (D.incomplete && D.incomplete.length) {
+    // what was not compared: the verdict covers the rest only
+    box.append(el("p", {class: "bad", id: "incomplete", text: "Not compared (the answer is incomplete):"}),
+               el("ul", {class: "note"}, ...D.incomplete.map((n) => el("li", {text: n}))));
+  }
   if (D.notes.length) box.append(el("ul", {class: "note"}, ...D.notes.map((n) => el("li", {text: n}))));
   for (const R of D.ranks) compareRank(D, R, box);
   document.body.dataset.ready = "1";

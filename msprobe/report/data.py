@@ -238,6 +238,8 @@ def collect(
         progress: called with the name of each part as it starts (for a progress bar).
     Returns:
         A dict of plain JSON values; non-finite floats as strings (see :func:`plain`).
+        ``skipped`` holds one line per part of the log not read as data
+        (:meth:`store.log_reader.LogContents.notices`), shown at the top of the page.
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         ValueError: a limit below 1, or a ``threshold``/``jump`` that is not a positive number.
