@@ -90,7 +90,9 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
         f"CREATE VIEW {VIEW_STACKS} AS SELECT {S.STACK_ID}, {DEPTH}, {FRAME} FROM {_STACK_TABLE}"
     )
     ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log}").fetchall()]
-    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks))
+    # a log with no readable row (every batch damaged or torn) still gets a replicas view:
+    # an empty one, of rank 0
+    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks or [0]))
 
 
 def set_replica_groups(con: duckdb.DuckDBPyConnection, groups, *, tol: float = 0.0) -> None:

@@ -223,3 +223,16 @@ def test_a_format_1_log_is_read_and_called_unverified(clean, tmp_path, capsys):
     _, clean_out, _ = run(["query", clean, sql, "--format", "csv"], capsys)
     assert code == 0 and out == clean_out
     assert err == f"unverified {log}: log format 1 has no checksums; damage in it may go unnoticed\n"
+
+
+def test_a_log_with_no_readable_batch_answers_empty_and_says_why(clean, tmp_path, capsys):
+    dump = tmp_path / "torn"
+    shutil.copytree(clean, dump)
+    log = log_file(dump)
+    first_batch_end = batch_messages(log.read_bytes())[0][1]
+    log.write_bytes(log.read_bytes()[: first_batch_end - 100])  # the schema and a torn first batch
+    code, out, err = run(["query", dump, "SELECT count(*) AS n FROM calls", "--format", "csv"], capsys)
+    assert (code, out) == (0, "n\n0\n")
+    assert err.startswith(f"skipped {log} at byte {len(S.LOG_SCHEMA.serialize())}") and "truncated" in err
+    code, out, err = run(["report", dump, "-o", tmp_path / "r.html"], capsys)
+    assert code == 0 and "truncated" in err
