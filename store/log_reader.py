@@ -3,8 +3,9 @@
 :class:`LogReader` reads one log file written by :class:`store.log_writer.LogWriter`
 message by message. It frames the Arrow IPC stream itself (continuation marker,
 metadata length, then :func:`pyarrow.ipc.read_message`), so it knows where each complete
-message ends and keeps that byte offset between calls: :meth:`LogReader.read_new`
-returns only the batches appended since the previous call.
+message ends and keeps that byte offset between calls: :meth:`LogReader.iter_new` yields
+(and :meth:`LogReader.read_new` returns) only the batches appended since the previous call,
+and :attr:`LogReader.skipped` lists what was not read as data.
 
 Verification (log format 2, :mod:`store.log_frame`). Every record batch message carries
 the CRC-32 of its own bytes; a batch is returned only when the CRC matches, so a damaged
@@ -31,7 +32,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -152,12 +153,25 @@ class LogReader:
         self._exact = False
         self._batches_read = 0
         self._last_step: Optional[int] = None  # largest step of the batches read so far
+        self._since_skip = -1  # _batches_read when the last skip was recorded
 
     def read_new(self) -> list[pa.RecordBatch]:
-        """Return the complete, verified record batches appended since the last call.
+        """Return the complete, verified record batches appended since the last call
+        (:meth:`iter_new`, as a list).
 
         Batches carry exactly the columns of :data:`store.schema.LOG_SCHEMA`.
         Never raises on damaged input or an unreadable file: see :attr:`skipped`.
+        """
+        return list(self.iter_new())
+
+    def iter_new(self) -> Iterator[pa.RecordBatch]:
+        """Yield the complete, verified record batches appended since the last call, one
+        at a time, in file order (a large file is memory-mapped: a batch holds no copy).
+
+        :attr:`skipped` is reset when iteration starts and complete once the iterator is
+        exhausted (the ``steps`` of a skip are filled in when the next batch is read);
+        :attr:`offset` advances with each batch. Never raises on damaged input or an
+        unreadable file.
         """
         self.skipped = []
         try:
@@ -170,63 +184,56 @@ class LogReader:
                     base = self.offset
         except OSError as exc:
             self.skipped = [Skipped(str(self.path), self.offset, f"unreadable: {exc}")]
-            return []
+            return
         buffer = pa.py_buffer(data)
-        batches: list[pa.RecordBatch] = []
-        # (index into batches where the skip happened, offset, end, reason, rows)
-        skips: list[tuple[int, int, Optional[int], str, Optional[int]]] = []
         pos = self.offset - base
         size = len(data)
+        waiting = False  # the last skip still needs the first step after it
         while pos < size:
             if self.finished:
-                skips.append((len(batches), pos, size, f"corrupt: {size - pos} bytes after the end-of-stream marker", None))
+                self._skip(base + pos, base + size, f"corrupt: {size - pos} bytes after the end-of-stream marker", None)
                 break
             try:
                 consumed, batch = self._read_message(data, buffer, pos)
             except _Damage as damage:
                 found = self._resync(data, buffer, pos) if self.verified is not False else None
                 if found is None:
-                    skips.append((len(batches), pos, None, str(damage), damage.rows))
+                    self._skip(base + pos, None, str(damage), damage.rows)
                     break
                 next_pos, consumed, batch = found
-                skips.append((len(batches), pos, next_pos, str(damage), damage.rows))
+                self._skip(base + pos, base + next_pos, str(damage), damage.rows)
+                waiting = True
                 pos = next_pos
                 if batch is None:  # the end-of-stream marker, at the end of the file
                     self.finished = True
                 elif self._schema is None:  # the schema message was unreadable: verified batches say format 2
                     self._schema, self._exact, self.verified = S.LOG_SCHEMA, True, True
             pos += consumed
+            self.offset = base + pos
             if batch is not None:
-                batches.append(batch)
                 self._batches_read += 1
+                first, self._last_step = _step_bounds(batch, self._last_step)
+                if waiting and first is not None:
+                    self._close_skips(first)
+                    waiting = False
+                yield batch
         self.offset = base + pos
-        self.skipped = self._describe(skips, batches, base)
-        for batch in batches:
-            self._last_step = _step_bounds(batch, self._last_step)[1]
-        return batches
 
     # --- internals -------------------------------------------------------------------
-    def _describe(self, skips, batches, base) -> list[Skipped]:
-        """The :class:`Skipped` of ``skips``; adjacent parts are merged into one."""
-        merged: list[list] = []
-        for index, start, end, reason, rows in skips:
-            if merged and merged[-1][2] == start and merged[-1][0] == index:
-                merged[-1][2] = end
-                continue
-            merged.append([index, start, end, reason, rows])
-        result = []
-        for index, start, end, reason, rows in merged:
-            after = self._last_step
-            for batch in batches[:index]:
-                after = _step_bounds(batch, after)[1]
-            before = None
-            for batch in batches[index:]:
-                before = _step_bounds(batch, None)[0]
-                if before is not None:
-                    break
-            result.append(Skipped(str(self.path), base + start, reason,
-                                  None if end is None else base + end, rows, (after, before)))
-        return result
+    def _skip(self, start: int, end: Optional[int], reason: str, rows: Optional[int]) -> None:
+        """Record a skipped part (file offsets); one that starts where the previous one
+        ends, with no batch between, extends it."""
+        last = self.skipped[-1] if self.skipped else None
+        if last is not None and last.end == start and self._since_skip == self._batches_read:
+            self.skipped[-1] = last._replace(end=end)
+            return
+        self._since_skip = self._batches_read
+        self.skipped.append(Skipped(str(self.path), start, reason, end, rows, (self._last_step, None)))
+
+    def _close_skips(self, step: int) -> None:
+        """Give the skips still open the first step read after them."""
+        self.skipped = [s._replace(steps=(s.steps[0], step)) if s.steps and s.steps[1] is None else s
+                        for s in self.skipped]
 
     def _resync(self, data, buffer: pa.Buffer, pos: int, accept_end: bool = True):
         """The first verified message after the damaged one at ``pos``: ``(its position,

@@ -282,3 +282,21 @@ def test_a_log_cut_between_batches_is_unfinished_not_silent(tmp_path, log):
         "rows it had not flushed are not in it"]
     path.write_bytes(data)
     assert read_log(tmp_path).unfinished == ()
+
+
+def test_iter_new_yields_verified_batches_one_at_a_time(tmp_path, log):
+    data, batches, ranges = log
+    damaged = bytearray(data)
+    damaged[ranges[4][0] + 200] ^= 0x20  # batch 3 (steps 1)
+    path = tmp_path / "it.arrows"
+    path.write_bytes(bytes(damaged))
+    reader = LogReader(path)
+    seen = []
+    for batch in reader.iter_new():
+        seen.append((batch, reader.offset))
+    # each batch arrives with the offset just past its own message
+    assert [offset for _, offset in seen] == [end for _, end in ranges[1:4] + ranges[5:9]]
+    assert rows([b for b, _ in seen]) == rows(batches[:3] + batches[4:])
+    (skip,) = reader.skipped
+    assert (skip.offset, skip.end, skip.steps) == (ranges[4][0], ranges[4][1], (1, 2))
+    assert reader.finished and reader.offset == len(data)
