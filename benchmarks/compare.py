@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 
 from store import schema as S  # noqa: E402
+from store.log_frame import write_batches  # noqa: E402
 
 OPS = ("Functional.linear", "Functional.gelu", "Functional.layer_norm", "Tensor.__add__")
 
@@ -116,9 +117,8 @@ def write_log(dump: Path, n_calls: int, *, inserted: tuple = (), perturbed: int 
     table = pa.table(cols, schema=S.LOG_SCHEMA)
     log_dir = dump / S.STORE_DIR / S.LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
-    with pa.OSFile(str(log_dir / f"rank0.{os.getpid()}.{time.time_ns()}{S.LOG_SUFFIX}"), "wb") as sink:
-        with pa.ipc.new_stream(sink, S.LOG_SCHEMA) as writer:
-            writer.write_table(table, max_chunksize=65536)
+    with open(log_dir / f"rank0.{os.getpid()}.{time.time_ns()}{S.LOG_SUFFIX}", "wb") as sink:
+        write_batches(sink, table.to_batches(max_chunksize=65536))
     return result
 
 

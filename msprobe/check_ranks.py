@@ -97,6 +97,9 @@ class RankCheck:
     categories: tuple[str, ...]
     tol: float
     groups: tuple[GroupResult, ...]
+    #: what was not read or not compared, one line each: damaged or torn log parts,
+    #: unverified (format 1) logs, ranks of a group with no records
+    notices: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -125,15 +128,19 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str]:
-    """(connection holding the source relation, its SQL, ranks present, world size, source)."""
+def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str, list[str]]:
+    """(connection holding the source relation, its SQL, ranks present, world size, source,
+    notices: the lines of :meth:`store.log_reader.LogContents.notices`)."""
     if (path / S.STORE_DIR / S.LOG_DIR).is_dir():
+        from store.log_reader import read_log
         from store.query import _LOG_TABLE, VIEW_CALLS, connect
         from store.replicas import log_source_sql, recorded_world_size
 
-        con = connect(path)
+        contents = read_log(path)
+        con = connect(path, contents=contents)
         ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {VIEW_CALLS}").fetchall()]
-        return con, log_source_sql(_LOG_TABLE, VIEW_CALLS), ranks, recorded_world_size(con, _LOG_TABLE), "log"
+        return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), ranks, recorded_world_size(con, _LOG_TABLE), "log",
+                contents.notices())
     from msprobe.compare.errors import CompareInputError
     from msprobe.compare.load import load_side
 
@@ -150,7 +157,7 @@ def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Opt
         "(SELECT rank, step, name, kind, parent, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
         "FROM up_calls) c USING (rank, step, name)")
     ranks = sorted({r for r in side.calls.column("rank").to_pylist()})
-    return con, source, ranks, None, "dump.json"
+    return con, source, ranks, None, "dump.json", []
 
 
 def _fingerprint(row: dict, i: int, exact: bool):
@@ -347,18 +354,24 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
         raise CheckRanksInputError(f"DUMP_PATH {str(p)!r}: path does not exist")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf:
         raise CheckRanksInputError(f"--tol: got {tol!r}; expected a finite number >= 0")
-    con, source, ranks, world_size, kind = _connect(p)
+    con, source, ranks, world_size, kind, notices = _connect(p)
     try:
         chosen = [list(g) for g in groups] if groups is not None else default_groups(world_size, ranks)
         if not chosen or any(not g for g in chosen):
             raise CheckRanksInputError(f"--group: got {groups!r}; expected non-empty rank lists")
+        for rank in sorted({r for g in chosen for r in g} - set(ranks)):
+            if any(line.startswith(f"skipped rank {rank}:") for line in notices):
+                continue  # the reader said so already
+            notices.append(f"skipped rank {rank}: nothing recorded for it (its log is missing or unreadable); "
+                           f"not compared")
         create_replicas_view(con, source, chosen, tol=float(tol))
         categories = CATEGORIES if all_calls else CATEGORIES[:2] + (SAME_INPUTS,)
         results = tuple(_check_group(con, g, tuple(members), tuple(steps) if steps else None, all_calls,
                                      float(tol)) for g, members in enumerate(chosen))
     finally:
         con.close()
-    return RankCheck(path=str(p), source=kind, categories=categories, tol=float(tol), groups=results)
+    return RankCheck(path=str(p), source=kind, categories=categories, tol=float(tol), groups=results,
+                     notices=tuple(notices))
 
 
 def _value_text(value) -> str:

@@ -25,12 +25,21 @@
         [-dm DATA.yaml] [-am [API.yaml]] [-cm [CELL.yaml]] [-lm [LAYER.yaml]]
         upstream spellings: -i compare.json, -tp/-gp, -o/--output_path, -m auto, -s, -c, -hl,
         -f/-fm, -da, -tensor_log, --xlsx (docs/compare-upstream-formats.md)
+        find the first divergence between two dumps (see msprobe.compare); exit status 0
+        identical or close, 1 diverged, 3 incomplete (a step, rank or log part on one side
+        only or damaged), 4 inconclusive (almost nothing pairs), 2 bad input (docs/compare.md)
     msprobe check-ranks DUMP_PATH [--group 0-7 ...] [--step 0-4] [--all-calls] [--tol REL]
         the first tensor on which data-parallel replicas disagree (see msprobe.check_ranks);
         exit status 0 all agree, 1 a disagreement, 2 bad input
     msprobe compare TARGET --nan-origin
-        find the first divergence between two dumps (see msprobe.compare); exit status
-        0 no divergence, 1 divergence, 2 bad input
+        the first call per rank that turns finite inputs into NaN/Inf; exit status 0 none,
+        1 one found, 2 bad input
+
+Every command that reads a log (export, query, report, compact, compare, check-ranks) prints
+on stderr each part it did not read as data (a damaged batch, a torn tail, a rank without a
+log, a tensor whose payload shard is missing or damaged), one line each, then a warning that
+the result is partial; logs of format 1 (no checksums) are named as unverified
+(docs/reliability.md).
 
 Exit status: 0 on success; 2 for a usage error, a missing dump path, a dump path without a
 log, a failed export or an invalid query (message on stderr); 141 (128 + SIGPIPE, what a
@@ -46,6 +55,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -332,6 +342,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2
+    _print_notices(result.notices)
     print(console_summary(result.summary))
     return result.exit_code
 
@@ -387,6 +398,21 @@ def _write_pt(path: Path, payload: Any) -> None:
     write_pt(path, payload)
 
 
+_SKIP_LINE = re.compile(r"^((TARGET|BASELINE): )?skipped ")
+
+
+def _print_notices(lines: Sequence[str]) -> None:
+    """Print on stderr what a command did not read as data (damaged log batches, torn
+    tails, missing or damaged payload shards, unverified logs), one line each, followed by
+    a count: a result computed without them is partial."""
+    for line in lines:
+        print(line, file=sys.stderr)
+    skipped = sum(1 for line in lines if _SKIP_LINE.match(line))
+    if skipped:
+        print(f"warning: {skipped} part(s) of the dump were skipped (above); the result is partial",
+              file=sys.stderr)
+
+
 def _run_export(args: argparse.Namespace) -> int:
     if args.tensorboard is not None:
         from msprobe.report.tensorboard import write_tensorboard
@@ -420,9 +446,7 @@ def _run_export(args: argparse.Namespace) -> int:
     for directory in directories:
         names = ", ".join(p.name for p in report.written if p.parent == directory)
         print(f"wrote {directory} ({names})")
-    for skip in report.skipped:
-        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
-        print(f"skipped {skip.path}{where}: {skip.reason}")
+    _print_notices(report.notices())
     if not report.written:
         print("nothing to export")
     return 0
@@ -431,12 +455,12 @@ def _run_export(args: argparse.Namespace) -> int:
 def _run_compact(args: argparse.Namespace) -> int:
     from store.compact import compact
 
+    from store.log_reader import notices
+
     report = compact(args.dump_path, args.out)
     for path, rows in zip(report.written, report.rows):
         print(f"wrote {path} ({rows} rows)")
-    for skip in report.skipped:
-        where = f" at byte {skip.offset}" if skip.offset >= 0 else ""
-        print(f"skipped {skip.path}{where}: {skip.reason}")
+    _print_notices(notices(report.skipped))
     return 0
 
 
@@ -454,6 +478,7 @@ def _run_check_ranks(args: argparse.Namespace) -> int:
     except CheckRanksInputError as exc:
         print(f"msprobe check-ranks: error: {exc}", file=sys.stderr)
         return 2
+    _print_notices(result.notices)
     print(format_report(result))
     return result.exit_code
 
@@ -475,7 +500,9 @@ def _run_query(args: argparse.Namespace) -> int:
     if is_compare_output(here) and not (here / ".msprobe").is_dir():
         table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
-        table = query(args.dump_path, args.sql)
+        notices: list[str] = []
+        table = query(args.dump_path, args.sql, notices=notices)
+        _print_notices(notices)
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
     rows = list(zip(*columns)) if columns else []
@@ -503,13 +530,16 @@ def _run_report(args: argparse.Namespace) -> int:
     from msprobe.progress import Progress
     from msprobe.report import write_report
 
+    notices: list[str] = []
     with Progress("msprobe report", unit="part") as bar:
         try:
             path = write_report(args.dump_path, args.out, progress=bar.advance, threshold=args.threshold,
-                                jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps)
+                                jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps,
+                                notices=notices)
         except ValueError as exc:
             print(f"msprobe report: error: {exc}", file=sys.stderr)
             return 2
+    _print_notices(notices)
     print(f"wrote {path}")
     return 0
 

@@ -42,7 +42,7 @@ from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
 from store.fileutil import atomic_write_text, make_dirs, replace_from
 from store.record_text import records_encoder
-from store.log_reader import Skipped, read_log
+from store.log_reader import Skipped, notices, read_log
 from store.payload_writer import Payload, PayloadReader
 from store.step_rows import StepRows
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
@@ -443,6 +443,7 @@ def _write_one(prefix: str, name: str, file_name: str, ref: str, first: dict[str
         payload = payloads.read(ref)
     except (OSError, ValueError, StoreError) as exc:  # missing, truncated or corrupted shard
         logger.warning("msprobe: tensor %s not exported: payload %s unreadable (%s)", name[:300], ref, exc)
+        payloads.unreadable.append((ref, name, f"{type(exc).__name__}: {exc}"))
         return False
 
     def fill(tmp: str) -> bool:
@@ -544,13 +545,25 @@ class ExportReport:
     Attributes:
         written: files written, in order.
         groups: ``(rank, step)`` pairs exported (step -1: a whole-rank debug.json).
-        skipped: unreadable log parts (torn tails) and groups that could not be exported
-            (``offset`` -1, ``path`` the log directory or rank).
+        skipped: log parts not read as data (damaged batches, torn tails), groups that
+            could not be exported (``offset`` -1, ``path`` the log directory) and tensor
+            files not written because their payload is missing or damaged (``offset`` -1,
+            ``path`` the shard).
+        unverified: log files of format 1 (no checksums).
+        missing_ranks, unfinished: as :class:`store.log_reader.LogContents`.
     """
 
     written: tuple[Path, ...]
     groups: tuple[tuple[int, int], ...]
     skipped: tuple[Skipped, ...]
+    unverified: tuple[str, ...] = ()
+    missing_ranks: tuple[int, ...] = ()
+    unfinished: tuple[str, ...] = ()
+
+    def notices(self) -> list[str]:
+        """One line per skipped part, rank without a log, unverified or unfinished log
+        file (:func:`store.log_reader.notices`)."""
+        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
 
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
@@ -648,7 +661,14 @@ def export_log(
                 tick(f"rank {rank} step {step}")
         except ExportError as exc:
             skipped.append(Skipped(log_dir, -1, f"rank {rank}: {exc}; not exported"))
-    return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped))
+    payload_dir = str(Path(dump_path) / S.STORE_DIR / "payload")
+    for ref, name, reason in payloads.unreadable:
+        shard = ref.partition(":")[0]
+        skipped.append(Skipped(os.path.join(payload_dir, shard), -1,
+                               f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
+    return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
+                        unverified=contents.unverified, missing_ranks=contents.missing_ranks,
+                        unfinished=contents.unfinished)
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:

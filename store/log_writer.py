@@ -2,7 +2,8 @@
 
 The writer takes the typed records of :mod:`store.records` and appends them to
 ``{dump_path}/.msprobe/log/rank{rank}.{pid}.{time_ns}.arrows`` as record batches of
-:data:`store.schema.LOG_SCHEMA` (design.md, section Store). Nothing is ever rewritten:
+:data:`store.schema.LOG_SCHEMA` (design.md, section Store), each message carrying the
+CRC-32 of its bytes (log format 2, :mod:`store.log_frame`). Nothing is ever rewritten:
 a batch, once flushed, stays as written; a process killed mid-write leaves a torn tail
 that :class:`store.log_reader.LogReader` skips.
 
@@ -79,6 +80,7 @@ from store import schema as S
 from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
 from store.bg_fsync import BackgroundFsync
+from store.log_frame import END_OF_STREAM, MessageSealer, schema_message
 from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
 from store.step_rows import Part, StepRows, all_none, make_part
@@ -346,7 +348,7 @@ class LogWriter:
         self._path_text: dict[tuple, tuple[str, str]] = {}
         self._path: Optional[Path] = None
         self._file: Optional[BinaryIO] = None
-        self._stream: Optional[pa.ipc.RecordBatchStreamWriter] = None
+        self._sealer: Optional[MessageSealer] = None  # serialises checksummed batch messages
         self._syncer = BackgroundFsync("msprobe-log-fsync")  # background step-end fsync
         # a writer dropped without close(): its helper thread ends too (not in a forked child)
         weakref.finalize(self, _stop_syncer, self._syncer, os.getpid()).atexit = False
@@ -598,15 +600,15 @@ class LogWriter:
                 self._syncer.stop()
             self._flush_locked(True)
             try:
-                if self._stream is not None:
-                    self._stream.close()
+                if self._sealer is not None:
+                    self._file.write(END_OF_STREAM)
                 if self._file is not None:
                     self._file.flush()
                     self._file.close()
             except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
                 raise self._fail(exc, "closing") from exc
             finally:
-                self._stream = None
+                self._sealer = None
                 self._file = None
 
     def __enter__(self) -> "LogWriter":
@@ -676,9 +678,13 @@ class LogWriter:
         try:
             if part is not None:
                 self._retained.append(part)
-                if self._stream is None:
+                if self._sealer is None:
                     self._open_stream()
-                self._stream.write_batch(part.batch)
+                message = self._sealer.seal(part.batch)
+                try:
+                    self._file.write(message)
+                finally:
+                    message.release()
             if self._file is not None:
                 self._file.flush()
                 if fsync:
@@ -693,20 +699,19 @@ class LogWriter:
         path = self._log_dir / log_file_name(self._rank, os.getpid(), time.time_ns())
         self._file = self._open(str(path))
         self._path = path
-        options = pa.ipc.IpcWriteOptions(compression=self._compression)
-        self._stream = pa.ipc.new_stream(self._file, S.LOG_SCHEMA, options=options)
+        self._file.write(schema_message())
+        self._sealer = MessageSealer(self._compression)
 
     def _fail(self, exc: BaseException, doing: str) -> StoreWriteError:
         self._failed = True
         self._syncer.stop(join=False)  # no more background fsyncs: the thread ends
         self._timer_stop.set()  # nor timed flushes
-        for closer in (self._stream, self._file):
-            try:
-                if closer is not None:
-                    closer.close()
-            except Exception:  # noqa: BLE001 - already failing; the first error is reported
-                pass
-        self._stream = None
+        try:
+            if self._file is not None:
+                self._file.close()
+        except Exception:  # noqa: BLE001 - already failing; the first error is reported
+            pass
+        self._sealer = None
         self._file = None
         where = self._path if self._path is not None else self._log_dir
         return StoreWriteError(

@@ -615,6 +615,10 @@ class PayloadReader:
         before_read: called before a shard is opened (the live session passes
             :meth:`PayloadWriter.wait_written`: its last shard may still be being written).
 
+    Attributes:
+        unreadable: ``(ref, tensor name, reason)`` of the payloads the exporter could not
+            read (the reader itself raises; the exporter records here what it skipped).
+
     Example: ``PayloadReader(dump).read("rank0.1.2.00000.safetensors:ab…")`` →
     ``Payload(data=b"…", dtype="torch.float32", shape=(2, 3))``.
     """
@@ -632,6 +636,9 @@ class PayloadReader:
         self._moved: OrderedDict[str, str] = OrderedDict()  # key -> where take_staged put its file
         self._moved_at: dict[str, str] = {}  # and back: file -> key
         self._headers: dict[str, tuple[int, dict]] = {}
+        #: ``(ref, tensor name, reason)`` of every payload a caller could not use (missing,
+        #: truncated or corrupted shard), recorded by the exporter for its report
+        self.unreadable: list[tuple[str, str, str]] = []
 
     def _header(self, shard: str) -> tuple[int, dict]:
         cached = self._headers.get(shard)

@@ -30,7 +30,7 @@ read nor write files (``COPY ... TO``, ``ATTACH``, ``read_csv`` fail).
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import Optional, Union
 
 import duckdb
 import numpy as np
@@ -92,7 +92,9 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
         f"CREATE VIEW {VIEW_STACKS} AS SELECT {S.STACK_ID}, {DEPTH}, {FRAME} FROM {_STACK_TABLE}"
     )
     ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log}").fetchall()]
-    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks))
+    # a log with no readable row (every batch damaged or torn) still gets a replicas view:
+    # an empty one, of rank 0
+    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks or [0]))
 
 
 def set_replica_groups(con: duckdb.DuckDBPyConnection, groups, *, tol: float = 0.0) -> None:
@@ -178,17 +180,23 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         raise QueryError(f"query failed: {exc}") from exc
 
 
-def query(dump_path: Union[str, os.PathLike], sql: str) -> pa.Table:
+def query(dump_path: Union[str, os.PathLike], sql: str, *, notices: Optional[list] = None) -> pa.Table:
     """Run one SQL statement over the views of ``dump_path`` (see module docstring).
 
     Example: ``query(p, "SELECT name, max FROM tensors WHERE has_nan ORDER BY seq LIMIT 1")``
     gives the first tensor holding NaN.
 
+    Args:
+        notices: a list that gets one line per part of the log not read as data (damaged
+            batches, torn tails, unverified files: :meth:`store.log_reader.LogContents.notices`).
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         QueryError: the SQL is invalid or fails; the message is DuckDB's.
     """
-    con = connect(dump_path)
+    contents = read_log(dump_path)
+    if notices is not None:
+        notices.extend(contents.notices())
+    con = connect(dump_path, contents=contents)
     try:
         return run_sql(con, sql)
     finally:

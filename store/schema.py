@@ -27,7 +27,9 @@ batches that all share :data:`LOG_SCHEMA`. Each row is one of four row kinds
     a session marker (``kind`` one of :data:`MARKER_KINDS`) with ``meta``: a JSON object
     holding ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
 
-The format version is stamped into the schema metadata under ``msprobe.format``.
+The format version is stamped into the schema metadata under ``msprobe.format``; version 2
+also names the batch checksum under ``msprobe.checksum`` (``crc32``, see
+:mod:`store.log_frame`). Version 1 logs (no checksums) have the same columns.
 """
 from __future__ import annotations
 
@@ -35,8 +37,14 @@ import functools
 
 import pyarrow as pa
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 FORMAT_KEY = b"msprobe.format"
+#: format versions this package reads: "1" (no checksums: unverified), "2" (every record
+#: batch carries a CRC-32 of its message, :mod:`store.log_frame`)
+FORMAT_VERSIONS = ("1", "2")
+#: schema-metadata key naming the batch checksum of format 2
+CHECKSUM_ALGORITHM_KEY = b"msprobe.checksum"
+CHECKSUM_ALGORITHM = "crc32"
 
 # --- columns -------------------------------------------------------------------------
 RANK = "rank"
@@ -111,7 +119,7 @@ LOG_SCHEMA = pa.schema(
         pa.field(FRAMES, pa.list_(pa.string())),
         pa.field(META, pa.string()),
     ],
-    metadata={FORMAT_KEY: FORMAT_VERSION.encode()},
+    metadata={FORMAT_KEY: FORMAT_VERSION.encode(), CHECKSUM_ALGORITHM_KEY: CHECKSUM_ALGORITHM.encode()},
 )
 COLUMNS: tuple[str, ...] = tuple(LOG_SCHEMA.names)
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from msprobe.cli import main as cli_main
@@ -84,7 +85,8 @@ def copy_of(killed, name: str, tmp_path: Path) -> tuple[Path, list[str]]:
 
 def export(dump: Path, out: Path, capsys) -> str:
     assert cli_main(["export", str(dump), "--out", str(out)]) == 0
-    return capsys.readouterr().out
+    captured = capsys.readouterr()
+    return captured.out + captured.err  # what was written, then what was skipped
 
 
 def files_of(root: Path, step: int) -> dict[str, bytes]:
@@ -175,23 +177,33 @@ def test_half_written_export_is_rebuilt(killed, tmp_path, capsys):
     assert files_of(dump, 0) == files_of(killed["after_step1"][0], 0)
 
 
-def test_corrupted_log_middle_recovers_the_batches_before(killed, tmp_path, capsys):
+def test_corrupted_log_middle_loses_exactly_the_damaged_batch(killed, tmp_path, capsys):
     out = tmp_path / "out"
     dump, _ = copy_of(killed, "after_step1", tmp_path)
     log = read_log(dump).files[0]
-    raw = bytearray(log.read_bytes())
+    original = log.read_bytes()
+    raw = bytearray(original)
     full = read_log(dump).table
     # overwrite 16 bytes two thirds into the file with garbage
     at = len(raw) * 2 // 3
     raw[at:at + 16] = b"\xde\xad\xbe\xef" * 4
     log.write_bytes(bytes(raw))
     damaged = read_log(dump)
-    assert len(damaged.skipped) == 1 and damaged.skipped[0].offset <= at
+    assert len(damaged.skipped) == 1
+    skip = damaged.skipped[0]
+    assert skip.offset <= at < skip.end and skip.reason.startswith("corrupt")
+    # the rows of the original log's batches, as any Arrow reader gives them
+    bounds = np.cumsum([0] + [batch.num_rows for batch in pa.ipc.open_stream(original)])
     kept = damaged.table
-    assert 0 < kept.num_rows < full.num_rows
-    assert kept.to_pylist() == full.slice(0, kept.num_rows).to_pylist()  # a prefix, unchanged
+    lost = full.num_rows - kept.num_rows
+    assert lost == skip.rows > 0
+    first = next(i for i in range(kept.num_rows + 1)
+                 if i == kept.num_rows or kept.slice(i, 1).to_pylist() != full.slice(i, 1).to_pylist())
+    # everything but one contiguous run of rows (the damaged batch) comes back unchanged
+    assert kept.to_pylist() == full.slice(0, first).to_pylist() + full.slice(first + lost).to_pylist()
+    assert first in bounds and first + lost in bounds and list(bounds).index(first + lost) == list(bounds).index(first) + 1
     report = export(dump, out, capsys)
-    assert "skipped" in report
+    assert f"skipped {skip.path} at byte {skip.offset}" in report
     assert files_of(out, 0) == files_of(dump, 0)  # step 0 lies before the damage
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -73,6 +74,8 @@ class CompareResult:
     stats: dict = field(default_factory=dict)
     arrow: dict = field(default_factory=dict)
     original: dict = field(default_factory=dict)
+    #: lines for stderr: the parts of either side's logs not read as data, unverified logs
+    notices: list = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -99,8 +102,9 @@ class CompareResult:
 
     @property
     def exit_code(self) -> int:
-        """0: no divergence, 1: divergence."""
-        return 1 if self.verdict == "diverged" else 0
+        """The exit status of ``msprobe compare`` for :attr:`verdict` (:data:`EXIT_CODES`):
+        0 identical or close, 1 diverged, 3 incomplete, 4 inconclusive (2 is bad input)."""
+        return EXIT_CODES.get(self.verdict, 0)
 
 
 def _filter(side: Side, opts: CompareOptions) -> Side:
@@ -208,9 +212,23 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         from msprobe.compare.distributed import apply_rank_map
         apply_rank_map(t, b, opts.rank_map, notes)
     t, b = _filter(t, opts), _filter(b, opts)
+    incomplete: list[str] = []      # why what was compared is not all there is
+    log_skipped: list[dict] = []
+    notices: list[str] = []
     for label, side in (("TARGET", t), ("BASELINE", b)):
-        for skip in side.skipped:
-            notes.append(f"{label}: skipped unreadable log part {skip.path} at byte {skip.offset}: {skip.reason}")
+        for skip in _selected_skips(side.skipped, opts):
+            incomplete.append(f"{label}: {skip.describe()}")
+            log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
+                                "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
+                                "reason": skip.reason})
+        for rank in side.missing_ranks:
+            if opts.ranks is None or rank in opts.ranks:
+                incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
+        for path in _selected_files(side.unfinished, opts):
+            incomplete.append(f"{label}: {path} has no end-of-stream marker (its process was killed or still "
+                              "runs): its last rows may be missing")
+        notices += [f"{label}: {line}" for line in
+                    _log_notices(side.skipped, side.unverified, side.missing_ranks, side.unfinished)]
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
@@ -251,7 +269,10 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     common = sorted(t_keys & b_keys)
     for label, only in (("TARGET", t_keys - b_keys), ("BASELINE", b_keys - t_keys)):
         if only:
-            notes.append(f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only)))
+            missing = "BASELINE" if label == "TARGET" else "TARGET"
+            text = f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only))
+            notes.append(text)
+            incomplete.append(f"{text}; missing from {missing}")
     if not common:
         raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
     lap("tables")
@@ -296,12 +317,23 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes, opts)
     summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
     summary["skipped"] = skipped
+    if mode == "tensor":
+        n_missing = con.sql("SELECT count(*) FROM tensors WHERE verdict = 'missing_data'").fetchall()[0][0]
+        if n_missing:
+            incomplete.append(f"{n_missing} tensor pairs without data on one side (tensor file or payload shard "
+                              "missing or damaged)")
+    _final_verdict(summary, incomplete)
+    summary["log_skipped"] = log_skipped
+    unverified = {label: list(side.unverified) for label, side in (("TARGET", t), ("BASELINE", b)) if side.unverified}
+    if unverified:
+        summary["unverified"] = unverified
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
     lap("summary")
     return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow,
-                         original=dict(renames.original) if renames is not None else {})
+                         original=dict(renames.original) if renames is not None else {},
+                         notices=notices)
 
 
 def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,
@@ -375,9 +407,16 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
             counts_of[rank][verdict] = n
     out_ranks = []
     any_div = False
+    unpaired_ranks = []
+    sides = {rank: (n_t, n_b) for rank, n_t, n_b in con.execute(
+        "SELECT rank, count(t_name), count(b_name) FROM calls GROUP BY rank").fetchall()}
     for rank in ranks:
         c = counts_of[rank]
         paired = c["pass"] + c["propagated"] + c["origin"]
+        if 2 * paired < min(sides.get(rank, (0, 0))):
+            # fewer than half the calls of the smaller side found a partner: two different
+            # programs; whatever differs among the few pairs says nothing
+            unpaired_ranks.append(rank)
         if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
             notes.append(f"rank {rank}: {c['unpaired']} calls found no partner against {paired} paired: the runs "
                          "differ in structure (another model, level, scope or steps), or a dump path holds the "
@@ -400,13 +439,68 @@ def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareO
                           "first_diverged": _describe(con, first_div) if first_div else None,
                           "counts": counts_of[rank],
                           **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
-    if any_div:
+    if unpaired_ranks:
+        verdict = "inconclusive"
+    elif any_div:
         verdict = "diverged"
     else:
         n_not_identical = con.sql("SELECT count(*) FROM tensors WHERE verdict NOT IN ('identical', 'unpaired')").fetchall()[0][0]
         verdict = "close" if n_not_identical else "identical"
     return {"verdict": verdict, "mode": mode, "ranks": out_ranks, "global_origin": _global_origin(out_ranks),
-            "notes": list(notes)}
+            "inconclusive_ranks": unpaired_ranks, "notes": list(notes)}
+
+
+#: exit status of ``msprobe compare`` per verdict (2: bad input, never a verdict)
+EXIT_CODES = {"identical": 0, "close": 0, "diverged": 1, "incomplete": 3, "inconclusive": 4}
+
+
+def _final_verdict(summary: dict, incomplete: list) -> None:
+    """Set ``summary["incomplete"]`` and turn an ``identical``/``close`` verdict into
+    ``incomplete`` when something was not compared (a step or rank on one side only, a
+    damaged log part, tensor data missing): only what was compared agreed. ``diverged``
+    and ``inconclusive`` stand (a divergence found is real; the first divergence may
+    still lie in what is missing, which ``incomplete`` lists)."""
+    summary["incomplete"] = list(incomplete)
+    if incomplete and summary["verdict"] in ("identical", "close"):
+        summary["verdict_of_compared"] = summary["verdict"]
+        summary["verdict"] = "incomplete"
+
+
+def _selected_skips(skipped, opts: CompareOptions) -> list:
+    """The skipped log parts that can hold rows of the selected ranks and steps: a part of
+    another rank's file, or of steps all outside ``--step``, does not make the comparison
+    incomplete."""
+    from store.log_writer import parse_log_file_name
+
+    out = []
+    for skip in skipped:
+        parsed = parse_log_file_name(Path(skip.path).name)
+        if opts.ranks is not None and parsed is not None and parsed[0] not in opts.ranks:
+            continue
+        after, before = skip.steps if skip.steps else (None, None)
+        if opts.steps is not None and after is not None and before is not None \
+                and not any(after <= s <= before for s in opts.steps):
+            continue
+        out.append(skip)
+    return out
+
+
+def _log_notices(skipped, unverified, missing, unfinished) -> list[str]:
+    from store.log_reader import notices
+
+    return notices(skipped, unverified, missing, unfinished)
+
+
+def _selected_files(paths, opts: CompareOptions) -> list:
+    """The log files among ``paths`` of the ranks selected by ``--rank``."""
+    from store.log_writer import parse_log_file_name
+
+    out = []
+    for path in paths:
+        parsed = parse_log_file_name(Path(path).name)
+        if opts.ranks is None or parsed is None or parsed[0] in opts.ranks:
+            out.append(path)
+    return out
 
 
 def _global_origin(out_ranks: list[dict]) -> Optional[dict]:

@@ -58,7 +58,8 @@ class Side:
     """One loaded side. ``task``/``level``/``framework`` are the first values found
     (None when unknown); ``producer`` the tool that wrote it
     (:func:`msprobe.compare.producers.detect`); ``data_dirs`` maps (rank, step) to the directory holding tensor
-    files (upstream layouts); ``skipped`` lists unreadable parts of our logs."""
+    files (upstream layouts); ``skipped`` lists the parts of our logs not read as data
+    (:class:`store.log_reader.Skipped`), ``unverified`` our log files of format 1."""
 
     path: str
     source: str                     # "log" or "dump.json"
@@ -70,6 +71,9 @@ class Side:
     framework: Optional[str] = None
     data_dirs: dict = field(default_factory=dict)
     skipped: tuple = ()
+    unverified: tuple = ()
+    missing_ranks: tuple = ()       # ranks the markers say recorded, without a readable log
+    unfinished: tuple = ()          # our log files without an end-of-stream marker (writer killed)
     producer: Optional[str] = None  # msprobe.compare.producers: "msprobe", "upstream-1.x", "upstream-26"
 
 
@@ -113,11 +117,15 @@ def _read_log_chunks(p: Path):
 
     from store.log_reader import LogReader, find_log_files
 
-    tables, skipped, stacks, next_seq = [], [], {}, {}
+    tables, skipped, unverified, unfinished, stacks, next_seq = [], [], [], [], {}, {}
     for path in find_log_files(p):
         reader = LogReader(path)
         batches = reader.read_new()
         skipped.extend(reader.skipped)
+        if reader.verified is False:
+            unverified.append(str(path))
+        if not reader.finished and not any(s.end is None for s in reader.skipped):
+            unfinished.append(str(path))
         if not batches:
             continue
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
@@ -139,7 +147,10 @@ def _read_log_chunks(p: Path):
             if stack_id is not None and stack_id not in stacks:
                 stacks[stack_id] = tuple(frames or ())
     table = pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
-    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped))
+    from store.log_reader import missing_ranks
+
+    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped), unverified=tuple(unverified),
+                           missing_ranks=missing_ranks(table), unfinished=tuple(unfinished))
 
 
 def _load_log(p: Path) -> Side:
@@ -207,7 +218,8 @@ def _load_log(p: Path) -> Side:
                        "frame": pa.array(frames, pa.string())})
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
-                skipped=contents.skipped, producer=OURS)
+                skipped=contents.skipped, unverified=contents.unverified,
+                missing_ranks=contents.missing_ranks, unfinished=contents.unfinished, producer=OURS)
 
 
 def _is_kernel_dump(p: Path) -> bool:

@@ -177,6 +177,10 @@ def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTable
 def console_summary(summary: dict) -> str:
     """A few lines for the terminal: the verdict and, per rank, the first origin."""
     lines = [f"verdict: {summary['verdict']} (mode {summary.get('mode')})"]
+    if summary.get("verdict_of_compared"):
+        lines[0] += f"; what was compared is {summary['verdict_of_compared']}"
+    for reason in summary.get("incomplete") or ():
+        lines.append(f"not compared: {reason}")
     for r in summary["ranks"]:
         c = r["counts"]
         lines.append(f"rank {r['rank']}: pass {c['pass']}, propagated {c['propagated']}, "

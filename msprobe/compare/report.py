@@ -172,6 +172,7 @@ def write_html(result, path: Path) -> Path:
     summary = result.summary
     out_dir = Path(path).parent
     data = plain({"verdict": summary["verdict"], "mode": summary["mode"], "notes": summary.get("notes", []),
+                  "incomplete": summary.get("incomplete", []),
                   "ranks": _ranks(result), "max_plotted": MAX_PLOTTED, "max_rows": MAX_ROWS,
                   "out": str(out_dir)})
     path = Path(path)

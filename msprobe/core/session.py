@@ -413,6 +413,8 @@ class Session:
         }
         if self.world_size is not None:
             meta["world_size"] = self.world_size
+        if self.config.rank:  # only these ranks record: readers expect no log of the others
+            meta["ranks"] = sorted(self.config.rank)
         return meta
 
     def step_dir(self, step: int | None = None) -> Path:

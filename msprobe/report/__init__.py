@@ -32,7 +32,7 @@ _BODY = """<h1 id='title'>msprobe report</h1>
 
 def write_report(
     dump_path: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
-    progress: Optional[Callable[[str], None]] = None, **limits,
+    progress: Optional[Callable[[str], None]] = None, notices: Optional[list] = None, **limits,
 ) -> Path:
     """Write the report of the recording under ``dump_path`` to the file ``out``.
 
@@ -40,6 +40,8 @@ def write_report(
         dump_path: the dump directory (log under ``.msprobe/log/``).
         out: the HTML file to write (its directory is created).
         progress: called with each part's name as it starts.
+        notices: a list that gets one line per part of the log not read as data (also
+            shown at the top of the page; :meth:`store.log_reader.LogContents.notices`).
         limits: ``threshold``, ``jump``, ``max_rows``, ``max_steps``, ``max_tree``,
             ``movers`` of :func:`msprobe.report.data.collect`.
     Returns:
@@ -49,6 +51,8 @@ def write_report(
         ValueError: a bad limit (see :func:`collect`).
     """
     data = collect(dump_path, progress=progress, **limits)
+    if notices is not None:
+        notices.extend(data["skipped"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

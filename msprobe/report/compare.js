@@ -183,6 +183,11 @@ function main() {
   document.getElementById("title").textContent = `msprobe compare: ${D.verdict} (mode ${D.mode})`;
   const box = document.getElementById("compare");
   const notes = el("div");
+  if (D.incomplete && D.incomplete.length) {
+    // what was not compared: the verdict covers the rest only
+    notes.append(el("p", {class: "bad", id: "incomplete", text: "Not compared (the answer is incomplete):"}),
+                 el("ul", {class: "note"}, ...D.incomplete.map((n) => el("li", {text: n}))));
+  }
   if (D.notes.length) notes.append(el("ul", {class: "note"}, ...D.notes.map((n) => el("li", {text: n}))));
   box.before(notes);
   const pickRank = document.getElementById("rank"), pickStep = document.getElementById("step");

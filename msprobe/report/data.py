@@ -300,6 +300,8 @@ def collect(
         progress: called with the name of each part as it starts (for a progress bar).
     Returns:
         A dict of plain JSON values; non-finite floats as strings (see :func:`plain`).
+        ``skipped`` holds one line per part of the log not read as data
+        (:meth:`store.log_reader.LogContents.notices`), shown at the top of the page.
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         ValueError: a limit below 1, or a ``threshold``/``jump`` that is not a positive number.
@@ -327,6 +329,7 @@ def collect(
         out: dict[str, Any] = {
             "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
             "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
+            "skipped": contents.notices(),
         }
         for rank in ranks:
             tick(f"rank {rank}")

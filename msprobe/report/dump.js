@@ -16,6 +16,13 @@ function overview(D, box) {
   box.append(el("p", {id: "summary", text:
     `${D.ranks.length} rank${D.ranks.length === 1 ? "" : "s"} (${D.ranks.join(", ")}), ${steps.length} step${steps.length === 1 ? "" : "s"} ` +
     `(${steps.length ? steps[0] + "–" + steps[steps.length - 1] : "none"}), ${entries} entries, ${tensors} tensors.`}));
+  if (D.skipped && D.skipped.length) {
+    // parts of the dump not read as data: everything below is partial
+    const div = el("div", {id: "skipped"});
+    div.append(el("p", {class: "bad", text: `Not read as data: ${D.skipped.length} part${D.skipped.length === 1 ? "" : "s"} of the dump; what follows is partial.`}));
+    for (const line of D.skipped) div.append(el("p", {class: "note skipped-part", text: line}));
+    box.append(div);
+  }
   const meta = Object.entries(D.meta || {}).filter(([, v]) => typeof v !== "object" || v === null);
   if (meta.length) box.append(el("h3", {text: "Recording"}), table(meta.map(([k, v]) => ({k, v})), [["k", "field"], ["v", "value"]]));
   box.append(el("h3", {text: "First NaN/Inf per rank"}));

@@ -133,8 +133,13 @@ def test_tol_presets(runs):
 
 def test_rank_step_selection(runs):
     r = C.compare(runs["two_steps"], runs["base"])
-    assert r.exit_code == 0
+    # a step on one side only: what was compared agrees, but the answer is incomplete
+    assert r.exit_code == 3 and r.summary["verdict"] == "incomplete"
+    assert r.summary["verdict_of_compared"] in ("identical", "close")
+    assert r.summary["incomplete"] == ["TARGET only (not compared): rank 0 step 1; missing from BASELINE"]
     assert any("TARGET only (not compared): rank 0 step 1" in n for n in r.summary["notes"])
+    selected = C.compare(runs["two_steps"], runs["base"], step="0")  # the user chose what to compare
+    assert selected.exit_code == 0 and selected.summary["incomplete"] == []
     r = C.compare(runs["two_steps"], runs["two_steps"], step="1", rank="0")
     assert {s for (s,) in r.con.sql("SELECT DISTINCT step FROM calls").fetchall()} == {1}
     with pytest.raises(CompareInputError, match="no calls left after --rank/--step"):
