@@ -79,6 +79,7 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
     # compiled_regions "inside": wrappers traced by torch.compile record (msprobe.pytorch.compiled_record)
     rid = compiled_record.enable(recorder, group) if compiled_record.inside(recorder) else None
     dist_calls = None
+    traced: list[tuple[str, Any]] = []
     wrapped: set[tuple[int, str]] = set()
     for spec in specs:
         owner, name = spec.owner, spec.api
@@ -94,6 +95,10 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any) -> HandleGroup:
             wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo,
                                     rid)
         _replace(owner, name, original, wrapper, group)
+        if rid is not None:
+            traced.append((f"{spec.family}.{name}", original))
+    if traced:
+        compiled_record.note_called_by_name(rid, traced)
     memo = recorder.leaves.memo
     for owner, name in _unlisted_writers(wrapped):
         original = getattr(owner, name)

@@ -63,8 +63,17 @@ _lock = threading.Lock()
 #: True only while Dynamo traces Python code symbolically (not while AOTAutograd or a
 #: backend runs code for real, where ``torch.compiler.is_compiling()`` is also True)
 is_dynamo_compiling = torch.compiler.is_dynamo_compiling
-#: the code of ``torch.fx.Interpreter.call_function`` (runs one node of a graph)
-_INTERPRETER_CALL = torch.fx.Interpreter.call_function.__code__
+#: the code of ``torch.fx.Interpreter.call_function``/``call_method`` (run one node of a graph)
+_INTERPRETER_CALLS = (torch.fx.Interpreter.call_function.__code__, torch.fx.Interpreter.call_method.__code__)
+#: recorder id -> API keys that graphs run by the ``eager`` backend call through the wrapper
+_CALLED_BY_NAME: dict[int, frozenset] = {}
+is_compiling = torch.compiler.is_compiling
+
+try:
+    from torch.fx.node import _get_qualified_name as _qualified_name
+except ImportError:  # pragma: no cover
+    def _qualified_name(fn: Any) -> str:
+        return f"{fn.__module__}.{fn.__name__}"
 
 
 class _Nesting:
@@ -142,6 +151,8 @@ def capture(rid: int, kind: str, name: str, family: Optional[str], payload: Any)
         family: the API family (``Functional``), None for a module.
         payload: any pytree of tensors and Python values.
     """
+    if kind == API and not is_compiling() and name in _CALLED_BY_NAME.get(rid, ()):
+        return  # the eager backend's graph ran the wrapper, which recorded the call
     flat, spec = pytree.tree_flatten(payload)
     tensors: list = []
     ints: list = []
@@ -269,12 +280,32 @@ def _record_api(recorder: Any, site: _Site, args: Any, kwargs: dict, out: Any) -
 
 
 # --- hooks' side: called while Dynamo traces ------------------------------------------------
+def note_called_by_name(rid: int, apis: list[tuple[str, Any]]) -> None:
+    """Note which APIs (``(key, original)``) of recorder ``rid`` a graph run by the
+    ``eager`` backend calls through their wrapper: FX's generated code calls a function of
+    torch by its qualified name (``torch.nn.functional.relu``, ``torch.tanh``), which
+    resolves to the wrapper now in place, and the wrapper records the call as in eager
+    (with its backward); :func:`capture` then adds no second entry."""
+    named = set()
+    for key, original in apis:
+        try:
+            qualified = _qualified_name(original)
+        except Exception:
+            continue
+        obj: Any = torch
+        for part in qualified.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        if qualified.startswith("torch.") and getattr(obj, "__msprobe_original__", None) is not None:
+            named.add(key)
+    _CALLED_BY_NAME[rid] = frozenset(named)
+
+
 def _graph_code(frame: Any) -> bool:
     """Whether ``frame`` (the caller of an API wrapper) runs a node of an FX graph, by its
     generated code (``<eval_with_key>.N``) or ``torch.fx.Interpreter``: AOTAutograd
     running a node of Dynamo's graph, which Dynamo recorded as a call of the user's
     (``a + b`` as ``operator.add``, ``F.relu`` kept whole)."""
-    return frame is not None and (frame.f_code is _INTERPRETER_CALL
+    return frame is not None and (frame.f_code in _INTERPRETER_CALLS
                                   or frame.f_code.co_filename.startswith("<eval_with_key>"))
 
 
