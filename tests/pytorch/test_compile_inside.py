@@ -210,3 +210,75 @@ def test_inductor_records_the_same_entries(tmp_path, tmp_path_factory):
                     assert a["shape"] == b["shape"] and a["requires_grad"] == b["requires_grad"]
                     assert a["Norm"] == pytest.approx(b["Norm"], rel=1e-5, abs=1e-6)
                     assert a["Max"] == pytest.approx(b["Max"], rel=1e-5, abs=1e-6)
+
+
+class Block(nn.Module):
+    """Attention-style block: LayerNorm, chunk, matmul operators, softmax, view, slicing,
+    cat, ``.to``, Dropout, a residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.qkv = nn.Linear(8, 24)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln(x)).chunk(3, dim=-1)
+        att = F.softmax(q @ k.transpose(-2, -1) / c ** 0.5, dim=-1)
+        y = (att @ v).view(b, t, c)
+        y = torch.cat([y[:, :, :4], y[:, :, 4:]], dim=-1).to(torch.float32)
+        return x + self.drop(y)
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, idx):
+        h = self.emb(idx)
+        for blk in self.blocks:
+            h = blk(h)
+        return self.head(h)
+
+
+def _lm_run(compiled: bool, dump_path):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLM()
+    run = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+    cfg = dump_path.parent / "lm.json"
+    cfg.write_text(json.dumps({"dump_path": str(dump_path), "level": "mix", "compiled_regions": "inside"}))
+    dbg = PrecisionDebugger(config_path=str(cfg), model=run)
+    losses = []
+    for step in range(2):  # the sequence length changes: Dynamo compiles again, with symbolic sizes
+        idx = torch.randint(0, 10, (2, 5 + step))
+        dbg.start()
+        loss = F.cross_entropy(run(idx).flatten(0, 1), idx.flatten())
+        loss.backward()
+        losses.append(loss.detach().clone())
+        dbg.stop()
+        dbg.step()
+    assert not dbg.session.failed
+    dbg.close()
+    return losses, [json.loads((dump_path / f"step{s}" / "rank" / "dump.json").read_text())["data"] for s in range(2)]
+
+
+def test_attention_block_with_changing_shapes(tmp_path):
+    """fullgraph=True (the recording adds no graph break); the second step's new sequence
+    length makes sizes symbolic, which the op reads at run time."""
+    ref_losses, ref = _lm_run(False, tmp_path / "eager")
+    losses, got = _lm_run(True, tmp_path / "compiled")
+    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
+    for step in range(2):
+        mapped = _strip({k: v for k, v in got[step].items() if not k.startswith("Module._orig_mod.TinyLM.")})
+        fwd = [k for k in ref[step] if ".forward" in k]
+        assert {"Functional.softmax.0.forward", "Tensor.__getitem__.3.forward", "Torch.cat.1.forward",
+                "Tensor.__matmul__.3.forward", "Module.blocks.1.ln.LayerNorm.forward.0"} <= set(fwd)
+        for name in fwd:
+            assert mapped[name] == ref[step][name], name
+        assert mapped["Functional.embedding.0.forward"]["input_args"][0]["shape"] == [2, 5 + step]
+        assert mapped["Tensor.__getitem__.0.forward"]["output"][0]["shape"] == [2, 5 + step, 4]
