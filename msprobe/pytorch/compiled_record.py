@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import sys
 import threading
 import weakref
@@ -48,6 +49,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from msprobe.core.handles import CallbackHandle, HandleGroup
+from msprobe.core.recorder import Frame
 
 logger = logging.getLogger("msprobe")
 
@@ -98,12 +100,16 @@ class _Site:
     tensor, its ``requires_grad`` where the call was traced (at run time the compiled
     forward computes without autograd)."""
 
-    __slots__ = ("kind", "rid", "name", "family", "spec", "leaves", "grads")
+    __slots__ = ("kind", "rid", "name", "family", "spec", "leaves", "grads", "traced", "inner")
 
     def __init__(self, kind: str, rid: int, name: str, family: Optional[str], spec: Any, leaves: list,
-                 grads: tuple) -> None:
+                 grads: tuple, traced: tuple) -> None:
         self.kind, self.rid, self.name, self.family, self.spec, self.leaves = kind, rid, name, family, spec, leaves
         self.grads = grads
+        #: ``(file, line, function, source)`` of the traced call's frames, innermost first
+        self.traced = traced
+        #: ``traced``'s user frames formatted for stack.json (set at the first run)
+        self.inner: Optional[tuple[str, ...]] = None
 
 
 class _Slot(tuple):
@@ -169,16 +175,53 @@ def capture(rid: int, kind: str, name: str, family: Optional[str], payload: Any)
         else:
             leaves.append(x)
     grads = tuple(bool(t.requires_grad) for t in tensors)
-    key = (kind, rid, name, family, str(spec), repr(leaves), grads)
+    traced = _traced_frames()
+    key = (kind, rid, name, family, str(spec), repr(leaves), grads, traced)
     with _lock:
         site = _SITE_IDS.get(key)
         if site is None:
             site = _SITE_IDS[key] = len(_SITES)
-            _SITES.append(_Site(kind, rid, name, family, spec, leaves, grads))
+            _SITES.append(_Site(kind, rid, name, family, spec, leaves, grads, traced))
     torch.ops.msprobe.record(site, tensors, ints)
 
 
 capture = torch.compiler.allow_in_graph(capture)
+
+_FRAME_RE = re.compile(r'\s*File "(.+)", line (\d+), in (.+)$')
+
+
+def _traced_frames() -> tuple:
+    """The frames of the call being traced, innermost first, as ``(file, line, function,
+    source)``: the ``stack_trace`` that Dynamo gave the graph node AOTAutograd runs now
+    (``torch.fx.traceback``); ``()`` where there is none (the ``eager`` backend runs the
+    graph without node metadata)."""
+    try:
+        meta = torch.fx.traceback.get_current_meta()
+    except Exception:
+        return ()
+    text = meta.get("stack_trace") if meta else None
+    if not isinstance(text, str):
+        return ()
+    lines = text.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        m = _FRAME_RE.match(line)
+        if m:
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            source = "" if _FRAME_RE.match(nxt) else nxt.strip()
+            frames.append((m.group(1), int(m.group(2)), m.group(3), source))
+    return tuple(reversed(frames))
+
+
+def _stack_id(recorder: Any, site: _Site) -> int:
+    """stack.json id of a call of ``site`` now: the traced user frames inside the compiled
+    code, then the user frames around the compiled call
+    (:meth:`msprobe.core.stack.StackInterner.capture_around`)."""
+    stacks = recorder.session.stacks
+    if site.inner is None:
+        site.inner = tuple(f"File {path}, line {line}, in {func}, \n {source}"
+                           for path, line, func, source in site.traced if stacks.is_user_file(path))
+    return stacks.capture_around(site.inner)
 
 
 def _rebuild(site: _Site, tensors: list, ints: list) -> Any:
@@ -247,6 +290,9 @@ def _run(site_id: int, tensors: list, ints: list) -> None:
                 holder = _Params(params)
                 _modules.stack.append(holder)
                 recorder.module_pre(holder, site.name, tuple(args), kwargs)
+                frames = recorder.session.module_stack()
+                if frames and isinstance(frames[-1], Frame) and frames[-1].prefix == site.name:
+                    frames[-1].stack_id = _stack_id(recorder, site)
             else:
                 recorder.module_done(holder)
                 recorder.module_post(holder, payload)
@@ -272,6 +318,7 @@ def _record_api(recorder: Any, site: _Site, args: Any, kwargs: dict, out: Any) -
         plan = recorder._api_before(site.family, site.name, tuple(args), kwargs)
         closing = recorder._closing
         if plan is not None:
+            plan.stack_id = _stack_id(recorder, site)
             recorder._api_after(plan, out)
         if closing is not None:
             recorder.scope.exit(closing)

@@ -87,7 +87,8 @@ _EAGER: dict = {}
 def eager_reference(tmp_path_factory):
     """The uncompiled recorded run (computed once)."""
     if "run" not in _EAGER:
-        _EAGER["run"] = train(None, tmp_path_factory.mktemp("eager") / "dump")
+        _EAGER["path"] = tmp_path_factory.mktemp("eager") / "dump"
+        _EAGER["run"] = train(None, _EAGER["path"])
     return _EAGER["run"]
 
 
@@ -146,13 +147,23 @@ def test_entries_inside_equal_eager_recording(backend, warm_up, tmp_path, tmp_pa
         assert data[step]["Module._orig_mod.MLP.forward.0"]["input_args"][0]["Norm"] == fc1["input_args"][0]["Norm"]
 
 
-def test_construct_parents_inside(tmp_path):
-    """construct.json: a call inside a compiled submodule has that module as its parent."""
+def test_construct_and_stack_inside(tmp_path, tmp_path_factory):
+    """construct.json: a call inside a compiled submodule has that module as its parent.
+    stack.json: the user's lines inside the compiled code (as traced), then those around
+    the compiled call, as for the uncompiled run."""
+    eager_reference(tmp_path_factory)
     train("aot_eager", tmp_path / "dump")
-    construct = json.loads((tmp_path / "dump" / "step0" / "rank" / "construct.json").read_text())
+    rank = tmp_path / "dump" / "step0" / "rank"
+    construct = json.loads((rank / "construct.json").read_text())
     assert construct["Functional.linear.0.forward"] == "Module._orig_mod.fc1.Linear.forward.0"
     assert construct["Module._orig_mod.fc1.Linear.forward.0"] == "Module._orig_mod.MLP.forward.0"
     assert construct["Functional.gelu.0.forward"] == "Module._orig_mod.MLP.forward.0"
+    stack = json.loads((rank / "stack.json").read_text())
+    ref_stack = json.loads((_EAGER["path"] / "step0" / "rank" / "stack.json").read_text())
+    for name in ("Functional.gelu.0.forward", "Tensor.__mul__.0.forward", "Module.fc1.Linear.forward.0"):
+        got = stack[name.replace("Module.", "Module._orig_mod.")]
+        assert got[:2] == ref_stack[name][:2], name  # the line in forward(), the line in train()
+    assert "F.gelu(self.fc2(h))" in stack["Functional.gelu.0.forward"][0]
 
 
 def test_default_root_adds_nothing_to_the_graph(tmp_path, monkeypatch):
