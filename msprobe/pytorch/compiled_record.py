@@ -61,15 +61,16 @@ _RECORDERS: dict[int, "weakref.ref[Any]"] = {}   # recorder id -> Recorder
 _SITES: list["_Site"] = []                        # site id -> site
 _SITE_IDS: dict[tuple, int] = {}                  # site key -> site id
 _lock = threading.Lock()
+_warned: list = []
 
 #: True only while Dynamo traces Python code symbolically (not while AOTAutograd or a
 #: backend runs code for real, where ``torch.compiler.is_compiling()`` is also True)
-is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
 #: the code of ``torch.fx.Interpreter.call_function``/``call_method`` (run one node of a graph)
 _INTERPRETER_CALLS = (torch.fx.Interpreter.call_function.__code__, torch.fx.Interpreter.call_method.__code__)
 #: recorder id -> API keys that graphs run by the ``eager`` backend call through the wrapper
 _CALLED_BY_NAME: dict[int, frozenset] = {}
-is_compiling = torch.compiler.is_compiling
+is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 try:
     from torch.fx.node import _get_qualified_name as _qualified_name
@@ -116,29 +117,44 @@ class _Slot(tuple):
     """A placeholder leaf of :attr:`_Site.leaves`: ``("t", i)`` or ``("i", j)``."""
 
 
-@torch.library.custom_op("msprobe::record", mutates_args=())
-def _record_op(site: int, tensors: Sequence[Optional[torch.Tensor]], ints: Sequence[int]) -> None:
+def _record_body(site: int, tensors: Sequence[Optional[torch.Tensor]], ints: Sequence[int]) -> None:
     """Run-time body of ``msprobe::record``: record the call of site ``site`` whose tensors
     are ``tensors`` and symbolic sizes ``ints`` (:func:`_run`). Returns nothing."""
     _run(site, list(tensors), list(ints))
 
 
-@_record_op.register_fake
 def _record_fake(site: int, tensors: Sequence[Optional[torch.Tensor]], ints: Sequence[int]) -> None:
     return None
 
 
-def _make_effectful() -> None:
-    """Register ``msprobe::record`` as an ordered side effect (not removed, not reordered)."""
-    op = torch.ops.msprobe.record.default
+_defined: list = []  # [True] once msprobe::record exists in this process
+
+
+def _define_op() -> None:
+    """Define ``msprobe::record`` (once per process) and register it as an ordered side
+    effect: no compiler pass removes it or reorders its calls.
+
+    Raises:
+        RuntimeError: this torch lacks what is needed (``torch.library.custom_op``,
+            ``torch.compiler.is_dynamo_compiling``, ``torch.compiler.allow_in_graph``).
+    """
+    if _defined:
+        return
+    if not all(hasattr(m, a) for m, a in ((torch.library, "custom_op"), (torch.compiler, "is_dynamo_compiling"),
+                                          (torch.compiler, "allow_in_graph"))):
+        raise RuntimeError(f"torch {torch.__version__} lacks torch.library.custom_op or torch.compiler's "
+                           "is_dynamo_compiling/allow_in_graph (torch >= 2.4 has them)")
+    op = torch.library.custom_op("msprobe::record", _record_body, mutates_args=())
+    op.register_fake(_record_fake)
+    overload = torch.ops.msprobe.record.default
     try:
         from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
-        _register_effectful_op(op, _EffectType.ORDERED)
+        _register_effectful_op(overload, _EffectType.ORDERED)
     except (ImportError, AttributeError):  # older torch: at least not removed as dead code
-        torch.fx.node.has_side_effect(op)
-
-
-_make_effectful()
+        torch.fx.node.has_side_effect(overload)
+    global capture
+    capture = torch.compiler.allow_in_graph(capture)
+    _defined.append(True)
 
 
 def _is_symbolic(x: Any) -> bool:
@@ -184,8 +200,6 @@ def capture(rid: int, kind: str, name: str, family: Optional[str], payload: Any)
             _SITES.append(_Site(kind, rid, name, family, spec, leaves, grads, traced))
     torch.ops.msprobe.record(site, tensors, ints)
 
-
-capture = torch.compiler.allow_in_graph(capture)
 
 _FRAME_RE = re.compile(r'\s*File "(.+)", line (\d+), in (.+)$')
 
@@ -386,12 +400,22 @@ def module_post(rid: int, prefix: str, output: Any) -> None:
     capture(rid, POST, prefix, None, output)
 
 
-def enable(recorder: Any, group: HandleGroup) -> int:
+def enable(recorder: Any, group: HandleGroup) -> Optional[int]:
     """Make ``recorder`` reachable from compiled code (held weakly) and return its id;
     ``group`` gets a handle for the end of recording. Dynamo's caches are reset now and when the handle is removed
     (``torch.compiler.reset()``): code compiled before is compiled again, with the
     recording calls in it, at its next call, and without them after the hooks are gone
-    (Dynamo does not guard on module hooks, so nothing else would recompile it)."""
+    (Dynamo does not guard on module hooks, so nothing else would recompile it).
+    None (with a warning, once) where this torch cannot: compiled regions are then
+    recorded as with ``"root"``."""
+    try:
+        _define_op()
+    except Exception as exc:
+        if not _warned:
+            _warned.append(True)
+            logger.warning("msprobe: compiled_regions \"inside\" is not available (%s); "
+                           "compiled regions are recorded as with \"root\"", exc)
+        return None
     for rid, ref in _RECORDERS.items():
         if ref() is recorder:
             break

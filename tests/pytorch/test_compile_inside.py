@@ -293,3 +293,17 @@ def test_attention_block_with_changing_shapes(tmp_path):
             assert mapped[name] == ref[step][name], name
         assert mapped["Functional.embedding.0.forward"]["input_args"][0]["shape"] == [2, 5 + step]
         assert mapped["Tensor.__getitem__.0.forward"]["output"][0]["shape"] == [2, 5 + step, 4]
+
+
+def test_torch_without_the_pieces_falls_back_to_root(tmp_path, monkeypatch, caplog):
+    """Where the op cannot be defined (torch < 2.4), ``inside`` warns once and records
+    as ``root``: training is not disturbed."""
+    def unavailable():
+        raise RuntimeError("torch 2.3 lacks torch.library.custom_op")
+    monkeypatch.setattr(compiled_record, "_define_op", unavailable)
+    monkeypatch.setattr(compiled_record, "_warned", [])
+    with caplog.at_level("WARNING", logger="msprobe"):
+        _, _, _, data = train("eager", tmp_path / "dump", level="L0")
+    assert sum("compiled_regions" in r.getMessage() for r in caplog.records) == 1
+    assert "Module._orig_mod.MLP.forward.0" in data[0]
+    assert not any(k.startswith("Module._orig_mod.fc1.Linear.forward") for k in data[0])
