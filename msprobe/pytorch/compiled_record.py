@@ -188,6 +188,8 @@ def capture(rid: int, kind: str, name: str, family: Optional[str], payload: Any)
             ints.append(x)
         elif _is_symbolic(x):  # a symbolic float or bool: no value to hand over
             leaves.append(None)
+        elif type(x) is str and x.startswith(_OPAQUE):
+            leaves.append(Opaque(x[len(_OPAQUE):]))
         else:
             leaves.append(x)
     grads = tuple(bool(t.requires_grad) for t in tensors)
@@ -370,6 +372,44 @@ def _graph_code(frame: Any) -> bool:
                                   or frame.f_code.co_filename.startswith("<eval_with_key>"))
 
 
+#: leaf types a graph node can take as arguments (others are replaced: :func:`_graphable`)
+_GRAPHABLE = (torch.Tensor, bool, int, float, str, torch.dtype, torch.device, torch.layout,
+              torch.memory_format, slice, type(None), type(Ellipsis), torch.SymInt, torch.SymFloat, torch.SymBool)
+#: prefix of the text that stands for an argument of another type
+_OPAQUE = "\x00msprobe-opaque:"
+
+
+def _graphable(value: Any) -> Any:
+    """``value`` (a call's arguments or output, while Dynamo traces) with every value that
+    a graph node cannot take (an object of a user class) replaced by a text naming its
+    type, which :func:`capture` turns into an :class:`Opaque`: otherwise Dynamo would break
+    the graph there (an error under ``fullgraph=True``). Plain lists, tuples and dicts are
+    walked; other tuples (``torch.return_types``, named tuples) are kept as they are."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        items = [_graphable(v) for v in value]
+        return items if kind is list else tuple(items)
+    if kind is dict:
+        return {k: _graphable(v) for k, v in value.items()}
+    if isinstance(value, tuple) or isinstance(value, _GRAPHABLE):
+        return value
+    return _OPAQUE + kind.__module__ + "." + kind.__qualname__
+
+
+class Opaque:
+    """Stands for an argument inside a compiled region that the graph could not carry
+    (an object of a user class): dump.json records ``{"type": "...Opaque", "value":
+    "<{module}.{class} object>"}``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name} object>"
+
+
 def api_call(rid: int, family: str, key: str, original: Callable, args: tuple, kwargs: dict) -> Any:
     """An API wrapper's body while torch.compile traces, with ``"inside"``: the original's
     result, and a record of the call after it when it is the outermost wrapped call."""
@@ -382,7 +422,7 @@ def api_call(rid: int, family: str, key: str, original: Callable, args: tuple, k
     out = original(*args, **kwargs)
     _NESTING.depth = depth
     if depth == 0:
-        capture(rid, API, key, family, (args, kwargs, out))
+        capture(rid, API, key, family, _graphable((args, kwargs, out)))
     return out
 
 
@@ -390,14 +430,14 @@ def module_pre(rid: int, prefix: str, module: torch.nn.Module, args: tuple, kwar
     """A module's forward pre-hook while torch.compile traces, with ``"inside"``."""
     if not is_dynamo_compiling():
         return
-    capture(rid, PRE, prefix, None, (args, kwargs, dict(module.named_parameters(recurse=False))))
+    capture(rid, PRE, prefix, None, _graphable((args, kwargs, dict(module.named_parameters(recurse=False)))))
 
 
 def module_post(rid: int, prefix: str, output: Any) -> None:
     """A module's forward hook while torch.compile traces, with ``"inside"``."""
     if not is_dynamo_compiling():
         return
-    capture(rid, POST, prefix, None, output)
+    capture(rid, POST, prefix, None, _graphable(output))
 
 
 def enable(recorder: Any, group: HandleGroup) -> Optional[int]:

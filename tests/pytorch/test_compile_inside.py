@@ -307,3 +307,49 @@ def test_torch_without_the_pieces_falls_back_to_root(tmp_path, monkeypatch, capl
     assert sum("compiled_regions" in r.getMessage() for r in caplog.records) == 1
     assert "Module._orig_mod.MLP.forward.0" in data[0]
     assert not any(k.startswith("Module._orig_mod.fc1.Linear.forward") for k in data[0])
+
+
+class _Options:
+    scale = 2.0
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, options):
+        return self.fc(x) * options.scale
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub = _Scaled()
+
+    def forward(self, x):
+        return self.sub(x, _Options())
+
+
+def test_argument_of_a_user_class_keeps_fullgraph(tmp_path):
+    """A module argument no graph node can carry (an object of a user class) is recorded
+    by its class name; the graph is not broken (fullgraph=True compiles)."""
+    torch._dynamo.reset()
+    model = torch.compile(_Outer(), backend="aot_eager", fullgraph=True)
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "mix", "compiled_regions": "inside"}))
+    dbg = PrecisionDebugger(config_path=str(cfg), model=model)
+    x = torch.randn(2, 4)
+    dbg.start()
+    out = model(x)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = json.loads((tmp_path / "d" / "step0" / "rank" / "dump.json").read_text())["data"]
+    args = data["Module._orig_mod.sub._Scaled.forward.0"]["input_args"]
+    assert args[0]["Norm"] == pytest.approx(np.linalg.norm(x.double().numpy()), rel=1e-12)
+    assert args[1] == {"type": "msprobe.pytorch.compiled_record.Opaque",
+                       "value": f"<{__name__}._Options object>"}
+    mul = data["Tensor.__mul__.0.forward"]
+    assert mul["input_args"][1] == {"type": "float", "value": 2.0}
+    assert mul["output"][0]["Norm"] == pytest.approx(np.linalg.norm(out.detach().double().numpy()), rel=1e-12)
