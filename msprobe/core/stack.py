@@ -102,12 +102,16 @@ class StackInterner:
         and, when ``inner`` is not empty, the first user frame too (the compiled function,
         which ``inner`` ends with at the traced line)."""
         frame = sys._getframe(1)
+        code_user = self._code_user
         key: list = [id(inner)]
         frames = []
         skip = bool(inner)
         while frame is not None and len(frames) < self._max_depth:
             code = frame.f_code
-            if not code.co_filename.startswith("<") and self._is_user(code):
+            user = code_user.get(id(code))
+            if user is None:
+                user = self._is_user(code)
+            if user and not code.co_filename.startswith("<"):
                 if skip:
                     skip = False
                 else:
