@@ -10,7 +10,7 @@ graph computes what it computed without it; at run time it rebuilds the call's a
 and hands them to the recorder, which writes the same forward entry an eager call writes
 (same name, counter, parent module and statistics).
 
-How the pieces fit (torch >= 2.4, ``torch.library.custom_op``):
+How the pieces fit (torch >= 2.4):
 
 - :func:`capture` is registered with ``torch.compiler.allow_in_graph``: Dynamo does not
   trace into it but puts a call of it into its FX graph, with the call's arguments (tensors
@@ -127,7 +127,7 @@ def _record_fake(site: int, tensors: Sequence[Optional[torch.Tensor]], ints: Seq
     return None
 
 
-_defined: list = []  # [True] once msprobe::record exists in this process
+_defined: list = []  # [the torch.library.Library] once msprobe::record exists in this process
 
 
 def _define_op() -> None:
@@ -135,17 +135,22 @@ def _define_op() -> None:
     effect: no compiler pass removes it or reorders its calls.
 
     Raises:
-        RuntimeError: this torch lacks what is needed (``torch.library.custom_op``,
+        RuntimeError: this torch lacks what is needed (``torch.library.register_fake``,
             ``torch.compiler.is_dynamo_compiling``, ``torch.compiler.allow_in_graph``).
     """
     if _defined:
         return
-    if not all(hasattr(m, a) for m, a in ((torch.library, "custom_op"), (torch.compiler, "is_dynamo_compiling"),
+    if not all(hasattr(m, a) for m, a in ((torch.library, "register_fake"), (torch.compiler, "is_dynamo_compiling"),
                                           (torch.compiler, "allow_in_graph"))):
-        raise RuntimeError(f"torch {torch.__version__} lacks torch.library.custom_op or torch.compiler's "
+        raise RuntimeError(f"torch {torch.__version__} lacks torch.library.register_fake or torch.compiler's "
                            "is_dynamo_compiling/allow_in_graph (torch >= 2.4 has them)")
-    op = torch.library.custom_op("msprobe::record", _record_body, mutates_args=())
-    op.register_fake(_record_fake)
+    # the plain operator-registration API: a call costs ~3 us on the CPU, against ~10-35 us
+    # through torch.library.custom_op's Python wrappers (measured with torch 2.13)
+    lib = torch.library.Library("msprobe", "DEF")
+    lib.define("record(int site, Tensor?[] tensors, SymInt[] ints) -> ()")
+    lib.impl("record", _record_body, "CompositeExplicitAutograd")
+    torch.library.register_fake("msprobe::record", _record_fake, lib=lib)
+    _defined.append(lib)  # the registrations live as long as this object
     overload = torch.ops.msprobe.record.default
     try:
         from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
@@ -154,7 +159,6 @@ def _define_op() -> None:
         torch.fx.node.has_side_effect(overload)
     global capture
     capture = torch.compiler.allow_in_graph(capture)
-    _defined.append(True)
 
 
 def _is_symbolic(x: Any) -> bool:
