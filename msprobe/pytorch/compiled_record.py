@@ -298,6 +298,7 @@ def _run(site_id: int, tensors: list, ints: list) -> None:
         if site.kind == PRE:
             _modules.stack.append(None)
         return
+    pushed = False
     try:
         payload = _rebuild(site, tensors, ints)
         # the call's gradients belong to the compiled backward graph: no backward entry
@@ -309,6 +310,7 @@ def _run(site_id: int, tensors: list, ints: list) -> None:
                 args, kwargs, params = payload
                 holder = _Params(params)
                 _modules.stack.append(holder)
+                pushed = True
                 recorder.module_pre(holder, site.name, tuple(args), kwargs)
                 frames = recorder.session.module_stack()
                 if frames and isinstance(frames[-1], Frame) and frames[-1].prefix == site.name:
@@ -317,7 +319,7 @@ def _run(site_id: int, tensors: list, ints: list) -> None:
                 recorder.module_done(holder)
                 recorder.module_post(holder, payload)
     except Exception as exc:
-        if site.kind == PRE and (not _modules.stack or _modules.stack[-1] is None):
+        if site.kind == PRE and not pushed:  # its POST finds a placeholder: nothing to close
             _modules.stack.append(None)
         recorder.internal_error(exc)
 
@@ -446,8 +448,9 @@ def module_post(rid: int, prefix: str, output: Any) -> None:
 
 def enable(recorder: Any, group: HandleGroup) -> Optional[int]:
     """Make ``recorder`` reachable from compiled code (held weakly) and return its id;
-    ``group`` gets a handle for the end of recording. Dynamo's caches are reset now and when the handle is removed
-    (``torch.compiler.reset()``): code compiled before is compiled again, with the
+    ``group`` gets a handle for the end of recording. Dynamo's caches are reset now and
+    when the handle is removed (``torch.compiler.reset()``): code compiled before is
+    compiled again, with the
     recording calls in it, at its next call, and without them after the hooks are gone
     (Dynamo does not guard on module hooks, so nothing else would recompile it).
     None (with a warning, once) where this torch cannot: compiled regions are then
@@ -467,7 +470,6 @@ def enable(recorder: Any, group: HandleGroup) -> Optional[int]:
         rid = next(_ids)
         _RECORDERS[rid] = weakref.ref(recorder)
     torch.compiler.reset()
-
     group.add(CallbackHandle(torch.compiler.reset))
     return rid
 
