@@ -353,3 +353,51 @@ def test_argument_of_a_user_class_keeps_fullgraph(tmp_path):
     mul = data["Tensor.__mul__.0.forward"]
     assert mul["input_args"][1] == {"type": "float", "value": 2.0}
     assert mul["output"][0]["Norm"] == pytest.approx(np.linalg.norm(out.detach().double().numpy()), rel=1e-12)
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 2)
+
+    def block(self, x):
+        return F.gelu(self.fc1(x))
+
+    def forward(self, x):
+        return self.fc2(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
+
+
+def test_activation_checkpointing_inside(tmp_path):
+    """A checkpointed block inside the compiled model: its forward entries are recorded
+    once (the recomputation runs inside the compiled backward graph and is not recorded);
+    training is bit-identical to the uncompiled recorded run."""
+    results = []
+    for backend in (None, "aot_eager"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _Checkpointed()
+        run = torch.compile(model, backend=backend) if backend else model
+        path = tmp_path / str(backend)
+        cfg = tmp_path / f"{backend}.json"
+        cfg.write_text(json.dumps({"dump_path": str(path), "level": "mix", "compiled_regions": "inside"}))
+        dbg = PrecisionDebugger(config_path=str(cfg), model=run)
+        x = torch.randn(3, 4, requires_grad=True)
+        dbg.start()
+        loss = run(x).sum()
+        loss.backward()
+        dbg.stop()
+        dbg.step()
+        assert not dbg.session.failed
+        dbg.close()
+        data = json.loads((path / "step0" / "rank" / "dump.json").read_text())["data"]
+        results.append((loss.detach(), x.grad.clone(), data))
+    (ref_loss, ref_grad, ref), (loss, grad, got) = results
+    assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad)
+    got = _strip({k: v for k, v in got.items() if not k.startswith("Module._orig_mod._Checkpointed.")})
+    fwd = [k for k in ref if ".forward" in k and not (ref[k].get("is_recompute") or False)]
+    assert {"Functional.gelu.0.forward", "Module.fc1.Linear.forward.0"} <= set(fwd)
+    assert [k for k in got if ".forward" in k and not k.startswith("Tensor.sum")] == \
+        [k for k in fwd if not k.startswith("Tensor.sum")]
+    for name in fwd:
+        assert got[name] == ref[name], name
