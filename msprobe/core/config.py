@@ -30,6 +30,7 @@ __all__ = [
     "LoadSpec",
     "Precision",
     "RiskLevel",
+    "CompiledRegions",
     "SummaryMode",
     "Task",
     "load_config",
@@ -42,6 +43,7 @@ Level = Literal["L0", "L1", "L2", "mix", "debug"]
 SummaryMode = Literal["statistics", "md5", "xor"]
 Precision = Literal["low", "high"]
 RiskLevel = Literal["ALL", "FOCUS", "CORE"]
+CompiledRegions = Literal["root", "inside"]
 FileFormat = Literal["npy", "bin"]
 Framework = Literal["pytorch", "mindspore"]
 
@@ -52,6 +54,7 @@ FILE_FORMATS: Final[tuple[str, ...]] = get_args(FileFormat)
 FRAMEWORKS: Final[tuple[str, ...]] = get_args(Framework)
 PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)
 RISK_LEVELS: Final[tuple[str, ...]] = get_args(RiskLevel)
+COMPILED_REGIONS: Final[tuple[str, ...]] = get_args(CompiledRegions)
 
 #: The packaged default config (spec 5.1: used when no path is given).
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config.json"
@@ -62,7 +65,8 @@ DEFAULT_LEVEL: Final = "L1"
 
 #: Top-level keys this module reads; the task sub-objects are read by name.
 _KNOWN_KEYS: Final = frozenset({"task", "dump_path", "rank", "step", "level", "async_dump", "api_list",
-                                "extra_info", "precision", "risk_level", "dump_enable", "load"})
+                                "extra_info", "precision", "risk_level", "dump_enable", "load",
+                                "compiled_regions"})
 
 #: Keys of the task sub-object this module reads: every task's, then each task's own.
 _SUB_KEYS: Final = frozenset({"scope", "list", "data_mode"})
@@ -145,6 +149,9 @@ class Config:
             (``-1``: no limit).
         load: module inputs replayed from an earlier tensor dump (:class:`LoadSpec`);
             None without a ``load`` object.
+        compiled_regions: PyTorch ``torch.compile``: ``root`` (the compiled module as a
+            whole, graphs unchanged) or ``inside`` (also the modules and API calls traced
+            into the graph, through an opaque recording op; :mod:`msprobe.pytorch.compiled_record`).
     """
 
     task: Task = "statistics"
@@ -168,6 +175,7 @@ class Config:
     bench_path: str | None = None
     diff_nums: int = 1
     load: LoadSpec | None = None
+    compiled_regions: CompiledRegions = "root"
 
     def step_selected(self, step: int) -> bool:
         """True if ``step`` is recorded: ``step`` is empty (all) or contains it."""
@@ -216,8 +224,8 @@ def load_config(
         ConfigError: for an unreadable or invalid file and for every invalid value (spec
             5.3): unknown task/level, bad rank/step/scope/list/data_mode/summary_mode/
             file_format/async_dump/extra_info/dump_enable/precision/risk_level/tensor_list/
-            bench_path/diff_nums/load, async_dump with task tensor and an empty list, L2
-            without exactly one list name or with a scope, a dump_path that is
+            bench_path/diff_nums/load/compiled_regions, async_dump with task tensor and an empty
+            list, L2 with a scope or task structure, a dump_path that is
             missing, empty, a file, a symlink, or whose parent cannot be created, and an
             unknown top-level key close to an absent key that changes what is recorded
             (``"levle"``: "did you mean `level`?"). Other unknown keys are logged as
@@ -249,6 +257,7 @@ def load_config(
     dump_enable = _flag(doc, "dump_enable", None)
     precision = _choice("precision", doc.get("precision", "low"), PRECISIONS)
     risk_level = _choice("risk_level", doc.get("risk_level", "ALL"), RISK_LEVELS)
+    compiled_regions = _choice("compiled_regions", doc.get("compiled_regions", "root"), COMPILED_REGIONS)
 
     sub = doc.get(eff_task, {})
     if not isinstance(sub, dict):
@@ -317,6 +326,7 @@ def load_config(
         bench_path=bench_path,
         diff_nums=diff_nums,
         load=load,
+        compiled_regions=compiled_regions,
     )
 
 
@@ -518,7 +528,7 @@ def _check_mindspore_keys(doc: dict[str, Any], summary_mode: str, task: str, pre
         raise ConfigError("risk_level", risk_level, ("ALL",), detail)
     if tensor_list:
         raise ConfigError("statistics.tensor_list", list(tensor_list), "[]", detail)
-    for key in ("dump_enable", "load"):
+    for key in ("dump_enable", "load", "compiled_regions"):
         if key in doc:
             raise ConfigError(key, doc[key], "absent", detail)
     if isinstance(doc.get(task), dict):

@@ -55,11 +55,16 @@ class StackInterner:
     def _is_user(self, code: CodeType) -> bool:
         known = self._code_user.get(id(code))
         if known is None:
-            filename = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
-            known = not filename.startswith(self._exclude)
+            known = self.is_user_file(code.co_filename)
             self._code_user[id(code)] = known
             self._codes.append(code)
         return known
+
+    def is_user_file(self, filename: str) -> bool:
+        """Whether a frame of the file ``filename`` is user code (not msprobe, ``store``
+        or an excluded framework package)."""
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        return not path.startswith(self._exclude)
 
     def capture(self) -> int:
         """Return the id of the current user stack (registering it if new)."""
@@ -84,6 +89,39 @@ class StackInterner:
         sid = self._by_key.get(tkey)
         if sid is None:
             text = tuple(_format(f.f_code, f.f_lineno) for f in frames)
+            sid = self._by_key[tkey] = _stack_id(text)
+            if sid not in self._seen:
+                self._seen.add(sid)
+                self.new_stacks.append((sid, text))
+        return sid
+
+    def capture_around(self, inner: tuple[str, ...]) -> int:
+        """The id of the stack ``inner`` (formatted user frames, innermost first: where a
+        call sits in code that torch.compile traced) followed by the current user stack
+        outside the compiled code: frames of generated code (file ``<...>``) are left out,
+        and, when ``inner`` is not empty, the first user frame too (the compiled function,
+        which ``inner`` ends with at the traced line)."""
+        frame = sys._getframe(1)
+        code_user = self._code_user
+        key: list = [id(inner)]
+        frames = []
+        skip = bool(inner)
+        while frame is not None and len(frames) < self._max_depth:
+            code = frame.f_code
+            user = code_user.get(id(code))
+            if user is None:
+                user = self._is_user(code)
+            if user and not code.co_filename.startswith("<"):
+                if skip:
+                    skip = False
+                else:
+                    key += (id(code), frame.f_lasti)
+                    frames.append(frame)
+            frame = frame.f_back
+        tkey = tuple(key)
+        sid = self._by_key.get(tkey)
+        if sid is None:
+            text = tuple(inner) + tuple(_format(f.f_code, f.f_lineno) for f in frames)
             sid = self._by_key[tkey] = _stack_id(text)
             if sid not in self._seen:
                 self._seen.add(sid)

@@ -26,6 +26,7 @@ from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
+from msprobe.pytorch import compiled_record
 from msprobe.pytorch.compiled import from_compiler, is_compiling
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
@@ -79,7 +80,10 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any, targets: Optional[dic
     group = HandleGroup()
     prepare_builtin_table()  # before any wrapper is in place (see msprobe.pytorch.jit_compat)
     session = recorder.session
+    # compiled_regions "inside": wrappers traced by torch.compile record (msprobe.pytorch.compiled_record)
+    rid = compiled_record.enable(recorder, group) if compiled_record.inside(recorder) else None
     dist_calls = None
+    traced: list[tuple[str, Any]] = []
     wrapped: set[tuple[int, str]] = set()
     for spec in specs:
         owner, name = spec.owner, spec.api
@@ -92,9 +96,14 @@ def install_api_hooks(specs: list[ApiSpec], recorder: Any, targets: Optional[dic
         elif spec.family == ATEN_FAMILY:
             wrapper = make_aten_proxy(original, name, recorder.record_api, session)
         else:
-            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo)
+            wrapper = _make_wrapper(original, spec.family, name, recorder.record_api, session, recorder.leaves.memo,
+                                    rid)
         if _replace(owner, name, original, wrapper, group) and targets is not None and spec.family != ATEN_FAMILY:
             targets.setdefault(id(original), (original, wrapper))
+        if rid is not None:
+            traced.append((f"{spec.family}.{name}", original))
+    if traced:
+        compiled_record.note_called_by_name(rid, traced)
     memo = recorder.leaves.memo
     for owner, name in _unlisted_writers(wrapped):
         original = getattr(owner, name)
@@ -227,15 +236,20 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
 
 
 def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any,
-                  memo: StatsMemo) -> Callable:
+                  memo: StatsMemo, rid: Optional[int] = None) -> Callable:
+    """The wrapper of one API; ``rid``: the recorder's id where calls traced by
+    torch.compile are recorded (:mod:`msprobe.pytorch.compiled_record`), else None."""
     key = f"{family}.{api}"
+    traced = compiled_record.api_call
     tls = session._tls
     entries = memo.entries  # the memo's dict (never replaced): a cheap emptiness test
     clear = memo.clear
 
     def wrapper(*args, **kwargs):
         if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
-            return original(*args, **kwargs)
+            if rid is None:
+                return original(*args, **kwargs)
+            return traced(rid, family, key, original, args, kwargs)  # compiled_regions "inside"
         # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
         if (session.recording and not tls.busy and not wrapper.__msprobe_disabled__
                 and not from_compiler(sys._getframe(1))):

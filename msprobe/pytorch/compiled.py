@@ -5,7 +5,9 @@ While ``torch.compile`` traces (Dynamo, then AOTAutograd and the backend),
 call through, and it tests this *before* reading any of its own state, so Dynamo traces
 exactly the call of the original (no guard on msprobe's state, no graph break, the same
 graph as without msprobe). A compiled region therefore runs without msprobe's code in it;
-docs/pytorch.md, section "torch.compile", says what is recorded around it.
+docs/pytorch.md, section "torch.compile", says what is recorded around it. With config
+``compiled_regions: "inside"`` they also add a recording op to the graph
+(:mod:`msprobe.pytorch.compiled_record`).
 
 :func:`is_fake` tells tensors without readable values (``FakeTensor``, and
 ``FunctionalTensor`` or other wrappers around one) that a recorder may meet outside a

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from msprobe.core.handles import HandleGroup
+from msprobe.pytorch import compiled_record
 from msprobe.pytorch.compiled import is_compiling
 from msprobe.pytorch.grad_hooks import install_grad_hooks
 
@@ -91,8 +92,10 @@ def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recor
     group = HandleGroup()
     prefixes = module_prefixes(models, indexed)
     wrappers = compiled_wrappers(models)
+    # compiled_regions "inside": hooks traced by torch.compile record (msprobe.pytorch.compiled_record)
+    rid = compiled_record.enable(recorder, group) if compiled_record.inside(recorder) else None
     for prefix, module in prefixes:
-        hook_module(module, prefix, recorder, group, group, on=wrappers.get(id(module)))
+        hook_module(module, prefix, recorder, group, group, on=wrappers.get(id(module)), rid=rid)
     recorder.ancestors = ancestors(prefixes)
     recorder.root_prefixes.clear()
     for prefix, model in root_prefixes(models, indexed):
@@ -102,27 +105,33 @@ def install_module_hooks(models: Sequence[torch.nn.Module], indexed: bool, recor
 
 
 def hook_module(module: torch.nn.Module, prefix: str, recorder: Any, forward_group: HandleGroup,
-                grad_group: Optional[HandleGroup], on: Optional[torch.nn.Module] = None) -> None:
+                grad_group: Optional[HandleGroup], on: Optional[torch.nn.Module] = None,
+                rid: Optional[int] = None) -> None:
     """Hook one module under the entry prefix ``prefix`` (``Module.{path}.{Class}``): forward
     pre/post hooks go to ``forward_group``, parameter-gradient hooks to ``grad_group``
     (None: no parameter-gradient hooks, the module has them already).
     ``on``: the module whose calls stand for ``module``'s (the ``OptimizedModule`` that
-    wraps it); the forward hooks are registered there, the entries are ``module``'s."""
+    wraps it); the forward hooks are registered there, the entries are ``module``'s.
+    ``rid``: the recorder's id where forwards traced by torch.compile are recorded
+    (:mod:`msprobe.pytorch.compiled_record`), else None."""
     on = module if on is None else on
-    forward_group.add(on.register_forward_pre_hook(_pre(recorder, prefix, module), with_kwargs=True))
+    forward_group.add(on.register_forward_pre_hook(_pre(recorder, prefix, module, rid), with_kwargs=True))
     # a plain hook marks a forward that returned; the always-called one (runs after it, and
     # also when forward raised) pops the module stack and records the entry
     forward_group.add(on.register_forward_hook(_done(recorder, module)))
-    forward_group.add(on.register_forward_hook(_post(recorder, module), with_kwargs=True, always_call=True))
+    forward_group.add(on.register_forward_hook(_post(recorder, module, prefix, rid), with_kwargs=True,
+                                               always_call=True))
     if grad_group is not None:
         install_grad_hooks(module, prefix, recorder, grad_group)
 
 
 # each hook tests is_compiling() first: a module inside a compiled region is traced
 # without msprobe's code (msprobe.pytorch.compiled)
-def _pre(recorder, prefix: str, owner: torch.nn.Module):
+def _pre(recorder, prefix: str, owner: torch.nn.Module, rid: Optional[int] = None):
     def pre_hook(module, args, kwargs):
         if is_compiling():
+            if rid is not None:  # compiled_regions "inside"
+                compiled_record.module_pre(rid, prefix, owner, args, kwargs)
             return None
         return recorder.module_pre(owner, prefix, args, kwargs)
     return pre_hook
@@ -136,9 +145,11 @@ def _done(recorder, owner: torch.nn.Module):
     return done_hook
 
 
-def _post(recorder, owner: torch.nn.Module):
+def _post(recorder, owner: torch.nn.Module, prefix: str = "", rid: Optional[int] = None):
     def forward_hook(module, args, kwargs, output):
         if is_compiling():
+            if rid is not None:  # compiled_regions "inside"
+                compiled_record.module_post(rid, prefix, output)
             return None
         return recorder.module_post(owner, output)
     return forward_hook

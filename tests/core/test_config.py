@@ -232,6 +232,12 @@ def test_upstream_26_keys_defaults_and_values(make):
     assert cfg.tensor_list == () and cfg.summary_mode == "md5"
 
 
+def test_compiled_regions_default_and_value(make):
+    assert load_config(make()).compiled_regions == "root"
+    assert load_config(make(compiled_regions="inside")).compiled_regions == "inside"
+    assert load_config(make(compiled_regions="root")).compiled_regions == "root"
+
+
 @pytest.mark.parametrize(("fields", "pattern"), [
     ({"statistics": {"summary_mode": "xor"}}, r"`statistics.summary_mode`: got 'xor'; allowed: statistics, md5; "
                                               r"not supported by msprobe for MindSpore"),
@@ -239,6 +245,7 @@ def test_upstream_26_keys_defaults_and_values(make):
     ({"risk_level": "CORE"}, r"`risk_level`: got 'CORE'; allowed: ALL; not supported"),
     ({"statistics": {"tensor_list": ["relu"]}}, r"`statistics.tensor_list`: got \['relu'\]"),
     ({"dump_enable": True}, r"`dump_enable`: got True; allowed: absent; not supported"),
+    ({"compiled_regions": "inside"}, r"`compiled_regions`: got 'inside'; allowed: absent; not supported"),
 ])
 def test_mindspore_rejects_the_26_keys_it_does_not_implement(make, fields, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -303,6 +310,8 @@ def test_step_upper_bound_is_inclusive(make):
         ({"risk_level": "LOW"}, r"`risk_level`: got 'LOW'; allowed: ALL, FOCUS, CORE$"),
         ({"dump_enable": 1}, r"`dump_enable`: got 1; allowed: true, false$"),
         ({"extra_info": None}, r"`extra_info`: got None; allowed: true, false$"),
+        ({"compiled_regions": "all"}, r"`compiled_regions`: got 'all'; allowed: root, inside$"),
+        ({"compiled_regions": True}, r"`compiled_regions`: got True; allowed: root, inside$"),
         ({"statistics": {"tensor_list": "relu"}}, r"`statistics.tensor_list`: got 'relu';.*expected a list"),
         ({"statistics": {"tensor_list": ["relu", ""]}}, r"`statistics.tensor_list`: got ''"),
         ({"async_dump": True, "statistics": {"tensor_list": ["relu"]}},
