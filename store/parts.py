@@ -307,7 +307,10 @@ def _finished_prefix(table: pa.Table, closed: bool, step_ends: set) -> int:
     open_steps = [last] if last not in step_ends else []
     unfinished = np.isin(steps, open_steps)
     first = np.flatnonzero(unfinished)
-    return int(first[0]) if len(first) else table.num_rows
+    cut = int(first[0]) if len(first) else table.num_rows
+    # stack and marker rows alone (step -1 stacks before the open step) wait for data rows
+    row = table[S.ROW].slice(0, cut).to_numpy(zero_copy_only=False)
+    return cut if np.isin(row, (S.ROW_CALL, S.ROW_LEAF)).any() else 0
 
 
 def _size(path: Path) -> int:
