@@ -36,7 +36,7 @@ def write_report(
         out: the HTML file to write (its directory is created).
         progress: called with each part's name as it starts.
         limits: ``threshold``, ``jump``, ``max_rows``, ``max_steps``, ``max_tree``,
-            ``movers`` of :func:`msprobe.report.data.collect`.
+            ``movers``, ``ranks``, ``steps`` of :func:`msprobe.report.data.collect`.
     Returns:
         ``out`` as a Path.
     Raises:

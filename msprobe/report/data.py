@@ -30,11 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from store import arrow_np
 from store import schema as S
-from store.log_reader import read_log
 from store.query import connect
 
 __all__ = ["collect", "plain"]
@@ -64,10 +62,12 @@ def _rows(con, sql: str, params: Optional[list] = None) -> list[dict]:
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
-def _first_meta(contents) -> dict:
-    table = contents.table
-    markers = arrow_np.select(table, arrow_np.equals(table[S.ROW], S.ROW_MARKER))
-    for text in arrow_np.pylist(markers[S.META]):
+def _first_meta(con) -> dict:
+    """The meta of the first marker (by rank, then seq) that holds a JSON object."""
+    texts = [t for (t,) in con.execute(
+        f"SELECT {S.META} FROM msprobe_log WHERE {S.ROW} = '{S.ROW_MARKER}' AND {S.META} IS NOT NULL "
+        f"ORDER BY {S.RANK}, {S.SEQ}").fetchall()]
+    for text in texts:
         try:
             meta = json.loads(text) if text else None
         except ValueError:
@@ -223,7 +223,8 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
 def collect(
     dump_path: Union[str, os.PathLike], *, threshold: float = 1e4, jump: float = 10.0,
     max_rows: int = 200, max_steps: int = 200, max_tree: int = 3000, movers: int = 8,
-    progress: Optional[Callable[[str], None]] = None,
+    progress: Optional[Callable[[str], None]] = None, ranks: Optional[Sequence[int]] = None,
+    steps: Optional[Sequence[int]] = None,
 ) -> dict:
     """Everything the report page shows for the recording under ``dump_path``.
 
@@ -236,6 +237,8 @@ def collect(
         max_tree: most nodes in the module tree (modules kept first, then APIs dropped).
         movers: how many parameter-gradient lines to draw.
         progress: called with the name of each part as it starts (for a progress bar).
+        ranks, steps: show only these ranks and steps (None: all); other ranks' log files
+            and parts are not read.
     Returns:
         A dict of plain JSON values; non-finite floats as strings (see :func:`plain`).
     Raises:
@@ -250,8 +253,7 @@ def collect(
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{label}: expected a positive number, got {value!r}")
     tick = progress or (lambda _part: None)
-    contents = read_log(dump_path)
-    con = connect(dump_path, contents=contents)
+    con = connect(dump_path, ranks=ranks, steps=steps)
     try:
         tick("overview")
         per_step = _rows(con, """
@@ -263,7 +265,7 @@ def collect(
         has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
         key, where = _keyed(has_modules)
         out: dict[str, Any] = {
-            "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
+            "dump_path": str(dump_path), "meta": _first_meta(con), "ranks": ranks,
             "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
         }
         for rank in ranks:
