@@ -116,15 +116,20 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str]:
-    """(connection holding the source relation, its SQL, ranks present, world size, source)."""
-    if (path / S.STORE_DIR / S.LOG_DIR).is_dir():
+def _connect(path: Path, ranks: Optional[Sequence[int]] = None, steps: Optional[Sequence[int]] = None,
+             ) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str, list[int]]:
+    """(connection holding the source relation, its SQL, ranks present, world size, source,
+    steps present). For our log only the files of ``ranks`` and ``steps`` are read
+    (:class:`store.select.StoreReader`)."""
+    if (path / S.STORE_DIR / S.LOG_DIR).is_dir() or (path / S.STORE_DIR / "parquet").is_dir():
         from store.query import _LOG_TABLE, VIEW_CALLS, connect
         from store.replicas import log_source_sql, recorded_world_size
+        from store.select import StoreReader
 
-        con = connect(path)
-        ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {VIEW_CALLS}").fetchall()]
-        return con, log_source_sql(_LOG_TABLE, VIEW_CALLS), ranks, recorded_world_size(con, _LOG_TABLE), "log"
+        reader = StoreReader(path, ranks=ranks, steps=steps)
+        con = connect(path, reader=reader)
+        return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), reader.rank_values(),
+                recorded_world_size(con, _LOG_TABLE), "log", reader.step_values())
     from msprobe.compare.errors import CompareInputError
     from msprobe.compare.load import load_side
 
@@ -140,8 +145,9 @@ def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Opt
         "l.max, l.min, l.mean, l.norm, l.crc32, l.requires_grad, l.value_json FROM up_leaves l JOIN "
         "(SELECT rank, step, name, kind, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
         "FROM up_calls) c USING (rank, step, name)")
-    ranks = sorted({r for r in side.calls.column("rank").to_pylist()})
-    return con, source, ranks, None, "dump.json"
+    found = sorted({r for r in side.calls.column("rank").to_pylist()})
+    present = sorted({s for s in side.calls.column("step").to_pylist()})
+    return con, source, found, None, "dump.json", present
 
 
 def _fingerprint(row: dict, i: int, exact: bool):
@@ -218,40 +224,50 @@ def _odd_differs(row: dict, odd: tuple[int, ...], majority: tuple[int, ...], tol
     return any(r in row["ranks"] and r not in ref for r in odd)
 
 
-def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[int, ...]],
+def _check_group(con, g: int, members: tuple[int, ...], steps: Sequence[int],
                  categories: tuple[str, ...], tol: float) -> GroupResult:
-    step_sql = f" AND step IN ({', '.join(map(str, steps))})" if steps else ""
+    """The result of group ``g`` over ``steps`` (sorted), one step at a time: every query
+    names one step, so only that step's rows are scanned and aggregated."""
     cat_sql = ", ".join(f"'{c}'" for c in categories)
-    counts = con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE exact), list(DISTINCT step) FROM replicas "
-        f"WHERE grp = ? AND n_ranks > 1 AND category IN ({cat_sql}){step_sql}", [g]).fetchall()[0]
-    seen_steps = tuple(sorted(counts[2] or ()))
-    first_rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree "
-                            f"AND category IN ({cat_sql}){step_sql} ORDER BY step, pos, io_order, io, arg, process_group LIMIT 1",
-                       [g])
-    if not first_rows:
-        return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=None)
-    row = first_rows[0]
-    clusters, exact = _clusters(row, tol)
+    where = f"grp = ? AND n_ranks > 1 AND category IN ({cat_sql}) AND step = ?"
+    compared = exact = 0
+    seen: list[int] = []
+    row = None
+    for step in steps:
+        n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM replicas WHERE {where}",
+                                 [g, step]).fetchall()[0]
+        if n:
+            seen.append(step)
+            compared += n
+            exact += n_exact
+        if row is None and n:
+            found = _rows(con, f"SELECT * FROM replicas WHERE {where} AND NOT agree "
+                               f"ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [g, step])
+            row = found[0] if found else None
+    seen_steps = tuple(seen)
+    if row is None:
+        return GroupResult(ranks=members, steps=seen_steps, compared=compared, exact=exact, first=None)
+    clusters, exact_row = _clusters(row, tol)
     majority, odd = _majority(clusters)
-    values = {r: _fingerprint(row, i, exact) for i, r in enumerate(row["ranks"])}
+    values = {r: _fingerprint(row, i, exact_row) for i, r in enumerate(row["ranks"])}
     first_step = min(seen_steps) if seen_steps else row[S.STEP]
     downstream, spread = None, {}
     if majority:
-        later = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree AND step >= ?"
-                           f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, row[S.STEP]])
-        for other in later:
-            if not _odd_differs(other, odd, majority, tol):
-                continue
-            spread[other[S.STEP]] = spread.get(other[S.STEP], 0) + 1
-            if (downstream is None and other[S.STEP] == row[S.STEP] and other["io_order"] == 1
-                    and other[S.NAME] != row[S.NAME]):
-                downstream = other[S.NAME]
+        for step in (s for s in steps if s >= row[S.STEP]):
+            later = _rows(con, "SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree AND step = ? "
+                               "ORDER BY pos, io_order, io, arg, process_group", [g, step])
+            for other in later:
+                if not _odd_differs(other, odd, majority, tol):
+                    continue
+                spread[other[S.STEP]] = spread.get(other[S.STEP], 0) + 1
+                if (downstream is None and other[S.STEP] == row[S.STEP] and other["io_order"] == 1
+                        and other[S.NAME] != row[S.NAME]):
+                    downstream = other[S.NAME]
     first = Disagreement(step=row[S.STEP], name=row[S.NAME], io=row[S.IO], arg=row[S.ARG],
-                         category=row["category"], by="crc32" if exact else "statistics", majority=majority,
+                         category=row["category"], by="crc32" if exact_row else "statistics", majority=majority,
                          odd=odd, values=values, verdict=_verdict(row, majority, first_step),
                          first_downstream=downstream, spread=spread)
-    return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=first)
+    return GroupResult(ranks=members, steps=seen_steps, compared=compared, exact=exact, first=first)
 
 
 def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence[Sequence[int]]] = None,
@@ -278,15 +294,17 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
         raise CheckRanksInputError(f"DUMP_PATH {str(p)!r}: path does not exist")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf:
         raise CheckRanksInputError(f"--tol: got {tol!r}; expected a finite number >= 0")
-    con, source, ranks, world_size, kind = _connect(p)
+    wanted = sorted({r for g in groups for r in g}) if groups else None
+    con, source, ranks, world_size, kind, present = _connect(p, wanted, steps)
     try:
         chosen = [list(g) for g in groups] if groups is not None else default_groups(world_size, ranks)
         if not chosen or any(not g for g in chosen):
             raise CheckRanksInputError(f"--group: got {groups!r}; expected non-empty rank lists")
         create_replicas_view(con, source, chosen, tol=float(tol))
         categories = CATEGORIES if all_calls else CATEGORIES[:2]
-        results = tuple(_check_group(con, g, tuple(members), tuple(steps) if steps else None, categories,
-                                     float(tol)) for g, members in enumerate(chosen))
+        chosen_steps = sorted(set(present) & set(steps)) if steps else present
+        results = tuple(_check_group(con, g, tuple(members), chosen_steps, categories, float(tol))
+                        for g, members in enumerate(chosen))
     finally:
         con.close()
     return RankCheck(path=str(p), source=kind, categories=categories, tol=float(tol), groups=results)

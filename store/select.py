@@ -212,6 +212,45 @@ class StoreReader:
             found |= set(np.unique(self.tail[S.RANK].to_numpy()).tolist())
         return sorted(found)
 
+    def step_values(self) -> list[int]:
+        """The steps with call rows in the selection, sorted (from the compaction's summary
+        and the tail: no part is read)."""
+        import pyarrow.parquet as pq
+
+        from store.manifest import SUMMARY_NAME
+
+        found: set = set()
+        summary = self.directory / SUMMARY_NAME
+        if self.manifest.parts and summary.exists():
+            table = pq.read_table(summary, columns=[S.RANK, S.STEP, "call_rows"])
+            keep = table["call_rows"].to_numpy() > 0
+            if self.ranks is not None:
+                keep &= np.isin(table[S.RANK].to_numpy(), list(self.ranks))
+            found |= set(table[S.STEP].to_numpy()[keep].tolist())
+        if self.tail.num_rows:
+            row = self.tail[S.ROW].to_numpy(zero_copy_only=False)
+            found |= set(np.unique(self.tail[S.STEP].to_numpy()[row == S.ROW_CALL]).tolist())
+        if self.steps is not None:
+            found &= self.steps
+        return sorted(int(s) for s in found)
+
+    def table(self) -> pa.Table:
+        """Every selected row (:data:`TAIL_SCHEMA`; parts, then the tail; chunked, not sorted).
+        Memory: the whole selection; prefer :meth:`rank_table` or SQL over the views."""
+        import pyarrow.dataset as ds
+
+        tables = []
+        for meta in (True, False):
+            dataset = self.dataset(meta=meta)
+            if dataset is None:
+                continue
+            condition = None
+            if self.steps is not None and not meta:
+                condition = ds.field(S.STEP).isin(sorted(self.steps))
+            tables.append(dataset.to_table(filter=condition).select(TAIL_SCHEMA.names).cast(TAIL_SCHEMA))
+        tables.append(self.tail)
+        return pa.concat_tables(tables)
+
     def rank_table(self, rank: int) -> pa.Table:
         """Every selected row of ``rank`` (:data:`TAIL_SCHEMA`; parts first, then the tail;
         not sorted)."""
