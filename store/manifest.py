@@ -7,13 +7,16 @@ Layout under the Parquet directory (default ``{dump_path}/.msprobe/parquet``):
     of :data:`store.schema.LOG_SCHEMA` except ``rank`` (in the path, Hive style), plus
     :data:`LOG_FILE` (the name of the log file the rows came from); one row group per step,
     rows sorted by step and seq, zstd-compressed.
-``meta/rank={R}/part-{log}-{first}.parquet``
+``_meta/rank={R}/part-{log}-{first}.parquet``
     the stack and marker rows of rank ``R`` (needed whatever steps are selected).
 ``_summary.parquet``
-    one row per (rank, step) of the compacted steps: :data:`SUMMARY_COLUMNS`.
+    one row per (rank, step) of the compacted steps: :data:`store.parts.SUMMARY_COLUMNS`.
 ``_manifest.json``
-    this module's :class:`Manifest`. Names starting with ``_`` are skipped by Spark and Hive;
-    the globs ``step_bucket=*/rank=*/*.parquet`` do not match them.
+    this module's :class:`Manifest`.
+
+Spark and Hive skip names starting with ``_`` (and ``.``), so ``spark.read.parquet(dir)``
+sees exactly the step parts, with partition columns ``step_bucket`` and ``rank``; the glob
+``step_bucket=*/rank=*/*.parquet`` (DuckDB, Polars) matches the same files.
 
 The log stays the source of truth: a log file's rows ``[0, rows)`` are in parts, the rest
 (the *tail*) is read from the log. Parts are listed here only once written completely;
@@ -39,7 +42,7 @@ LOG_FILE = "log_file"
 MANIFEST_NAME = "_manifest.json"
 SUMMARY_NAME = "_summary.parquet"
 PARQUET_DIR = "parquet"
-META_DIR = "meta"
+META_DIR = "_meta"
 #: steps per ``step_bucket`` directory
 STEP_BUCKET = 100
 #: the manifest layout written by this module (readers take older ones too)

@@ -9,7 +9,7 @@ log file and the rest stays in the log (the tail the readers read).
 
 Each pass writes, per log file and rank, one part per step bucket
 (``step_bucket={B}/rank={R}/part-{log}-{first}.parquet``, one row group per step, rows
-sorted by step and seq, zstd) and one ``meta/rank={R}/…`` part with the stack and marker
+sorted by step and seq, zstd) and one ``_meta/rank={R}/…`` part with the stack and marker
 rows; then the per-(rank, step) summary (``_summary.parquet``) and last the manifest,
 each written under a temporary name and renamed. A part file not in the manifest (a pass
 that died before writing the manifest) is removed by the next pass, which writes it again.

@@ -51,7 +51,7 @@ def test_parts_hold_every_log_row_once_partitioned_by_step_and_rank(tmp_path, sa
         assert S.RANK not in table.schema.names and LOG_FILE in table.schema.names   # rank is in the path
         assert file.metadata.row_group(0).column(0).compression == "ZSTD"
         steps = table[S.STEP].to_numpy()
-        if rel.startswith("meta/"):
+        if rel.startswith("_meta/"):
             assert set(table[S.ROW].to_pylist()) <= {S.ROW_STACK, S.ROW_MARKER}
         else:
             assert rel.startswith("step_bucket=0/")
