@@ -139,7 +139,9 @@ class Compactor:
             table = state.table
             cut = start + _finished_prefix(table, state.reader.finished, self._finished_steps(state))
             new = table.slice(0, cut - start)
-            state.table = table.slice(cut - start)
+            # the rows left keep no reference to the (possibly memory-mapped) batches read
+            rest = table.slice(cut - start)
+            state.table = rest.take(pa.array(np.arange(rest.num_rows))) if rest.num_rows else TAIL_SCHEMA.empty_table()
             pending += state.table.num_rows
             if new.num_rows:
                 for part, file in self._write_parts(new, name, start):
@@ -153,6 +155,9 @@ class Compactor:
                 rows=cut, read_rows=cut + state.table.num_rows, bytes=state.reader.offset,
                 finished=state.reader.finished, seq_offsets=dict(state.seq_offsets), next_seq=seq_next)
             next_seq.update(seq_next)
+            del new, table
+            if self.manifest.logs[name].complete:
+                del self._open[name]           # nothing more to read from this file
         if summaries:
             self._write_summary(summaries)
         save_manifest(self.directory, self.manifest)

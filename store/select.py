@@ -180,6 +180,9 @@ class StoreReader:
             keep = _mask(table, self.ranks, self.steps)
             if keep is not None:
                 table = table.filter(pa.array(keep))
+            elif coverage is not None and coverage.rows:
+                # a copy of the uncompacted rows: the file's other (memory-mapped) batches go
+                table = table.take(pa.array(np.arange(table.num_rows)))
             if table.num_rows:
                 tables.append(table)
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
