@@ -184,6 +184,9 @@ class LogReader:
         but not identical to, LOG_SCHEMA (other column order, extra columns, nullability)."""
         arrays = []
         for expected in S.LOG_SCHEMA:
+            if batch.schema.get_field_index(expected.name) < 0:   # an older version's batch
+                arrays.append(pa.nulls(batch.num_rows, expected.type))
+                continue
             column = batch.column(expected.name)
             try:
                 if not column.type.equals(expected.type):
@@ -199,19 +202,25 @@ class LogReader:
 
     @staticmethod
     def _check_schema(found: pa.Schema) -> pa.Schema:
+        """Accept this format version and older ones: versions only add nullable columns,
+        so a column an older stream lacks reads as null (see :meth:`_conform`); columns are
+        matched by name. A newer version, or a missing non-nullable column, is refused."""
         version = (found.metadata or {}).get(S.FORMAT_KEY)
         if version is not None and version != S.FORMAT_VERSION.encode():
-            raise _Damage(
-                f"unsupported: log format version {version.decode(errors='replace')!r}; "
-                f"this reader reads version {S.FORMAT_VERSION!r}"
-            )
+            text = version.decode(errors="replace")
+            if not (text.isdigit() and int(text) < int(S.FORMAT_VERSION)):
+                raise _Damage(
+                    f"unsupported: log format version {text!r}; "
+                    f"this reader reads versions up to {S.FORMAT_VERSION!r}"
+                )
         if found.equals(S.LOG_SCHEMA):
             return found
         problems = []
         for expected in S.LOG_SCHEMA:
             index = found.get_field_index(expected.name)
             if index < 0:
-                problems.append(f"missing column {expected.name!r}")
+                if not expected.nullable:
+                    problems.append(f"missing column {expected.name!r}")
             elif not found.field(index).type.equals(expected.type):
                 problems.append(
                     f"column {expected.name!r}: expected {expected.type}, got {found.field(index).type}"
