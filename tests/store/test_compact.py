@@ -186,3 +186,20 @@ def test_missing_log_is_a_clear_error(tmp_path, capsys):
         compact(tmp_path)
     assert main(["compact", str(tmp_path)]) == 2
     assert "msprobe compact: error" in capsys.readouterr().err
+
+
+def test_follow_ends_once_every_log_is_closed_and_compacted(tmp_path, sample):
+    from store.compact import follow
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    passes = []
+    follow(empty, interval=0.01, should_stop=lambda: len(passes.append(1) or passes) > 3)
+    assert len(passes) == 4                                     # no log yet: it waited
+    dump = _two_ranks(tmp_path, sample)
+    reports = []
+    follow(dump, interval=0.01, report=reports.append)
+    assert len(reports) == 1 and reports[0].pending == 0       # one pass: both logs closed
+    assert main(["compact", str(dump), "--follow", "--interval", "0.01"]) == 0
+    assert query(dump, "SELECT count(*) AS n FROM tensors").to_pylist() == [{"n": 38}]
+    assert main(["compact", str(dump), "--follow", "--interval", "0"]) == 2
