@@ -13,6 +13,8 @@ Layout under the Parquet directory (default ``{dump_path}/.msprobe/parquet``):
     one row per (rank, step) of the compacted steps: :data:`store.parts.SUMMARY_COLUMNS`.
 ``_manifest.json``
     this module's :class:`Manifest`.
+``_lock``
+    an empty file compaction passes ``flock`` to take turns.
 
 Spark and Hive skip names starting with ``_`` (and ``.``), so ``spark.read.parquet(dir)``
 sees exactly the step parts, with partition columns ``step_bucket`` and ``rank``; the glob
@@ -40,6 +42,7 @@ __all__ = ["LOG_FILE", "MANIFEST_NAME", "SUMMARY_NAME", "STEP_BUCKET", "LogCover
 #: part column: the name of the log file a row came from (keeps two runs' calls apart)
 LOG_FILE = "log_file"
 MANIFEST_NAME = "_manifest.json"
+LOCK_NAME = "_lock"
 SUMMARY_NAME = "_summary.parquet"
 PARQUET_DIR = "parquet"
 META_DIR = "_meta"

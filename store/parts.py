@@ -13,6 +13,7 @@ sorted by step and seq, zstd) and one ``_meta/rank={R}/…`` part with the stack
 rows; then the per-(rank, step) summary (``_summary.parquet``) and last the manifest,
 each written under a temporary name and renamed. A part file not in the manifest (a pass
 that died before writing the manifest) is removed by the next pass, which writes it again.
+Passes over one Parquet directory take turns (``flock`` on ``_lock``).
 
 Within one :class:`Compactor` the log files stay open as incremental readers
 (:meth:`store.log_reader.LogReader.read_new`), so ``msprobe compact --follow`` reads each
@@ -21,6 +22,8 @@ from its start once.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import time
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from store import schema as S
 from store.errors import LogNotFoundError
 from store.fileutil import FILE_MODE, make_dirs
 from store.log_reader import Skipped, find_log_files
-from store.manifest import (LOG_FILE, META_DIR, SUMMARY_NAME, LogCoverage, Manifest, Part, load_manifest,
+from store.manifest import (LOCK_NAME, LOG_FILE, META_DIR, SUMMARY_NAME, LogCoverage, Manifest, Part, load_manifest,
                             parquet_dir, save_manifest)
 from store.select import PART_SCHEMA, TAIL_SCHEMA, FileRows, read_log_file, shift_seq
 
@@ -120,6 +123,15 @@ class Compactor:
         """
         files = find_log_files(self.dump_path)
         make_dirs(self.directory)
+        with _exclusive(self.directory / LOCK_NAME):
+            # another compactor may have written since this one last looked
+            latest = load_manifest(self.directory)
+            if latest != self.manifest:
+                self.manifest = latest
+                self._open.clear()
+            return self._run_locked(files)
+
+    def _run_locked(self, files: list) -> CompactReport:
         self._remove_orphans()
         written: list[Path] = []
         rows: list[int] = []
@@ -290,6 +302,18 @@ class Compactor:
             for file in self.directory.glob(pattern):
                 if file.relative_to(self.directory).as_posix() not in listed:
                     file.unlink()
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """Hold an exclusive ``flock`` on ``path`` (created if missing): one compaction pass
+    at a time per Parquet directory (``--follow`` beside a one-off ``msprobe compact``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _summary(rows: pa.Table) -> pa.Table:

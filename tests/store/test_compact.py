@@ -203,3 +203,20 @@ def test_follow_ends_once_every_log_is_closed_and_compacted(tmp_path, sample):
     assert main(["compact", str(dump), "--follow", "--interval", "0.01"]) == 0
     assert query(dump, "SELECT count(*) AS n FROM tensors").to_pylist() == [{"n": 38}]
     assert main(["compact", str(dump), "--follow", "--interval", "0"]) == 2
+
+
+def test_two_compactors_take_turns_and_share_the_manifest(tmp_path, sample):
+    dump = tmp_path / "d"
+    steps = sample.scenario()
+    first, second = Compactor(dump), None
+    with LogWriter(dump, 0, flush_rows=5, flush_interval_s=3600) as writer:
+        sample.write_events(writer, steps[0])
+        writer.flush()
+        first.run_once()                                    # step 0 (its step_end is in the log)
+        second = Compactor(dump)
+        sample.write_events(writer, steps[1])
+    second.run_once()                                       # step 1, after the writer closed
+    assert first.run_once().written == ()                   # sees the other's parts: nothing left
+    manifest = load_manifest(dump / S.STORE_DIR / "parquet")
+    assert sorted(p.steps for p in manifest.parts if p.steps[0] >= 0) == [[0, 0], [1, 1]]
+    assert query(dump, "SELECT count(*) AS n FROM tensors").to_pylist() == [{"n": 19}]
