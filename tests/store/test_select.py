@@ -138,3 +138,12 @@ def test_check_ranks_step_by_step_over_parts_and_log(tmp_path, compacted):
     # a group of ranks 0 and 1 only: rank 2's file is not needed, and they agree
     assert check_ranks(dump, groups=[[0, 1]]).exit_code == 0
     assert result.source == "log"
+
+
+def test_parts_alone_answer_once_the_logs_are_archived(tmp_path, sample):
+    dump = _three_ranks(tmp_path / "d", sample)
+    full = [repr(query(dump, sql).to_pylist()) for sql in SQLS]
+    compact(dump)
+    (dump / ".msprobe" / "log").rename(tmp_path / "archived")
+    assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
+    assert check_ranks(dump).exit_code == 0
