@@ -77,7 +77,9 @@ def _sql_list(values) -> str:
     return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps) -> None:
+def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=None) -> None:
+    """The views over ``sources`` (registered relations of :data:`_SOURCES`); ``ranks``:
+    the ranks present when known without a scan (default: read from the call rows)."""
     columns = ", ".join(TAIL_SCHEMA.names)
     selects = []
     for name in sources:
@@ -122,9 +124,12 @@ def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps) -> None:
             f"(SELECT * FROM {_SUMMARY_TABLE} UNION ALL BY NAME "
             f"{summary_sql('msprobe_tail')})") + ") ORDER BY rank, step"
     )
-    ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}'"
-                                       ).fetchall()]
-    set_replica_groups(con, default_groups(recorded_world_size(con, log), ranks))
+    if ranks is None:
+        ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}'"
+                                           ).fetchall()]
+    # markers are in the _meta parts and the tail: the step parts are not scanned for them
+    markers = " UNION ALL ".join(f"SELECT {S.ROW}, {S.META} FROM {n}" for n in sources if n != "msprobe_parts")
+    set_replica_groups(con, default_groups(recorded_world_size(con, f"({markers}) AS msprobe_markers"), ranks))
 
 
 def set_replica_groups(con: duckdb.DuckDBPyConnection, groups, *, tol: float = 0.0) -> None:
@@ -190,6 +195,7 @@ def connect(
     sources: dict = {}
     summary = None
     if contents is not None:
+        reader = None
         sources["msprobe_tail"] = _contents_tail(contents)
         chosen_steps = None
     else:
@@ -208,7 +214,8 @@ def connect(
             con.register(name, source)
         con.register(_SUMMARY_TABLE, summary if summary is not None else pa.table(
             {"rank": pa.array([], pa.int32()), "step": pa.array([], pa.int32())}))
-        _create_views(con, [n for n in _SOURCES if n in sources], chosen_steps)
+        _create_views(con, [n for n in _SOURCES if n in sources], chosen_steps,
+                      reader.rank_values() if reader is not None else None)
         con.execute("SET enable_progress_bar = false")   # DuckDB's own bar would print into results
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
