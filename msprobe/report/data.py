@@ -202,21 +202,31 @@ def _tree(con, rank: int, step: int, max_tree: int) -> dict:
     return {"step": step, "nodes": nodes, "total": total}
 
 
-def _largest(con, threshold: float, jump: float, limit: int) -> dict:
+def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dict:
+    """The largest values and Norm jumps; the jumps one rank at a time (a window over one
+    rank's tensors), the ``limit`` largest of all ranks kept."""
     extremes = _rows(con, """
         SELECT rank, name, io, arg, count(*) AS steps, min(step) AS first_step, max(max) AS max,
                min(min) AS min, max(greatest(abs(max), abs(min))) AS largest
         FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
         GROUP BY rank, name, io, arg ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
-    jumps = _rows(con, """
-        WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
-                          lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
-                          lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
-                   FROM tensors WHERE norm IS NOT NULL)
-        SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio
-        FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
-                 AND greatest(norm / previous, previous / norm) >= ?
-        ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq, io, arg LIMIT ?""", [jump, limit])
+    jumps = []
+    for rank in ranks:
+        jumps += _rows(con, """
+            WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
+                              lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
+                              lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
+                       FROM tensors WHERE rank = ? AND norm IS NOT NULL)
+            SELECT rank, previous_step, step, name, io, arg, previous, norm, norm / previous AS ratio,
+                   greatest(norm / previous, previous / norm) AS msprobe_factor, seq AS msprobe_seq
+            FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
+                     AND greatest(norm / previous, previous / norm) >= ?
+            ORDER BY msprobe_factor DESC, rank, step, seq, io, arg LIMIT ?""", [rank, jump, limit])
+    jumps.sort(key=lambda r: (-r["msprobe_factor"], r["rank"], r["step"], r["msprobe_seq"],
+                              r["io"] is None, r["io"] or "", r["arg"] is None, r["arg"] or ""))   # NULLS LAST
+    jumps = jumps[:limit]
+    for r in jumps:
+        del r["msprobe_factor"], r["msprobe_seq"]
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
 
@@ -279,7 +289,7 @@ def collect(
                 "tree": _tree(con, rank, steps[0], max_tree) if steps else {"step": None, "nodes": [], "total": 0},
             }
         tick("largest values")
-        out["largest"] = _largest(con, float(threshold), float(jump), 50)
+        out["largest"] = _largest(con, float(threshold), float(jump), 50, ranks)
         out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree}
     finally:
         con.close()
