@@ -72,3 +72,42 @@ def test_duckdb_recipe_finds_the_first_differing_norm(tmp_path, sample):
     (row,) = duckdb.sql(DUCKDB_SQL.format(root=root)).fetchall()
     assert row[:4] == (0, "Functional.linear.0.forward", "input_args", "0")
     assert row[5] == [3.0, 3.0, 3.0, 5.0]
+
+
+SPARK_SQL = """
+SELECT step, name, io, arg, min(CASE WHEN rank = 0 THEN seq END) AS first_seq,
+       transform(sort_array(collect_list(struct(rank, norm))), x -> x.norm) AS norms
+FROM tensors GROUP BY step, name, io, arg
+HAVING count(DISTINCT rank) > 1 AND max(norm) <> min(norm)
+ORDER BY step, first_seq, io, arg LIMIT 1
+"""
+
+
+def test_spark_reads_the_directory_and_runs_the_docs_query(tmp_path, sample):
+    """Runs only where pyspark (and a Java runtime) is installed."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    dump = _dump(tmp_path, sample)
+    events = sample.scenario({**sample.META_MIX, "rank_dir": "rank3"})
+    call = events[0][2]
+    events[0][2] = dataclasses.replace(call, leaves=(call.leaves[0].replace(norm=5.0),) + call.leaves[1:])
+    with LogWriter(dump, 3) as writer:
+        for step in events:
+            sample.write_events(writer, step)
+    compact(dump)
+    try:
+        spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - no Java runtime
+        pytest.skip(f"Spark does not start here: {exc}")
+    try:
+        log = spark.read.parquet(str(dump / ".msprobe" / "parquet"))
+        assert {"rank", "step_bucket"} <= set(log.columns)
+        expected = query(dump, "SELECT count(*) AS n FROM msprobe_log WHERE row IN ('call', 'leaf')").to_pylist()
+        assert log.count() == expected[0]["n"]          # the step parts only: _meta/, _summary hidden
+        log.filter("row = 'leaf' AND leaf_kind = 'tensor'").createOrReplaceTempView("tensors")
+        (row,) = spark.sql(SPARK_SQL).collect()
+        assert (row.step, row.name, row.io, row.arg, list(row.norms)) == (
+            0, "Functional.linear.0.forward", "input_args", "0", [3.0, 3.0, 3.0, 5.0])
+    finally:
+        spark.stop()
