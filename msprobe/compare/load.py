@@ -2,8 +2,9 @@
 
 A side is either our dump (a ``dump_path`` holding ``.msprobe/log/``, read through
 :class:`store.select.StoreReader`: compacted Parquet parts plus the log tail) or an
-upstream layout: a ``dump.json`` file, or any directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
-:mod:`msprobe.compare.dumpjson`, plus ``construct.json`` and ``stack.json`` beside it).
+upstream layout: a ``dump.json`` file, or any directory above ``step{N}/rank{R}/dump.json``
+(read with the streaming importer :mod:`msprobe.compare.dumpjson`, plus ``construct.json``
+and ``stack.json`` beside it).
 
 Both give a :class:`Side` with three tables:
 
