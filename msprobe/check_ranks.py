@@ -226,47 +226,53 @@ def _odd_differs(row: dict, odd: tuple[int, ...], majority: tuple[int, ...], tol
 
 def _check_group(con, g: int, members: tuple[int, ...], steps: Sequence[int],
                  categories: tuple[str, ...], tol: float) -> GroupResult:
-    """The result of group ``g`` over ``steps`` (sorted), one step at a time: every query
-    names one step, so only that step's rows are scanned and aggregated."""
+    """The result of group ``g`` over ``steps`` (sorted), one step at a time: each step's
+    ``replicas`` rows are computed once (only that step's rows are scanned) into a
+    temporary table that the counts, the first disagreement and its spread then read."""
     cat_sql = ", ".join(f"'{c}'" for c in categories)
-    where = f"grp = ? AND n_ranks > 1 AND category IN ({cat_sql}) AND step = ?"
+    order = "ORDER BY pos, io_order, io, arg, process_group"
     compared = exact = 0
     seen: list[int] = []
-    row = None
-    for step in steps:
-        n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM replicas WHERE {where}",
-                                 [g, step]).fetchall()[0]
-        if n:
-            seen.append(step)
-            compared += n
-            exact += n_exact
-        if row is None and n:
-            found = _rows(con, f"SELECT * FROM replicas WHERE {where} AND NOT agree "
-                               f"ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [g, step])
-            row = found[0] if found else None
-    seen_steps = tuple(seen)
-    if row is None:
-        return GroupResult(ranks=members, steps=seen_steps, compared=compared, exact=exact, first=None)
-    clusters, exact_row = _clusters(row, tol)
-    majority, odd = _majority(clusters)
-    values = {r: _fingerprint(row, i, exact_row) for i, r in enumerate(row["ranks"])}
-    first_step = min(seen_steps) if seen_steps else row[S.STEP]
+    row = first = None
+    majority = odd = ()
     downstream, spread = None, {}
-    if majority:
-        for step in (s for s in steps if s >= row[S.STEP]):
-            later = _rows(con, "SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree AND step = ? "
-                               "ORDER BY pos, io_order, io, arg, process_group", [g, step])
-            for other in later:
-                if not _odd_differs(other, odd, majority, tol):
-                    continue
-                spread[other[S.STEP]] = spread.get(other[S.STEP], 0) + 1
-                if (downstream is None and other[S.STEP] == row[S.STEP] and other["io_order"] == 1
-                        and other[S.NAME] != row[S.NAME]):
-                    downstream = other[S.NAME]
-    first = Disagreement(step=row[S.STEP], name=row[S.NAME], io=row[S.IO], arg=row[S.ARG],
-                         category=row["category"], by="crc32" if exact_row else "statistics", majority=majority,
-                         odd=odd, values=values, verdict=_verdict(row, majority, first_step),
-                         first_downstream=downstream, spread=spread)
+    try:
+        for step in steps:
+            con.execute("CREATE OR REPLACE TEMP TABLE msprobe_step_replicas AS SELECT * FROM replicas "
+                        "WHERE grp = ? AND n_ranks > 1 AND step = ?", [g, step])
+            n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM msprobe_step_replicas "
+                                     f"WHERE category IN ({cat_sql})").fetchall()[0]
+            if n:
+                seen.append(step)
+                compared += n
+                exact += n_exact
+            if row is None and n:
+                found = _rows(con, f"SELECT * FROM msprobe_step_replicas WHERE category IN ({cat_sql}) "
+                                   f"AND NOT agree {order} LIMIT 1")
+                if found:
+                    row = found[0]
+                    clusters, _ = _clusters(row, tol)
+                    majority, odd = _majority(clusters)
+            if row is not None and majority:
+                for other in _rows(con, f"SELECT * FROM msprobe_step_replicas WHERE NOT agree {order}"):
+                    if not _odd_differs(other, odd, majority, tol):
+                        continue
+                    spread[other[S.STEP]] = spread.get(other[S.STEP], 0) + 1
+                    if (downstream is None and other[S.STEP] == row[S.STEP] and other["io_order"] == 1
+                            and other[S.NAME] != row[S.NAME]):
+                        downstream = other[S.NAME]
+    finally:
+        con.execute("DROP TABLE IF EXISTS msprobe_step_replicas")
+    seen_steps = tuple(seen)
+    if row is not None:
+        _, exact_row = _clusters(row, tol)
+        values = {r: _fingerprint(row, i, exact_row) for i, r in enumerate(row["ranks"])}
+        first_step = min(seen_steps) if seen_steps else row[S.STEP]
+        first = Disagreement(step=row[S.STEP], name=row[S.NAME], io=row[S.IO], arg=row[S.ARG],
+                             category=row["category"], by="crc32" if exact_row else "statistics",
+                             majority=majority, odd=odd, values=values,
+                             verdict=_verdict(row, majority, first_step), first_downstream=downstream,
+                             spread=spread)
     return GroupResult(ranks=members, steps=seen_steps, compared=compared, exact=exact, first=first)
 
 
