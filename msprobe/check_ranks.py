@@ -224,6 +224,10 @@ def _odd_differs(row: dict, odd: tuple[int, ...], majority: tuple[int, ...], tol
     return any(r in row["ranks"] and r not in ref for r in odd)
 
 
+_LISTS_UNLESS_AGREE = ", ".join(f"CASE WHEN agree THEN NULL ELSE {c} END AS {c}"
+                                for c in ("ranks", S.CRC32, S.MAX, S.MIN, S.MEAN, S.NORM, S.DTYPE, S.SHAPE))
+
+
 def _check_group(con, g: int, members: tuple[int, ...], steps: Sequence[int],
                  categories: tuple[str, ...], tol: float) -> GroupResult:
     """The result of group ``g`` over ``steps`` (sorted), one step at a time: each step's
@@ -238,8 +242,10 @@ def _check_group(con, g: int, members: tuple[int, ...], steps: Sequence[int],
     downstream, spread = None, {}
     try:
         for step in steps:
-            con.execute("CREATE OR REPLACE TEMP TABLE msprobe_step_replicas AS SELECT * FROM replicas "
-                        "WHERE grp = ? AND n_ranks > 1 AND step = ?", [g, step])
+            # rows that agree are only counted: their per-rank lists are not kept
+            con.execute(f"CREATE OR REPLACE TEMP TABLE msprobe_step_replicas AS SELECT * REPLACE "
+                        f"({_LISTS_UNLESS_AGREE}) FROM replicas WHERE grp = ? AND n_ranks > 1 AND step = ?",
+                        [g, step])
             n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM msprobe_step_replicas "
                                      f"WHERE category IN ({cat_sql})").fetchall()[0]
             if n:
