@@ -128,19 +128,20 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _connect(path: Path) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str, list[str]]:
+def _connect(path: Path, ranks: Optional[Sequence[int]] = None, steps: Optional[Sequence[int]] = None,
+             ) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str, list[str]]:
     """(connection holding the source relation, its SQL, ranks present, world size, source,
-    notices: the lines of :meth:`store.log_reader.LogContents.notices`)."""
-    if (path / S.STORE_DIR / S.LOG_DIR).is_dir():
-        from store.log_reader import read_log
+    notices: the lines of :meth:`store.select.StoreReader.notices`). For our log only the
+    files of ``ranks`` and ``steps`` are read (:class:`store.select.StoreReader`)."""
+    if (path / S.STORE_DIR / S.LOG_DIR).is_dir() or (path / S.STORE_DIR / "parquet").is_dir():
         from store.query import _LOG_TABLE, VIEW_CALLS, connect
         from store.replicas import log_source_sql, recorded_world_size
+        from store.select import StoreReader
 
-        contents = read_log(path)
-        con = connect(path, contents=contents)
-        ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {VIEW_CALLS}").fetchall()]
-        return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), ranks, recorded_world_size(con, _LOG_TABLE), "log",
-                contents.notices())
+        reader = StoreReader(path, ranks=ranks, steps=steps)
+        con = connect(path, reader=reader)
+        return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), reader.rank_values(),
+                recorded_world_size(con, _LOG_TABLE), "log", reader.notices())
     from msprobe.compare.errors import CompareInputError
     from msprobe.compare.load import load_side
 
@@ -354,7 +355,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
         raise CheckRanksInputError(f"DUMP_PATH {str(p)!r}: path does not exist")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf:
         raise CheckRanksInputError(f"--tol: got {tol!r}; expected a finite number >= 0")
-    con, source, ranks, world_size, kind, notices = _connect(p)
+    wanted = sorted({r for g in groups for r in g}) if groups else None
+    con, source, ranks, world_size, kind, notices = _connect(p, wanted, steps)
     try:
         chosen = [list(g) for g in groups] if groups is not None else default_groups(world_size, ranks)
         if not chosen or any(not g for g in chosen):

@@ -4,21 +4,23 @@
 
     msprobe --version
         the version of the installed distribution msprobe-recorder
-    msprobe export DUMP_PATH [-o OUT]
+    msprobe export DUMP_PATH [-o OUT] [--rank 0,2-3] [--step 0-4] [--tensorboard DIR]
         rebuild step{N}/{rank}/dump.json, stack.json, construct.json (or {rank}/debug.json)
         from the log under DUMP_PATH; prints each directory written and each skipped part.
         A MindSpore kernel dump (level L2, GRAPH_MODE) without a log is first read into
         the log (msprobe.kernel_dump.ingest)
-    msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE]
-        run SQL over the views tensors, calls, stacks (see store.query); prints the
-        result, or writes it to FILE (--format parquet needs -o). DUMP_PATH may be the
-        OUT of msprobe compare: its tables tensors, calls, alignment (Parquet, or CSV)
+    msprobe query DUMP_PATH "SQL" [--format table|csv|json|parquet] [-o FILE] [--rank R] [--step S]
+        run SQL over the views tensors, calls, stacks, replicas, summary (see store.query);
+        prints the result, or writes it to FILE (--format parquet needs -o). DUMP_PATH may
+        be the OUT of msprobe compare: its tables tensors, calls, alignment (Parquet, or CSV)
     msprobe report DUMP_PATH [-o report.html] [--threshold T] [--jump J] [--max-rows N]
-        [--max-steps N]
+        [--max-steps N] [--rank R] [--step S]
         write one self-contained HTML page showing the recording (see msprobe.report)
-    msprobe compact DUMP_PATH [-o OUT]
-        write the log as rank{R}.parquet files (default DUMP_PATH/.msprobe/parquet) for
-        engines without msprobe (DuckDB, Spark); the log stays the source of truth
+    msprobe compact DUMP_PATH [-o OUT] [--follow [--interval S]]
+        write the steps finished since the last run as Hive-partitioned Parquet (default
+        DUMP_PATH/.msprobe/parquet; store.manifest) that the readers and any Parquet engine
+        (DuckDB, Polars, Spark) read; --follow keeps going while training runs; the log
+        stays the source of truth
     msprobe compare TARGET BASELINE [-o OUT] [--mode auto|md5|statistics|tensor] [--rank 0,2-3]
         [--step 0-4] [--tol strict|loose|bitwise|DTYPE=RTOL] [--loss-scale S] [--first-only]
         [--format summary,csv,parquet,html] [--mapping MAP.yaml] [--rank-map 0:1,1:0] [--workers N]
@@ -70,6 +72,10 @@ FORMATS = ("table", "csv", "json", "parquet")
 EXIT_STDOUT_CLOSED = 141
 
 
+class _SelectionError(ValueError):
+    """A malformed ``--rank``/``--step`` list (exit status 2)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that writing help or usage to a closed stdout raises
     (argparse ignores the error, so ``msprobe --help | true`` would exit 0 or 141 depending
@@ -117,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         help="write per-step scalars (output and gradient Norm per module, NaN/Inf counts) as TensorBoard "
              "event files under DIR/rank{R}; the dump layout is then written only when -o is given",
     )
+    _add_selection(export, "export")
     query = commands.add_parser("query", help="run SQL over the views tensors, calls, stacks")
     query.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     query.add_argument("sql", metavar="SQL", help="one SQL statement")
@@ -126,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     query.add_argument("-o", "--out", metavar="FILE", default=None,
                        help="write the result to FILE instead of stdout")
+    _add_selection(query, "query")
     report = commands.add_parser("report", help="write a self-contained HTML report of a recording")
     report.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     report.add_argument("-o", "--out", metavar="FILE", default="report.html",
@@ -138,12 +146,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="most modules per heat map; more are sampled evenly (default: 200)")
     report.add_argument("--max-steps", type=int, default=200,
                         help="most heat-map columns; more steps are binned (default: 200)")
-    compact = commands.add_parser("compact", help="write the log as Parquet files, one per rank")
+    _add_selection(report, "show")
+    compact = commands.add_parser("compact", help="write finished steps of the log as partitioned Parquet")
     compact.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
     compact.add_argument(
         "-o", "--out", metavar="OUT", default=None,
-        help="output directory (default: DUMP_PATH/.msprobe/parquet)",
+        help="output directory (default: DUMP_PATH/.msprobe/parquet, where the readers look)",
     )
+    compact.add_argument("--follow", action="store_true",
+                         help="keep compacting each step as it finishes until every log file is closed")
+    compact.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                         help="with --follow: seconds between passes (default: 2)")
     _add_compare(commands)
     ranks = commands.add_parser("check-ranks", help="find the first tensor on which replicas disagree")
     ranks.add_argument("dump_path", metavar="DUMP_PATH", help="our dump path or an upstream step*/rank*/ layout")
@@ -157,6 +170,28 @@ def _parser() -> argparse.ArgumentParser:
     ranks.add_argument("--tol", default="0", help="relative tolerance of statistics where no CRC-32 was "
                                                   "recorded (default 0: equal statistics)")
     return parser
+
+
+def _add_selection(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--rank", default=None, help=f"ranks to {verb}, e.g. 0,2-3 (default: all); "
+                                                     "other ranks' files are not read")
+    parser.add_argument("--step", default=None, help=f"steps to {verb}, e.g. 0-4 (default: all)")
+
+
+def _selection(args: argparse.Namespace) -> tuple[Optional[list], Optional[list]]:
+    """(ranks, steps) of ``--rank``/``--step`` (None where not given).
+
+    Raises:
+        ValueError: a malformed list (the message names the option).
+    """
+    from msprobe.check_ranks import CheckRanksInputError, parse_ranks
+
+    try:
+        ranks = list(parse_ranks("--rank", args.rank)) if args.rank is not None else None
+        steps = list(parse_ranks("--step", args.step)) if args.step is not None else None
+    except CheckRanksInputError as exc:
+        raise _SelectionError(str(exc)) from None
+    return ranks, steps
 
 
 def _add_compare(commands) -> None:
@@ -436,9 +471,10 @@ def _run_export(args: argparse.Namespace) -> int:
         steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
         print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
               + (f" ({steps})" if steps else ""))
+    ranks, steps = _selection(args)
     with Progress("msprobe export", unit="dir") as bar:
         report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
-                            progress=bar.advance)
+                            progress=bar.advance, ranks=ranks, steps=steps)
     directories: list[Path] = []
     for path in report.written:
         if path.parent not in directories:
@@ -453,14 +489,27 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_compact(args: argparse.Namespace) -> int:
-    from store.compact import compact
-
+    from store.compact import compact, follow
     from store.log_reader import notices
 
+    def show(report) -> None:
+        for path, rows in zip(report.written, report.rows):
+            print(f"wrote {path} ({rows} rows)", flush=True)
+        _print_notices(notices(report.skipped))
+
+    if args.follow:
+        if not args.interval > 0:
+            print(f"msprobe compact: error: --interval: got {args.interval}; expected seconds > 0", file=sys.stderr)
+            return 2
+        try:
+            follow(args.dump_path, args.out, interval=args.interval, report=show)
+        except KeyboardInterrupt:
+            pass
+        return 0
     report = compact(args.dump_path, args.out)
-    for path, rows in zip(report.written, report.rows):
-        print(f"wrote {path} ({rows} rows)")
-    _print_notices(notices(report.skipped))
+    show(report)
+    if report.pending:
+        print(f"left in the log: {report.pending} rows of steps not finished yet")
     return 0
 
 
@@ -501,7 +550,8 @@ def _run_query(args: argparse.Namespace) -> int:
         table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
         notices: list[str] = []
-        table = query(args.dump_path, args.sql, notices=notices)
+        ranks, steps = _selection(args)
+        table = query(args.dump_path, args.sql, ranks=ranks, steps=steps, notices=notices)
         _print_notices(notices)
     names = table.column_names
     columns = [table.column(name).to_pylist() for name in names]
@@ -533,9 +583,10 @@ def _run_report(args: argparse.Namespace) -> int:
     notices: list[str] = []
     with Progress("msprobe report", unit="part") as bar:
         try:
+            ranks, steps = _selection(args)
             path = write_report(args.dump_path, args.out, progress=bar.advance, threshold=args.threshold,
                                 jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps,
-                                notices=notices)
+                                ranks=ranks, steps=steps, notices=notices)
         except ValueError as exc:
             print(f"msprobe report: error: {exc}", file=sys.stderr)
             return 2
@@ -597,6 +648,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return _run_query(args)
     except BrokenPipeError:
         raise   # stdout closed early: main() ends quietly
+    except _SelectionError as exc:
+        print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except (StoreError, OSError) as exc:
         print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,79 +1,41 @@
-"""``msprobe compact``: a Parquet copy of the event log, one file per rank.
+"""``msprobe compact``: the finished steps of the event log as Hive-partitioned Parquet.
 
-The Arrow IPC log stays the source of truth (design.md, section Store): compaction reads
-it with :func:`store.log_reader.read_log` (torn tails skipped, ``seq`` made increasing per
-rank across files) and writes ``rank{R}.parquet`` files holding exactly those rows, in
-:data:`store.schema.LOG_SCHEMA` (format version in the schema metadata), to
-``{dump_path}/.msprobe/parquet/`` or another directory. Each file is written under a
-temporary name and renamed, so a reader never sees half a file; compacting again rewrites
-the copy from the log (idempotent). Nothing under ``.msprobe/log/`` is touched.
+The Arrow IPC log stays the source of truth (design.md, section Store); compaction adds,
+under ``{dump_path}/.msprobe/parquet/`` (or another directory), Parquet parts of the steps
+finished since the previous run, a manifest and a per-(rank, step) summary. Layout:
+:mod:`store.manifest`; how steps are cut and parts written: :mod:`store.parts`. Compacting
+again writes only new steps; nothing under ``.msprobe/log/`` is touched.
 
-The files need only a Parquet reader: DuckDB ``read_parquet``, pyarrow, pandas, Spark
-(``spark.read.parquet``), Trino... See docs/distributed.md for the queries.
+The parts need only a Parquet reader: DuckDB ``read_parquet(..., hive_partitioning=true)``,
+pyarrow datasets, Polars, Spark (``spark.read.parquet``), Trino... See docs/distributed.md.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Union
 
+from store.manifest import PARQUET_DIR
+from store.parts import CompactReport, Compactor, follow
 
-from store import schema as S
-from store.fileutil import FILE_MODE, make_dirs
-from store.log_reader import Skipped, read_log
-
-__all__ = ["PARQUET_DIR", "CompactReport", "compact"]
-
-PARQUET_DIR = "parquet"
-
-
-@dataclass(frozen=True)
-class CompactReport:
-    """What :func:`compact` did: ``written`` Parquet files (one per rank, by rank) with
-    their row counts in ``rows``; ``skipped`` unreadable parts of log files."""
-
-    written: tuple[Path, ...]
-    rows: tuple[int, ...]
-    skipped: tuple[Skipped, ...]
+__all__ = ["PARQUET_DIR", "CompactReport", "compact", "follow"]
 
 
 def compact(dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None) -> CompactReport:
-    """Write the log under ``dump_path`` as ``rank{R}.parquet`` files.
+    """Write the steps of the log under ``dump_path`` finished since the last compaction.
 
     Args:
         dump_path: the dump directory (log under ``.msprobe/log/``).
-        out: output directory; default ``{dump_path}/.msprobe/parquet``. Created (mode
-            0o750) if missing.
+        out: Parquet directory; default ``{dump_path}/.msprobe/parquet`` (where ``msprobe
+            query`` and the other readers look for parts). Created (mode 0o750) if missing.
     Returns:
-        :class:`CompactReport`.
+        :class:`store.parts.CompactReport` (the parts written by this run).
     Raises:
         LogNotFoundError: no log under ``dump_path``.
+        store.manifest.ManifestError: the existing manifest cannot be read.
         OSError: the output directory or a file cannot be written.
 
-    Example: a run of ranks 0 and 1 gives ``rank0.parquet`` and ``rank1.parquet``;
-    ``duckdb.sql("SELECT count(*) FROM read_parquet('.../rank*.parquet')")`` counts the
-    rows of both.
+    Example: after a closed run of ranks 0 and 1 with steps 0..2,
+    ``duckdb.sql("SELECT rank, count(*) FROM read_parquet('.../parquet/step_bucket=*/rank=*/*.parquet',
+    hive_partitioning=true) GROUP BY rank")`` counts the call and leaf rows of each rank.
     """
-    import pyarrow.compute as pc  # offline only: loaded when compaction runs
-    import pyarrow.parquet as pq
-
-    contents = read_log(dump_path)
-    out_dir = make_dirs(Path(out) if out is not None else Path(dump_path) / S.STORE_DIR / PARQUET_DIR)
-    table = contents.table
-    written: list[Path] = []
-    rows: list[int] = []
-    for rank in sorted(pc.unique(table[S.RANK]).to_pylist()):
-        part = table.filter(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)))
-        target = out_dir / f"rank{rank}.parquet"
-        tmp = out_dir / f".rank{rank}.parquet.{os.getpid()}.tmp"
-        try:
-            pq.write_table(part, tmp, compression="zstd")
-            os.chmod(tmp, FILE_MODE)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        written.append(target)
-        rows.append(part.num_rows)
-    return CompactReport(written=tuple(written), rows=tuple(rows), skipped=contents.skipped)
+    return Compactor(dump_path, out).run_once()

@@ -6,7 +6,7 @@ Layout (upstream-dump-format.md sections 1, 3, 4)::
     {out}/{rank_dir}/debug.json                                         level debug
 
 :func:`export_step` turns the rows of one rank and one step into the three files, offline
-(:func:`export_log`, rows from :func:`store.log_reader.read_log`); :class:`StepExporter` does
+(:func:`export_log`, rows from :class:`store.select.StoreReader`, one rank at a time); :class:`StepExporter` does
 the same live, fed the rows of :meth:`store.log_writer.LogWriter.take_step_rows` as the
 Python columns the writer built the log's batches from (:mod:`store.step_rows`: values as
 reading them back from Arrow would give them). The output depends only on the set of rows
@@ -42,7 +42,7 @@ from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
 from store.fileutil import atomic_write_text, make_dirs, replace_from
 from store.record_text import records_encoder
-from store.log_reader import Skipped, notices, read_log
+from store.log_reader import Skipped, missing_ranks, notices
 from store.payload_writer import Payload, PayloadReader
 from store.step_rows import StepRows
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
@@ -598,8 +598,11 @@ def export_log(
     *,
     tensor_writers: Optional[Mapping[str, TensorFileWriter]] = None,
     progress: Optional[Callable[[str], None]] = None,
+    ranks: Optional[Sequence[int]] = None,
+    steps: Optional[Sequence[int]] = None,
 ) -> ExportReport:
-    """Rebuild the dump layout from the log under ``dump_path`` (every rank and step).
+    """Rebuild the dump layout from the store under ``dump_path`` (every rank and step, or
+    those of ``ranks`` and ``steps``).
 
     For each rank, each step with call or marker rows becomes
     ``{out or dump_path}/step{N}/{rank_dir}/`` via :func:`export_step`, with the meta of
@@ -611,28 +614,40 @@ def export_log(
     ``progress`` is called with ``"rank R step N"`` (``"rank R"`` for debug.json) after
     each directory is written.
 
+    Rows come from :class:`store.select.StoreReader` (Parquet parts of ``msprobe compact``
+    plus the log not yet compacted), one rank at a time: memory holds one rank's selected
+    rows, whatever the number of ranks.
+
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         OSError: a file could not be written.
     """
+    from store.select import StoreReader
+
     tick = progress or (lambda _done: None)
-    contents = read_log(dump_path)
+    reader = StoreReader(dump_path, ranks=ranks, steps=steps)
     root = Path(out) if out is not None else Path(dump_path)
     log_dir = str(Path(dump_path) / S.STORE_DIR / S.LOG_DIR)
-    row = contents.table[S.ROW]
-    table = arrow_np.select(contents.table, arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK))
-    # offline only: Table.sort_by loads pyarrow.compute (the recording process never gets here)
-    table = table.sort_by([(S.RANK, "ascending"), (S.STEP, "ascending"), (S.SEQ, "ascending")])
     written: list[Path] = []
     groups: list[tuple[int, int]] = []
-    skipped: list[Skipped] = list(contents.skipped)
+    skipped: list[Skipped] = list(reader.skipped)
     payloads = PayloadReader(dump_path)
     writers = tensor_writers or {}
-    ranks = table[S.RANK].to_numpy()
-    steps = table[S.STEP].to_numpy()
-    for rank_start, rank_stop in _runs(ranks):
-        rank = int(ranks[rank_start])
-        rank_rows = table.slice(rank_start, rank_stop - rank_start)
+    marker_rows: list[pa.Table] = []
+    for rank in reader.rank_values():
+        rank_table = reader.rank_table(rank)
+        row = rank_table[S.ROW]
+        stacks: dict[int, tuple[str, ...]] = {}
+        side = arrow_np.select(rank_table, arrow_np.equals(row, S.ROW_STACK))
+        for stack_id, frames in zip(arrow_np.pylist(side[S.STACK_ID]), arrow_np.pylist(side[S.FRAMES])):
+            if stack_id is not None and stack_id not in stacks:
+                stacks[stack_id] = tuple(frames or ())
+        rank_rows = arrow_np.select(rank_table.select(S.COLUMNS),
+                                    arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK))
+        del rank_table, side
+        # offline only: Table.sort_by loads pyarrow.compute (the recording process never gets here)
+        rank_rows = rank_rows.sort_by([(S.STEP, "ascending"), (S.SEQ, "ascending")])
+        marker_rows.append(arrow_np.select(rank_rows, arrow_np.equals(rank_rows[S.ROW], S.ROW_MARKER)))
         markers = _marker_metas(rank_rows)
         if not markers:
             skipped.append(Skipped(log_dir, -1, f"rank {rank}: no marker with metadata; not exported"))
@@ -646,16 +661,16 @@ def export_log(
                 groups.append((rank, -1))
                 tick(f"rank {rank}")
                 continue
-            rank_steps = steps[rank_start:rank_stop]
+            rank_steps = rank_rows[S.STEP].to_numpy()
             for step_start, step_stop in _runs(rank_steps):
                 step = int(rank_steps[step_start])
-                if step < 0:
+                if step < 0 or (steps is not None and step not in reader.steps):
                     continue
                 meta = _meta_for_step(markers, step)
                 _check_meta(meta)
                 step_rows = rank_rows.slice(step_start, step_stop - step_start)
                 out_dir = root / f"step{step}" / meta["rank_dir"]
-                written += export_step(step_rows, contents.stacks, meta, out_dir, payloads=payloads,
+                written += export_step(step_rows, stacks, meta, out_dir, payloads=payloads,
                                        write_tensor=writers.get(meta.get("framework")))
                 groups.append((rank, step))
                 tick(f"rank {rank} step {step}")
@@ -667,8 +682,17 @@ def export_log(
         skipped.append(Skipped(os.path.join(payload_dir, shard), -1,
                                f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
-                        unverified=contents.unverified, missing_ranks=contents.missing_ranks,
-                        unfinished=contents.unfinished)
+                        unverified=tuple(reader.unverified), missing_ranks=_missing(marker_rows, reader.ranks),
+                        unfinished=tuple(reader.unfinished))
+
+
+def _missing(marker_rows: list, selected: Optional[frozenset]) -> tuple[int, ...]:
+    """The ranks (of ``selected``, None: any) that should have recorded but have no rows,
+    by the markers of the ranks read (:func:`store.log_reader.missing_ranks`)."""
+    if not marker_rows:
+        return ()
+    missing = missing_ranks(pa.concat_tables(marker_rows))
+    return tuple(r for r in missing if selected is None or r in selected)
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:

@@ -378,6 +378,9 @@ class LogReader:
         but not identical to, LOG_SCHEMA (other column order, extra columns, nullability)."""
         arrays = []
         for expected in S.LOG_SCHEMA:
+            if batch.schema.get_field_index(expected.name) < 0:   # an older version's batch
+                arrays.append(pa.nulls(batch.num_rows, expected.type))
+                continue
             column = batch.column(expected.name)
             try:
                 if not column.type.equals(expected.type):
@@ -393,13 +396,17 @@ class LogReader:
 
     @staticmethod
     def _check_schema(found: pa.Schema) -> pa.Schema:
+        """A format-1 (or unversioned) stream's schema: versions only add nullable columns, so
+        a column an older stream lacks reads as null (see :meth:`_conform`); columns are
+        matched by name. A missing non-nullable column or another type is refused."""
         if found.equals(S.LOG_SCHEMA):
             return found
         problems = []
         for expected in S.LOG_SCHEMA:
             index = found.get_field_index(expected.name)
             if index < 0:
-                problems.append(f"missing column {expected.name!r}")
+                if not expected.nullable:
+                    problems.append(f"missing column {expected.name!r}")
             elif not found.field(index).type.equals(expected.type):
                 problems.append(
                     f"column {expected.name!r}: expected {expected.type}, got {found.field(index).type}"

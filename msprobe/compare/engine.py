@@ -206,7 +206,10 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
         # the two sides load in parallel (Arrow and DuckDB release the GIL)
-        futures = pool.submit(load_side, target, "TARGET"), pool.submit(load_side, baseline, "BASELINE")
+        # --rank/--step select the files to read; with --rank-map the baseline's ranks differ
+        base_ranks = None if opts.rank_map else opts.ranks
+        futures = (pool.submit(load_side, target, "TARGET", ranks=opts.ranks, steps=opts.steps),
+                   pool.submit(load_side, baseline, "BASELINE", ranks=base_ranks, steps=opts.steps))
         t, b = (f.result() for f in futures)
     if opts.rank_map:
         from msprobe.compare.distributed import apply_rank_map
@@ -530,7 +533,8 @@ def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict
     """
     import pyarrow.compute as pc
 
-    side = _filter(load_side(dump, "TARGET"), CompareOptions.build(rank=ranks, step=steps))
+    opts = CompareOptions.build(rank=ranks, step=steps)
+    side = _filter(load_side(dump, "TARGET", ranks=opts.ranks, steps=opts.steps), opts)
     con = duckdb.connect(":memory:")
     try:
         con.register("calls_t", side.calls)

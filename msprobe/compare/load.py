@@ -1,10 +1,11 @@
 """Loading one side of a comparison into Arrow tables (then DuckDB).
 
 A side is either our dump (a ``dump_path`` holding ``.msprobe/log/``, read through
-:func:`store.log_reader.read_log`), a MindSpore kernel dump (level L2, ``rank_{id}/{net}/…``)
-without a log (read into a temporary log by :mod:`msprobe.kernel_dump.ingest`), or an
-upstream layout: a ``dump.json`` file, or any
-directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
+A side is either our dump (a ``dump_path`` holding ``.msprobe/log/`` or compacted parts, read
+through :class:`store.select.StoreReader`: compacted Parquet parts plus the log tail), a
+MindSpore kernel dump (level L2, ``rank_{id}/{net}/…``) without a log (read into a
+temporary log by :mod:`msprobe.kernel_dump.ingest`), or an upstream layout: a ``dump.json``
+file, or any directory above ``step{N}/rank{R}/dump.json`` (read with the streaming importer
 :mod:`msprobe.compare.dumpjson`, plus ``construct.json`` and ``stack.json`` beside it).
 
 Both give a :class:`Side` with three tables:
@@ -24,7 +25,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import duckdb
 import numpy as np
@@ -77,12 +78,16 @@ class Side:
     producer: Optional[str] = None  # msprobe.compare.producers: "msprobe", "upstream-1.x", "upstream-26"
 
 
-def load_side(path: Union[str, os.PathLike], label: str) -> Side:
+def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequence[int]] = None,
+              steps: Optional[Sequence[int]] = None) -> Side:
     """Load ``path`` (see module docstring).
 
     Args:
         path: our dump path, an upstream dump directory at any level, or a dump.json.
         label: ``"TARGET"`` or ``"BASELINE"``, used in error messages.
+        ranks, steps: load only these ranks and steps (None: all). Files of other ranks
+            and steps are not read (our log: :class:`store.select.StoreReader`; upstream
+            layouts: the ``step{N}/rank{R}`` directories).
     Raises:
         CompareInputError: the path is missing, holds neither an msprobe log nor a
             dump.json, is empty (no entries), or a dump.json is malformed or truncated.
@@ -91,72 +96,58 @@ def load_side(path: Union[str, os.PathLike], label: str) -> Side:
     if not p.exists():
         raise CompareInputError(f"{label} {str(p)!r}: path does not exist; expected a dump path, "
                                 f"an upstream step*/rank*/ directory or a dump.json")
-    if p.is_dir() and (p / S.STORE_DIR / S.LOG_DIR).is_dir():
-        side = _load_log(p)
+    if p.is_dir() and ((p / S.STORE_DIR / S.LOG_DIR).is_dir() or (p / S.STORE_DIR / "parquet").is_dir()):
+        side = _load_log(p, ranks, steps)
     elif p.is_dir() and _is_kernel_dump(p):
         side = _load_kernel_dump(p)
     else:
         files = [p] if p.is_file() else _find_dump_files(p)
+        if files and not p.is_file() and (ranks is not None or steps is not None):
+            files = [f for f in files if (ranks is None or _rank_step(f)[0] in ranks)
+                     and (steps is None or _rank_step(f)[1] in steps)]
+            if not files:
+                raise CompareInputError(f"{label} {str(p)!r}: no calls left after --rank/--step selection")
         if not files:
             raise CompareInputError(f"{label} {str(p)!r}: no msprobe log ({S.STORE_DIR}/{S.LOG_DIR}/) and no "
                                     f"dump.json found below it")
         side = _load_dump_files(p, files)
     if side.calls.num_rows == 0:
+        if ranks is not None or steps is not None:
+            raise CompareInputError(f"{label} {str(p)!r}: no calls left after --rank/--step selection")
         raise CompareInputError(f"{label} {str(p)!r}: empty dump (0 entries)")
     return side
 
 
 # --- our log -----------------------------------------------------------------------------
-def _read_log_chunks(p: Path):
-    """What :func:`store.log_reader.read_log` gives (``table``, ``stacks``, ``skipped``),
-    with the same per-rank ``seq`` shift across files, but the table stays in its record
-    batches (no ``combine_chunks``: DuckDB scans chunked Arrow as it is, and copying a
-    1M-leaf log costs about a second and its size in memory)."""
-    import pyarrow.compute as pc
+def _read_log_chunks(p: Path, ranks=None, steps=None):
+    """The selected rows of our store (``table``, ``stacks``, ``skipped``), as
+    :class:`store.select.StoreReader` gives them: Parquet parts plus the log not yet
+    compacted, ``seq`` shifted per rank across files as :func:`store.log_reader.read_log`
+    does, the table left in its chunks (DuckDB scans chunked Arrow as it is)."""
     from types import SimpleNamespace
 
-    from store.log_reader import LogReader, find_log_files
-
-    tables, skipped, unverified, unfinished, stacks, next_seq = [], [], [], [], {}, {}
-    for path in find_log_files(p):
-        reader = LogReader(path)
-        batches = reader.read_new()
-        skipped.extend(reader.skipped)
-        if reader.verified is False:
-            unverified.append(str(path))
-        if not reader.finished and not any(s.end is None for s in reader.skipped):
-            unfinished.append(str(path))
-        if not batches:
-            continue
-        table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
-        seq = table[S.SEQ]
-        for rank in pc.unique(table[S.RANK]).to_pylist():   # shift past earlier files of the rank
-            in_rank = pc.and_(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)), pc.greater_equal(seq, S.scalar(0, S.SEQ)))
-            offset = next_seq.get(rank, 0)
-            if offset:
-                seq = pc.if_else(in_rank, pc.add(seq, S.scalar(offset, S.SEQ)), seq)
-            largest = pc.max(pc.filter(seq, in_rank)).as_py()
-            if largest is not None:
-                next_seq[rank] = largest + 1
-        if seq is not table[S.SEQ]:
-            table = table.set_column(table.schema.get_field_index(S.SEQ), S.LOG_SCHEMA.field(S.SEQ),
-                                     seq.cast(pa.int64()))
-        tables.append(table)
-        stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
-        for stack_id, frames in zip(stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()):
-            if stack_id is not None and stack_id not in stacks:
-                stacks[stack_id] = tuple(frames or ())
-    table = pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
-    from store.log_reader import missing_ranks
-
-    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(skipped), unverified=tuple(unverified),
-                           missing_ranks=missing_ranks(table), unfinished=tuple(unfinished))
-
-
-def _load_log(p: Path) -> Side:
     import pyarrow.compute as pc
 
-    contents = _read_log_chunks(p)
+    from store.log_reader import missing_ranks
+    from store.select import StoreReader
+
+    reader = StoreReader(p, ranks=ranks, steps=steps)
+    table = reader.table()
+    stacks = {}
+    side = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
+    for stack_id, frames in zip(side[S.STACK_ID].to_pylist(), side[S.FRAMES].to_pylist()):
+        if stack_id is not None and stack_id not in stacks:
+            stacks[stack_id] = tuple(frames or ())
+    missing = tuple(r for r in missing_ranks(table) if ranks is None or r in ranks)
+    return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(reader.skipped),
+                           unverified=tuple(reader.unverified), missing_ranks=missing,
+                           unfinished=tuple(reader.unfinished))
+
+
+def _load_log(p: Path, ranks=None, steps=None) -> Side:
+    import pyarrow.compute as pc
+
+    contents = _read_log_chunks(p, ranks, steps)
     table = contents.table
     row = table[S.ROW]
     # calls: one row per (rank, step, name), the values of its first call row (smallest seq);

@@ -43,7 +43,7 @@ def write_report(
         notices: a list that gets one line per part of the log not read as data (also
             shown at the top of the page; :meth:`store.log_reader.LogContents.notices`).
         limits: ``threshold``, ``jump``, ``max_rows``, ``max_steps``, ``max_tree``,
-            ``movers`` of :func:`msprobe.report.data.collect`.
+            ``movers``, ``ranks``, ``steps`` of :func:`msprobe.report.data.collect`.
     Returns:
         ``out`` as a Path.
     Raises:

@@ -35,12 +35,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from store import arrow_np
 from store import schema as S
-from store.log_reader import read_log
 from store.query import connect
+from store.select import StoreReader
 
 __all__ = ["collect", "plain"]
 
@@ -69,10 +68,12 @@ def _rows(con, sql: str, params: Optional[list] = None) -> list[dict]:
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
-def _first_meta(contents) -> dict:
-    table = contents.table
-    markers = arrow_np.select(table, arrow_np.equals(table[S.ROW], S.ROW_MARKER))
-    for text in arrow_np.pylist(markers[S.META]):
+def _first_meta(con) -> dict:
+    """The meta of the first marker (by rank, then seq) that holds a JSON object."""
+    texts = [t for (t,) in con.execute(
+        f"SELECT {S.META} FROM msprobe_log WHERE {S.ROW} = '{S.ROW_MARKER}' AND {S.META} IS NOT NULL "
+        f"ORDER BY {S.RANK}, {S.SEQ}").fetchall()]
+    for text in texts:
         try:
             meta = json.loads(text) if text else None
         except ValueError:
@@ -246,7 +247,9 @@ def _graph(con, rank: int, max_tree: int, max_steps: int, max_stacks: int = 2000
             "modules_total": total["m"], "steps_total": steps_total}
 
 
-def _largest(con, threshold: float, jump: float, limit: int) -> dict:
+def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dict:
+    """The largest values and Norm jumps; the jumps one rank at a time (a window over one
+    rank's tensors), the ``limit`` largest of all ranks kept."""
     extremes = _rows(con, """
         WITH big AS (SELECT rank, step, seq, name, io, arg, shape, max, min, mean, norm, coalesce(crc32, '') AS crc
                      FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)),
@@ -261,22 +264,29 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
         ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
     for row in extremes:
         row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
-    jumps = _rows(con, """
-        WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
-                          lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
-                          lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
-                   FROM tensors WHERE norm IS NOT NULL),
-             j AS (SELECT * FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
-                                     AND greatest(norm / previous, previous / norm) >= ?),
-             one AS (SELECT rank, previous_step, step, previous, norm, min(seq) AS seq,
-                            arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
-                            list(DISTINCT name ORDER BY name) AS names
-                     FROM j GROUP BY rank, previous_step, step, previous, norm)
-        SELECT rank, previous_step, step, first.name AS name, first.io AS io, first.arg AS arg, previous, norm,
-               norm / previous AS ratio, names AS seen_in
-        FROM one
-        ORDER BY greatest(norm / previous, previous / norm) DESC, rank, step, seq, io, arg LIMIT ?""", [jump, limit])
+    jumps = []
+    for rank in ranks:          # one rank at a time: the window holds one rank's tensors
+        jumps += _rows(con, """
+            WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
+                              lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
+                              lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
+                       FROM tensors WHERE rank = ? AND norm IS NOT NULL),
+                 j AS (SELECT * FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
+                                         AND greatest(norm / previous, previous / norm) >= ?),
+                 one AS (SELECT rank, previous_step, step, previous, norm, min(seq) AS seq,
+                                arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
+                                list(DISTINCT name ORDER BY name) AS names
+                         FROM j GROUP BY rank, previous_step, step, previous, norm)
+            SELECT rank, previous_step, step, first.name AS name, first.io AS io, first.arg AS arg, previous, norm,
+                   norm / previous AS ratio, names AS seen_in,
+                   greatest(norm / previous, previous / norm) AS msprobe_factor, seq AS msprobe_seq
+            FROM one
+            ORDER BY msprobe_factor DESC, rank, step, seq, io, arg LIMIT ?""", [rank, jump, limit])
+    jumps.sort(key=lambda r: (-r["msprobe_factor"], r["rank"], r["step"], r["msprobe_seq"],
+                              r["io"] is None, r["io"] or "", r["arg"] is None, r["arg"] or ""))   # NULLS LAST
+    jumps = jumps[:limit]
     for row in jumps:
+        del row["msprobe_factor"], row["msprobe_seq"]
         row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
@@ -284,7 +294,8 @@ def _largest(con, threshold: float, jump: float, limit: int) -> dict:
 def collect(
     dump_path: Union[str, os.PathLike], *, threshold: float = 1e4, jump: float = 10.0,
     max_rows: int = 200, max_steps: int = 200, max_tree: int = 3000, movers: int = 8,
-    progress: Optional[Callable[[str], None]] = None,
+    progress: Optional[Callable[[str], None]] = None, ranks: Optional[Sequence[int]] = None,
+    steps: Optional[Sequence[int]] = None,
 ) -> dict:
     """Everything the report page shows for the recording under ``dump_path``.
 
@@ -298,10 +309,12 @@ def collect(
         max_tree: most distinct calls in the graph and module tree (beyond it, modules only).
         movers: how many parameter-gradient lines to draw.
         progress: called with the name of each part as it starts (for a progress bar).
+        ranks, steps: show only these ranks and steps (None: all); other ranks' log files
+            and parts are not read.
     Returns:
         A dict of plain JSON values; non-finite floats as strings (see :func:`plain`).
         ``skipped`` holds one line per part of the log not read as data
-        (:meth:`store.log_reader.LogContents.notices`), shown at the top of the page.
+        (:meth:`store.select.StoreReader.notices`), shown at the top of the page.
     Raises:
         LogNotFoundError: no log under ``dump_path``.
         ValueError: a limit below 1, or a ``threshold``/``jump`` that is not a positive number.
@@ -314,8 +327,8 @@ def collect(
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{label}: expected a positive number, got {value!r}")
     tick = progress or (lambda _part: None)
-    contents = read_log(dump_path)
-    con = connect(dump_path, contents=contents)
+    reader = StoreReader(dump_path, ranks=ranks, steps=steps)
+    con = connect(dump_path, reader=reader)
     try:
         tick("overview")
         per_step = _rows(con, """
@@ -327,9 +340,9 @@ def collect(
         has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
         key, where = _keyed(has_modules)
         out: dict[str, Any] = {
-            "dump_path": str(dump_path), "meta": _first_meta(contents), "ranks": ranks,
+            "dump_path": str(dump_path), "meta": _first_meta(con), "ranks": ranks,
             "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
-            "skipped": contents.notices(),
+            "skipped": reader.notices(),
         }
         for rank in ranks:
             tick(f"rank {rank}")
@@ -341,7 +354,7 @@ def collect(
                 "graph": _graph(con, rank, max_tree, max_steps),
             }
         tick("largest values")
-        out["largest"] = _largest(con, float(threshold), float(jump), 1000)
+        out["largest"] = _largest(con, float(threshold), float(jump), 1000, ranks)
         out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree}
     finally:
         con.close()

@@ -1,0 +1,296 @@
+"""What a reader loads: the Parquet parts of the selected ranks and steps, plus the log tail.
+
+:class:`StoreReader` is the one entry point of every offline reader (query, export,
+report, check-ranks, compare). Given ``ranks`` and ``steps`` it
+
+- takes from the manifest (:mod:`store.manifest`) only the part files whose rank and step
+  range match, as a lazy :class:`pyarrow.dataset.Dataset` (nothing is read until a scan
+  asks for it; filters and column selections are pushed into the scan);
+- reads from the log only the files of the selected ranks (the rank is in the log file's
+  name) that are not wholly in parts, and of those only the rows past what the parts hold
+  (the *tail*), keeping the rows of the selected steps plus every stack and marker row.
+
+So memory depends on what is selected and on the uncompacted tail, not on the size of the
+run. Without a manifest (``msprobe compact`` never ran) the tail is the whole log of the
+selected ranks.
+
+``seq`` is shifted per rank across files exactly as :func:`store.log_reader.read_log`
+does (the offsets of compacted files come from the manifest), so rows from parts and from
+the tail order alike. Every row carries :data:`store.manifest.LOG_FILE`, the name of its log
+file (the ``calls`` view keeps two runs written into one dump path apart by it).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+
+from store import schema as S
+from store.errors import LogNotFoundError
+from store.log_reader import LogReader, Skipped, find_log_files
+from store.log_reader import notices as notice_lines
+from store.log_writer import parse_log_file_name
+from store.manifest import LOG_FILE, LogCoverage, Manifest, load_manifest, parquet_dir
+
+__all__ = ["PART_SCHEMA", "TAIL_SCHEMA", "FileRows", "StoreReader", "read_log_file"]
+
+#: columns of a Parquet part (``rank`` lives in the Hive path)
+PART_SCHEMA = pa.schema([f for f in S.LOG_SCHEMA if f.name != S.RANK] + [pa.field(LOG_FILE, pa.string())],
+                        metadata=S.LOG_SCHEMA.metadata)
+#: columns of the tail and of every row a reader returns: the log's plus ``log_file``
+TAIL_SCHEMA = pa.schema(list(S.LOG_SCHEMA) + [pa.field(LOG_FILE, pa.string())], metadata=S.LOG_SCHEMA.metadata)
+#: Hive partition columns of the step parts and of the ``meta/`` parts
+STEP_PARTITIONS = pa.schema([pa.field("step_bucket", pa.int32()), pa.field(S.RANK, pa.int32())])
+META_PARTITIONS = pa.schema([pa.field(S.RANK, pa.int32())])
+_SIDE_ROWS = (S.ROW_STACK, S.ROW_MARKER)
+
+
+@dataclass
+class FileRows:
+    """Every readable row of one log file, ``seq`` shifted (see module docstring).
+
+    Attributes:
+        path: the log file.
+        table: :data:`TAIL_SCHEMA` rows in file order.
+        reader: the :class:`store.log_reader.LogReader` that read them (``offset``,
+            ``finished``, ``skipped``); reading on with ``read_new`` gives later rows.
+        seq_offsets: ``{rank: offset}`` added to ``seq`` >= 0.
+        next_seq: ``{rank: largest shifted seq + 1}`` over the file's rows.
+        step_ends: steps whose ``step_end`` marker was read (kept by the compactor).
+    """
+
+    path: Path
+    table: pa.Table
+    reader: LogReader
+    seq_offsets: dict = field(default_factory=dict)
+    next_seq: dict = field(default_factory=dict)
+    step_ends: set = field(default_factory=set)
+
+
+def _with_log_file(table: pa.Table, name: str) -> pa.Table:
+    return table.append_column(TAIL_SCHEMA.field(LOG_FILE), pa.repeat(pa.scalar(name, pa.string()), table.num_rows))
+
+
+def shift_seq(table: pa.Table, offsets: dict, next_seq: dict) -> pa.Table:
+    """``table`` with ``seq`` (>= 0) of each rank's rows raised by ``offsets[rank]``;
+    ranks missing from ``offsets`` get ``next_seq.get(rank, 0)`` (and are added to
+    ``offsets``). Afterwards ``next_seq[rank]`` is the largest shifted seq + 1."""
+    if table.num_rows == 0:
+        return table
+    rank = table[S.RANK].to_numpy()
+    seq = table[S.SEQ].to_numpy().copy()
+    shifted = False
+    for r in np.unique(rank).tolist():
+        in_rank = (rank == r) & (seq >= 0)
+        offset = offsets.setdefault(int(r), next_seq.get(int(r), 0))
+        if offset:
+            seq[in_rank] += offset
+            shifted = True
+        if in_rank.any():
+            next_seq[int(r)] = int(seq[in_rank].max()) + 1
+    if not shifted:
+        return table
+    return table.set_column(table.schema.get_field_index(S.SEQ), table.schema.field(S.SEQ), pa.array(seq, pa.int64()))
+
+
+def read_log_file(path: Path, next_seq: dict, coverage: Optional[LogCoverage] = None) -> FileRows:
+    """Read one log file with :class:`store.log_reader.LogReader` (damaged tails skipped, see
+    ``reader.skipped``) and shift its ``seq`` (the manifest's offsets where the file is in
+    it, else past ``next_seq``, which is updated)."""
+    reader = LogReader(path)
+    batches = reader.read_new()
+    table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA) if batches else S.LOG_SCHEMA.empty_table()
+    offsets = dict(coverage.seq_offsets) if coverage is not None else {}
+    file_next = dict(next_seq)
+    table = _with_log_file(shift_seq(table, offsets, file_next), path.name)
+    own = {r: file_next[r] for r in offsets if r in file_next}
+    next_seq.update(own)
+    return FileRows(path=path, table=table, reader=reader, seq_offsets=offsets, next_seq=own)
+
+
+def _mask(table: pa.Table, ranks: Optional[frozenset], steps: Optional[frozenset]) -> Optional[np.ndarray]:
+    """Rows of the selected ranks and steps (stack and marker rows: any step); None: all."""
+    if ranks is None and steps is None:
+        return None
+    keep = np.ones(table.num_rows, bool)
+    if ranks is not None:
+        keep &= np.isin(table[S.RANK].to_numpy(), list(ranks))
+    if steps is not None:
+        row = table[S.ROW].to_numpy(zero_copy_only=False)
+        keep &= np.isin(table[S.STEP].to_numpy(), list(steps)) | np.isin(row, _SIDE_ROWS)
+    return keep
+
+
+def _file_rank(path: Path) -> Optional[int]:
+    parsed = parse_log_file_name(path.name)
+    return None if parsed is None else parsed[0]
+
+
+class StoreReader:
+    """The selected rows of one dump path: Parquet parts (lazy) plus the log tail (in memory).
+
+    Args:
+        dump_path: the dump directory (log under ``.msprobe/log/``, parts under
+            ``.msprobe/parquet/``).
+        ranks: ranks to read (None: all).
+        steps: steps to read (None: all); stack and marker rows are read for every step.
+        parquet: the Parquet directory when not the default.
+    Attributes:
+        manifest: the :class:`store.manifest.Manifest` (empty when never compacted).
+        tail: :data:`TAIL_SCHEMA` rows of the selection not in parts (chunked, file order).
+        skipped: unreadable parts of the log files read.
+        unverified: paths of the log files read that are format 1 (no checksums).
+        unfinished: paths of the log files read that have no end-of-stream marker.
+        files: the log files of the selected ranks.
+    Raises:
+        LogNotFoundError: ``dump_path`` holds neither a log nor compacted parts.
+        store.manifest.ManifestError: the manifest is unreadable.
+    """
+
+    def __init__(self, dump_path: Union[str, os.PathLike], *, ranks: Optional[Iterable[int]] = None,
+                 steps: Optional[Iterable[int]] = None,
+                 parquet: Optional[Union[str, os.PathLike]] = None) -> None:
+        self.dump_path = Path(dump_path)
+        self.ranks = None if ranks is None else frozenset(int(r) for r in ranks)
+        self.steps = None if steps is None else frozenset(int(s) for s in steps)
+        self.directory = parquet_dir(dump_path, parquet)
+        self.manifest: Manifest = load_manifest(self.directory)
+        try:
+            files = find_log_files(dump_path)
+        except LogNotFoundError:
+            if not self.manifest.parts:
+                raise
+            files = []
+        self.files = tuple(f for f in files if self.ranks is None or _file_rank(f) is None
+                           or _file_rank(f) in self.ranks)
+        self.skipped: list[Skipped] = []
+        self.unverified: list[str] = []
+        self.unfinished: list[str] = []
+        self.tail = self._read_tail()
+
+    def notices(self) -> list[str]:
+        """One line for people per part of the selected log files not read as data, per
+        unverified (format 1) file and per unfinished file (:func:`store.log_reader.notices`)."""
+        return notice_lines(self.skipped, self.unverified, (), self.unfinished)
+
+    def _read_tail(self) -> pa.Table:
+        tables, next_seq = [], {}
+        for path in self.files:
+            coverage = self.manifest.logs.get(path.name)
+            if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
+                next_seq.update(coverage.next_seq)
+                continue
+            rows = read_log_file(path, next_seq, coverage)
+            self.skipped.extend(rows.reader.skipped)
+            if rows.reader.verified is False:
+                self.unverified.append(str(path))
+            if not rows.reader.finished and not any(s.end is None for s in rows.reader.skipped):
+                self.unfinished.append(str(path))  # a clean prefix: no torn tail, no end marker either
+            table = rows.table.slice(coverage.rows if coverage is not None else 0)
+            keep = _mask(table, self.ranks, self.steps)
+            if keep is not None:
+                table = table.filter(pa.array(keep))
+            elif coverage is not None and coverage.rows:
+                # a copy of the uncompacted rows: the file's other (memory-mapped) batches go
+                table = table.take(pa.array(np.arange(table.num_rows)))
+            if table.num_rows:
+                tables.append(table)
+        return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
+
+    # --- parts -------------------------------------------------------------------------
+    def part_files(self, *, meta: bool = False, ranks=None) -> list[str]:
+        """Absolute paths of the selected part files (``meta``: the stack/marker parts)."""
+        chosen = self.ranks if ranks is None else frozenset(ranks) & (self.ranks or frozenset(ranks))
+        return [str(self.directory / p.path) for p in self.manifest.select(chosen, self.steps, meta=meta)]
+
+    def dataset(self, *, meta: bool = False, ranks=None):
+        """A lazy :class:`pyarrow.dataset.Dataset` over the selected part files, in
+        :data:`PART_SCHEMA` plus the partition columns (a column an older part lacks reads
+        as null); None when no part is selected."""
+        import pyarrow.dataset as ds
+
+        files = self.part_files(meta=meta, ranks=ranks)
+        if not files:
+            return None
+        partitions = META_PARTITIONS if meta else STEP_PARTITIONS
+        schema = pa.schema(list(PART_SCHEMA) + list(partitions))
+        return ds.dataset(files, schema=schema, format="parquet", partition_base_dir=str(self.directory),
+                          partitioning=ds.partitioning(partitions, flavor="hive"))
+
+    def rank_values(self) -> list[int]:
+        """The ranks with rows in the selection, sorted."""
+        found = {p.rank for p in self.manifest.select(self.ranks, None, meta=False)}
+        found |= {p.rank for p in self.manifest.select(self.ranks, None, meta=True)}
+        if self.tail.num_rows:
+            found |= set(np.unique(self.tail[S.RANK].to_numpy()).tolist())
+        return sorted(found)
+
+    def step_values(self) -> list[int]:
+        """The steps with call rows in the selection, sorted (from the compaction's summary
+        and the tail: no part is read)."""
+        import pyarrow.parquet as pq
+
+        from store.manifest import SUMMARY_NAME
+
+        found: set = set()
+        summary = self.directory / SUMMARY_NAME
+        if self.manifest.parts and summary.exists():
+            table = pq.read_table(summary, columns=[S.RANK, S.STEP, "call_rows"])
+            keep = table["call_rows"].to_numpy() > 0
+            if self.ranks is not None:
+                keep &= np.isin(table[S.RANK].to_numpy(), list(self.ranks))
+            found |= set(table[S.STEP].to_numpy()[keep].tolist())
+        if self.tail.num_rows:
+            row = self.tail[S.ROW].to_numpy(zero_copy_only=False)
+            found |= set(np.unique(self.tail[S.STEP].to_numpy()[row == S.ROW_CALL]).tolist())
+        if self.steps is not None:
+            found &= self.steps
+        return sorted(int(s) for s in found)
+
+    def table(self) -> pa.Table:
+        """Every selected row (:data:`TAIL_SCHEMA`; parts, then the tail; chunked, not sorted).
+        Memory: the whole selection; prefer :meth:`rank_table` or SQL over the views."""
+        import pyarrow.dataset as ds
+
+        tables = []
+        for meta in (True, False):
+            dataset = self.dataset(meta=meta)
+            if dataset is None:
+                continue
+            condition = None
+            if self.steps is not None and not meta:
+                condition = ds.field(S.STEP).isin(sorted(self.steps))
+            tables.append(dataset.to_table(filter=condition).select(TAIL_SCHEMA.names).cast(TAIL_SCHEMA))
+        tables.append(self.tail)
+        return pa.concat_tables(tables)
+
+    def rank_table(self, rank: int) -> pa.Table:
+        """Every selected row of ``rank`` (:data:`TAIL_SCHEMA`; parts first, then the tail;
+        not sorted)."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        tables = []
+        for meta in (True, False):
+            dataset = self.dataset(meta=meta, ranks=[rank])
+            if dataset is None:
+                continue
+            condition = ds.field(S.RANK) == rank
+            if self.steps is not None and not meta:
+                condition &= ds.field(S.STEP).isin(sorted(self.steps))
+            table = dataset.to_table(filter=condition)
+            tables.append(table.select(TAIL_SCHEMA.names).cast(TAIL_SCHEMA))
+        if self.tail.num_rows:
+            tables.append(self.tail.filter(pc.equal(self.tail[S.RANK], S.scalar(rank, S.RANK))))
+        return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1

@@ -1,0 +1,149 @@
+"""store.select and the readers built on it: --rank/--step choose the files to read before
+anything is read; compacted parts and the log tail give the same answers as the log."""
+from __future__ import annotations
+
+import pytest
+
+import store.select as select_module
+from msprobe.check_ranks import CORRUPTION, check_ranks
+from msprobe.cli import main
+from store.compact import compact
+from store.export import export_log
+from store.log_writer import LogWriter
+from store.query import query
+from store.records import Call, Marker
+from store.select import StoreReader
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The names of the log files a reader opens."""
+    opened: list[str] = []
+
+    class Recording(select_module.LogReader):
+        def read_new(self):
+            opened.append(self.path.name)
+            return super().read_new()
+
+    monkeypatch.setattr(select_module, "LogReader", Recording)
+    return opened
+
+
+def _three_ranks(root, sample):
+    for r in (0, 1, 2):
+        sample.write_scenario(root, rank=r, meta={**sample.META_MIX, "rank_dir": f"rank{r}"}, flush_rows=5)
+    return root
+
+
+SQLS = ("SELECT * FROM tensors ORDER BY rank, seq, io, arg",
+        "SELECT * FROM calls ORDER BY rank, seq, name",
+        "SELECT * FROM stacks ORDER BY stack_id, depth",
+        "SELECT * FROM summary")
+
+
+def test_rank_selection_opens_only_that_ranks_log(tmp_path, sample, reads):
+    dump = _three_ranks(tmp_path / "d", sample)
+    found = query(dump, "SELECT DISTINCT rank FROM tensors", ranks=[1]).to_pylist()
+    assert found == [{"rank": 1}]
+    assert len(reads) == 1 and reads[0].startswith("rank1.")
+
+
+def test_after_compaction_closed_logs_are_not_read(tmp_path, sample, reads):
+    dump = _three_ranks(tmp_path / "d", sample)
+    full = [repr(query(dump, sql).to_pylist()) for sql in SQLS]
+    compact(dump)
+    reads.clear()
+    assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
+    assert reads == []                                  # every row came from the parts
+    reader = StoreReader(dump, ranks=[2], steps=[1])
+    assert reader.part_files() and all("rank=2" in f for f in reader.part_files())
+    assert reader.tail.num_rows == 0 and reader.step_values() == [1] and reader.rank_values() == [2]
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_selected_views_equal_the_full_views_filtered(tmp_path, sample, compacted):
+    dump = _three_ranks(tmp_path / "d", sample)
+    if compacted:
+        compact(dump)
+    for sql in SQLS:
+        got = query(dump, sql, ranks=[0, 2], steps=[1]).to_pylist()
+        if "stacks" in sql:   # stacks are not per step: every stack of the selected ranks
+            expected = query(dump, sql).to_pylist()
+        else:
+            expected = query(dump, f"SELECT * FROM ({sql}) WHERE rank IN (0, 2) AND step = 1").to_pylist()
+        assert repr(got) == repr(expected) and expected, sql
+
+
+def test_cli_query_rank_step_and_bad_lists(tmp_path, sample, capsys):
+    dump = _three_ranks(tmp_path / "d", sample)
+    assert main(["query", str(dump), "SELECT rank, step, count(*) AS n FROM tensors GROUP BY ALL ORDER BY ALL",
+                 "--rank", "1-2", "--step", "1", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["rank,step,n", "1,1,2", "2,1,2"]
+    assert main(["query", str(dump), "SELECT 1", "--rank", "2-1"]) == 2
+    assert "--rank: got '2-1'" in capsys.readouterr().err
+
+
+def test_export_of_one_rank_and_step_is_the_full_exports_directory(tmp_path, sample, json_files):
+    dump = _three_ranks(tmp_path / "d", sample)
+    export_log(dump, tmp_path / "all")
+    compact(dump)
+    report = export_log(dump, tmp_path / "one", ranks=[2], steps=[1])
+    assert report.groups == ((2, 1),)
+    one = json_files(tmp_path / "one")
+    assert sorted(one) == ["step1/rank2/construct.json", "step1/rank2/dump.json", "step1/rank2/stack.json"]
+    everything = json_files(tmp_path / "all")
+    assert {k: everything[k] for k in one} == one
+
+
+def _replicas(root, odd_rank: int, odd_step: int):
+    """Three ranks, two steps of one Linear whose weight CRC-32 differs on ``odd_rank`` at
+    ``odd_step``; written through the LogWriter (one log file per rank)."""
+    for rank in (0, 1, 2):
+        meta = {"task": "statistics", "level": "L0", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": 3}
+        with LogWriter(root, rank, flush_rows=4, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            for step in (0, 1):
+                crc = "deadbeef" if (rank, step) == (odd_rank, odd_step) else f"0000000{step}"
+                writer.append(Call(step=step, kind="module_forward", name="Module.fc.Linear.forward.0",
+                                   api_type="Module", keys=("input_args", "input_kwargs", "output", "parameters"),
+                                   leaves=(Leaf_tensor("parameters", ("weight",), crc),
+                                           Leaf_tensor("output", (0,), f"1000000{step}"))))
+                writer.append_marker(Marker(step=step, kind="step_end", meta=meta))
+    return root
+
+
+def Leaf_tensor(io, path, crc):
+    from store.records import Leaf
+
+    return Leaf(io=io, path=path, leaf_kind="tensor", type="torch.Tensor", dtype="torch.float32", shape=(2,),
+                numel=2, max=1.0, min=0.0, mean=0.5, norm=1.0, crc32=crc, requires_grad=True,
+                has_nan=False, has_inf=False)
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_check_ranks_step_by_step_over_parts_and_log(tmp_path, compacted):
+    dump = _replicas(tmp_path / "d", odd_rank=2, odd_step=1)
+    if compacted:
+        compact(dump)
+    result = check_ranks(dump)
+    (g,) = result.groups
+    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 2
+    f = g.first
+    assert (f.step, f.name, f.io, f.arg, f.odd, f.majority, f.verdict) == (
+        1, "Module.fc.Linear.forward.0", "parameters", "weight", (2,), (0, 1), CORRUPTION)
+    assert f.values == {0: "00000001", 1: "00000001", 2: "deadbeef"}
+    only_step0 = check_ranks(dump, steps=[0])
+    assert only_step0.exit_code == 0 and only_step0.groups[0].steps == (0,)
+    # a group of ranks 0 and 1 only: rank 2's file is not needed, and they agree
+    assert check_ranks(dump, groups=[[0, 1]]).exit_code == 0
+    assert result.source == "log"
+
+
+def test_parts_alone_answer_once_the_logs_are_archived(tmp_path, sample):
+    dump = _three_ranks(tmp_path / "d", sample)
+    full = [repr(query(dump, sql).to_pylist()) for sql in SQLS]
+    compact(dump)
+    (dump / ".msprobe" / "log").rename(tmp_path / "archived")
+    assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
+    assert check_ranks(dump).exit_code == 0
