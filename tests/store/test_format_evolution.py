@@ -14,7 +14,7 @@ from store.query import query
 DROPPED = (S.MAX_FINITE, S.MIN_FINITE, S.DATA_NAME, S.PAYLOAD)
 
 
-def _older(table: pa.Table, version: bytes = b"0") -> pa.Table:
+def _older(table: pa.Table, version: bytes = b"1") -> pa.Table:
     """``table`` as an older version wrote it: some nullable columns missing, the rest in
     another order, the older version number in the metadata."""
     kept = [n for n in reversed(table.column_names) if n not in DROPPED]
@@ -45,14 +45,15 @@ def test_an_older_log_reads_with_the_new_columns_null(tmp_path, sample):
 
 
 def test_a_newer_log_is_refused_and_reported(tmp_path):
-    path = tmp_path / "v2.arrows"
+    newer = str(int(S.FORMAT_VERSION) + 1)
+    path = tmp_path / f"v{newer}.arrows"
     schema = S.LOG_SCHEMA.append(pa.field("later", pa.string())).with_metadata(
-        {S.FORMAT_KEY: str(int(S.FORMAT_VERSION) + 1).encode()})
+        {S.FORMAT_KEY: newer.encode()})
     with pa.ipc.new_stream(str(path), schema) as writer:
         writer.write_table(schema.empty_table())
     reader = LogReader(path)
     assert reader.read_new() == []
-    assert reader.skipped[0].reason.startswith("unsupported: log format version '2'")
+    assert reader.skipped[0].reason.startswith(f"unsupported: log format version '{newer}'")
 
 
 def test_an_older_part_reads_with_the_new_columns_null(tmp_path, sample):
