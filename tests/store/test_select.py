@@ -128,7 +128,9 @@ def test_check_ranks_step_by_step_over_parts_and_log(tmp_path, compacted):
         compact(dump)
     result = check_ranks(dump)
     (g,) = result.groups
-    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 2
+    # compared: the weight at both steps, and step 0's output (its inputs, the weight,
+    # agree there); step 1's output is not (rank 2's weight differs)
+    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 3
     f = g.first
     assert (f.step, f.name, f.io, f.arg, f.odd, f.majority, f.verdict) == (
         1, "Module.fc.Linear.forward.0", "parameters", "weight", (2,), (0, 1), CORRUPTION)
