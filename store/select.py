@@ -233,6 +233,7 @@ class StoreReader:
             coverage = self.manifest.logs.get(path.name)
             if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
                 next_seq.update(coverage.next_seq)
+                self.skipped += _stored_skips(path, coverage)
                 continue
             rows = read_log_file(path, next_seq, coverage)
             self.skipped.extend(rows.reader.skipped)
@@ -249,6 +250,12 @@ class StoreReader:
                 table = table.take(pa.array(np.arange(table.num_rows)))
             if table.num_rows:
                 tables.append(table)
+        here = {path.name for path in self.files}
+        log_dir = self.dump_path / S.STORE_DIR / S.LOG_DIR
+        for name, coverage in sorted(self.manifest.logs.items()):
+            rank = _file_rank(Path(name))
+            if name not in here and (self.ranks is None or rank in self.ranks) and not (log_dir / name).exists():
+                self.skipped += _stored_skips(log_dir / name, coverage)   # the log file is gone: its parts stay
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
 
     # --- parts -------------------------------------------------------------------------
@@ -337,6 +344,12 @@ class StoreReader:
         if self.tail.num_rows:
             tables.append(self.tail.filter(pc.equal(self.tail[S.RANK], S.scalar(rank, S.RANK))))
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
+
+
+def _stored_skips(path: Path, coverage: LogCoverage) -> list:
+    """The damaged parts compaction recorded for the log file ``path`` (not read again)."""
+    return [Skipped(str(path), int(e["offset"]), str(e["reason"]), e.get("end"), e.get("rows"),
+                    tuple(e["steps"]) if e.get("steps") is not None else None) for e in coverage.skipped]
 
 
 def _size(path: Path) -> int:
