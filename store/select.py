@@ -151,7 +151,8 @@ class StoreReader:
         skipped: unreadable parts of the log files read.
         unverified: paths of the log files read that are format 1 (no checksums).
         unfinished: paths of the log files read that have no end-of-stream marker.
-        recovered: one line per fallback to the log (unreadable manifest, missing part).
+        recovered: one line per fallback to the log (unreadable manifest, missing part)
+            and one naming selected ranks with neither a log file nor a part.
         files: the log files of the selected ranks.
     Raises:
         LogNotFoundError: ``dump_path`` holds neither a log nor compacted parts.
@@ -187,6 +188,14 @@ class StoreReader:
             files = []
         self.files = tuple(f for f in files if self.ranks is None or _file_rank(f) is None
                            or _file_rank(f) in self.ranks)
+        if self.ranks is not None:
+            present = {_file_rank(f) for f in files} | {p.rank for p in self.manifest.parts}
+            absent = sorted(self.ranks - present)
+            if absent and None not in present:
+                shown = ", ".join(map(str, sorted(present))) or "none"
+                self.recovered.append(f"selected rank{'s' if len(absent) > 1 else ''} "
+                                      f"{', '.join(map(str, absent))}: not in {str(self.dump_path)!r} "
+                                      f"(ranks there: {shown})")
         self._drop_missing_parts()
         self.tail = self._read_tail()
 

@@ -75,3 +75,30 @@ def test_missing_part_and_log_is_skipped_and_compare_is_incomplete(tmp_path, sam
     assert main(["compare", str(dump), str(whole)]) == 3
     out, err = capsys.readouterr()
     assert "incomplete" in (out + err) and gone.path.split("/")[-1] in (out + err)
+
+
+def test_selected_rank_not_in_the_dump_is_named(tmp_path, sample, capsys):
+    dump, expected, _ = _compacted(tmp_path, sample)
+    assert StoreReader(dump, ranks=[0, 1]).notices() == []
+    assert StoreReader(dump, ranks=[1, 7, 9]).notices() == [
+        f"selected ranks 7, 9: not in {str(dump)!r} (ranks there: 0, 1)"]
+    assert main(["query", str(dump), "SELECT count(*) AS n FROM tensors", "--rank", "7", "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "n\n0\n" and f"selected rank 7: not in {str(dump)!r} (ranks there: 0, 1)" in err
+
+
+def test_export_names_a_missing_part_and_an_absent_rank(tmp_path, sample, capsys):
+    dump, _, parts = _compacted(tmp_path, sample)
+    assert main(["export", str(dump), "--rank", "1", "-o", str(tmp_path / "before")]) == 0
+    gone = next(p for p in parts if p.rank == 1 and p.steps[0] >= 0)
+    (dump / S.STORE_DIR / "parquet" / gone.path).unlink()
+    capsys.readouterr()
+    assert main(["export", str(dump), "--rank", "1,5", "-o", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert "read from the log: " in err and gone.path in err
+    assert f"selected rank 5: not in {str(dump)!r} (ranks there: 0, 1)" in err
+    assert "skipped" not in err
+    before = sorted(p.relative_to(tmp_path / "before") for p in (tmp_path / "before").rglob("*.json"))
+    assert before and before == sorted(p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*.json"))
+    for rel in before:
+        assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "before" / rel).read_bytes()
