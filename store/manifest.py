@@ -174,7 +174,8 @@ def load_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     except ManifestError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc}") from None
+        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc} (the log is intact: delete "
+                            f"{str(path.parent)!r} and run msprobe compact again to rebuild the parts)") from None
 
 
 def save_manifest(directory: Union[str, os.PathLike], manifest: Manifest) -> None:

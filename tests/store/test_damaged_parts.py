@@ -102,3 +102,19 @@ def test_export_names_a_missing_part_and_an_absent_rank(tmp_path, sample, capsys
     assert before and before == sorted(p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*.json"))
     for rel in before:
         assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "before" / rel).read_bytes()
+
+
+def test_compact_on_an_unreadable_manifest_says_how_to_rebuild(tmp_path, sample, capsys):
+    import shutil
+
+    dump, expected, _ = _compacted(tmp_path, sample)
+    directory = dump / S.STORE_DIR / "parquet"
+    (directory / MANIFEST_NAME).write_text("{\"parts\": [")
+    capsys.readouterr()
+    assert main(["compact", str(dump)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable msprobe manifest" in err and f"delete {str(directory)!r} and run msprobe compact" in err
+    shutil.rmtree(directory)
+    assert main(["compact", str(dump)]) == 0
+    assert [_rows(dump, sql) for sql in (SQL, CALLS)] == [expected[SQL], expected[CALLS]]
+    assert StoreReader(dump).notices() == [] and load_manifest(directory).parts
