@@ -359,6 +359,9 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
     con, source, ranks, world_size, kind, notices = _connect(p, wanted, steps)
     try:
         chosen = [list(g) for g in groups] if groups is not None else default_groups(world_size, ranks)
+        if groups is None and not any(chosen):
+            raise CheckRanksInputError("\n".join([f"DUMP_PATH {str(p)!r}: no rank with readable rows to check"]
+                                                  + notices))
         if not chosen or any(not g for g in chosen):
             raise CheckRanksInputError(f"--group: got {groups!r}; expected non-empty rank lists")
         for rank in sorted({r for g in chosen for r in g} - set(ranks)):

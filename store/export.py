@@ -559,11 +559,13 @@ class ExportReport:
     unverified: tuple[str, ...] = ()
     missing_ranks: tuple[int, ...] = ()
     unfinished: tuple[str, ...] = ()
+    recovered: tuple[str, ...] = ()
 
     def notices(self) -> list[str]:
-        """One line per skipped part, rank without a log, unverified or unfinished log
-        file (:func:`store.log_reader.notices`)."""
-        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
+        """One line per fallback from the Parquet parts to the log or selected rank not in
+        the dump (:attr:`store.select.StoreReader.recovered`), then per skipped part, rank
+        without a log, unverified or unfinished log file (:func:`store.log_reader.notices`)."""
+        return list(self.recovered) + notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
 
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
@@ -683,7 +685,7 @@ def export_log(
                                f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
                         unverified=tuple(reader.unverified), missing_ranks=_missing(marker_rows, reader.ranks),
-                        unfinished=tuple(reader.unfinished))
+                        unfinished=tuple(reader.unfinished), recovered=tuple(reader.recovered))
 
 
 def _missing(marker_rows: list, selected: Optional[frozenset]) -> tuple[int, ...]:

@@ -154,6 +154,8 @@ class LogReader:
         self._batches_read = 0
         self._last_step: Optional[int] = None  # largest step of the batches read so far
         self._since_skip = -1  # _batches_read when the last skip was recorded
+        self._seen: dict[int, int] = {}  # (checksum, length) of each verified batch -> its offset
+        self._last_key = 0  # that key for the batch _verified_batch returned last
 
     def read_new(self) -> list[pa.RecordBatch]:
         """Return the complete, verified record batches appended since the last call
@@ -208,8 +210,16 @@ class LogReader:
                     self.finished = True
                 elif self._schema is None:  # the schema message was unreadable: verified batches say format 2
                     self._schema, self._exact, self.verified = S.LOG_SCHEMA, True, True
+            start = base + pos
             pos += consumed
             self.offset = base + pos
+            if batch is not None and self.verified:
+                first_at = self._copy_of(start, consumed)
+                if first_at is not None:
+                    self._skip(start, base + pos, f"corrupt: a second copy of the batch at byte {first_at}",
+                               batch.num_rows)
+                    waiting = True
+                    continue
             if batch is not None:
                 self._batches_read += 1
                 first, self._last_step = _step_bounds(batch, self._last_step)
@@ -229,6 +239,26 @@ class LogReader:
             return
         self._since_skip = self._batches_read
         self.skipped.append(Skipped(str(self.path), start, reason, end, rows, (self._last_step, None)))
+
+    def _copy_of(self, start: int, size: int) -> Optional[int]:
+        """The offset of an earlier batch whose message bytes equal the ``size`` bytes at
+        ``start`` (the batch :meth:`_verified_batch` returned last), else None (and the batch
+        is remembered). A batch holds rows of distinct ``seq``, so an equal one is a copy
+        (a block written twice); checksum and length pick the candidate, the bytes decide."""
+        key = self._last_key
+        earlier = self._seen.get(key)
+        if earlier is None:
+            self._seen[key] = start
+            return None
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(earlier)
+                before = handle.read(size)
+                handle.seek(start)
+                same = before == handle.read(size)
+        except OSError:
+            return None
+        return earlier if same else None
 
     def _close_skips(self, step: int) -> None:
         """Give the skips still open the first step read after them."""
@@ -348,6 +378,7 @@ class LogReader:
             batch.validate(full=True)
         except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
             raise _Damage(f"corrupt: batch {self._batches_read}: {_first_line(exc)}") from None
+        self._last_key = computed | (consumed << 32)
         return batch
 
     @staticmethod

@@ -95,6 +95,9 @@ class LogCoverage:
         seq_offsets: ``{rank: n}`` added to ``seq`` (>= 0) of the file's rows, so ``seq``
             keeps increasing over a rank's files (as :func:`store.log_reader.read_log`).
         next_seq: ``{rank: largest shifted seq + 1}`` over the rows read.
+        skipped: the parts of the file not read as data (damage with a known end, from
+            every pass), as dicts of :class:`store.log_reader.Skipped`'s fields but
+            ``path``; readers that no longer read a complete file report these.
     """
 
     rows: int = 0
@@ -103,6 +106,7 @@ class LogCoverage:
     finished: bool = False
     seq_offsets: dict = field(default_factory=dict)
     next_seq: dict = field(default_factory=dict)
+    skipped: list = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -170,7 +174,8 @@ def load_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     except ManifestError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc}") from None
+        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc} (the log is intact: delete "
+                            f"{str(path.parent)!r} and run msprobe compact again to rebuild the parts)") from None
 
 
 def save_manifest(directory: Union[str, os.PathLike], manifest: Manifest) -> None:

@@ -165,7 +165,8 @@ class Compactor:
             seq_next.update(state.next_seq)
             self.manifest.logs[name] = LogCoverage(
                 rows=cut, read_rows=cut + state.table.num_rows, bytes=state.reader.offset,
-                finished=state.reader.finished, seq_offsets=dict(state.seq_offsets), next_seq=seq_next)
+                finished=state.reader.finished, seq_offsets=dict(state.seq_offsets), next_seq=seq_next,
+                skipped=_kept_skips(coverage, state.reader.skipped))
             next_seq.update(seq_next)
             del new, table
             if self.manifest.logs[name].complete:
@@ -371,3 +372,15 @@ def follow(dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.PathL
         if logs and all(c.complete for c in logs.values()) and result.pending == 0 and not result.skipped:
             return
         time.sleep(interval)
+
+
+def _kept_skips(coverage: Optional[LogCoverage], skipped) -> list:
+    """The damaged parts of a log file known so far (:attr:`LogCoverage.skipped`): those of
+    earlier passes and of this one, by offset (this pass's wins). A torn tail (no end) is
+    left out: the writer may still complete it, and a reader that reads the file sees it."""
+    kept = {entry["offset"]: entry for entry in (coverage.skipped if coverage is not None else ())}
+    for skip in skipped:
+        if skip.end is not None:
+            kept[skip.offset] = {"offset": skip.offset, "end": skip.end, "reason": skip.reason, "rows": skip.rows,
+                                 "steps": list(skip.steps) if skip.steps is not None else None}
+    return [kept[offset] for offset in sorted(kept)]

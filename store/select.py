@@ -14,6 +14,12 @@ So memory depends on what is selected and on the uncompacted tail, not on the si
 run. Without a manifest (``msprobe compact`` never ran) the tail is the whole log of the
 selected ranks.
 
+The parts are a copy of the log: where the manifest is unreadable, the log is read instead;
+where a selected part file is missing (deleted by hand), its log file is read whole
+instead of that file's parts. Each such fallback is one line of :meth:`StoreReader.notices`
+(``read from the log: ...``); a missing part whose log file is gone too is a
+:class:`store.log_reader.Skipped` (the rows are lost).
+
 ``seq`` is shifted per rank across files exactly as :func:`store.log_reader.read_log`
 does (the offsets of compacted files come from the manifest), so rows from parts and from
 the tail order alike. Every row carries :data:`store.manifest.LOG_FILE`, the name of its log
@@ -34,7 +40,7 @@ from store.errors import LogNotFoundError
 from store.log_reader import LogReader, Skipped, find_log_files
 from store.log_reader import notices as notice_lines
 from store.log_writer import parse_log_file_name
-from store.manifest import LOG_FILE, LogCoverage, Manifest, load_manifest, parquet_dir
+from store.manifest import LOG_FILE, LogCoverage, Manifest, ManifestError, load_manifest, parquet_dir
 
 __all__ = ["PART_SCHEMA", "TAIL_SCHEMA", "FileRows", "StoreReader", "read_log_file"]
 
@@ -145,10 +151,12 @@ class StoreReader:
         skipped: unreadable parts of the log files read.
         unverified: paths of the log files read that are format 1 (no checksums).
         unfinished: paths of the log files read that have no end-of-stream marker.
+        recovered: one line per fallback to the log (unreadable manifest, missing part)
+            and one naming selected ranks with neither a log file nor a part.
         files: the log files of the selected ranks.
     Raises:
         LogNotFoundError: ``dump_path`` holds neither a log nor compacted parts.
-        store.manifest.ManifestError: the manifest is unreadable.
+        store.manifest.ManifestError: the manifest is unreadable and there is no log.
     """
 
     def __init__(self, dump_path: Union[str, os.PathLike], *, ranks: Optional[Iterable[int]] = None,
@@ -158,24 +166,75 @@ class StoreReader:
         self.ranks = None if ranks is None else frozenset(int(r) for r in ranks)
         self.steps = None if steps is None else frozenset(int(s) for s in steps)
         self.directory = parquet_dir(dump_path, parquet)
-        self.manifest: Manifest = load_manifest(self.directory)
-        try:
-            files = find_log_files(dump_path)
-        except LogNotFoundError:
-            if not self.manifest.parts:
-                raise
-            files = []
-        self.files = tuple(f for f in files if self.ranks is None or _file_rank(f) is None
-                           or _file_rank(f) in self.ranks)
         self.skipped: list[Skipped] = []
         self.unverified: list[str] = []
         self.unfinished: list[str] = []
+        self.recovered: list[str] = []
+        no_log = None
+        try:
+            files = find_log_files(dump_path)
+        except LogNotFoundError as exc:
+            files, no_log = None, exc
+        try:
+            self.manifest: Manifest = load_manifest(self.directory)
+        except ManifestError as exc:
+            if files is None:
+                raise
+            self.manifest = Manifest()
+            self.recovered.append(f"read from the log: {exc}")
+        if files is None:
+            if not self.manifest.parts:
+                raise no_log
+            files = []
+        self.files = tuple(f for f in files if self.ranks is None or _file_rank(f) is None
+                           or _file_rank(f) in self.ranks)
+        if self.ranks is not None:
+            present = {_file_rank(f) for f in files} | {p.rank for p in self.manifest.parts}
+            absent = sorted(self.ranks - present)
+            if absent and None not in present:
+                shown = ", ".join(map(str, sorted(present))) or "none"
+                self.recovered.append(f"selected rank{'s' if len(absent) > 1 else ''} "
+                                      f"{', '.join(map(str, absent))}: not in {str(self.dump_path)!r} "
+                                      f"(ranks there: {shown})")
+        self._drop_missing_parts()
         self.tail = self._read_tail()
 
     def notices(self) -> list[str]:
         """One line for people per part of the selected log files not read as data, per
-        unverified (format 1) file and per unfinished file (:func:`store.log_reader.notices`)."""
-        return notice_lines(self.skipped, self.unverified, (), self.unfinished)
+        unverified (format 1) file, per unfinished file (:func:`store.log_reader.notices`)
+        and per fallback from the parts to the log (:attr:`recovered`)."""
+        return self.recovered + notice_lines(self.skipped, self.unverified, (), self.unfinished)
+
+    def _drop_missing_parts(self) -> None:
+        """Take out of :attr:`manifest` the selected parts whose file is missing: the log
+        file they came from is then read whole (all its parts dropped); where that log file
+        is gone too, the part's rows are lost (a :class:`Skipped` with offset -1)."""
+        chosen = self.manifest.select(self.ranks, self.steps) + self.manifest.select(self.ranks, None, meta=True)
+        missing = [p for p in chosen if not (self.directory / p.path).is_file()]
+        if not missing:
+            return
+        logs_here = {f.name for f in self.files}
+        reread = {p.log_file for p in missing if p.log_file in logs_here}
+        lost = set()
+        for part in missing:
+            where = "stack and marker rows" if part.steps[0] < 0 else f"steps {part.steps[0]} to {part.steps[1]}"
+            what = f"Parquet part {str(self.directory / part.path)!r} (rank {part.rank}, {where}, {part.rows} rows)"
+            if part.log_file in reread:
+                self.recovered.append(f"read from the log: {what} is missing; its log file {part.log_file} "
+                                      f"is read whole instead (msprobe compact does not rewrite it)")
+            else:
+                lost.add(part.path)
+                self.skipped.append(Skipped(
+                    str(self.directory / part.path), -1,
+                    f"missing: {what}, and its log file {part.log_file} is gone too",
+                    rows=part.rows, steps=None if part.steps[0] < 0 else tuple(part.steps)))
+        logs = dict(self.manifest.logs)
+        for name in reread:
+            old = logs.get(name) or LogCoverage()
+            logs[name] = LogCoverage(seq_offsets=dict(old.seq_offsets), next_seq=dict(old.next_seq))
+        parts = [p for p in self.manifest.parts if p.log_file not in reread and p.path not in lost]
+        self.manifest = Manifest(parts=parts, logs=logs, step_bucket=self.manifest.step_bucket,
+                                 format=self.manifest.format, version=self.manifest.version)
 
     def _read_tail(self) -> pa.Table:
         tables, next_seq = [], {}
@@ -183,6 +242,7 @@ class StoreReader:
             coverage = self.manifest.logs.get(path.name)
             if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
                 next_seq.update(coverage.next_seq)
+                self.skipped += _stored_skips(path, coverage)
                 continue
             rows = read_log_file(path, next_seq, coverage)
             self.skipped.extend(rows.reader.skipped)
@@ -199,6 +259,12 @@ class StoreReader:
                 table = table.take(pa.array(np.arange(table.num_rows)))
             if table.num_rows:
                 tables.append(table)
+        here = {path.name for path in self.files}
+        log_dir = self.dump_path / S.STORE_DIR / S.LOG_DIR
+        for name, coverage in sorted(self.manifest.logs.items()):
+            rank = _file_rank(Path(name))
+            if name not in here and (self.ranks is None or rank in self.ranks) and not (log_dir / name).exists():
+                self.skipped += _stored_skips(log_dir / name, coverage)   # the log file is gone: its parts stay
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
 
     # --- parts -------------------------------------------------------------------------
@@ -287,6 +353,12 @@ class StoreReader:
         if self.tail.num_rows:
             tables.append(self.tail.filter(pc.equal(self.tail[S.RANK], S.scalar(rank, S.RANK))))
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
+
+
+def _stored_skips(path: Path, coverage: LogCoverage) -> list:
+    """The damaged parts compaction recorded for the log file ``path`` (not read again)."""
+    return [Skipped(str(path), int(e["offset"]), str(e["reason"]), e.get("end"), e.get("rows"),
+                    tuple(e["steps"]) if e.get("steps") is not None else None) for e in coverage.skipped]
 
 
 def _size(path: Path) -> int:

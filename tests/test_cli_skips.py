@@ -236,3 +236,17 @@ def test_a_log_with_no_readable_batch_answers_empty_and_says_why(clean, tmp_path
     assert err.startswith(f"skipped {log} at byte {len(S.LOG_SCHEMA.serialize())}") and "truncated" in err
     code, out, err = run(["report", dump, "-o", tmp_path / "r.html"], capsys)
     assert code == 0 and "truncated" in err
+
+
+def test_check_ranks_of_a_log_with_no_readable_batch_names_the_dump_not_group(clean, tmp_path, capsys):
+    """No --group given and nothing readable: the error is about the dump (and the skipped
+    part is still printed), not about a --group the user never passed."""
+    dump = tmp_path / "torn"
+    shutil.copytree(clean, dump)
+    log = log_file(dump)
+    first_batch_end = batch_messages(log.read_bytes())[0][1]
+    log.write_bytes(log.read_bytes()[: first_batch_end - 100])
+    code, out, err = run(["check-ranks", dump], capsys)
+    assert code == 2 and "--group" not in err
+    assert f"DUMP_PATH {str(dump)!r}: no rank with readable rows to check" in err
+    assert f"skipped {log} at byte" in err

@@ -122,11 +122,11 @@ class _Grad:
     ``copies``: input records that take this output's gradient (inputs handed back
     unchanged). Per backward pass: ``need0`` contributions are expected, ``task`` is the
     graph task id of the pass being collected; ``cum`` the sum delivered over the passes
-    so far (kept only while a pass retaining its graph runs), ``passes`` how many were
-    delivered."""
+    so far (None: no gradient yet, or not kept), ``kept`` whether it was kept (the last
+    delivering pass retained its graph), ``passes`` how many were delivered."""
 
     __slots__ = ("side", "paths", "need", "total", "internal", "copies", "seen", "delivered",
-                 "need0", "task", "cum", "passes")
+                 "need0", "task", "cum", "kept", "passes")
 
     def __init__(self, side: str, paths: list) -> None:
         self.side, self.paths = side, paths
@@ -139,6 +139,7 @@ class _Grad:
         self.need0 = 0
         self.task: Optional[int] = None
         self.cum: Optional[torch.Tensor] = None
+        self.kept = False
         self.passes = 0
 
 
@@ -168,7 +169,7 @@ class PendingBackward(CorePendingBackward):
     def holds_sums(self) -> bool:
         """Whether a later backward pass can still be added to this entry (some gradient
         was kept)."""
-        return any(rec.cum is not None for rec in self.open)
+        return any(rec.kept for rec in self.open)
 
 
 class TapState:
@@ -406,13 +407,15 @@ class BackwardTaps:
         rec.internal = None
         this_pass = grad
         if rec.passes:
-            if rec.cum is None:  # the earlier passes' sum was not kept: cannot add this one
+            if not rec.kept:  # the earlier passes' sum was not kept: cannot add this one
                 if grad is not None and self._on_lost is not None:
                     self._on_lost(pending)
                 return
-            grad = rec.cum if grad is None else _sum(rec.cum, grad)
+            # a pass that sent no gradient along this edge (not needed there) adds nothing
+            grad = rec.cum if grad is None else grad if rec.cum is None else _sum(rec.cum, grad)
         rec.passes += 1
-        rec.cum = grad if _RETAINING[0] > 0 else None
+        rec.kept = _RETAINING[0] > 0
+        rec.cum = grad if rec.kept else None
         self._on_grad(pending, rec.side, rec.paths, grad, count)
         for copy in rec.copies:
             self._add(pending, copy, this_pass)

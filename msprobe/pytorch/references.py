@@ -15,7 +15,8 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
   at the first ``start()`` and, for modules imported since, at each later one;
 * attributes of the model's modules (``vars(module)``), at each ``start(model)``, and of
   their classes, once per class; a ``functools.partial`` of an original is replaced by
-  the same partial of the wrapper.
+  the same partial of the wrapper, and a ``staticmethod`` of one by a ``staticmethod`` of
+  the wrapper.
 
 Nothing is done per call. Each rebinding is undone when the wrappers are removed (the
 original is put back where the slot still holds the wrapper; a wrapper another debugger
@@ -126,10 +127,14 @@ class References:
         for key, value in list(vars(cls).items()):
             if key.startswith("__"):
                 continue
-            new = self._replacement(value)
+            if isinstance(value, staticmethod):
+                inner = self._replacement(value.__func__)
+                new = None if inner is None else staticmethod(inner)
+            else:
+                new = self._replacement(value)
             if new is None:
                 continue
-            if not isinstance(value, types.FunctionType):
+            if not isinstance(value, (types.FunctionType, staticmethod)):
                 # a builtin or partial does not bind to the instance; the wrapper would
                 new = staticmethod(new)
             try:

@@ -151,3 +151,46 @@ def test_model_holding_a_rebound_function_pickles(tmp_path):
     dbg.close()
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     assert loaded.encoder.layer[0].intermediate.intermediate_act_fn.act is _KEPT[0]
+
+
+class StaticGelu(nn.Module):
+    """``gelu`` held as a class attribute, plainly and wrapped in ``staticmethod``."""
+    plain = torch.nn.functional.gelu
+    static = staticmethod(torch.nn.functional.gelu)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.static(h) * self.plain(h)
+
+
+def test_class_attribute_and_staticmethod_gelu_recorded(tmp_path):
+    def train(dump_path=None):
+        torch.manual_seed(0)
+        model = StaticGelu()
+        dbg = PrecisionDebugger(dump_path=str(dump_path), level="L1", model=model) if dump_path else None
+        if dbg:
+            dbg.start()
+        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+        h = model.fc(x).detach()
+        out = model(x)
+        out.sum().backward()
+        if dbg:
+            dbg.stop()
+            dbg.step()
+            dbg.close()
+        return out.detach(), model.fc.weight.grad.clone(), h
+
+    ref_out, ref_grad, h = train()
+    out, grad, _ = train(tmp_path)
+    assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
+    data = load_dump(tmp_path)[0]["data"]
+    expected = _norm(_KEPT[0](h))
+    for n in (0, 1):
+        assert data[f"Functional.gelu.{n}.forward"]["output"][0]["Norm"] == pytest.approx(expected, rel=1e-6)
+    assert StaticGelu.__dict__["plain"] is _KEPT[0]
+    assert isinstance(StaticGelu.__dict__["static"], staticmethod)
+    assert StaticGelu.__dict__["static"].__func__ is _KEPT[0]

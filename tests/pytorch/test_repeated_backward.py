@@ -178,3 +178,40 @@ def test_backward_after_step_is_reported_once(tmp_path, caplog):
     assert torch.equal(x.grad, torch.full((4,), 6.0))
     data = load_dump(tmp_path)[0]["data"]
     assert "Torch.mul.0.backward" not in data and "Torch.mul.0.forward" in data
+
+
+def _penalty_on_inputs(dump_path=None):
+    """``autograd.grad(y, x, create_graph=True)`` needs no weight gradient of the last
+    Linear; the final ``backward()`` gives it. Returns (loss, params, (last Linear's weight
+    grad, its bias grad))."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 1))
+    dbg = PrecisionDebugger(dump_path=str(dump_path), level="L1", model=model) if dump_path else None
+    x = torch.randn(5, 6, requires_grad=True)
+    if dbg:
+        dbg.start()
+    y = model(x).sum()
+    (g,) = torch.autograd.grad(y, x, create_graph=True)
+    loss = y * 0.01 + g.norm(2, dim=1).sub(1).pow(2).mean()
+    loss.backward()
+    if dbg:
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+    return loss.detach(), [p.detach().clone() for p in model.parameters()], (model[2].weight.grad.clone(),
+                                                                           model[2].bias.grad.clone())
+
+
+def test_weight_gradient_only_in_the_later_pass_is_recorded(tmp_path, caplog):
+    """A gradient absent from an earlier pass that retained the graph (not needed there) is
+    no lost sum: the later pass's value is recorded, and nothing is reported as lost."""
+    caplog.set_level(logging.WARNING, logger="msprobe")
+    ref_loss, ref_params, (ref_w_grad, ref_b_grad) = _penalty_on_inputs()
+    loss, params, _ = _penalty_on_inputs(tmp_path)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert not [r for r in caplog.records if "further backward pass" in r.getMessage()]
+    data = load_dump(tmp_path)[0]["data"]
+    entry = data["Functional.linear.1.backward"]
+    # the gradients w.r.t. the weight and bias arguments: the later pass's (.grad)
+    _check(entry["output"][1], ref_w_grad)
+    _check(entry["output"][2], ref_b_grad)
