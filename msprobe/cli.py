@@ -449,11 +449,12 @@ def _print_notices(lines: Sequence[str]) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    ranks, steps = _selection(args)
     if args.tensorboard is not None:
         from msprobe.report.tensorboard import write_tensorboard
 
         try:
-            written = write_tensorboard(args.dump_path, args.tensorboard)
+            written = write_tensorboard(args.dump_path, args.tensorboard, ranks=ranks, steps=steps)
         except ImportError as exc:
             print(f"msprobe export: error: {exc}", file=sys.stderr)
             return 2
@@ -468,10 +469,9 @@ def _run_export(args: argparse.Namespace) -> int:
 
     kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
     if kernels is not None:
-        steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
+        kernel_steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
         print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
-              + (f" ({steps})" if steps else ""))
-    ranks, steps = _selection(args)
+              + (f" ({kernel_steps})" if kernel_steps else ""))
     with Progress("msprobe export", unit="dir") as bar:
         report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
                             progress=bar.advance, ranks=ranks, steps=steps)
