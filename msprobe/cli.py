@@ -467,7 +467,11 @@ def _run_export(args: argparse.Namespace) -> int:
     from msprobe.progress import Progress
     from store.export import export_log
 
-    kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
+    try:
+        kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
+    except ValueError as exc:   # a malformed statistic.csv
+        print(f"msprobe export: error: {exc}", file=sys.stderr)
+        return 2
     if kernels is not None:
         kernel_steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
         print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"

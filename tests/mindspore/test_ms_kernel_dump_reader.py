@@ -179,3 +179,18 @@ def test_unreadable_npy_is_skipped_and_reported(tmp_path):
     assert len(report.skipped) == 1 and report.skipped[0].startswith(str(bad))
     names = query(tmp_path, "SELECT name FROM calls").column("name").to_pylist()
     assert len(names) == 6 and not any("Add-op7" in n for n in names)   # the 6 readable kernels
+
+
+@pytest.mark.parametrize("command", ["export", "compare"])
+def test_malformed_statistic_csv_fails_the_command_with_its_message(tmp_path, capsys, command):
+    from msprobe.cli import main
+
+    it = tmp_path / "kd" / "rank_0" / "Net" / "0" / "0"
+    it.mkdir(parents=True)
+    (it / "statistic.csv").write_text("Op Type,Op Name,IO,Slot,Data Type\nMatMul,a,input,0,float32\n")
+    argv = [command, str(tmp_path / "kd")] + ([str(tmp_path / "kd"), "-o", str(tmp_path / "out")]
+                                              if command == "compare" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"msprobe {command}: error: ") and "missing column(s) Shape" in err
+    assert "Traceback" not in err
