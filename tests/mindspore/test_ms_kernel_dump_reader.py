@@ -194,3 +194,33 @@ def test_malformed_statistic_csv_fails_the_command_with_its_message(tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith(f"msprobe {command}: error: ") and "missing column(s) Shape" in err
     assert "Traceback" not in err
+
+
+def test_files_of_an_earlier_run_in_the_dump_path_are_left_out(tmp_path, caplog):
+    """MindSpore writes a second run's files beside the first run's in the same iteration
+    directories: a reader made with new_files_only reads only the second run's, also for
+    iterations that the first run reached and the second has not yet."""
+    from msprobe.kernel_dump.ingest import KernelDumpReader
+
+    rng = np.random.default_rng(5)
+    old = {i: rng.standard_normal((5, 4)).astype(np.float32) for i in range(3)}
+    new = {i: rng.standard_normal((5, 4)).astype(np.float32) for i in range(2)}
+    its = [tmp_path / "rank_0" / "Net" / "0" / str(i) for i in range(3)]
+    for i, a in old.items():                   # the earlier run: iterations 0, 1, 2
+        _npy(its[i], "MatMul", ORDER[0], 100 + i, "output", 0, a, "Float32")
+    _exec_order(tmp_path)
+    write_settings(tmp_path, KernelSettings())
+    with caplog.at_level("WARNING", logger="msprobe"):
+        reader = KernelDumpReader(tmp_path, new_files_only=True)
+    assert "3 kernel dump files of an earlier run" in caplog.text
+    _npy(its[0], "MatMul", ORDER[0], 200, "output", 0, new[0], "Float32")
+    reader.read()                              # iteration 0 is this run's newest: not finished
+    _npy(its[1], "MatMul", ORDER[0], 201, "output", 0, new[1], "Float32")
+    reader.read()                              # iteration 0 finished; 1 (and the old 2) not read
+    report = reader.close()
+    assert report.steps == {0: [0, 1]} and report.calls == 2
+    rows = query(tmp_path, "SELECT step, name, max, norm FROM tensors ORDER BY step").to_pylist()
+    assert [(r["step"], r["name"]) for r in rows] == [(0, f"Kernel.0.{ORDER[0]}.0"), (1, f"Kernel.0.{ORDER[0]}.0")]
+    for r in rows:
+        a = new[r["step"]].astype(np.float64)
+        assert r["max"] == a.max() and r["norm"] == pytest.approx(np.sqrt((a * a).sum()), rel=1e-12)
