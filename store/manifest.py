@@ -170,7 +170,9 @@ def load_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     except ManifestError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc}") from None
+        raise ManifestError(f"{str(path)!r}: not a readable msprobe manifest: {exc}. The Parquet parts are "
+                            f"rebuilt from the log: remove {str(path.parent)!r} and run msprobe compact again "
+                            f"(while the log under .msprobe/log is complete)") from None
 
 
 def save_manifest(directory: Union[str, os.PathLike], manifest: Manifest) -> None:

@@ -128,7 +128,9 @@ def test_check_ranks_step_by_step_over_parts_and_log(tmp_path, compacted):
         compact(dump)
     result = check_ranks(dump)
     (g,) = result.groups
-    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 2
+    # must agree: the weight at steps 0 and 1, and step 0's output (its inputs agree); step 1's
+    # output follows a disagreeing weight and is not compared
+    assert g.ranks == (0, 1, 2) and g.steps == (0, 1) and g.compared == g.exact == 3
     f = g.first
     assert (f.step, f.name, f.io, f.arg, f.odd, f.majority, f.verdict) == (
         1, "Module.fc.Linear.forward.0", "parameters", "weight", (2,), (0, 1), CORRUPTION)
@@ -147,3 +149,21 @@ def test_parts_alone_answer_once_the_logs_are_archived(tmp_path, sample):
     (dump / ".msprobe" / "log").rename(tmp_path / "archived")
     assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
     assert check_ranks(dump).exit_code == 0
+
+
+def test_damaged_manifest_says_how_to_rebuild_the_parts(tmp_path, sample, capsys):
+    import shutil
+
+    from store.manifest import MANIFEST_NAME, ManifestError, parquet_dir
+
+    dump = _three_ranks(tmp_path / "d", sample)
+    full = [repr(query(dump, sql).to_pylist()) for sql in SQLS]
+    compact(dump)
+    (parquet_dir(dump) / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ManifestError, match="remove .* and run msprobe compact again"):
+        query(dump, SQLS[0])
+    assert main(["query", str(dump), "SELECT 1"]) == 2
+    assert "run msprobe compact again" in capsys.readouterr().err
+    shutil.rmtree(parquet_dir(dump))                   # what the message says
+    assert main(["compact", str(dump)]) == 0
+    assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
