@@ -141,7 +141,7 @@ def _connect(path: Path, ranks: Optional[Sequence[int]] = None, steps: Optional[
         reader = StoreReader(path, ranks=ranks, steps=steps)
         con = connect(path, reader=reader)
         return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), reader.rank_values(),
-                recorded_world_size(con, _LOG_TABLE), "log", reader.notices())
+                recorded_world_size(con, _LOG_TABLE), "log", reader.notices(unmatched_ranks=False))
     from msprobe.compare.errors import CompareInputError
     from msprobe.compare.load import load_side
 

@@ -551,6 +551,8 @@ class ExportReport:
             ``path`` the shard).
         unverified: log files of format 1 (no checksums).
         missing_ranks, unfinished: as :class:`store.log_reader.LogContents`.
+        unmatched: selected ranks/steps not in the recording, one line each
+            (:meth:`store.select.StoreReader.unmatched`).
     """
 
     written: tuple[Path, ...]
@@ -559,11 +561,12 @@ class ExportReport:
     unverified: tuple[str, ...] = ()
     missing_ranks: tuple[int, ...] = ()
     unfinished: tuple[str, ...] = ()
+    unmatched: tuple[str, ...] = ()
 
     def notices(self) -> list[str]:
         """One line per skipped part, rank without a log, unverified or unfinished log
-        file (:func:`store.log_reader.notices`)."""
-        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
+        file (:func:`store.log_reader.notices`), then the :attr:`unmatched` lines."""
+        return notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished) + list(self.unmatched)
 
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
@@ -683,7 +686,7 @@ def export_log(
                                f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
                         unverified=tuple(reader.unverified), missing_ranks=_missing(marker_rows, reader.ranks),
-                        unfinished=tuple(reader.unfinished))
+                        unfinished=tuple(reader.unfinished), unmatched=tuple(reader.unmatched()))
 
 
 def _missing(marker_rows: list, selected: Optional[frozenset]) -> tuple[int, ...]:

@@ -172,10 +172,28 @@ class StoreReader:
         self.unfinished: list[str] = []
         self.tail = self._read_tail()
 
-    def notices(self) -> list[str]:
+    def notices(self, *, unmatched_ranks: bool = True) -> list[str]:
         """One line for people per part of the selected log files not read as data, per
-        unverified (format 1) file and per unfinished file (:func:`store.log_reader.notices`)."""
-        return notice_lines(self.skipped, self.unverified, (), self.unfinished)
+        unverified (format 1) file and per unfinished file (:func:`store.log_reader.notices`),
+        then one per selection that matches nothing (:meth:`unmatched`; ``unmatched_ranks``
+        False: the steps only, for a caller that reports absent ranks itself)."""
+        return notice_lines(self.skipped, self.unverified, (), self.unfinished) + self.unmatched(unmatched_ranks)
+
+    def unmatched(self, ranks: bool = True) -> list[str]:
+        """A line for the selected ranks that have no rows (``ranks`` True), and one for the
+        selected steps with no call rows in the selected ranks (a typo in ``--rank``/
+        ``--step``; what they select reads as empty); [] where everything selected is there."""
+        lines = []
+        if ranks and self.ranks is not None:
+            absent = sorted(self.ranks - set(self.rank_values()))
+            if absent:
+                lines.append(f"selected rank(s) {_listed(absent)} not in the recording under {self.dump_path}")
+        if self.steps is not None:
+            absent = sorted(self.steps - set(self.step_values()))
+            if absent:
+                lines.append(f"selected step(s) {_listed(absent)} not in the recording under {self.dump_path}"
+                             + (" (of the selected ranks)" if self.ranks is not None else ""))
+        return lines
 
     def _read_tail(self) -> pa.Table:
         tables, next_seq = [], {}
@@ -287,6 +305,11 @@ class StoreReader:
         if self.tail.num_rows:
             tables.append(self.tail.filter(pc.equal(self.tail[S.RANK], S.scalar(rank, S.RANK))))
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
+
+
+def _listed(values: list, most: int = 10) -> str:
+    text = ", ".join(str(v) for v in values[:most])
+    return text + (f", ... ({len(values)} in all)" if len(values) > most else "")
 
 
 def _size(path: Path) -> int:
