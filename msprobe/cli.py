@@ -449,7 +449,18 @@ def _print_notices(lines: Sequence[str]) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    from msprobe.kernel_dump.ingest import ingest_if_missing
+
     ranks, steps = _selection(args)
+    try:
+        kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
+    except ValueError as exc:   # a malformed statistic.csv
+        print(f"msprobe export: error: {exc}", file=sys.stderr)
+        return 2
+    if kernels is not None:
+        kernel_steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
+        print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
+              + (f" ({kernel_steps})" if kernel_steps else ""))
     if args.tensorboard is not None:
         from msprobe.report.tensorboard import write_tensorboard
 
@@ -463,19 +474,9 @@ def _run_export(args: argparse.Namespace) -> int:
         if args.out is None:
             return 0
     from msprobe.core.npy_payload import write_npy
-    from msprobe.kernel_dump.ingest import ingest_if_missing
     from msprobe.progress import Progress
     from store.export import export_log
 
-    try:
-        kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
-    except ValueError as exc:   # a malformed statistic.csv
-        print(f"msprobe export: error: {exc}", file=sys.stderr)
-        return 2
-    if kernels is not None:
-        kernel_steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
-        print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
-              + (f" ({kernel_steps})" if kernel_steps else ""))
     with Progress("msprobe export", unit="dir") as bar:
         report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
                             progress=bar.advance, ranks=ranks, steps=steps)

@@ -224,3 +224,22 @@ def test_files_of_an_earlier_run_in_the_dump_path_are_left_out(tmp_path, caplog)
     for r in rows:
         a = new[r["step"]].astype(np.float64)
         assert r["max"] == a.max() and r["norm"] == pytest.approx(np.sqrt((a * a).sum()), rel=1e-12)
+
+
+def test_tensorboard_export_reads_a_kernel_dump_without_a_log(tmp_path, capsys):
+    """``msprobe export DUMP --tensorboard DIR`` on a kernel dump MindSpore wrote alone:
+    read into the log first, then the forward MatMul output's Norm as a scalar of step 0."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from msprobe.cli import main
+
+    arrays = _tensor_dump(tmp_path / "kd")
+    assert main(["export", str(tmp_path / "kd"), "--tensorboard", str(tmp_path / "tb")]) == 0
+    # MatMul, ReLU twice, Cast, ReluGrad, the parameter: 6 calls; 3 + 1 + 1 + 1 + 1 + 1 tensors
+    assert capsys.readouterr().out.startswith("read 6 kernels (8 tensors)")
+    acc = ea.EventAccumulator(str(tmp_path / "tb" / "rank0"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    matmul = [t for t in acc.Tags()["scalars"] if t.startswith("output_norm/") and "MatMul" in t]
+    assert len(matmul) == 1
+    (event,) = acc.Scalars(matmul[0])
+    y = arrays["y"].astype(np.float64)
+    assert event.step == 0 and event.value == pytest.approx(np.sqrt((y * y).sum()), rel=1e-6)
