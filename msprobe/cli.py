@@ -506,6 +506,14 @@ def _run_compact(args: argparse.Namespace) -> int:
         if not args.interval > 0:
             print(f"msprobe compact: error: --interval: got {args.interval}; expected seconds > 0", file=sys.stderr)
             return 2
+        from store.errors import LogNotFoundError
+        from store.log_reader import find_log_files
+
+        try:
+            find_log_files(args.dump_path)
+        except LogNotFoundError:   # the run has not started yet, or the path is mistyped
+            print(f"msprobe compact: waiting for a log under {Path(args.dump_path) / '.msprobe' / 'log'} "
+                  "(Ctrl-C stops)", file=sys.stderr, flush=True)
         try:
             follow(args.dump_path, args.out, interval=args.interval, report=show)
         except KeyboardInterrupt:
