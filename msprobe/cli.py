@@ -560,6 +560,11 @@ def _run_query(args: argparse.Namespace) -> int:
               f"of one of the compared runs", file=sys.stderr)
         return 2
     if is_compare_output(here) and not (here / ".msprobe").is_dir():
+        if args.rank is not None or args.step is not None:
+            print(f"msprobe query: error: {str(here)!r} is an output directory of msprobe compare: --rank/--step "
+                  "choose the files of a dump path; select rows in the SQL instead (WHERE rank = ... AND step = ...)",
+                  file=sys.stderr)
+            return 2
         table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
         notices: list[str] = []
