@@ -274,8 +274,8 @@ def test_parquet_copy_answers_the_same_cross_rank_query(ddp_run, tmp_path):
 
     assert main(["compact", str(ddp_run / "a"), "-o", str(tmp_path / "pq")]) == 0
     con = duckdb.connect()
-    con.execute(f"CREATE VIEW tensors AS SELECT * FROM read_parquet('{tmp_path}/pq/rank*.parquet') "
-                "WHERE row = 'leaf' AND leaf_kind = 'tensor'")
+    con.execute(f"CREATE VIEW tensors AS SELECT * FROM read_parquet('{tmp_path}/pq/step_bucket=*/rank=*/*.parquet', "
+                "hive_partitioning = true) WHERE row = 'leaf' AND leaf_kind = 'tensor'")
     got = con.execute(FIRST_NORM_DIFFERENCE).fetchall()
     assert [(r[0], r[1], r[2], r[3]) for r in got] == [(0, "Distributed.all_reduce.0.forward", "input_args", "0")]
 
