@@ -10,6 +10,7 @@ query: the output Max and Norm of each forward MatMul kernel, step by step.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +22,7 @@ ms.set_device("CPU")
 
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 from store.query import query  # noqa: E402
+from store.recording import clear_recording  # noqa: E402
 
 
 class MLP(nn.Cell):
@@ -40,6 +42,8 @@ def main() -> None:
     parser.add_argument("--dump-path", default="./dump_path_graph")
     args = parser.parse_args()
 
+    if clear_recording(args.dump_path):   # MindSpore would write this run's files beside the last run's
+        print(f"replaced the previous msprobe recording in {Path(args.dump_path).resolve()}", flush=True)
     debugger = PrecisionDebugger(dump_path=args.dump_path, level="L2", task="tensor")
     net = MLP()
     train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.01, 0.9))

@@ -403,6 +403,10 @@ def format_report(result: RankCheck) -> str:
         head += f" ({g.exact} by CRC-32, {g.compared - g.exact} by statistics)"
         lines.append(head)
         f = g.first
+        if f is None and g.compared == 0:
+            why = "one rank: no replicas" if len(g.ranks) < 2 else "no tensor that must agree was recorded on two or more of its ranks"
+            lines.append(f"  nothing compared ({why})")
+            continue
         if f is None:
             lines.append("  all replicas agree")
             continue

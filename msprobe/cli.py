@@ -449,11 +449,23 @@ def _print_notices(lines: Sequence[str]) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    from msprobe.kernel_dump.ingest import ingest_if_missing
+
+    ranks, steps = _selection(args)
+    try:
+        kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
+    except ValueError as exc:   # a malformed statistic.csv
+        print(f"msprobe export: error: {exc}", file=sys.stderr)
+        return 2
+    if kernels is not None:
+        kernel_steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
+        print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
+              + (f" ({kernel_steps})" if kernel_steps else ""))
     if args.tensorboard is not None:
         from msprobe.report.tensorboard import write_tensorboard
 
         try:
-            written = write_tensorboard(args.dump_path, args.tensorboard)
+            written = write_tensorboard(args.dump_path, args.tensorboard, ranks=ranks, steps=steps)
         except ImportError as exc:
             print(f"msprobe export: error: {exc}", file=sys.stderr)
             return 2
@@ -462,16 +474,9 @@ def _run_export(args: argparse.Namespace) -> int:
         if args.out is None:
             return 0
     from msprobe.core.npy_payload import write_npy
-    from msprobe.kernel_dump.ingest import ingest_if_missing
     from msprobe.progress import Progress
     from store.export import export_log
 
-    kernels = ingest_if_missing(args.dump_path)   # a MindSpore kernel dump (L2) not yet in the log
-    if kernels is not None:
-        steps = "; ".join(f"rank {r}: steps {', '.join(map(str, s))}" for r, s in sorted(kernels.steps.items()))
-        print(f"read {kernels.calls} kernels ({kernels.tensors} tensors) of MindSpore's kernel dump into the log"
-              + (f" ({steps})" if steps else ""))
-    ranks, steps = _selection(args)
     with Progress("msprobe export", unit="dir") as bar:
         report = export_log(args.dump_path, args.out, tensor_writers={"pytorch": _write_pt, "mindspore": write_npy},
                             progress=bar.advance, ranks=ranks, steps=steps)
@@ -501,6 +506,14 @@ def _run_compact(args: argparse.Namespace) -> int:
         if not args.interval > 0:
             print(f"msprobe compact: error: --interval: got {args.interval}; expected seconds > 0", file=sys.stderr)
             return 2
+        from store.errors import LogNotFoundError
+        from store.log_reader import find_log_files
+
+        try:
+            find_log_files(args.dump_path)
+        except LogNotFoundError:   # the run has not started yet, or the path is mistyped
+            print(f"msprobe compact: waiting for a log under {Path(args.dump_path) / '.msprobe' / 'log'} "
+                  "(Ctrl-C stops)", file=sys.stderr, flush=True)
         try:
             follow(args.dump_path, args.out, interval=args.interval, report=show)
         except KeyboardInterrupt:
@@ -547,6 +560,11 @@ def _run_query(args: argparse.Namespace) -> int:
               f"of one of the compared runs", file=sys.stderr)
         return 2
     if is_compare_output(here) and not (here / ".msprobe").is_dir():
+        if args.rank is not None or args.step is not None:
+            print(f"msprobe query: error: {str(here)!r} is an output directory of msprobe compare: --rank/--step "
+                  "choose the files of a dump path; select rows in the SQL instead (WHERE rank = ... AND step = ...)",
+                  file=sys.stderr)
+            return 2
         table = query_outputs(here, args.sql)   # an OUT directory of msprobe compare
     else:
         notices: list[str] = []

@@ -551,6 +551,8 @@ class ExportReport:
             ``path`` the shard).
         unverified: log files of format 1 (no checksums).
         missing_ranks, unfinished: as :class:`store.log_reader.LogContents`.
+        unmatched: selected ranks/steps not in the recording, one line each
+            (:meth:`store.select.StoreReader.unmatched`).
     """
 
     written: tuple[Path, ...]
@@ -560,12 +562,15 @@ class ExportReport:
     missing_ranks: tuple[int, ...] = ()
     unfinished: tuple[str, ...] = ()
     recovered: tuple[str, ...] = ()
+    unmatched: tuple[str, ...] = ()
 
     def notices(self) -> list[str]:
         """One line per fallback from the Parquet parts to the log or selected rank not in
         the dump (:attr:`store.select.StoreReader.recovered`), then per skipped part, rank
-        without a log, unverified or unfinished log file (:func:`store.log_reader.notices`)."""
-        return list(self.recovered) + notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
+        without a log, unverified or unfinished log file (:func:`store.log_reader.notices`),
+        then the :attr:`unmatched` lines (selected steps not in the recording)."""
+        return (list(self.recovered) + notices(self.skipped, self.unverified, self.missing_ranks, self.unfinished)
+                + list(self.unmatched))
 
 
 def _marker_metas(rows: pa.Table) -> list[tuple[int, int, dict]]:
@@ -685,7 +690,8 @@ def export_log(
                                f"tensor {name[:300]} not exported: payload {ref.partition(':')[2]} unreadable ({reason})"))
     return ExportReport(written=tuple(written), groups=tuple(groups), skipped=tuple(skipped),
                         unverified=tuple(reader.unverified), missing_ranks=_missing(marker_rows, reader.ranks),
-                        unfinished=tuple(reader.unfinished), recovered=tuple(reader.recovered))
+                        unfinished=tuple(reader.unfinished), recovered=tuple(reader.recovered),
+                        unmatched=tuple(reader.unmatched()))
 
 
 def _missing(marker_rows: list, selected: Optional[frozenset]) -> tuple[int, ...]:

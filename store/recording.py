@@ -17,14 +17,19 @@ from store import schema as S
 
 __all__ = ["clear_recording"]
 
-#: top-level names a recording consists of: the store (log, payloads), the step
-#: directories, and the debug level's rank directories
-_RECORDING_ENTRY = re.compile(re.escape(S.STORE_DIR) + r"|step\d+|rank\d*")
+#: top-level directories a recording consists of: the store (log, payloads), the step
+#: directories, the debug level's rank directories, and MindSpore's kernel dump
+#: (GRAPH_MODE level L2: ``rank_{id}``)
+_RECORDING_ENTRY = re.compile(re.escape(S.STORE_DIR) + r"|step\d+|rank\d*|rank_\d+")
+#: top-level files of a recording: the kernel dump configuration msprobe.mindspore writes
+#: for MindSpore (msprobe.mindspore.graph_dump.CONFIG_FILE)
+_RECORDING_FILES = frozenset({"kernel_dump_config.json"})
 
 
 def clear_recording(dump_path: Union[str, os.PathLike]) -> bool:
-    """Remove the msprobe recording in ``dump_path`` (its ``.msprobe`` store and its
-    ``step{N}``/``rank{R}`` directories), keeping the directory itself.
+    """Remove the msprobe recording in ``dump_path`` (its ``.msprobe`` store, its
+    ``step{N}``/``rank{R}`` directories and a MindSpore kernel dump: ``rank_{id}``
+    directories, ``kernel_dump_config.json``), keeping the directory itself.
 
     Returns:
         True when a recording was removed; False when there was none (no such path, or
@@ -48,11 +53,15 @@ def clear_recording(dump_path: Union[str, os.PathLike]) -> bool:
         raise FileExistsError(f"dump path {str(path)!r} is not empty and holds no msprobe recording "
                               f"(no {S.STORE_DIR} directory); not touching it: choose another dump path")
     foreign = [entry.name for entry in entries
-               if entry.is_symlink() or not entry.is_dir() or not _RECORDING_ENTRY.fullmatch(entry.name)]
+               if entry.is_symlink() or not (entry.is_file() and entry.name in _RECORDING_FILES
+                                             or entry.is_dir() and _RECORDING_ENTRY.fullmatch(entry.name))]
     if foreign:
         raise FileExistsError(f"dump path {str(path)!r} holds a msprobe recording and other files "
                               f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); not "
                               "removing it: choose another dump path, or delete it yourself")
     for entry in entries:
-        shutil.rmtree(entry)
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     return True

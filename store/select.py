@@ -201,9 +201,22 @@ class StoreReader:
 
     def notices(self) -> list[str]:
         """One line for people per part of the selected log files not read as data, per
-        unverified (format 1) file, per unfinished file (:func:`store.log_reader.notices`)
-        and per fallback from the parts to the log (:attr:`recovered`)."""
-        return self.recovered + notice_lines(self.skipped, self.unverified, (), self.unfinished)
+        unverified (format 1) file, per unfinished file (:func:`store.log_reader.notices`),
+        per fallback from the parts to the log or selected rank not in the dump
+        (:attr:`recovered`), then one for selected steps that match nothing (:meth:`unmatched`)."""
+        return self.recovered + notice_lines(self.skipped, self.unverified, (), self.unfinished) + self.unmatched()
+
+    def unmatched(self) -> list[str]:
+        """A line for the selected steps with no call rows in the selected ranks (a typo in
+        ``--step``; what it selects reads as empty); [] where every selected step is there.
+        Selected ranks without any file are named in :attr:`recovered`."""
+        if self.steps is None:
+            return []
+        absent = sorted(self.steps - set(self.step_values()))
+        if not absent:
+            return []
+        return [f"selected step(s) {_listed(absent)} not in the recording under {self.dump_path}"
+                + (" (of the selected ranks)" if self.ranks is not None else "")]
 
     def _drop_missing_parts(self) -> None:
         """Take out of :attr:`manifest` the selected parts whose file is missing: the log
@@ -359,6 +372,11 @@ def _stored_skips(path: Path, coverage: LogCoverage) -> list:
     """The damaged parts compaction recorded for the log file ``path`` (not read again)."""
     return [Skipped(str(path), int(e["offset"]), str(e["reason"]), e.get("end"), e.get("rows"),
                     tuple(e["steps"]) if e.get("steps") is not None else None) for e in coverage.skipped]
+
+
+def _listed(values: list, most: int = 10) -> str:
+    text = ", ".join(str(v) for v in values[:most])
+    return text + (f", ... ({len(values)} in all)" if len(values) > most else "")
 
 
 def _size(path: Path) -> int:

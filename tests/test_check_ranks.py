@@ -141,3 +141,19 @@ def test_data_parallel_downstream_is_causal_and_replicated(tmp_path, capsys):
     assert main(["check-ranks", str(root)]) == 1
     out = capsys.readouterr().out
     assert "embedding" not in out and "first downstream call whose output differs: Tensor.add_.0.forward" in out
+
+
+def test_a_group_with_nothing_to_compare_says_so(tmp_path, capsys):
+    """One rank has no replicas; a group whose other rank recorded nothing compares nothing:
+    neither is reported as replicas that agree."""
+    root = upstream(tmp_path, 2, {})
+    assert main(["check-ranks", str(root), "--group", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "0 tensor records compared" in out and "nothing compared (one rank: no replicas)" in out
+    assert "all replicas agree" not in out
+    assert main(["check-ranks", str(root), "--group", "0,5"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped rank 5" in captured.err
+    assert "nothing compared (no tensor that must agree was recorded on two or more of its ranks)" in captured.out
+    assert main(["check-ranks", str(root)]) == 0
+    assert "all replicas agree" in capsys.readouterr().out

@@ -228,7 +228,10 @@ def _load_kernel_dump(p: Path) -> Side:
     from msprobe.kernel_dump.ingest import ingest_kernel_dump
 
     with tempfile.TemporaryDirectory(prefix="msprobe_kernels_") as tmp:
-        ingest_kernel_dump(p, log_path=tmp)
+        try:
+            ingest_kernel_dump(p, log_path=tmp)
+        except ValueError as exc:   # a malformed statistic.csv
+            raise CompareInputError(f"{str(p)!r}: {exc}") from None
         side = _load_log(Path(tmp)) if (Path(tmp) / S.STORE_DIR / S.LOG_DIR).is_dir() else None
     if side is None:
         raise CompareInputError(f"{str(p)!r}: MindSpore kernel dump without any readable iteration")

@@ -60,7 +60,7 @@ from store import schema as S
 from store.fileutil import atomic_write_text, make_dirs
 from store.records import Call, Leaf, Marker
 
-__all__ = ["KERNEL", "KernelSettings", "IngestReport", "KernelDumpReader", "kernel_calls", "ingest_kernel_dump",
+__all__ = ["KERNEL", "KernelSettings", "IngestReport", "KernelDumpReader", "kernel_calls", "dump_files", "ingest_kernel_dump",
            "ingest_if_missing", "write_settings",
            "read_settings", "SETTINGS_FILE", "GRADIENTS_PREFIX"]
 
@@ -182,10 +182,10 @@ def _direction(scope: str, op_type: str) -> str:
 
 
 def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: KernelSettings,
-                     modes: DataMode, skipped: list) -> list[Call]:
+                     modes: DataMode, skipped: list, exclude: frozenset = frozenset()) -> list[Call]:
     items = []
     csv_file = it.path / STATISTIC_CSV
-    if csv_file.is_file():
+    if csv_file.is_file() and str(csv_file) not in exclude:
         for r in read_statistic_csv(csv_file):
             leaf = Leaf(io=r.io, path=(r.slot,), leaf_kind=S.LEAF_TENSOR, type=TENSOR_TYPE, dtype=r.dtype,
                         shape=r.shape, numel=r.numel, max=r.max, min=r.min, mean=r.mean, norm=r.norm,
@@ -194,7 +194,7 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
     else:
         for entry in sorted(os.scandir(it.path), key=lambda e: e.name):
             f = parse_file_name(entry.name)
-            if f is None or not entry.is_file():
+            if f is None or entry.path in exclude or not entry.is_file():
                 continue
             try:
                 leaf = _npy_leaf(Path(entry.path), f, root, settings)
@@ -231,8 +231,8 @@ def _iteration_calls(root: Path, it: IterationDir, scopes: dict, settings: Kerne
 
 
 def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
-                 skipped: Optional[list] = None,
-                 dirs: Optional[list[IterationDir]] = None) -> Iterator[tuple[IterationDir, list[Call]]]:
+                 skipped: Optional[list] = None, dirs: Optional[list[IterationDir]] = None,
+                 exclude: frozenset = frozenset()) -> Iterator[tuple[IterationDir, list[Call]]]:
     """The kernel rows of every iteration directory below ``dump_path`` (see module
     docstring), one directory at a time by rank, iteration, net and graph, ranks not in
     ``settings.ranks`` left out.
@@ -242,6 +242,8 @@ def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
         settings: what to read (:class:`KernelSettings`).
         skipped: a list that receives ``"path: reason"`` for each unreadable ``.npy`` file.
         dirs: read only these iteration directories (None: all).
+        exclude: paths (``str``) of files not to read: those an earlier run left in the
+            iteration directories (:func:`dump_files`).
     Raises:
         ValueError: a malformed statistic.csv (:func:`read_statistic_csv`).
     """
@@ -255,7 +257,17 @@ def kernel_calls(dump_path: Union[str, os.PathLike], settings: KernelSettings,
         if (it.rank, it.graph) not in scopes:
             scopes[(it.rank, it.graph)] = _scope_map(execution_order(root, it.rank, it.graph))
         yield it, _iteration_calls(root, it, scopes[(it.rank, it.graph)], settings, modes,
-                                   skipped if skipped is not None else [])
+                                   skipped if skipped is not None else [], exclude)
+
+
+def dump_files(dump_path: Union[str, os.PathLike]) -> frozenset:
+    """Paths (``str``, absolute) of the tensor files and statistic.csv files in every
+    iteration directory below ``dump_path`` now."""
+    found = []
+    for it in iteration_dirs(Path(dump_path).absolute()):
+        found += [e.path for e in os.scandir(it.path)
+                  if e.name == STATISTIC_CSV or parse_file_name(e.name) is not None]
+    return frozenset(found)
 
 
 class KernelDumpReader:
@@ -271,13 +283,20 @@ class KernelDumpReader:
         log_path: write the log under ``{log_path}/.msprobe/log/`` instead (``data_name``
             stays relative to ``dump_path``): ``msprobe compare`` reads a kernel dump
             without a log this way, leaving it untouched.
+        new_files_only: leave out the files already in the iteration directories now (those
+            of an earlier run into the same dump path: MindSpore writes the next run's files
+            beside them, in the same ``{iteration}`` directories); a warning says how many.
     """
 
     def __init__(self, dump_path: Union[str, os.PathLike], settings: Optional[KernelSettings] = None, *,
-                 log_path: Optional[Union[str, os.PathLike]] = None) -> None:
+                 log_path: Optional[Union[str, os.PathLike]] = None, new_files_only: bool = False) -> None:
         self.root = Path(dump_path).absolute()
         self.settings = settings if settings is not None else read_settings(dump_path)
         self.log_path = self.root if log_path is None else Path(log_path)
+        self._exclude = dump_files(self.root) if new_files_only else frozenset()
+        if self._exclude:
+            logger.warning("msprobe: %s holds %d kernel dump files of an earlier run; they are left out of this "
+                           "run's log (use a new dump_path per run)", self.root, len(self._exclude))
         self.report = IngestReport()
         self._writers: dict = {}
         self._open_step: dict[int, int] = {}
@@ -295,15 +314,17 @@ class KernelDumpReader:
 
         if self._closed:
             return
-        todo = [d for d in iteration_dirs(self.root) if d.path not in self._done]
+        present = [d for d in iteration_dirs(self.root) if not self._exclude or self._has_new_files(d)]
+        todo = [d for d in present if d.path not in self._done]
         if not final:
             newest: dict[tuple, int] = {}
-            for d in iteration_dirs(self.root):
+            for d in present:
                 key = (d.rank, d.net, d.graph)
                 newest[key] = max(newest.get(key, -1), d.iteration)
             todo = [d for d in todo if d.iteration < newest[(d.rank, d.net, d.graph)]]
         n_skipped = len(self.report.skipped)
-        for it, calls in kernel_calls(self.root, self.settings, self.report.skipped, dirs=todo):
+        for it, calls in kernel_calls(self.root, self.settings, self.report.skipped, dirs=todo,
+                                      exclude=self._exclude):
             self._done.add(it.path)
             writer = self._writers.get(it.rank)
             if writer is None:
@@ -337,6 +358,13 @@ class KernelDumpReader:
                 for writer in self._writers.values():
                     writer.close()
         return self.report
+
+    def _has_new_files(self, it: IterationDir) -> bool:
+        try:
+            return any(e.path not in self._exclude for e in os.scandir(it.path)
+                       if e.name == STATISTIC_CSV or parse_file_name(e.name) is not None)
+        except OSError:
+            return False
 
     def _meta(self, rank: int) -> dict:
         return {"task": self.settings.task, "level": "L2", "framework": "mindspore",

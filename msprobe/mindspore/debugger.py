@@ -125,7 +125,7 @@ class PrecisionDebugger:
             check_graph_mode_level(self.config.level)
             self.kernel_dump = configure_kernel_dump(self.config, ms.get_context("device_target"))
             from msprobe.kernel_dump.ingest import KernelDumpReader
-            self._kernel_reader = KernelDumpReader(self.config.dump_path)
+            self._kernel_reader = KernelDumpReader(self.config.dump_path, new_files_only=True)
             atexit.register(_close_at_exit, weakref.ref(self))
             return
         # task tensor: tensors go to the payload store at record time; the exporter writes

@@ -52,6 +52,9 @@ class FrozenParameters:
         return len(self._waiting)
 
     def wait(self, param: torch.Tensor, owner: _Owner, pname: str, recorder: Any, group: HandleGroup) -> None:
+        """Hold ``param`` (a parameter of ``owner``'s module named ``pname`` that does not
+        require grad now) until :meth:`sweep` finds it requiring grad; removing ``group``
+        forgets it."""
         key = id(param)
         self._waiting[key] = (weakref.ref(param), owner, pname, recorder, group)
         group.add(CallbackHandle(lambda: self._waiting.pop(key, None)))

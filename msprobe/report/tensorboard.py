@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Union
+from typing import Iterable, Optional, Union
 
 from msprobe.report.data import _API_KEY, _MODULE_KEY
 from store.query import connect
@@ -39,12 +39,15 @@ def _scalar_event(tag: str, value: float, step: int):
     return event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
 
 
-def write_tensorboard(dump_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> dict:
+def write_tensorboard(dump_path: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
+                      ranks: Optional[Iterable[int]] = None, steps: Optional[Iterable[int]] = None) -> dict:
     """Write the scalars of the recording under ``dump_path`` into ``out/rank{R}/``.
 
     Args:
         dump_path: the dump directory (log under ``.msprobe/log/``).
         out: the TensorBoard log directory (created).
+        ranks: ranks to write (None: all); other ranks' files are not read.
+        steps: steps to write (None: all).
     Returns:
         ``{rank: number of scalar points written}``.
     Raises:
@@ -57,7 +60,7 @@ def write_tensorboard(dump_path: Union[str, os.PathLike], out: Union[str, os.Pat
     except ImportError as exc:   # pragma: no cover - the test environment has it
         raise ImportError("msprobe export --tensorboard needs the 'tensorboard' package "
                           "(pip install tensorboard)") from exc
-    con = connect(dump_path)
+    con = connect(dump_path, ranks=ranks, steps=steps)
     written: dict[int, int] = {}
     try:
         has_modules = bool(con.execute("SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1").fetchall())

@@ -97,6 +97,8 @@ def test_query_on_compare_output(runs, tmp_path, capsys):
     (n,), = r.con.sql("SELECT count(*) FROM tensors").fetchall()
     assert main(["query", str(csv_out), "SELECT count(*) AS n FROM tensors", "--format", "csv"]) == 0
     assert capsys.readouterr().out == f"n\n{n}\n"
+    assert main(["query", str(csv_out), "SELECT count(*) AS n FROM tensors", "--rank", "5"]) == 2
+    assert "select rows in the SQL instead" in capsys.readouterr().err   # not silently ignored
     assert main(["query", str(bare), "SELECT 1"]) == 2
     err = capsys.readouterr().err
     assert "is an output directory of msprobe compare" in err and "--format parquet" in err

@@ -249,17 +249,20 @@ def test_kernel_dump_settings_map_the_config(tmp_path, fields, device, expect):
 
 def test_graph_example_runs_and_queries(tmp_path):
     """examples/ms_graph_l2.py: its final query lists each forward MatMul output per step,
-    with Max equal to the .npy file's."""
+    with Max equal to the .npy file's; run again, it replaces its earlier recording (one
+    .npy file per kernel, four rows again)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     dump = tmp_path / "dump"
-    res = subprocess.run([sys.executable, str(ROOT / "examples" / "ms_graph_l2.py"), "--dump-path", str(dump)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = [x.split() for x in res.stdout.splitlines() if "MatMul" in x]
-    assert [(x[0], x[1].split("/")[-2]) for x in lines] == [("0", "fc1-Dense"), ("0", "fc2-Dense"),
-                                                            ("1", "fc1-Dense"), ("1", "fc2-Dense")]
-    for step, name, mx, _norm in lines:
-        scope = name[len("Kernel.0."):-len(".0")].replace("/", "_")
-        (f,) = dump.glob(f"rank_0/Net/0/{step}/MatMul.{scope}.*.output.0.*.npy")
-        assert float(mx.split("=")[1]) == pytest.approx(float(np.load(f).max()), rel=1e-5)
+    for run in range(2):
+        res = subprocess.run([sys.executable, str(ROOT / "examples" / "ms_graph_l2.py"), "--dump-path", str(dump)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert ("replaced the previous msprobe recording" in res.stdout) == (run == 1)
+        lines = [x.split() for x in res.stdout.splitlines() if "MatMul" in x]
+        assert [(x[0], x[1].split("/")[-2]) for x in lines] == [("0", "fc1-Dense"), ("0", "fc2-Dense"),
+                                                                ("1", "fc1-Dense"), ("1", "fc2-Dense")]
+        for step, name, mx, _norm in lines:
+            scope = name[len("Kernel.0."):-len(".0")].replace("/", "_")
+            (f,) = dump.glob(f"rank_0/Net/0/{step}/MatMul.{scope}.*.output.0.*.npy")
+            assert float(mx.split("=")[1]) == pytest.approx(float(np.load(f).max()), rel=1e-5)

@@ -179,3 +179,67 @@ def test_unreadable_npy_is_skipped_and_reported(tmp_path):
     assert len(report.skipped) == 1 and report.skipped[0].startswith(str(bad))
     names = query(tmp_path, "SELECT name FROM calls").column("name").to_pylist()
     assert len(names) == 6 and not any("Add-op7" in n for n in names)   # the 6 readable kernels
+
+
+@pytest.mark.parametrize("command", ["export", "compare"])
+def test_malformed_statistic_csv_fails_the_command_with_its_message(tmp_path, capsys, command):
+    from msprobe.cli import main
+
+    it = tmp_path / "kd" / "rank_0" / "Net" / "0" / "0"
+    it.mkdir(parents=True)
+    (it / "statistic.csv").write_text("Op Type,Op Name,IO,Slot,Data Type\nMatMul,a,input,0,float32\n")
+    argv = [command, str(tmp_path / "kd")] + ([str(tmp_path / "kd"), "-o", str(tmp_path / "out")]
+                                              if command == "compare" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"msprobe {command}: error: ") and "missing column(s) Shape" in err
+    assert "Traceback" not in err
+
+
+def test_files_of_an_earlier_run_in_the_dump_path_are_left_out(tmp_path, caplog):
+    """MindSpore writes a second run's files beside the first run's in the same iteration
+    directories: a reader made with new_files_only reads only the second run's, also for
+    iterations that the first run reached and the second has not yet."""
+    from msprobe.kernel_dump.ingest import KernelDumpReader
+
+    rng = np.random.default_rng(5)
+    old = {i: rng.standard_normal((5, 4)).astype(np.float32) for i in range(3)}
+    new = {i: rng.standard_normal((5, 4)).astype(np.float32) for i in range(2)}
+    its = [tmp_path / "rank_0" / "Net" / "0" / str(i) for i in range(3)]
+    for i, a in old.items():                   # the earlier run: iterations 0, 1, 2
+        _npy(its[i], "MatMul", ORDER[0], 100 + i, "output", 0, a, "Float32")
+    _exec_order(tmp_path)
+    write_settings(tmp_path, KernelSettings())
+    with caplog.at_level("WARNING", logger="msprobe"):
+        reader = KernelDumpReader(tmp_path, new_files_only=True)
+    assert "3 kernel dump files of an earlier run" in caplog.text
+    _npy(its[0], "MatMul", ORDER[0], 200, "output", 0, new[0], "Float32")
+    reader.read()                              # iteration 0 is this run's newest: not finished
+    _npy(its[1], "MatMul", ORDER[0], 201, "output", 0, new[1], "Float32")
+    reader.read()                              # iteration 0 finished; 1 (and the old 2) not read
+    report = reader.close()
+    assert report.steps == {0: [0, 1]} and report.calls == 2
+    rows = query(tmp_path, "SELECT step, name, max, norm FROM tensors ORDER BY step").to_pylist()
+    assert [(r["step"], r["name"]) for r in rows] == [(0, f"Kernel.0.{ORDER[0]}.0"), (1, f"Kernel.0.{ORDER[0]}.0")]
+    for r in rows:
+        a = new[r["step"]].astype(np.float64)
+        assert r["max"] == a.max() and r["norm"] == pytest.approx(np.sqrt((a * a).sum()), rel=1e-12)
+
+
+def test_tensorboard_export_reads_a_kernel_dump_without_a_log(tmp_path, capsys):
+    """``msprobe export DUMP --tensorboard DIR`` on a kernel dump MindSpore wrote alone:
+    read into the log first, then the forward MatMul output's Norm as a scalar of step 0."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from msprobe.cli import main
+
+    arrays = _tensor_dump(tmp_path / "kd")
+    assert main(["export", str(tmp_path / "kd"), "--tensorboard", str(tmp_path / "tb")]) == 0
+    # MatMul, ReLU twice, Cast, ReluGrad, the parameter: 6 calls; 3 + 1 + 1 + 1 + 1 + 1 tensors
+    assert capsys.readouterr().out.startswith("read 6 kernels (8 tensors)")
+    acc = ea.EventAccumulator(str(tmp_path / "tb" / "rank0"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    matmul = [t for t in acc.Tags()["scalars"] if t.startswith("output_norm/") and "MatMul" in t]
+    assert len(matmul) == 1
+    (event,) = acc.Scalars(matmul[0])
+    y = arrays["y"].astype(np.float64)
+    assert event.step == 0 and event.value == pytest.approx(np.sqrt((y * y).sum()), rel=1e-6)

@@ -92,3 +92,19 @@ def test_scalars_per_rank(two_rank_dump, tmp_path):
 def test_missing_dump_is_an_error(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nowhere"), "--tensorboard", str(tmp_path / "tb")]) == 2
     assert "msprobe export: error:" in capsys.readouterr().err
+
+
+def test_rank_and_step_select_the_scalars(two_rank_dump, tmp_path):
+    out = tmp_path / "tb"
+    assert main(["export", str(two_rank_dump), "--tensorboard", str(out), "--rank", "1", "--step", "1"]) == 0
+    assert [p.name for p in out.iterdir()] == ["rank1"]
+    by_step = dump_jsons(two_rank_dump, "rank1")
+    check_run(out / "rank1", {1: by_step[1]})
+    assert {step for points in scalars(out / "rank1").values() for step in points} == {1}
+
+
+def test_malformed_selection_writes_nothing(two_rank_dump, tmp_path, capsys):
+    out = tmp_path / "tb"
+    assert main(["export", str(two_rank_dump), "--tensorboard", str(out), "--rank", "x"]) == 2
+    assert "msprobe export: error: --rank: got 'x'" in capsys.readouterr().err
+    assert not out.exists()

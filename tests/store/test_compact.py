@@ -220,3 +220,17 @@ def test_two_compactors_take_turns_and_share_the_manifest(tmp_path, sample):
     manifest = load_manifest(dump / S.STORE_DIR / "parquet")
     assert sorted(p.steps for p in manifest.parts if p.steps[0] >= 0) == [[0, 0], [1, 1]]
     assert query(dump, "SELECT count(*) AS n FROM tensors").to_pylist() == [{"n": 19}]
+
+
+def test_follow_says_when_it_waits_for_the_first_log(tmp_path, sample, monkeypatch, capsys):
+    import store.compact
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.compact, "follow", interrupted)
+    assert main(["compact", str(tmp_path / "typo"), "--follow"]) == 0    # Ctrl-C ends it
+    assert f"waiting for a log under {tmp_path / 'typo' / '.msprobe' / 'log'}" in capsys.readouterr().err
+    dump = _two_ranks(tmp_path, sample)
+    assert main(["compact", str(dump), "--follow"]) == 0
+    assert "waiting" not in capsys.readouterr().err

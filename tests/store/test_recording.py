@@ -55,3 +55,28 @@ def test_a_file_is_refused(tmp_path):
     with pytest.raises(FileExistsError, match="is not a directory"):
         clear_recording(f)
     assert f.read_text() == "keep"
+
+
+def test_removes_a_mindspore_kernel_dump(tmp_path):
+    """GRAPH_MODE level L2: MindSpore's rank_{id} directories and the kernel dump
+    configuration msprobe wrote are part of the recording."""
+    dump = tmp_path / "dump"
+    _recording(dump)
+    (dump / "rank_0" / "Net" / "0" / "0").mkdir(parents=True)
+    (dump / "rank_0" / "Net" / "0" / "0" / "MatMul.a.0.0.1.output.0.DefaultFormat.Float32.npy").write_bytes(b"x")
+    (dump / "kernel_dump_config.json").write_text("{}")
+    assert clear_recording(dump) is True
+    assert list(dump.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["rank_0", "kernel_dump_config.json"])
+def test_kernel_dump_names_of_the_wrong_kind_are_refused(tmp_path, name):
+    dump = tmp_path / "dump"
+    _recording(dump)
+    if name == "rank_0":
+        (dump / name).write_text("a file named like MindSpore's rank directory")
+    else:
+        (dump / name).mkdir()
+    with pytest.raises(FileExistsError, match=f"other files \\({name}\\)"):
+        clear_recording(dump)
+    assert (dump / name).exists()

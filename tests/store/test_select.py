@@ -149,3 +149,37 @@ def test_parts_alone_answer_once_the_logs_are_archived(tmp_path, sample):
     (dump / ".msprobe" / "log").rename(tmp_path / "archived")
     assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
     assert check_ranks(dump).exit_code == 0
+
+
+def test_damaged_manifest_says_how_to_rebuild_the_parts(tmp_path, sample, capsys):
+    import shutil
+
+    from store.manifest import MANIFEST_NAME, ManifestError, parquet_dir
+
+    dump = _three_ranks(tmp_path / "d", sample)
+    full = [repr(query(dump, sql).to_pylist()) for sql in SQLS]
+    compact(dump)
+    (parquet_dir(dump) / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ManifestError, match="remove .* and run msprobe compact again"):
+        query(dump, SQLS[0])
+    assert main(["query", str(dump), "SELECT 1"]) == 2
+    assert "run msprobe compact again" in capsys.readouterr().err
+    shutil.rmtree(parquet_dir(dump))                   # what the message says
+    assert main(["compact", str(dump)]) == 0
+    assert [repr(query(dump, sql).to_pylist()) for sql in SQLS] == full
+
+
+@pytest.mark.parametrize("command", ["query", "export", "report"])
+def test_a_selection_that_matches_nothing_is_named(tmp_path, sample, capsys, command):
+    dump = _three_ranks(tmp_path / "d", sample)
+    steps = sorted(set(query(dump, "SELECT DISTINCT step FROM calls").column("step").to_pylist()))
+    args = {"query": [str(dump), "SELECT count(*) AS n FROM calls"], "export": [str(dump), "-o", str(tmp_path / "e")],
+            "report": [str(dump), "-o", str(tmp_path / "r.html")]}[command]
+    absent_step = max(steps) + 1
+    assert main([command, *args, "--rank", "1,7-8", "--step", f"{steps[0]},{absent_step}"]) == 0
+    err = capsys.readouterr().err
+    assert f"selected ranks 7, 8: not in {str(dump)!r} (ranks there: 0, 1, 2)\n" in err
+    assert f"selected step(s) {absent_step} not in the recording under {dump} (of the selected ranks)\n" in err
+    assert main([command, *args, "--rank", "1", "--step", str(steps[0])]) == 0
+    err = capsys.readouterr().err
+    assert "not in the recording" not in err and "not in" not in err
