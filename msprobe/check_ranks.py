@@ -90,7 +90,9 @@ class GroupResult:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankCheck:
-    """The result of :func:`check_ranks`; ``exit_code`` is 0 (all agree) or 1."""
+    """The result of :func:`check_ranks`; ``exit_code`` is 1 when some group disagrees,
+    else 3 when something was not read or not compared (:attr:`incomplete`), else 0
+    (everything compared agrees). 3 is compare's "incomplete" status too."""
 
     path: str
     source: str
@@ -102,8 +104,16 @@ class RankCheck:
     notices: tuple[str, ...] = ()
 
     @property
+    def incomplete(self) -> bool:
+        """Whether a part of the log was skipped or a rank of a group had no records: the
+        "agree" of the other ranks then covers less than was asked."""
+        return any(line.startswith("skipped ") for line in self.notices)
+
+    @property
     def exit_code(self) -> int:
-        return 1 if any(g.first is not None for g in self.groups) else 0
+        if any(g.first is not None for g in self.groups):
+            return 1
+        return 3 if self.incomplete else 0
 
 
 class CheckRanksInputError(ValueError):
@@ -346,7 +356,8 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
             collective outputs, outputs of calls whose inputs agreed: store.replicas).
         tol: relative tolerance of statistics where no CRC-32 was recorded (>= 0).
     Returns:
-        A :class:`RankCheck`; ``exit_code`` 1 when some group disagrees.
+        A :class:`RankCheck`; ``exit_code`` 1 when some group disagrees, else 3 when a
+        log part was skipped or a rank of a group recorded nothing, else 0.
     Raises:
         CheckRanksInputError: the path holds no dump, ``tol`` is bad, or a group is empty.
     """

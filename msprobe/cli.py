@@ -32,7 +32,8 @@
         only or damaged), 4 inconclusive (almost nothing pairs), 2 bad input (docs/compare.md)
     msprobe check-ranks DUMP_PATH [--group 0-7 ...] [--step 0-4] [--all-calls] [--tol REL]
         the first tensor on which data-parallel replicas disagree (see msprobe.check_ranks);
-        exit status 0 all agree, 1 a disagreement, 2 bad input
+        exit status 0 all agree, 1 a disagreement, 3 incomplete (a log part skipped or a
+        rank of a group without records, nothing disagreeing), 2 bad input
     msprobe compare TARGET --nan-origin
         the first call per rank that turns finite inputs into NaN/Inf; exit status 0 none,
         1 one found, 2 bad input

@@ -124,6 +124,7 @@ def test_check_ranks_says_what_it_skipped(damaged, capsys):
     dump, log, (start, end), _ = damaged
     code, out, err = run(["check-ranks", dump], capsys)
     assert skip_line(log, start) in err
+    assert code == 3 and "exit status 3" in out       # incomplete: no "agree" over a skipped part
 
 
 def test_compare_with_a_damaged_batch_is_incomplete_exit_3(damaged, clean, tmp_path, capsys):
