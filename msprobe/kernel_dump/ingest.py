@@ -395,7 +395,21 @@ def ingest_if_missing(dump_path: Union[str, os.PathLike]) -> Optional[IngestRepo
     """``msprobe export``'s step for a kernel dump: when ``dump_path`` holds MindSpore's
     kernel dump and no event log yet (a run that ended before ``close()``, or a kernel dump
     written without msprobe), read it in with :func:`ingest_kernel_dump`; otherwise do
-    nothing and return None."""
+    nothing and return None.
+
+    The log is written in a temporary directory beside it and its files are moved into
+    ``{dump_path}/.msprobe/log/`` only once the whole dump was read: a read that fails
+    half way (a malformed statistic.csv, a full disk) leaves no partial log that a later
+    ``export`` would take as the whole recording.
+
+    Raises:
+        ValueError: a malformed statistic.csv.
+        store.errors.StoreWriteError: the log could not be written.
+    """
+    import shutil
+    import tempfile
+
+    from store import schema as S
     from store.errors import LogNotFoundError
     from store.log_reader import find_log_files
 
@@ -407,4 +421,18 @@ def ingest_if_missing(dump_path: Union[str, os.PathLike]) -> Optional[IngestRepo
         find_log_files(dump_path)
         return None
     except LogNotFoundError:
-        return ingest_kernel_dump(dump_path)
+        pass
+    store_dir = Path(dump_path) / S.STORE_DIR
+    store_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="ingest-", dir=store_dir))
+    try:
+        report = ingest_kernel_dump(dump_path, log_path=staging)
+        staged = staging / S.STORE_DIR / S.LOG_DIR
+        if staged.is_dir():
+            log_dir = store_dir / S.LOG_DIR
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for f in sorted(staged.iterdir()):
+                os.replace(f, log_dir / f.name)
+        return report
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

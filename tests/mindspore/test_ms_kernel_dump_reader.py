@@ -243,3 +243,31 @@ def test_tensorboard_export_reads_a_kernel_dump_without_a_log(tmp_path, capsys):
     (event,) = acc.Scalars(matmul[0])
     y = arrays["y"].astype(np.float64)
     assert event.step == 0 and event.value == pytest.approx(np.sqrt((y * y).sum()), rel=1e-6)
+
+
+def test_export_that_fails_half_way_leaves_no_partial_log(tmp_path, capsys):
+    """A kernel dump whose second iteration has a malformed statistic.csv: ``msprobe
+    export`` fails with the message and leaves no log (a later export would otherwise take
+    the first iteration for the whole recording); once the file is right, both iterations
+    are read."""
+    from msprobe.cli import main
+    from store import schema as S
+    from store.errors import LogNotFoundError
+    from store.log_reader import find_log_files
+
+    dump = tmp_path / "kd"
+    for iteration in ("0", "1"):
+        it = dump / "rank_0" / "Net" / "0" / iteration
+        it.mkdir(parents=True)
+        (it / "statistic.csv").write_text(STAT_CSV)
+    bad = dump / "rank_0" / "Net" / "0" / "1" / "statistic.csv"
+    bad.write_text("Op Type,Op Name,IO,Slot,Data Type\nMatMul,a,input,0,float32\n")
+    assert main(["export", str(dump), "-o", str(tmp_path / "out")]) == 2
+    assert "missing column(s) Shape" in capsys.readouterr().err
+    with pytest.raises(LogNotFoundError):
+        find_log_files(dump)
+    assert [p.name for p in (dump / S.STORE_DIR).iterdir() if p.name.startswith("ingest-")] == []
+    bad.write_text(STAT_CSV)
+    assert main(["export", str(dump), "-o", str(tmp_path / "out")]) == 0
+    steps = query(dump, "SELECT step, count(*) AS n FROM tensors GROUP BY step ORDER BY step").to_pylist()
+    assert steps == [{"step": 0, "n": 4}, {"step": 1, "n": 4}]
