@@ -143,6 +143,12 @@ class LogReader:
             False for a format-1 log (no checksums), None before the schema was read.
     """
 
+    @property
+    def unfinished(self) -> bool:
+        """Whether what was read ends cleanly after a batch but without the end-of-stream
+        marker (no torn tail either): the writer stopped between two flushes."""
+        return not self.finished and not any(s.end is None for s in self.skipped)
+
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         self.path = Path(path)
         self.offset = 0
@@ -594,12 +600,12 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         skipped.extend(reader.skipped)
         if reader.verified is False:
             unverified.append(str(path))
-        if not reader.finished and not any(s.end is None for s in reader.skipped):
-            unfinished.append(str(path))  # a clean prefix: no torn tail, no end marker either
+        if reader.unfinished:
+            unfinished.append(str(path))
         if not batches:
             continue
         table = pa.Table.from_batches(batches, schema=S.LOG_SCHEMA)
-        table = _shift_seq(table, next_seq)
+        table = shift_seq(table, {}, next_seq)
         tables.append(table)
         row_files.append(pa.array(np.full(table.num_rows, index, dtype=np.int32)))
         stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
@@ -619,23 +625,23 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
                        unfinished=tuple(unfinished))
 
 
-def _shift_seq(table: pa.Table, next_seq: dict[int, int]) -> pa.Table:
-    """Shift ``seq`` of each rank's rows past what earlier files of that rank used."""
-    import pyarrow.compute as pc  # offline only (see read_log)
-
-    ranks = pc.unique(table[S.RANK]).to_pylist()
-    seq = table[S.SEQ]
+def shift_seq(table: pa.Table, offsets: dict, next_seq: dict) -> pa.Table:
+    """``table`` with ``seq`` (>= 0) of each rank's rows raised by ``offsets[rank]``;
+    ranks missing from ``offsets`` get ``next_seq.get(rank, 0)`` (and are added to
+    ``offsets``). Afterwards ``next_seq[rank]`` is the largest shifted seq + 1."""
+    if table.num_rows == 0:
+        return table
+    rank = table[S.RANK].to_numpy()
+    seq = table[S.SEQ].to_numpy().copy()
     shifted = False
-    for rank in ranks:
-        in_rank = pc.and_(pc.equal(table[S.RANK], S.scalar(rank, S.RANK)), pc.greater_equal(seq, S.scalar(0, S.SEQ)))
-        offset = next_seq.get(rank, 0)
+    for r in np.unique(rank).tolist():
+        in_rank = (rank == r) & (seq >= 0)
+        offset = offsets.setdefault(int(r), next_seq.get(int(r), 0))
         if offset:
-            seq = pc.if_else(in_rank, pc.add(seq, S.scalar(offset, S.SEQ)), seq)
+            seq[in_rank] += offset
             shifted = True
-        largest = pc.max(pc.filter(seq, in_rank)).as_py()
-        if largest is not None:
-            next_seq[rank] = largest + 1
+        if in_rank.any():
+            next_seq[int(r)] = int(seq[in_rank].max()) + 1
     if not shifted:
         return table
-    index = table.schema.get_field_index(S.SEQ)
-    return table.set_column(index, S.LOG_SCHEMA.field(S.SEQ), seq.cast(pa.int64()))
+    return table.set_column(table.schema.get_field_index(S.SEQ), table.schema.field(S.SEQ), pa.array(seq, pa.int64()))

@@ -36,10 +36,10 @@ import pyarrow as pa
 from store import schema as S
 from store.errors import LogNotFoundError
 from store.fileutil import FILE_MODE, make_dirs
-from store.log_reader import Skipped, find_log_files
+from store.log_reader import Skipped, find_log_files, shift_seq
 from store.manifest import (LOCK_NAME, LOG_FILE, META_DIR, SUMMARY_NAME, LogCoverage, Manifest, Part, load_manifest,
                             parquet_dir, save_manifest)
-from store.select import PART_SCHEMA, TAIL_SCHEMA, FileRows, read_log_file, shift_seq
+from store.select import PART_SCHEMA, TAIL_SCHEMA, FileRows, read_log_file
 
 __all__ = ["CompactReport", "Compactor", "SUMMARY_COLUMNS", "follow", "summary_sql"]
 

@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from store import schema as S
 from store.errors import LogNotFoundError
-from store.log_reader import LogReader, Skipped, find_log_files
+from store.log_reader import LogReader, Skipped, find_log_files, shift_seq
 from store.log_reader import notices as notice_lines
 from store.log_writer import parse_log_file_name
 from store.manifest import LOG_FILE, LogCoverage, Manifest, ManifestError, load_manifest, parquet_dir
@@ -79,28 +79,6 @@ class FileRows:
 
 def _with_log_file(table: pa.Table, name: str) -> pa.Table:
     return table.append_column(TAIL_SCHEMA.field(LOG_FILE), pa.repeat(pa.scalar(name, pa.string()), table.num_rows))
-
-
-def shift_seq(table: pa.Table, offsets: dict, next_seq: dict) -> pa.Table:
-    """``table`` with ``seq`` (>= 0) of each rank's rows raised by ``offsets[rank]``;
-    ranks missing from ``offsets`` get ``next_seq.get(rank, 0)`` (and are added to
-    ``offsets``). Afterwards ``next_seq[rank]`` is the largest shifted seq + 1."""
-    if table.num_rows == 0:
-        return table
-    rank = table[S.RANK].to_numpy()
-    seq = table[S.SEQ].to_numpy().copy()
-    shifted = False
-    for r in np.unique(rank).tolist():
-        in_rank = (rank == r) & (seq >= 0)
-        offset = offsets.setdefault(int(r), next_seq.get(int(r), 0))
-        if offset:
-            seq[in_rank] += offset
-            shifted = True
-        if in_rank.any():
-            next_seq[int(r)] = int(seq[in_rank].max()) + 1
-    if not shifted:
-        return table
-    return table.set_column(table.schema.get_field_index(S.SEQ), table.schema.field(S.SEQ), pa.array(seq, pa.int64()))
 
 
 def read_log_file(path: Path, next_seq: dict, coverage: Optional[LogCoverage] = None) -> FileRows:
@@ -261,8 +239,8 @@ class StoreReader:
             self.skipped.extend(rows.reader.skipped)
             if rows.reader.verified is False:
                 self.unverified.append(str(path))
-            if not rows.reader.finished and not any(s.end is None for s in rows.reader.skipped):
-                self.unfinished.append(str(path))  # a clean prefix: no torn tail, no end marker either
+            if rows.reader.unfinished:
+                self.unfinished.append(str(path))
             table = rows.table.slice(coverage.rows if coverage is not None else 0)
             keep = _mask(table, self.ranks, self.steps)
             if keep is not None:
