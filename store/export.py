@@ -42,7 +42,7 @@ from store.errors import ExportError, StoreError
 from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
 from store.fileutil import atomic_write_text, make_dirs, replace_from
 from store.record_text import records_encoder
-from store.log_reader import Skipped, missing_ranks, notices
+from store.log_reader import Skipped, add_stacks, missing_ranks, notices
 from store.payload_writer import Payload, PayloadReader
 from store.step_rows import StepRows
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
@@ -644,14 +644,10 @@ def export_log(
     for rank in reader.rank_values():
         rank_table = reader.rank_table(rank)
         row = rank_table[S.ROW]
-        stacks: dict[int, tuple[str, ...]] = {}
-        side = arrow_np.select(rank_table, arrow_np.equals(row, S.ROW_STACK))
-        for stack_id, frames in zip(arrow_np.pylist(side[S.STACK_ID]), arrow_np.pylist(side[S.FRAMES])):
-            if stack_id is not None and stack_id not in stacks:
-                stacks[stack_id] = tuple(frames or ())
+        stacks = add_stacks({}, rank_table)
         rank_rows = arrow_np.select(rank_table.select(S.COLUMNS),
                                     arrow_np.valid_mask(row) & ~arrow_np.equals(row, S.ROW_STACK))
-        del rank_table, side
+        del rank_table
         # offline only: Table.sort_by loads pyarrow.compute (the recording process never gets here)
         rank_rows = rank_rows.sort_by([(S.STEP, "ascending"), (S.SEQ, "ascending")])
         marker_rows.append(arrow_np.select(rank_rows, arrow_np.equals(rank_rows[S.ROW], S.ROW_MARKER)))

@@ -584,8 +584,6 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     Raises:
         LogNotFoundError: ``dump_path`` is not a directory, or holds no log file.
     """
-    import pyarrow.compute as pc  # offline only; kept out of the recording process
-
     files = find_log_files(dump_path)
     tables: list[pa.Table] = []
     skipped: list[Skipped] = []
@@ -608,12 +606,7 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
         table = shift_seq(table, {}, next_seq)
         tables.append(table)
         row_files.append(pa.array(np.full(table.num_rows, index, dtype=np.int32)))
-        stack_rows = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
-        for stack_id, frames in zip(
-            stack_rows[S.STACK_ID].to_pylist(), stack_rows[S.FRAMES].to_pylist()
-        ):
-            if stack_id is not None and stack_id not in stacks:
-                stacks[stack_id] = tuple(frames or ())
+        add_stacks(stacks, table)
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         origin = pa.concat_arrays(row_files)
@@ -623,6 +616,19 @@ def read_log(dump_path: Union[str, os.PathLike]) -> LogContents:
     return LogContents(table=table, stacks=stacks, skipped=tuple(skipped), files=tuple(files), row_files=origin,
                        unverified=tuple(unverified), missing_ranks=missing_ranks(table),
                        unfinished=tuple(unfinished))
+
+
+def add_stacks(stacks: dict, rows: pa.Table) -> dict:
+    """Add to ``stacks`` (stack id -> frames) the frames of each stack row of ``rows`` (rows
+    of :data:`store.schema.LOG_SCHEMA`, any kind) whose id is not in it yet: the first
+    frames stored for an id (:class:`store.records.Stack`); returns ``stacks``."""
+    from store import arrow_np
+
+    side = arrow_np.select(rows, arrow_np.equals(rows[S.ROW], S.ROW_STACK))
+    for stack_id, frames in zip(arrow_np.pylist(side[S.STACK_ID]), arrow_np.pylist(side[S.FRAMES])):
+        if stack_id is not None and stack_id not in stacks:
+            stacks[stack_id] = tuple(frames or ())
+    return stacks
 
 
 def shift_seq(table: pa.Table, offsets: dict, next_seq: dict) -> pa.Table:

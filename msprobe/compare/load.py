@@ -126,18 +126,12 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
     does, the table left in its chunks (DuckDB scans chunked Arrow as it is)."""
     from types import SimpleNamespace
 
-    import pyarrow.compute as pc
-
-    from store.log_reader import missing_ranks
+    from store.log_reader import add_stacks, missing_ranks
     from store.select import StoreReader
 
     reader = StoreReader(p, ranks=ranks, steps=steps)
     table = reader.table()
-    stacks = {}
-    side = table.filter(pc.equal(table[S.ROW], S.scalar(S.ROW_STACK, S.ROW)))
-    for stack_id, frames in zip(side[S.STACK_ID].to_pylist(), side[S.FRAMES].to_pylist()):
-        if stack_id is not None and stack_id not in stacks:
-            stacks[stack_id] = tuple(frames or ())
+    stacks = add_stacks({}, table)
     missing = tuple(r for r in missing_ranks(table) if ranks is None or r in ranks)
     return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(reader.skipped),
                            unverified=tuple(reader.unverified), missing_ranks=missing,
