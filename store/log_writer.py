@@ -290,6 +290,9 @@ class LogWriter:
         compression: IPC buffer compression, None (default), ``"lz4"`` or ``"zstd"``.
             Statistics rows take about 265 bytes uncompressed, 68 with lz4, 36 with zstd
             (which costs about 3 us more per row at flush). Readers need no option.
+        owner_pid: the process whose records these are, written into the log file's name
+            (default: this process; the writer process of :mod:`store.writer_process`
+            names its log after the training process it serves).
         _open: test seam; ``_open(path) -> binary file object`` creates the log file.
 
     Raises:
@@ -312,6 +315,7 @@ class LogWriter:
         flush_rows: int = 512,
         flush_interval_s: float = 0.5,
         compression: Optional[Literal["lz4", "zstd"]] = None,
+        owner_pid: Optional[int] = None,
         _open: Optional[Callable[[str], BinaryIO]] = None,
     ) -> None:
         if compression not in COMPRESSIONS:
@@ -328,6 +332,7 @@ class LogWriter:
         self._flush_interval_s = float(flush_interval_s)
         self._open = _open if _open is not None else _open_private
         self._compression = compression
+        self._owner_pid = owner_pid
         self._lock = threading.Lock()
         self._seq = 0
         # pending records, turned into columns at flush
@@ -696,7 +701,7 @@ class LogWriter:
 
     def _open_stream(self) -> None:
         make_dirs(self._log_dir, own_levels=2)
-        path = self._log_dir / log_file_name(self._rank, os.getpid(), time.time_ns())
+        path = self._log_dir / log_file_name(self._rank, self._owner_pid or os.getpid(), time.time_ns())
         self._file = self._open(str(path))
         self._path = path
         self._file.write(schema_message())

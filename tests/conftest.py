@@ -14,6 +14,11 @@ import tempfile
 
 import pytest
 
+# stop() and step() return once the step's files are written, as the tests read them right
+# after (the writer process writes them while training goes on; docs/pytorch.md, "When the
+# files are written"); tests of that behaviour unset it
+os.environ.setdefault("MSPROBE_WAIT_FILES", "1")
+
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="msprobe-tests-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,7 @@ def main() -> None:
         files.append(TrapFile(_open_private(path)))
         return files[-1]
 
+    os.environ["MSPROBE_WRITER"] = "inprocess"  # the kill points are in this process's log writer
     session_module.LogWriter = functools.partial(LogWriter, flush_rows=flush_rows, flush_interval_s=3600.0,
                                                  _open=trap_open)
     emitted: list[str] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
 import torch
 
 from msprobe.pytorch import PrecisionDebugger
@@ -13,6 +14,13 @@ from store.entries import CALL_COLUMNS
 from store.log_reader import read_log
 from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker
+
+@pytest.fixture(autouse=True)
+def _log_in_this_process(monkeypatch):
+    """These tests look into the session's own log writer (the writer process's is the same
+    class, tests/store/test_writer_process.py)."""
+    monkeypatch.setenv("MSPROBE_WRITER", "inprocess")
+
 
 META = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
 

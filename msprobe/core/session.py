@@ -36,12 +36,22 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.export import StepExporter, TensorFileWriter, export_debug
+from store.export import TensorFileWriter, export_log
 from store.log_writer import LogWriter, other_process_logs
 from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
+from store.step_files import StepFiles
+from store.writer_client import WriterClient, WriterGone
+from store.writer_process import message_record
 
 logger = logging.getLogger("msprobe")
+
+#: environment variable: ``inprocess`` writes the log and the step files in the training
+#: process instead of a writer process (docs/architecture.md)
+WRITER_ENV = "MSPROBE_WRITER"
+#: environment variable: ``1`` makes ``stop()`` and ``step()`` wait until the step's files
+#: are written (docs/pytorch.md, "When the files are written")
+WAIT_ENV = "MSPROBE_WAIT_FILES"
 
 
 def _warn_earlier_logs(dump_path, rank: int) -> None:
@@ -104,8 +114,13 @@ class Session:
         self.name_list = NameList(config.list)
         self.stacks = StackInterner(exclude_dirs)
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
+        # the log and the step files: a writer process (``_client``), or in this process
+        # (``_writer`` and ``_files``: task tensor, MSPROBE_WRITER=inprocess, or after the
+        # writer process ended)
+        self._client: WriterClient | None = None
         self._writer: LogWriter | None = None
-        self._step_export = StepExporter()  # the current step's rows, built incrementally
+        self._files: StepFiles | None = None
+        self._from_log_step: int | None = None  # a step whose files come from the log (after a fall-back)
         self._stacks: dict[int, tuple[str, ...]] = {}
         self._opened_step: int | None = None
         self._lock = threading.RLock()
@@ -119,7 +134,6 @@ class Session:
         self._tensor_ext = tensor_ext
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
-        self._tensors_done: set = set()
         # tensor file names given out in the step (one dump_tensor_data directory): name ->
         # (entry, io, path) of its leaf, and back (see _named)
         self._file_owner: dict[str, tuple] = {}
@@ -238,11 +252,11 @@ class Session:
             self.recording = False
             return False
         with self._lock:
-            if self._writer is None:
+            if self._writer is None and self._client is None:
                 if not self._rerun_checked:
                     self._rerun_checked = True
                     _warn_earlier_logs(self.config.dump_path, self.rank or 0)
-                self._writer = LogWriter(self.config.dump_path, self.rank or 0)
+                self._open_store()
             if self._payloads is None and self._write_tensor is not None:
                 # tensor files are staged by the writer thread while the step runs; the
                 # export moves them into place (shards this process wrote: no hash pass)
@@ -253,7 +267,7 @@ class Session:
                                                      before_read=self._payloads.wait_written)
             first_start = self._opened_step != self.step
             self._opened_step = self.step
-            self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
+            self._store("append_marker", Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
             if first_start:
                 self._export()
         self.recording = not self.failed
@@ -262,12 +276,13 @@ class Session:
     def stop(self) -> None:
         """Turn forward recording off and export what the step holds so far."""
         self.recording = False
-        if self._writer is None or self._opened_step != self.step or self.failed:
+        if not self._store_open() or self._opened_step != self.step or self.failed:
             return
         self._run_flush_hooks()
         with self._lock:
-            self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
+            self._store("append_marker", Marker(step=self.step, kind=schema.MARKER_STOP, meta=self.meta()))
             self._export()
+        self._wait_if_asked()
 
     def end_step(self, before_export: Callable[[], None] | None = None) -> None:
         """Finish the step: export it, fsync the log, advance the counter, reset counters.
@@ -279,16 +294,17 @@ class Session:
         if before_export is not None:
             before_export()
         self._run_flush_hooks()
+        ended = False
         with self._lock:
-            if self._writer is not None and self._opened_step == self.step and not self.failed:
-                self._guard(self._writer.append_marker, Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
+            if self._store_open() and self._opened_step == self.step and not self.failed:
+                self._store("append_marker", Marker(step=self.step, kind=schema.MARKER_STEP_END, meta=self.meta()))
                 self._export()
-                self._guard(functools.partial(self._writer.flush, True, background=True))
-                # the step is exported: the rows flushed since (the step_end marker, or every
-                # marker of a step that recorded nothing) are not kept for a take_step
-                self._guard(self._writer.drop_step_rows, self.step)
-            self._step_export = StepExporter(self._step_export)  # reuses member texts
-            self._tensors_done = set()
+                # fsync in the background; rows flushed after the export (the step_end
+                # marker) are not kept; the next step's exporter starts empty
+                self._store("end_step", self.step)
+                if self._from_log_step == self.step:
+                    self._from_log_step = None
+                ended = True
             if self.config.level != "debug":  # debug level: one directory for the whole run
                 self._file_owner = {}
                 self._file_of = {}
@@ -300,11 +316,37 @@ class Session:
             self.module_counter.reset()
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
+        if ended:
+            self._wait_if_asked()
+
+    def wait_files(self, timeout: float | None = None) -> bool:
+        """Wait until the files of every ``stop()`` and ``step()`` so far are written and
+        everything recorded is in the log (the writer process writes them while training
+        goes on). Returns False when ``timeout`` (s) passed first; True at once when the
+        files are written in this process.
+        """
+        with self._lock:
+            client = self._client
+        if client is None:
+            return True
+        try:
+            return client.wait(timeout)
+        except WriterGone as gone:
+            with self._lock:
+                self._fall_back(gone)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a write fault of the writer process
+            self._guard(_raise, exc)
+            return True
 
     def close(self) -> None:
-        """Flush and close the log (idempotent)."""
+        """Hand over what is pending, wait for the writer process to write the files and
+        close the log (at most 300 s), or close the log written here (idempotent)."""
         self._run_flush_hooks()
         with self._lock:
+            if self._client is not None:
+                self._store("close")
+                self._client = None
             if self._writer is not None:
                 try:
                     self._writer.close()
@@ -340,7 +382,7 @@ class Session:
         if not self.open_step(call.step) or os.getpid() != self._pid:
             return
         with self._lock:
-            if not self.open_step(call.step) or self._writer is None:
+            if not self.open_step(call.step) or not self._store_open():
                 # step() ended it while this thread waited for the lock, or close() closed
                 # the log (gradients of a graph built while recording arrive after close())
                 return
@@ -348,8 +390,8 @@ class Session:
                 call = dataclasses.replace(call, leaves=self._named(call))
             for sid, frames in self.stacks.drain():
                 self._stacks[sid] = frames
-                self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
-            self._guard(self._writer.append, call)
+                self._store("append_stack", Stack(stack_id=sid, frames=frames))
+            self._store("append", call)
             self._dirty = True
             self._emitted = True
 
@@ -421,36 +463,106 @@ class Session:
         return Path(self.config.dump_path) / f"step{self.step if step is None else step}" / self.rank_dir
 
     # --- internals ---------------------------------------------------------------------------
+    def _open_store(self) -> None:
+        """Start the rank's writer process, or open the log in this process (task
+        ``tensor``: its staged tensor files are this process's; ``MSPROBE_WRITER=inprocess``;
+        a writer process that cannot start)."""
+        if self._write_tensor is None and os.environ.get(WRITER_ENV, "process") != "inprocess":
+            try:
+                self._client = WriterClient(self.config.dump_path, self.rank or 0)
+                return
+            except WriterGone as exc:
+                logger.warning("msprobe: the writer process could not start (%s); the log and the step "
+                               "files are written in the training process", exc.__cause__ or exc)
+        self._writer = LogWriter(self.config.dump_path, self.rank or 0)
+        self._files = StepFiles(self._writer, self.config.dump_path)
+
+    def _store_open(self) -> bool:
+        return self._client is not None or self._writer is not None
+
+    def _store(self, method: str, *args) -> None:
+        """Call ``method`` of the writer process's client, or of the log writer here
+        (``end_step`` and ``close`` map to their in-process equivalents). A writer process
+        that ended is replaced by writing here (:meth:`_fall_back`); a write fault stops
+        recording (:meth:`_guard`). Under ``_lock``."""
+        if self.failed:
+            return
+        if self._client is not None:
+            try:
+                getattr(self._client, method)(*args)
+                return
+            except WriterGone as gone:
+                self._fall_back(gone)
+                if method in ("append", "append_stack", "append_marker"):
+                    return  # the record was among the messages written by the fall-back
+            except Exception as exc:  # noqa: BLE001 - a write fault reported by the writer process
+                self._guard(_raise, exc)
+                return
+        if self._writer is None:
+            return
+        if method == "end_step":
+            self._guard(self._files.end_step, *args)
+        elif method == "close":
+            pass  # close() closes the log writer
+        else:
+            self._guard(getattr(self._writer, method), *args)
+
+    def _fall_back(self, gone: WriterGone) -> None:
+        """The writer process ended: say so once, open the log here, write every record it
+        had not acknowledged, and take the current step's files from the log files (the
+        writer process wrote part of the step). Under ``_lock``."""
+        logger.error("msprobe: the writer process ended (exit status %s); the log and the step files are "
+                     "written in the training process from now on; nothing recorded is lost", gone.status)
+        self._client = None
+        self._writer = LogWriter(self.config.dump_path, self.rank or 0)
+        self._files = StepFiles(self._writer, self.config.dump_path)
+        for sid, frames in self._stacks.items():
+            self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
+        for message in gone.messages:
+            record = message_record(message)
+            if isinstance(record, Call):
+                self._guard(self._writer.append, record)
+            elif isinstance(record, Stack):
+                self._guard(self._writer.append_stack, record)
+            elif isinstance(record, Marker):
+                self._guard(self._writer.append_marker, record)
+        self._from_log_step = self.step
+
+    def _wait_if_asked(self) -> None:
+        """``MSPROBE_WAIT_FILES=1``: ``stop()`` and ``step()`` return once the files are written."""
+        if os.environ.get(WAIT_ENV, "") not in ("", "0"):
+            self.wait_files()
+
     def _export(self) -> None:
-        """Write the step's files from the rows the log writer holds. While no call of the
-        step was recorded (the start() skeleton) only the log is flushed (the start marker
-        is a recovery point): the pending rows are markers, which never change the files."""
-        if self._writer is None or self.failed or not self._dirty:
+        """Write (or have the writer process write) the step's files from the rows logged so
+        far. While no call of the step was recorded (the start() skeleton) only the log is
+        flushed (the start marker is a recovery point) and the skeleton files are written."""
+        if not self._store_open() or self.failed or not self._dirty:
             return  # the files on disk already hold everything of this step
         self._dirty = False
-        if not self._emitted:
-            self._guard(self._writer.flush)
-            self._guard(self._export_step, self._step_export)
+        if self._client is not None:
+            self._store("export", self.step, self.meta(), self._emitted)
+            if self._client is not None:
+                return
+        if self._from_log_step == self.step:
+            self._guard(self._export_from_log)
             return
-        rows = self._guard(self._writer.take_step_rows, self.step)  # Python columns, no Arrow round trip
-        if rows is None:
-            return
-        self._step_export.add(rows)
         # the export reads the staged tensor files; the shards are written meanwhile, and
         # are on disk when stop()/step() returns
-        if self._payloads is not None:
+        if self._payloads is not None and self._emitted:
             self._guard(functools.partial(self._payloads.flush, shards=False))
-        self._guard(self._export_step, self._step_export)
-        if self._payloads is not None:
+        self._guard(functools.partial(self._files.export, self.step, self.meta(), self._emitted,
+                                      payloads=self._payload_reader, write_tensor=self._write_tensor))
+        if self._payloads is not None and self._emitted:
             self._guard(self._payloads.wait_written)
 
-    def _export_step(self, step_export: StepExporter) -> None:
-        if self.config.level == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
-            export_debug(step_export.rows(), self.meta(), Path(self.config.dump_path) / self.rank_dir,
-                         payloads=self._payload_reader, write_tensor=self._write_tensor, done=self._tensors_done)
-            return
-        step_export.write(self._stacks, self.meta(), self.step_dir(), payloads=self._payload_reader,
-                          write_tensor=self._write_tensor, done=self._tensors_done)
+    def _export_from_log(self) -> None:
+        """The current step's files from the log files (:func:`store.export.export_log`):
+        after a fall-back, part of the step is in the writer process's log only."""
+        self._writer.flush()
+        self._writer.drop_step_rows(self.step)
+        export_log(self.config.dump_path, ranks=[self.rank or 0], steps=[self.step],
+                   tensor_writers=None)
 
     def _guard(self, fn, *args):
         """Run a store call; on failure log one clear error and stop recording for good."""
@@ -466,6 +578,10 @@ class Session:
                 type(exc).__name__, exc, os.fspath(self.config.dump_path),
             )
             return None
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
 
 
 def _forget_in_child(ref: "weakref.ref[Session]") -> None:

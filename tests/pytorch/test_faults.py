@@ -108,6 +108,7 @@ def test_write_fault_mid_training(tmp_path, monkeypatch, reference, errors, erro
         files.append(FailingFile(path, error))
         return files[-1]
 
+    monkeypatch.setenv("MSPROBE_WRITER", "inprocess")  # the fault is injected into this process's log writer
     monkeypatch.setattr(session_module, "LogWriter", functools.partial(LogWriter, _open=opener))
     dump = tmp_path / "d"
 
@@ -140,6 +141,7 @@ def test_write_fault_in_the_flush_timer(tmp_path, monkeypatch, reference, errors
         writers.append(LogWriter(*args, flush_interval_s=0.05, _open=opener, **kwargs))
         return writers[-1]
 
+    monkeypatch.setenv("MSPROBE_WRITER", "inprocess")  # the fault is injected into this process's log writer
     monkeypatch.setattr(session_module, "LogWriter", make_writer)
     dump = tmp_path / "d"
     hit = []
