@@ -260,7 +260,11 @@ class WriterClient:
     def _gone_error(self) -> WriterGone:
         messages = [m for _, frame in self._unacked for m in frame] + self._pending
         self._unacked, self._pending, self._rows = [], [], 0
-        return WriterGone([m for m in messages if m[0] not in (SYNC, QUIT)], self._proc.poll())
+        try:
+            status = self._proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            status = None
+        return WriterGone([m for m in messages if m[0] not in (SYNC, QUIT)], status)
 
     def _send(self) -> None:
         if not self._pending or os.getpid() != self._pid:

@@ -42,7 +42,7 @@ from store.payload_writer import PayloadReader, PayloadWriter
 from store.records import Call, Marker, Stack
 from store.step_files import StepFiles
 from store.writer_client import WriterClient, WriterGone
-from store.writer_process import message_record
+from store.writer_process import EXPORT, message_record
 
 logger = logging.getLogger("msprobe")
 
@@ -518,6 +518,7 @@ class Session:
         self._files = StepFiles(self._writer, self.config.dump_path)
         for sid, frames in self._stacks.items():
             self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
+        exported = set()  # steps whose files the writer process was asked for
         for message in gone.messages:
             record = message_record(message)
             if isinstance(record, Call):
@@ -526,7 +527,17 @@ class Session:
                 self._guard(self._writer.append_stack, record)
             elif isinstance(record, Marker):
                 self._guard(self._writer.append_marker, record)
+            elif message[0] == EXPORT:
+                exported.add(message[1])
+        exported.discard(self.step)
+        if exported:  # ended steps whose files the writer process may not have written
+            self._guard(self._writer.flush)
+            for step in sorted(exported):
+                self._guard(self._writer.drop_step_rows, step)
+            self._guard(functools.partial(export_log, self.config.dump_path, ranks=[self.rank or 0],
+                                          steps=sorted(exported)))
         self._from_log_step = self.step
+        self._dirty = True  # the writer process may not have written the step's files
 
     def _wait_if_asked(self) -> None:
         """``MSPROBE_WAIT_FILES=1``: ``stop()`` and ``step()`` return once the files are written."""
