@@ -129,6 +129,7 @@ class WriterClient:
             self._proc.stdin.flush()
         except (OSError, ValueError) as exc:
             raise WriterGone([], None) from exc
+        _widen_pipe(self._proc.stdin)
         ref = weakref.ref(self)
         self._reader = threading.Thread(target=_read_answers, args=(ref, self._proc.stdout),
                                         name="msprobe-writer-answers", daemon=True)
@@ -148,8 +149,9 @@ class WriterClient:
             StoreWriteError: the writer process failed to write (once).
         """
         with self._lock:
+            leaves = call.leaves  # as plain tuples: pickled without a Python-level __reduce__ per leaf
             self._add((CALL, call.step, call.kind, call.name, call.api_type, call.parent, call.stack_id,
-                       call.is_recompute, call.keys, call.leaves), 1 + len(call.leaves))
+                       call.is_recompute, call.keys, tuple(map(tuple, leaves))), 1 + len(leaves))
             if self._rows >= self._flush_rows:
                 self._send()
 
@@ -315,6 +317,21 @@ class WriterClient:
             elif line.startswith("F "):
                 self._fault = line[2:]
             self._answered.notify_all()
+
+
+_F_SETPIPE_SZ = 1031  # Linux fcntl: set a pipe's capacity
+
+
+def _widen_pipe(stream) -> None:
+    """Give the pipe to the writer process 1 MiB of room (Linux; the default 64 KiB holds
+    less than one frame, so each write would wait for the writer process to take the
+    previous frame). Elsewhere, or where refused, the pipe stays as it is."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(stream.fileno(), _F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def _abandon(proc: subprocess.Popen, stop: threading.Event, pid: int) -> None:

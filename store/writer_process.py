@@ -13,7 +13,8 @@ same interpreter). Standard input carries frames: a 4-byte little-endian length,
 pickle (protocol 5) of a list of messages, each a tuple whose first item says what it is:
 
 * ``(CALL, step, kind, name, api_type, parent, stack_id, is_recompute, keys, leaves)``
-  (the fields of :class:`store.records.Call`, leaves as :class:`store.records.Leaf`);
+  (the fields of :class:`store.records.Call`; each leaf a plain tuple of
+  :data:`store.records.LEAF_FIELDS`);
 * ``(STACK, stack_id, frames)``, ``(MARKER, step, kind, meta)``;
 * ``(EXPORT, step, meta, emitted)``: write step ``step``'s files (:meth:`StepFiles.export`);
 * ``(END_STEP, step)``: the step is over (:meth:`StepFiles.end_step`);
@@ -34,15 +35,22 @@ the terminal reaches the whole process group; the training process decides).
 """
 from __future__ import annotations
 
+import os
 import pickle
+import queue
 import signal
 import struct
 import sys
+import threading
 from typing import BinaryIO, TextIO
+
+from store.records import Call, Marker, Stack, make_leaf
 
 PROTOCOL = 1
 HELLO, CALL, STACK, MARKER, EXPORT, END_STEP, SYNC, QUIT = range(8)
 HEADER = struct.Struct("<I")
+#: frames read ahead of the one being written (bounded: back-pressure beyond)
+FRAMES_AHEAD = 32
 
 __all__ = ["PROTOCOL", "HELLO", "CALL", "STACK", "MARKER", "EXPORT", "END_STEP", "SYNC", "QUIT", "HEADER",
            "encode_frame", "message_record", "serve"]
@@ -51,12 +59,11 @@ __all__ = ["PROTOCOL", "HELLO", "CALL", "STACK", "MARKER", "EXPORT", "END_STEP",
 def message_record(message: tuple):
     """The :class:`store.records.Call`, ``Stack`` or ``Marker`` a ``CALL``, ``STACK`` or
     ``MARKER`` message carries; None for the other messages."""
-    from store.records import Call, Marker, Stack
-
     tag = message[0]
     if tag == CALL:
         return Call(step=message[1], kind=message[2], name=message[3], api_type=message[4], parent=message[5],
-                    stack_id=message[6], is_recompute=message[7], keys=message[8], leaves=message[9])
+                    stack_id=message[6], is_recompute=message[7], keys=message[8],
+                    leaves=tuple(map(make_leaf, message[9])))
     if tag == STACK:
         return Stack(stack_id=message[1], frames=message[2])
     if tag == MARKER:
@@ -82,6 +89,14 @@ def _read_frame(stream: BinaryIO):
     return pickle.loads(body)
 
 
+def _pump(stream: BinaryIO, frames: queue.Queue) -> None:
+    while True:
+        messages = _read_frame(stream)
+        frames.put(messages)
+        if messages is None:
+            return
+
+
 def serve(stream: BinaryIO, answers: TextIO) -> int:
     """Run the writer on ``stream`` (frames) until ``QUIT`` or end of input; answers go to
     ``answers``. Returns the process exit status (0; 2 for a protocol mismatch).
@@ -89,7 +104,6 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
     Raises nothing for write faults: they are answered with ``F`` (see the module docstring).
     """
     from store.log_writer import LogWriter
-    from store.records import Call, Marker, Stack
     from store.step_files import StepFiles
 
     hello = _read_frame(stream)
@@ -107,8 +121,12 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
         answers.write(line + "\n")
         answers.flush()
 
+    # frames are read on a thread, up to FRAMES_AHEAD ahead of the one being written, so that
+    # the training process's pipe writes rarely wait for the writer's work
+    frames: queue.Queue = queue.Queue(maxsize=FRAMES_AHEAD)
+    threading.Thread(target=_pump, args=(stream, frames), name="msprobe-writer-input", daemon=True).start()
     while True:
-        messages = _read_frame(stream)
+        messages = frames.get()
         if messages is None:
             break
         count += 1
@@ -125,13 +143,11 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
                 continue
             try:
                 if tag == CALL:
-                    writer.append(Call(step=message[1], kind=message[2], name=message[3], api_type=message[4],
-                                       parent=message[5], stack_id=message[6], is_recompute=message[7],
-                                       keys=message[8], leaves=message[9]))
+                    writer.append(message_record(message))
                 elif tag == STACK:
-                    writer.append_stack(Stack(stack_id=message[1], frames=message[2]))
+                    writer.append_stack(message_record(message))
                 elif tag == MARKER:
-                    writer.append_marker(Marker(step=message[1], kind=message[2], meta=message[3]))
+                    writer.append_marker(message_record(message))
                 elif tag == EXPORT:
                     files.export(message[1], message[2], message[3])
                 elif tag == END_STEP:
@@ -157,9 +173,14 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
 
 
 def main() -> int:
+    """The process entry point: serve standard input, then end at once (the input thread
+    may still be blocked reading from the training process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return serve(sys.stdin.buffer, sys.stdout)
+    status = serve(sys.stdin.buffer, sys.stdout)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
