@@ -258,6 +258,17 @@ class PrecisionDebugger:
             return
         dbg.recorder.save(variable, safe_component(name), k, save_backward)
 
+    def wait_files(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the files of every ``stop()`` and ``step()`` so far are written (the
+        rank's writer process writes them while training goes on; ``close()`` waits too).
+
+        Args:
+            timeout: seconds to wait at most; None waits as long as it takes.
+        Returns:
+            True when the files are written, False when ``timeout`` passed first.
+        """
+        return self.session.wait_files(timeout)
+
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent). GRAPH_MODE (level L2):
         read MindSpore's kernel dump into the event log (:mod:`msprobe.kernel_dump.ingest`;

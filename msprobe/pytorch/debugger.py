@@ -392,6 +392,17 @@ class PrecisionDebugger:
         self._dump_grad_handles.remove()
         self._dump_grad_hooked.clear()
 
+    def wait_files(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the files of every ``stop()`` and ``step()`` so far are written (the
+        rank's writer process writes them while training goes on; ``close()`` waits too).
+
+        Args:
+            timeout: seconds to wait at most; None waits as long as it takes.
+        Returns:
+            True when the files are written, False when ``timeout`` passed first.
+        """
+        return self.session.wait_files(timeout)
+
     def close(self) -> None:
         """Remove every hook and close the event log (idempotent)."""
         self.recorder.drain()
