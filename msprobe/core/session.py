@@ -166,6 +166,11 @@ class Session:
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
         self._write_tensor = write_tensor
         self._flush_hooks = []
+        if write_tensor is not None and self._client is not None:
+            # tensor files are staged in this process: from the next start() the log is too
+            with self._lock:
+                self._store("close")
+                self._client = None
 
     def add_flush_hook(self, fn: Callable[[], None]) -> None:
         """Register ``fn`` to run before every export and at close (adapters resolve entries
@@ -270,6 +275,8 @@ class Session:
             self._store("append_marker", Marker(step=self.step, kind=schema.MARKER_START, meta=self.meta()))
             if first_start:
                 self._export()
+        if first_start:
+            self._wait_if_asked()
         self.recording = not self.failed
         return self.recording
 

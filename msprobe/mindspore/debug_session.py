@@ -1,18 +1,17 @@
 """The session of level ``debug``: one ``{dump_path}/{rank_dir}/debug.json`` (spec 1.2).
 
-Same state machine and event log as :class:`msprobe.core.session.Session`, but every
-export writes the rank's ``debug.json`` (entries of the whole run, no ``step{N}``
-directory) instead of the step layout. ``start`` is called once, at construction.
+Same state machine, event log and export as :class:`msprobe.core.session.Session` (the
+export of level ``debug`` writes the rank's ``debug.json``: store.step_files), with the
+rank directory as the tensor files' directory. ``start`` is called once, at construction.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Callable, Optional
 
 from msprobe.core.config import Config
 from msprobe.core.session import Session
-from store.export import TensorFileWriter, export_debug
+from store.export import TensorFileWriter
 
 
 class DebugSession(Session):
@@ -35,16 +34,3 @@ class DebugSession(Session):
     def step_dir(self, step: Optional[int] = None) -> Path:
         """The rank directory ``{dump_path}/{rank_dir}`` (debug level has no step directories)."""
         return Path(self.config.dump_path) / self.rank_dir
-
-    def _export(self) -> None:
-        if self._writer is None or self.failed:
-            return
-        table = self._guard(self._writer.take_step, self.step)
-        if table is None:
-            return
-        self._step_export.add(table)
-        if self._payloads is not None:
-            self._guard(self._payloads.flush)
-        self._guard(functools.partial(export_debug, payloads=self._payload_reader, write_tensor=self._write_tensor,
-                                      done=self._tensors_done),
-                    self._step_export.rows(), self.meta(), self.step_dir())
