@@ -1,9 +1,7 @@
 """dump.json entries from log rows (spec section 3.2): the model the exporters encode.
 
 :func:`build_entries` turns the rows of one rank into ordered entries; :class:`EntryBuilder`
-does the same fed in parts (the live exporter's incremental path), given as Arrow rows or,
-by the live exporter, as the Python columns the log writer built them from
-(:mod:`store.step_rows`). Rules: call rows in
+does the same fed in parts (the live exporter's incremental path). Rules: call rows in
 ``seq`` order give one entry per name (keys in order of first appearance; ``parent``,
 ``stack_id``, ``is_recompute`` from the first row that sets them); leaf rows fill each
 key by ``path``; ``{P}.parameters_grad`` follows the step's first ``{P}.forward.{n}``.
@@ -334,7 +332,7 @@ class EntryBuilder:
         """:meth:`add` of rows given as Python columns: ``calls`` the :data:`CALL_COLUMNS`
         of the call rows, ``leaves`` the :data:`LEAF_COLUMNS` of the leaf rows, each a list
         per column, in row order, holding what ``arrow_np.pylist(..., tuples=True)`` of
-        those rows gives (:mod:`store.step_rows` hands the live exporter such columns)."""
+        those rows gives."""
         touched: set[str] = set()
         calls = _in_seq_order(calls)
         entries = self.entries

@@ -7,9 +7,8 @@ Layout (upstream-dump-format.md sections 1, 3, 4)::
 
 :func:`export_step` turns the rows of one rank and one step into the three files, offline
 (:func:`export_log`, rows from :class:`store.select.StoreReader`, one rank at a time); :class:`StepExporter` does
-the same live, fed the rows of :meth:`store.log_writer.LogWriter.take_step_rows` as the
-Python columns the writer built the log's batches from (:mod:`store.step_rows`: values as
-reading them back from Arrow would give them). The output depends only on the set of rows
+the same live (:mod:`store.step_files`), fed the rows of
+:meth:`store.log_writer.LogWriter.take_step` as the writer flushed them. The output depends only on the set of rows
 and, within one ``seq``, on the order of its leaf rows (both paths keep the order the writer
 gave them), so the two paths write byte-identical files.
 Every file is written atomically (temporary name in the same directory, then
@@ -44,7 +43,6 @@ from store.fileutil import atomic_write_text, make_dirs, replace_from
 from store.record_text import records_encoder
 from store.log_reader import Skipped, add_stacks, missing_ranks, notices
 from store.payload_writer import Payload, PayloadReader
-from store.step_rows import StepRows
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
 
 logger = logging.getLogger("msprobe")
@@ -296,7 +294,7 @@ class StepExporter:
                 stack.json/construct.json members it last wrote and its parsed ``keys``/
                 ``path`` texts are reused (the calls of a training step repeat each step).
         """
-        self._parts: list[Union[pa.Table, StepRows]] = []
+        self._parts: list[pa.Table] = []
         self._builder = EntryBuilder(previous._builder if previous is not None else None)
         self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
         self._stale = False
@@ -317,29 +315,23 @@ class StepExporter:
                     kept[(_ITEMS, key, token)] = text
         return kept
 
-    def add(self, rows: Union[pa.Table, StepRows]) -> None:
-        """Add rows of the step: a table (:data:`store.schema.LOG_SCHEMA`), or what
-        :meth:`store.log_writer.LogWriter.take_step_rows` returned (its Python columns are
-        read, its table only when :meth:`rows` is asked for). The cached text of the
+    def add(self, rows: pa.Table) -> None:
+        """Add rows of the step (a table with :data:`store.schema.LOG_SCHEMA`, as
+        :meth:`store.log_writer.LogWriter.take_step` returns them). The cached text of the
         entries they touch is dropped (stack.json/construct.json members are keyed by
         their immutable values and stay valid)."""
-        live = isinstance(rows, StepRows)
-        if (rows.num_entry_rows if live else rows.num_rows) == 0:
+        if rows.num_rows == 0:
             return
         self._parts.append(rows)
         if self._stale:
             self._version += 1
-            if live:
-                rows.drop_columns()  # the rebuild reads the table
             return
-        low = rows.seq_min() if live else arrow_np.int_min(rows[S.SEQ])
+        low = arrow_np.int_min(rows[S.SEQ])
         if low is not None and low <= self._builder.max_seq:
             self._stale = True  # out of order: rebuild at the next write
             self._version += 1
-            if live:
-                rows.drop_columns()  # the rebuild reads the table
             return
-        touched = self._builder.add_columns(*rows.take_columns()) if live else self._builder.add(rows)
+        touched = self._builder.add(rows)
         if touched:
             self._version += 1
         for name in touched:
@@ -347,8 +339,7 @@ class StepExporter:
 
     def rows(self) -> pa.Table:
         """All rows added so far, as one table."""
-        tables = [part.table() if isinstance(part, StepRows) else part for part in self._parts]
-        return pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
+        return pa.concat_tables(self._parts) if self._parts else S.LOG_SCHEMA.empty_table()
 
     def write(self, stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
               out_dir: Union[str, os.PathLike], *, payloads: Optional[PayloadReader] = None,

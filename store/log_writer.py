@@ -28,11 +28,9 @@ writer (a writer dropped without ``close`` is collected, and its thread ends), a
 :meth:`LogWriter.close` (which joins it: nothing is written after ``close`` returns) or at
 the writer's first fault. Where no thread can be started, flushes happen on appends only.
 
-Live export. Each flushed batch is kept, until its step is taken, together with the Python
-lists its call and leaf rows were built from (:class:`store.step_rows.Part`, values as
-reading the batch back gives them): :meth:`LogWriter.take_step_rows` hands those to the live
-exporter, which so never reads back from Arrow what was built from Python moments before;
-:meth:`LogWriter.take_step` returns the same rows as an Arrow table.
+Live export. Each flushed batch is kept (its call, leaf and marker rows), until its step
+is taken: :meth:`LogWriter.take_step` returns a step's rows as an Arrow table for the
+step's files (:class:`store.step_files.StepFiles`).
 
 Row conventions (see :mod:`store.schema` for the columns):
 
@@ -81,9 +79,10 @@ from store.errors import StoreWriteError
 from store.fileutil import FILE_MODE, make_dirs
 from store.bg_fsync import BackgroundFsync
 from store.log_frame import END_OF_STREAM, MessageSealer, schema_message
-from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.records import LEAF_FIELDS, Call, Leaf, Marker, Stack
-from store.step_rows import Part, StepRows, all_none, make_part
+import numpy as np
+
+from store import arrow_np
 
 
 __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name", "parse_log_file_name", "other_process_logs"]
@@ -304,7 +303,7 @@ class LogWriter:
         with LogWriter("/tmp/dump", rank=0) as writer:
             seq = writer.append(Call(step=0, kind="api_forward", name="Torch.add.0.forward",
                                      api_type="Torch", keys=("output",), leaves=(...)))
-            rows = writer.take_step(0)   # the rows of step 0 (take_step_rows: for live export)
+            rows = writer.take_step(0)   # the rows of step 0 (for the step's files)
     """
 
     def __init__(
@@ -348,7 +347,7 @@ class LogWriter:
         self._last_flush = time.monotonic()
         # state kept across flushes
         self._stacks: dict[int, tuple[str, ...]] = {}
-        self._retained: list[Part] = []  # flushed, not yet taken (see take_step_rows)
+        self._retained: list[_Part] = []  # flushed, not yet taken (see take_step)
         self._keys_text: dict[tuple[str, ...], str] = {}
         self._path_text: dict[tuple, tuple[str, str]] = {}
         self._path: Optional[Path] = None
@@ -524,26 +523,17 @@ class LogWriter:
             StoreWriteError: the flush failed (once per writer). The rows stay retained:
                 call ``take_step`` again to get them.
         """
-        return self.take_step_rows(step, fsync=fsync).table()
-
-    def take_step_rows(self, step: Optional[int] = None, *, fsync: bool = False) -> StepRows:
-        """:meth:`take_step`, the rows handed over as :class:`store.step_rows.StepRows`:
-        the Python columns of the call and leaf rows as they were built for the log (what
-        the live exporter reads), the Arrow table only when asked for.
-
-        Raises:
-            StoreWriteError: as :meth:`take_step`.
-        """
         with self._lock:
             if self._failed or self._closed:
                 self._raise_timer_error()
             else:
                 self._flush_locked(fsync)
-            return StepRows(self._split_retained(step))
+            tables = [part.rows() for part in self._split_retained(step)]
+        return pa.concat_tables(tables) if tables else S.LOG_SCHEMA.empty_table()
 
     def drop_step_rows(self, step: int) -> None:
         """Forget the retained rows of ``step`` without handing them out: the caller is done
-        with the step (its last :meth:`take_step_rows` came before rows that were flushed
+        with the step (its last :meth:`take_step` came before rows that were flushed
         later, such as the ``step_end`` marker, which would otherwise stay retained for the
         writer's life: one small batch per step). Pending rows are not flushed; nothing is
         written.
@@ -557,7 +547,7 @@ class LogWriter:
         with self._lock:
             self._split_retained(int(step))
 
-    def _split_retained(self, step: Optional[int]) -> list[Part]:
+    def _split_retained(self, step: Optional[int]) -> list["_Part"]:
         """Remove the rows of ``step`` (every step when None) from the retained parts and
         return them, as parts in flush order; under ``_lock``."""
         taken, kept = [], []
@@ -750,10 +740,9 @@ class LogWriter:
             self._keys_text[keys] = cached
         return cached
 
-    def _build_batch(self) -> Part:
+    def _build_batch(self) -> "_Part":
         """Turn the pending records into one record batch (rows: calls, leaves, stacks,
-        markers), kept with the Python columns of its call and leaf rows
-        (:func:`store.step_rows.make_part`), and clear them."""
+        markers) and clear them."""
         calls, call_seqs = self._calls, self._call_seqs
         leaves, owner = self._leaves, self._leaf_owner
         stacks = self._new_stacks
@@ -769,7 +758,7 @@ class LogWriter:
         owners = [calls[i] for i in owner]
 
         # the values of the call rows and of the leaf rows, one list per column; padded with
-        # None into the batch's columns, and kept as they are for the live export
+        # None into the batch's columns
         call_cols: dict[str, list] = {
             S.STEP: [c.step for c in calls],
             S.SEQ: call_seqs,
@@ -820,6 +809,50 @@ class LogWriter:
                         values += rows[name] if name in rows else [None] * count
             arrays.append(pa.array(values, type=arrow_type))
         batch = pa.RecordBatch.from_arrays(arrays, schema=S.LOG_SCHEMA)
-        none_l = [None] * nl
-        return make_part(batch, nc, nl, ns, [call_cols[name] for name in CALL_COLUMNS],
-                         [leaf_cols.get(name, none_l) for name in LEAF_COLUMNS], steps)
+        return _Part(batch, nc + nl, ns, steps)
+
+
+def all_none(values: list) -> bool:
+    """True when every item of the non-empty list ``values`` is None (the ends first: cheap
+    for a column with values)."""
+    return values[0] is None and values[-1] is None and values.count(None) == len(values)
+
+
+class _Part:
+    """One flushed batch kept for :meth:`LogWriter.take_step`: its rows are ``entry_rows``
+    call and leaf rows, ``ns`` stack rows, then marker rows; ``steps``: the steps of its
+    call, leaf and marker rows."""
+
+    __slots__ = ("batch", "entry_rows", "ns", "steps")
+
+    def __init__(self, batch: pa.RecordBatch, entry_rows: int, ns: int, steps: frozenset) -> None:
+        self.batch, self.entry_rows, self.ns, self.steps = batch, entry_rows, ns, steps
+
+    def rows(self) -> pa.Table:
+        """The call, leaf and marker rows of the batch (stack rows left out), in order."""
+        batch, cut = self.batch, self.entry_rows
+        if not self.ns:
+            return pa.Table.from_batches([batch])
+        tail = cut + self.ns
+        return pa.Table.from_batches([batch.slice(0, cut), batch.slice(tail, batch.num_rows - tail)])
+
+    def split(self, step: Optional[int]) -> tuple[Optional["_Part"], Optional["_Part"]]:
+        """``(taken, kept)``: parts holding the non-stack rows of ``step`` (every step when
+        None) and the other non-stack rows, each None when there is none."""
+        if self.batch.num_rows == self.ns:
+            return None, None
+        if step is None or self.steps == {int(step)}:
+            return self, None
+        if int(step) not in self.steps:
+            return None, self
+        rows = self.rows()
+        take = arrow_np.values(rows.column(S.STEP)) == int(step)
+        return (self._subset(rows, take, frozenset({int(step)})),
+                self._subset(rows, ~take, self.steps - {int(step)}))
+
+    @staticmethod
+    def _subset(rows: pa.Table, mask: np.ndarray, steps: frozenset) -> "_Part":
+        table = arrow_np.select(rows, mask).combine_chunks()
+        batches = table.to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=S.LOG_SCHEMA)
+        return _Part(batch, batch.num_rows, 0, steps)

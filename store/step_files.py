@@ -50,7 +50,7 @@ class StepFiles:
             OSError: a file could not be written.
         """
         if emitted:
-            self._exporter.add(self.writer.take_step_rows(step))
+            self._exporter.add(self.writer.take_step(step))
         else:
             self.writer.flush()
         rank_dir = meta["rank_dir"]

@@ -10,7 +10,6 @@ import torch
 
 from msprobe.pytorch import PrecisionDebugger
 from store import schema as S
-from store.entries import CALL_COLUMNS
 from store.log_reader import read_log
 from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker
@@ -87,12 +86,11 @@ def test_drop_step_rows_keeps_other_steps(tmp_path):
         writer.flush()
         assert len(writer._retained) == 1
         writer.drop_step_rows(1)
-        assert writer.take_step_rows(1).table().num_rows == 0
-        rows0 = writer.take_step_rows(0)
-        assert rows0.table().column(S.NAME).to_pylist() == ["Torch.a.0.forward", "Torch.a.0.forward"]
-        calls, _ = rows0.take_columns()
-        assert rows0.num_entry_rows == 2 and calls[CALL_COLUMNS.index(S.NAME)] == ["Torch.a.0.forward"]
-        rows2 = writer.take_step_rows(2).table()
+        assert writer.take_step(1).num_rows == 0
+        rows0 = writer.take_step(0)
+        assert rows0.column(S.NAME).to_pylist() == ["Torch.a.0.forward", "Torch.a.0.forward"]
+        assert rows0.column(S.ROW).to_pylist() == ["call", "leaf"]
+        rows2 = writer.take_step(2)
         assert rows2.column(S.NAME).to_pylist() == ["Torch.c.0.forward", "Torch.c.0.forward"]
         assert writer._retained == []
 

@@ -1,6 +1,6 @@
-"""The live export's rows without the Arrow round trip (store.step_rows): the Python columns
-the log writer hands over equal what reading its batches back gives (values and types), and
-the live export fed with them writes the bytes of the offline export of the same log."""
+"""The rows the log writer keeps for the step files (LogWriter.take_step): a step's call,
+leaf and marker rows, split out of batches that hold several steps; the live export fed
+with them writes the bytes of the offline export of the same log."""
 from __future__ import annotations
 
 import math
@@ -17,7 +17,6 @@ from store.entries import CALL_COLUMNS, LEAF_COLUMNS
 from store.export import StepExporter, export_log
 from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker, Stack
-from store.step_rows import StepRows
 
 META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
 
@@ -74,79 +73,6 @@ def _pg_call(step: int = 0) -> Call:
                                                   Leaf(io="bias", path=(), leaf_kind="none")))
 
 
-def _read_back(part_table: pa.Table, kind: str, columns) -> list[list]:
-    rows = arrow_np.select(part_table, arrow_np.equals(part_table[S.ROW], kind))
-    return [arrow_np.pylist(rows[name], tuples=True) for name in columns]
-
-
-def _same(got: list, want: list) -> bool:
-    """Equal lists of equal types, NaN equal to NaN and zeros told apart by sign."""
-    return len(got) == len(want) and all(
-        type(a) is type(b) and (repr(a) == repr(b) if isinstance(a, float) else a == b) for a, b in zip(got, want))
-
-
-def _assert_columns_as_logged(rows: StepRows) -> tuple[list, list]:
-    table = rows.table()
-    calls, leaves = rows.take_columns()
-    for got, want in zip(calls, _read_back(table, S.ROW_CALL, CALL_COLUMNS)):
-        assert _same(got, want), (got, want)
-    for got, want in zip(leaves, _read_back(table, S.ROW_LEAF, LEAF_COLUMNS)):
-        assert _same(got, want), (got, want)
-    with pytest.raises(RuntimeError):
-        rows.take_columns()  # handed out once
-    return calls, leaves
-
-
-def test_columns_equal_the_rows_read_back(tmp_path):
-    with LogWriter(tmp_path, 0, flush_rows=7, flush_interval_s=3600) as writer:
-        writer.append_stack(Stack(stack_id=0, frames=("f0",)))
-        for n in range(4):
-            writer.append(_odd_call(n))
-        writer.append(_pg_call())
-        writer.append_marker(Marker(step=0, kind="stop", meta=META))
-        rows = writer.take_step_rows(0)
-    assert rows.num_entry_rows == 4 * (1 + 17) + 3
-    calls, leaves = _assert_columns_as_logged(rows)
-    maxes = leaves[LEAF_COLUMNS.index(S.MAX)]
-    assert (maxes[2], maxes[3]) == (3.0, 1.0) and type(maxes[2]) is type(maxes[3]) is float
-    assert leaves[LEAF_COLUMNS.index(S.SHAPE)][5] == (3, 1)
-    assert type(leaves[LEAF_COLUMNS.index(S.DTYPE)][5]) is str
-
-
-_FLOATS = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 53, 2 ** 53),
-                    st.booleans(), st.floats(width=32).map(np.float32), st.floats().map(np.float64))
-_TEXTS = st.one_of(st.none(), st.text(max_size=4), st.text(max_size=4).map(Text), st.text(max_size=3).map(np.str_))
-_SHAPES = st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=3).flatmap(
-    lambda dims: st.sampled_from([tuple(dims), list(dims), tuple(np.int64(d) for d in dims)])))
-_BOOLS = st.one_of(st.none(), st.booleans(), st.booleans().map(np.bool_))
-
-
-@st.composite
-def _leaves(draw):
-    return Leaf(io=draw(_TEXTS.filter(lambda t: t is not None)), path=(draw(st.integers(0, 3)),),
-                leaf_kind=draw(st.sampled_from(S.LEAF_KINDS)), type=draw(_TEXTS), dtype=draw(_TEXTS),
-                shape=draw(_SHAPES), numel=draw(st.one_of(st.none(), st.integers(0, 99))), max=draw(_FLOATS),
-                min=draw(_FLOATS), mean=draw(_FLOATS), norm=draw(_FLOATS), max_finite=draw(_FLOATS),
-                min_finite=draw(_FLOATS), crc32=draw(_TEXTS), requires_grad=draw(_BOOLS), data_name=draw(_TEXTS),
-                value_json=draw(_TEXTS))
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(calls=st.lists(st.tuples(_TEXTS.filter(lambda t: t is not None), st.one_of(st.none(), st.integers(0, 5)),
-                                _BOOLS, st.lists(_leaves(), max_size=4)), min_size=1, max_size=5),
-       flush_rows=st.integers(1, 12))
-def test_columns_equal_the_rows_read_back_for_any_value_types(tmp_path_factory, calls, flush_rows):
-    with LogWriter(tmp_path_factory.mktemp("log"), 0, flush_rows=flush_rows, flush_interval_s=3600) as writer:
-        for n, (name, stack_id, recompute, leaves) in enumerate(calls):
-            writer.append(Call(step=n % 2, kind="api_forward", name=name, api_type="Torch", stack_id=stack_id,
-                               is_recompute=recompute, parent=name, keys=("output",), leaves=tuple(leaves)))
-        for step in (1, 0):  # mixed-step batches are split
-            rows = writer.take_step_rows(step)
-            _assert_columns_as_logged(rows)
-            assert rows.num_entry_rows == sum(1 + len(c[3]) for n, c in enumerate(calls) if n % 2 == step)
-        assert writer.take_step_rows(None).num_entry_rows == 0
-
-
 def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5, order=None) -> tuple[dict, dict]:
     """Write ``steps`` (per step: a list of events and "take" markers where the live export
     takes and writes) through a LogWriter with a live StepExporter per step; returns the
@@ -165,7 +91,7 @@ def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5, order=None) 
                 elif isinstance(event, Marker):
                     writer.append_marker(event)
                 else:  # "take": stop() or step()
-                    taken.append(writer.take_step_rows(step))
+                    taken.append(writer.take_step(step))
                     if order is None:
                         exporter.add(taken[-1])
                         exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
@@ -204,7 +130,8 @@ def test_live_export_equals_offline_export_with_parts_out_of_seq_order(tmp_path,
 
 
 def test_rows_table_is_take_step(tmp_path):
-    """take_step is take_step_rows' table: call, leaf and marker rows of the step, no stack rows."""
+    """take_step: the call, leaf and marker rows of the step, no stack rows; the rows of
+    other steps stay for their own take_step."""
     with LogWriter(tmp_path, 0, flush_rows=3, flush_interval_s=3600) as writer:
         writer.append_stack(Stack(stack_id=0, frames=("a",)))
         writer.append_marker(Marker(step=0, kind="start", meta=META))
@@ -215,41 +142,17 @@ def test_rows_table_is_take_step(tmp_path):
         assert table.schema == S.LOG_SCHEMA
         assert sorted(set(table[S.ROW].to_pylist())) == ["call", "leaf", "marker"]
         assert set(table[S.STEP].to_pylist()) == {0}
-        rest = writer.take_step_rows(1)
-        assert rest.table()[S.ROW].to_pylist().count("marker") == 1 and rest.num_entry_rows == 18
+        rest = writer.take_step(1)
+        assert rest[S.ROW].to_pylist().count("marker") == 1 and rest.num_rows == 19
         assert writer._retained == []
-
-
-def test_rows_out_of_seq_order_free_their_python_columns(tmp_path, json_files):
-    """Parts added while the exporter must rebuild (rows out of seq order) are read from
-    their tables by the rebuild: their Python columns are freed at once, not held until
-    the step ends. The files still equal the offline export."""
-    dump = tmp_path / "d"
-    with LogWriter(dump, 0, flush_rows=5, flush_interval_s=3600) as writer:
-        taken = []
-        for n in range(3):
-            writer.append(_odd_call(n, 0))
-            taken.append(writer.take_step_rows(0))
-        writer.append_marker(Marker(step=0, kind="step_end", meta=META))
-        exporter = StepExporter()
-        for i in (2, 0, 1):  # 0 arrives after 2: out of order; 1 while stale
-            exporter.add(taken[i])
-        for rows in (taken[0], taken[1]):
-            assert all(part.calls is None and part.leaves is None for part in rows._parts)
-        exporter.write(writer.stacks(), META, dump / "step0" / "rank")
-    export_log(dump, tmp_path / "re")
-    live, offline = json_files(dump), json_files(tmp_path / "re")
-    assert sorted(live) == sorted(offline) and len(live) == 3
-    for name in live:
-        assert live[name] == offline[name], name
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from(["call", "marker", "stack"]), st.integers(0, 2)), max_size=8),
        step=st.integers(0, 3))
-def test_split_by_known_steps_equals_split_by_column(tmp_path, rows, step):
-    """A part built by the writer knows its steps (Part.steps) and splits without reading
-    the step column: the same parts' rows as the split that reads it (steps unknown)."""
+def test_split_equals_filtering_by_the_step_column(tmp_path, rows, step):
+    """A flushed batch splits into the rows of ``step`` and the others: the same rows, in
+    order, as filtering the batch's non-stack rows by the step column."""
     with LogWriter(tmp_path, 0, flush_rows=10**6, flush_interval_s=3600) as writer:
         for i, (row, s) in enumerate(rows):
             if row == "call":
@@ -260,10 +163,9 @@ def test_split_by_known_steps_equals_split_by_column(tmp_path, rows, step):
                 writer.append_stack(Stack(stack_id=i, frames=("f",)))
         part = writer._build_batch()
     assert part.steps == frozenset(s for row, s in rows if row != "stack")
-    known = part.split(step)
-    part.steps = None
-    read = part.split(step)
-    for a, b in zip(known, read):
-        assert (a is None) == (b is None)
-        if a is not None:  # repr: NaN statistics compare equal
-            assert repr(a.rows().to_pylist()) == repr(b.rows().to_pylist())
+    everything = part.rows().to_pylist()
+    taken, kept = part.split(step)
+    mine = [r for r in everything if r[S.STEP] == step]
+    other = [r for r in everything if r[S.STEP] != step]
+    assert repr(taken.rows().to_pylist() if taken is not None else []) == repr(mine)  # repr: NaN == NaN
+    assert repr(kept.rows().to_pylist() if kept is not None else []) == repr(other)
