@@ -1,11 +1,8 @@
-"""Build hook for the optional C extensions ``msprobe._native.fused_stats`` and
-``store._record_text`` (dump.json text).
+"""Build hook for the optional C extension ``msprobe._native.fused_stats``.
 
-All metadata lives in pyproject.toml. The extensions are optional: without a C compiler (or
+All metadata lives in pyproject.toml. The extension is optional: without a C compiler (or
 if compiling fails) ``pip install`` still succeeds and msprobe computes the statistics with
-torch/numpy instead (``msprobe.pytorch.stats.NATIVE`` is then None), and dump.json is
-encoded by the Python code of ``store.record_text`` (``store.record_text._native`` is then
-None; same bytes, slower).
+torch/numpy instead (``msprobe.pytorch.stats.NATIVE`` is then None).
 """
 import sys
 
@@ -16,6 +13,4 @@ from setuptools import Extension, setup
 _ARGS = [] if sys.platform == "win32" else ["-O3", "-fno-strict-aliasing"]
 
 setup(ext_modules=[Extension("msprobe._native.fused_stats", ["msprobe/_native/fused_stats.c"],
-                             extra_compile_args=_ARGS, optional=True),
-                   Extension("store._record_text", ["store/_record_text.c"],
                              extra_compile_args=_ARGS, optional=True)])

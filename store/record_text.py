@@ -8,9 +8,8 @@ depth; ``_plain`` turns every tuple into its dict or parsed value). Each record 
 by one specialised function (fixed key order, no recursion, no dict) instead of the
 generic encoder, and an equal leaf met again in the same dump is not formatted again.
 
-When the optional C extension ``store._record_text`` is built, :func:`records_encoder`
-returns its encoder instead (same text, several times faster; tuples it does not format
-itself come back to :func:`_leaf_text`); the Python encoder here is the fallback.
+The encoder runs in the rank's writer process (:mod:`store.writer_process`), off the
+training thread.
 """
 from __future__ import annotations
 
@@ -20,11 +19,6 @@ from typing import Any, Callable
 from store import schema as S
 from store.entries import _tensor_record
 from store.json_text import _ENCODE_STR, _encode as _encode_plain, _float_text, _make_encoder, _NotPlainJson
-
-try:  # optional C extension (setup.py); without it the Python encoder below is used
-    from store import _record_text as _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
 
 __all__ = ["records_encoder"]
 
@@ -160,31 +154,6 @@ def _has_zero(record: tuple) -> bool:
     return 0.0 in (record[3], record[4], record[5], record[6], record[8], record[9])
 
 
-def _leaf_text(leaf: tuple, indent: str) -> str:
-    """The text of ``leaf`` nested at ``indent``: the C encoder's path for a tuple whose
-    fields do not all have the types :class:`store.entries.EntryBuilder` gives them.
-
-    A value leaf is parsed and written as the Python encoder does; any other tuple is
-    written from its :func:`store.entries._tensor_record` dict by the plain-JSON encoder
-    (exactly ``json.dumps``'s text of that dict, where the Python record path's shortcuts
-    assume column types: ``int.__repr__`` of a bool shape item, kept texts found by
-    equality).
-
-    Raises:
-        store.json_text._NotPlainJson: not a record or value leaf of plain JSON values
-            (the caller falls back to ``json.dumps``); whatever ``json.loads`` raises for
-            a value leaf's text.
-    """
-    try:
-        hash(leaf)
-    except TypeError:  # as in records_encoder's on_tuple: an unhashable leaf is a record
-        pass
-    else:
-        if len(leaf) == 1:
-            return _value_text(leaf[0], indent)
-    return _record_dict_text(leaf, indent)
-
-
 def records_encoder() -> Callable[[Any, str, list], None]:
     """A new ``encode(value, indent, out)``: appends the ``indent=1`` text of ``value``
     nested at ``indent`` (a str of spaces) to ``out`` (a list of str), each tuple in it
@@ -203,18 +172,7 @@ def records_encoder() -> Callable[[Any, str, list], None]:
     Raises (from ``encode``):
         store.json_text._NotPlainJson: a value that is not plain JSON (dict keys not str,
             other types); RecursionError: nested too deep.
-
-    The encoder is the C one of ``store._record_text`` when that extension is built
-    (:data:`_native`; the same text), else :func:`_python_records_encoder`'s.
     """
-    if _native is not None:
-        return _native.Encoder(_NotPlainJson, json.loads, _BOOL_DTYPES, _leaf_text, _python_records_encoder)
-    return _python_records_encoder()
-
-
-def _python_records_encoder() -> Callable[[Any, str, list], None]:
-    """:func:`records_encoder` in pure Python (the fallback when the C extension is not
-    built; also what the C encoder hands an indent that is not all spaces)."""
     frames: dict[str, _Frame] = {}
 
     def on_tuple(leaf: tuple, indent: str, out: list) -> None:
