@@ -35,9 +35,19 @@ from store.errors import StoreWriteError
 from store.records import Call, Marker, Stack
 from store.writer_process import CALL, END_STEP, EXPORT, HELLO, MARKER, PROTOCOL, QUIT, STACK, SYNC, encode_frame
 
-__all__ = ["WriterClient", "WriterGone"]
+__all__ = ["WriterClient", "WriterGone", "writer_command"]
 
 _STORE_ROOT = str(Path(__file__).resolve().parent.parent)  # the directory holding package ``store``
+
+
+def writer_command() -> list[str]:
+    """The writer process's command line: this interpreter in isolated mode (``-I``: no
+    current directory, ``PYTHON*`` variables or user site on its path, so that a ``store``
+    package of the user's cannot stand in for this one), importing ``store`` from where
+    this process imported it."""
+    code = (f"import sys; sys.path.insert(0, {_STORE_ROOT!r}); "
+            "from store.writer_process import main; main()")
+    return [sys.executable, "-I", "-c", code]
 
 
 class WriterGone(Exception):
@@ -87,8 +97,8 @@ class WriterClient:
             the bound on what a killed training process loses). Must be > 0.
         max_unacked: frames handed over but not yet written that are kept (back-pressure
             beyond). Must be >= 1.
-        command: the writer process's command line (default: this interpreter, ``-m
-            store.writer_process``; a test seam).
+        command: the writer process's command line (default: :func:`writer_command`; a
+            test seam).
 
     Raises:
         ValueError: an argument out of range.
@@ -118,11 +128,8 @@ class WriterClient:
         self._gone = False
         self._closed = False
         self._pid = os.getpid()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_STORE_ROOT, env.get("PYTHONPATH")) if p)
         try:
-            self._proc = subprocess.Popen(command or [sys.executable, "-m", "store.writer_process"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self._proc = subprocess.Popen(command or writer_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._proc.stdin.write(encode_frame([(HELLO, PROTOCOL, {
                 "dump_path": os.fspath(dump_path), "rank": int(rank), "owner_pid": os.getpid(),
                 "flush_interval_s": self._interval})]))

@@ -1,6 +1,7 @@
 """The writer process: one per rank, behind the training process (design.md, Data flow).
 
-Started by :class:`store.writer_client.WriterClient` as ``python -m store.writer_process``.
+Started by :class:`store.writer_client.WriterClient` (the command line:
+:func:`store.writer_client.writer_command`).
 It reads the records the training process hands over on its standard input, appends them
 to the rank's Arrow log (:class:`store.log_writer.LogWriter`, the log file named after the
 training process) and writes each step's files (:class:`store.step_files.StepFiles`) when

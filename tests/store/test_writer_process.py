@@ -21,7 +21,7 @@ from store.errors import StoreWriteError
 from store.export import export_log
 from store.log_reader import read_log
 from store.records import Call, Marker, Stack, make_leaf
-from store.writer_client import WriterClient, WriterGone
+from store.writer_client import WriterClient, WriterGone, writer_command
 from store.writer_process import HEADER, HELLO, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,8 +75,8 @@ def _tree(root: Path) -> dict:
 
 
 def _slow_writer(seconds: float) -> list:
-    return [sys.executable, "-c",
-            f"import sys, time; time.sleep({seconds}); from store.writer_process import main; main()"]
+    return [sys.executable, "-c", f"import sys, time; sys.path.insert(0, {str(REPO)!r}); time.sleep({seconds}); "
+            "from store.writer_process import main; main()"]
 
 
 def test_export_is_not_waited_for_and_wait_is_bounded(tmp_path):
@@ -119,9 +119,21 @@ def test_write_fault_is_raised_once(tmp_path):
 
 
 def test_protocol_mismatch_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "store.writer_process"], input=encode_frame([(HELLO, 999, {})]),
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    proc = subprocess.run(writer_command(), input=encode_frame([(HELLO, 999, {})]), capture_output=True, timeout=60)
     assert proc.returncode == 2 and b"protocol mismatch" in proc.stderr
+
+
+def test_a_store_package_in_the_current_directory_is_not_imported(tmp_path, monkeypatch):
+    """The writer process imports this installation's ``store``, whatever the training
+    script's directory holds."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "__init__.py").write_text("raise SystemExit('the wrong store package')\n")
+    monkeypatch.chdir(tmp_path)
+    client = WriterClient(tmp_path / "d", 0)
+    hand_over(client, steps=1)
+    assert client.wait(60)
+    client.close()
+    assert json.loads((tmp_path / "d" / "step0" / "rank" / "dump.json").read_text())["data"]
 
 
 def test_bad_arguments_are_refused(tmp_path):
