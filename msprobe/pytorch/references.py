@@ -12,8 +12,7 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
 (``Functional.gelu.{n}.forward``):
 
 * module globals of every imported module outside ``torch`` (and msprobe itself), scanned
-  at the first ``start()`` and, for modules imported since, at each later one (a
-  ``start()`` that finds ``sys.modules`` as long as at the last scan skips this);
+  at the first ``start()`` and, for modules imported since, at each later one;
 * attributes of the model's modules (``vars(module)``), at each ``start(model)``, and of
   their classes, once per class; a ``functools.partial`` of an original is replaced by
   the same partial of the wrapper, and a ``staticmethod`` of one by a ``staticmethod`` of
@@ -66,7 +65,6 @@ class References:
         self._targets = targets
         self._group = group
         self._scanned: dict[str, int] = {}  # module name -> id of the module object scanned
-        self._modules_seen = -1  # len(sys.modules) at the end of the last scan
         self._classes: set[int] = set()  # ids of the classes scanned (kept alive by _kept)
         self._kept: list[type] = []
 
@@ -76,10 +74,7 @@ class References:
         if not self._targets:
             return 0
         count = 0
-        modules = sys.modules
-        # an import adds to sys.modules: with as many entries as at the last scan, none is new
-        # (a scan of thousands of entries at every start() costs milliseconds)
-        for name, mod in (list(modules.items()) if len(modules) != self._modules_seen else ()):
+        for name, mod in list(sys.modules.items()):
             if mod is None or self._scanned.get(name) == id(mod):
                 continue
             self._scanned[name] = id(mod)
@@ -88,7 +83,6 @@ class References:
             d = getattr(mod, "__dict__", None)
             if isinstance(d, dict):
                 count += self._rebind_dict(d, mod)
-        self._modules_seen = len(modules)
         classes: dict[int, type] = {}
         for model in models:
             for m in model.modules():
