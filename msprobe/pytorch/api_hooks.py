@@ -241,13 +241,15 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
     torch.compile are recorded (:mod:`msprobe.pytorch.compiled_record`), else None.
 
     The tests, in the order made: torch.compile tracing (``is_compiling``, first, so that
-    Dynamo sees nothing else, :mod:`msprobe.pytorch.compiled`); this thread inside
-    msprobe's own code or a recorded call (``busy``, :mod:`msprobe.core.guard`: the call
-    goes straight to the original); the session recording, this wrapper not switched off
-    (``__msprobe_disabled__``) and the caller's module not torch.compile's runtime
-    (:data:`~msprobe.pytorch.compiled.COMPILER_PACKAGES`): the call is recorded.
-    Otherwise the statistics memo is emptied when it holds anything (backward entries are
-    still recorded after ``stop()``: a write here counts) and the original runs."""
+    Dynamo sees nothing else, :mod:`msprobe.pytorch.compiled`); the session recording;
+    this thread inside msprobe's own code or a recorded call (``busy``,
+    :mod:`msprobe.core.guard`: the call goes straight to the original); this wrapper not
+    switched off (``__msprobe_disabled__``) and the caller's module not torch.compile's
+    runtime (:data:`~msprobe.pytorch.compiled.COMPILER_PACKAGES`): the call is recorded.
+    Otherwise, outside msprobe's own code, the statistics memo is emptied when it holds
+    anything (backward entries are still recorded after ``stop()``: a write here counts)
+    and the original runs. Each path reads only what decides it: two attributes for a
+    call inside a recorded one, two for a call while the session is stopped."""
     key = f"{family}.{api}"
     traced = compiled_record.api_call
     tls = session._tls
@@ -261,12 +263,14 @@ def _make_wrapper(original: Any, family: str, api: str, record: Callable, sessio
             if rid is None:
                 return original(*args, **kwargs)
             return traced(rid, family, key, original, args, kwargs)  # compiled_regions "inside"
-        if not tls.busy:  # a class default: reading it never raises
-            if (session.recording and not wrapper.__msprobe_disabled__
+        if session.recording:
+            if tls.busy:  # a class default: reading it never raises
+                return original(*args, **kwargs)
+            if (not wrapper.__msprobe_disabled__
                     and not getframe(1).f_globals.get("__name__", "").startswith(compiler)):
                 return record(original, family, key, args, kwargs)
-            if entries:
-                clear()
+        if entries and not tls.busy:
+            clear()
         return original(*args, **kwargs)
 
     return finish_wrapper(wrapper, original, session)
