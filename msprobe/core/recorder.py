@@ -147,8 +147,9 @@ class RecorderCore:
     # --- per-thread state -------------------------------------------------------------------
     def _frames(self) -> Optional[list]:
         """This thread's module/Cell stack (``Session.module_stack``), or None where this
-        thread has none: read from the ``threading.local``'s own dict, since a ``getattr``
-        of an attribute a thread never set raises and catches an AttributeError (~1 µs)."""
+        thread has none. Read from the ``threading.local``'s own dict: a ``getattr`` of an
+        attribute this thread never set raises and catches an AttributeError (0.3–1 µs, on
+        every API call at level L1, where no module stack exists)."""
         return self.session.local.__dict__.get("frames")
 
     def parent(self) -> Optional[str]:

@@ -18,17 +18,20 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
   the same partial of the wrapper, and a ``staticmethod`` of one by a ``staticmethod`` of
   the wrapper.
 
-Nothing is done per call. A later ``start()`` costs tens of microseconds when nothing
-changed: the module scan is skipped while ``sys.modules`` holds the same objects under the
-same names as at the last scan, and a module's ``vars()`` is searched only where one of its
-values is an original or a ``functools.partial`` (both tested in C over the values). Each rebinding is undone when the wrappers are removed (the
-original is put back where the slot still holds the wrapper; a wrapper another debugger
-put there stays). References this cannot reach (closures, default arguments, local
-variables, lists and dicts) keep calling the original and are not recorded.
+Nothing is done per call. A later ``start()`` is cheap when nothing changed: the module
+scan is skipped while ``sys.modules`` holds the same objects under the same names as at the
+last scan, and a model module's ``vars()`` is searched only where one of its values is an
+original or a ``functools.partial`` (both tested by identity, in C, over the values).
+
+Each rebinding is undone when the wrappers are removed (the original is put back where
+the slot still holds the wrapper; a wrapper another debugger put there stays). References
+this cannot reach (closures, default arguments, local variables, lists and dicts) keep
+calling the original and are not recorded.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import sys
 import types
@@ -126,7 +129,8 @@ class References:
         """Whether a value of ``d`` may be rebound: an original, or a ``functools.partial``
         (of an original or not)."""
         values = d.values()
-        return not self._targets.keys().isdisjoint(map(id, values)) or functools.partial in map(type, values)
+        return (not self._targets.keys().isdisjoint(map(id, values))
+                or any(map(operator.is_, map(type, values), itertools.repeat(functools.partial))))
 
     def _replacement(self, value: Any) -> Optional[Any]:
         """The wrapper (or a partial of it) to put in place of ``value``, or None."""
