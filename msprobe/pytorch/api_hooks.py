@@ -27,7 +27,7 @@ from msprobe.core.api_list import load_api_list as read_api_list
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch import compiled_record
-from msprobe.pytorch.compiled import from_compiler, is_compiling
+from msprobe.pytorch.compiled import COMPILER_PACKAGES, is_compiling
 from msprobe.pytorch.dist_hooks import FAMILY as DIST_FAMILY, DistributedCalls, DistributedWrapper, distributed_module
 from msprobe.pytorch.jit_compat import prepare_builtin_table, script_as_original
 from msprobe.pytorch.seqslot import restore_sq_item, saved_sq_item
@@ -238,24 +238,39 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
 def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any,
                   memo: StatsMemo, rid: Optional[int] = None) -> Callable:
     """The wrapper of one API; ``rid``: the recorder's id where calls traced by
-    torch.compile are recorded (:mod:`msprobe.pytorch.compiled_record`), else None."""
+    torch.compile are recorded (:mod:`msprobe.pytorch.compiled_record`), else None.
+
+    The tests, in the order made: torch.compile tracing (``is_compiling``, first, so that
+    Dynamo sees nothing else, :mod:`msprobe.pytorch.compiled`); the session recording;
+    this thread inside msprobe's own code or a recorded call (``busy``,
+    :mod:`msprobe.core.guard`: the call goes straight to the original); this wrapper not
+    switched off (``__msprobe_disabled__``) and the caller's module not torch.compile's
+    runtime (:data:`~msprobe.pytorch.compiled.COMPILER_PACKAGES`): the call is recorded.
+    Otherwise, outside msprobe's own code, the statistics memo is emptied when it holds
+    anything (backward entries are still recorded after ``stop()``: a write here counts)
+    and the original runs. Each path reads only what decides it: two attributes for a
+    call inside a recorded one, two for a call while the session is stopped."""
     key = f"{family}.{api}"
     traced = compiled_record.api_call
     tls = session._tls
     entries = memo.entries  # the memo's dict (never replaced): a cheap emptiness test
     clear = memo.clear
+    getframe = sys._getframe
+    compiler = COMPILER_PACKAGES
 
     def wrapper(*args, **kwargs):
         if is_compiling():  # first: torch.compile traces only the original (msprobe.pytorch.compiled)
             if rid is None:
                 return original(*args, **kwargs)
             return traced(rid, family, key, original, args, kwargs)  # compiled_regions "inside"
-        # tls.busy: msprobe.core.guard's flag (a class default: reading it never raises)
-        if (session.recording and not tls.busy and not wrapper.__msprobe_disabled__
-                and not from_compiler(sys._getframe(1))):
-            return record(original, family, key, args, kwargs)
+        if session.recording:
+            if tls.busy:  # a class default: reading it never raises
+                return original(*args, **kwargs)
+            if (not wrapper.__msprobe_disabled__
+                    and not getframe(1).f_globals.get("__name__", "").startswith(compiler)):
+                return record(original, family, key, args, kwargs)
         if entries and not tls.busy:
-            clear()  # backward entries are still recorded after stop(): a write here counts
+            clear()
         return original(*args, **kwargs)
 
     return finish_wrapper(wrapper, original, session)

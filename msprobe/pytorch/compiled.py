@@ -14,13 +14,12 @@ docs/pytorch.md, section "torch.compile", says what is recorded around it. With 
 compiled region, e.g. under a user's ``FakeTensorMode``: their leaves get dtype and shape
 only (:meth:`msprobe.pytorch.leaves.LeafBuilder.tensor_leaf`).
 
-:func:`from_compiler` tells calls that the compiled code's runtime makes eagerly
-(AOTAutograd copying a gradient into the layout its backward graph expects), which are not
-calls of the user's and are not recorded.
+Calls that the compiled code's runtime makes eagerly (AOTAutograd copying a gradient into
+the layout its backward graph expects) are not calls of the user's and are not recorded:
+an API wrapper does not record a call whose caller's module (``__name__`` of the calling
+frame's globals) is in one of :data:`COMPILER_PACKAGES`.
 """
 from __future__ import annotations
-
-import types
 
 import torch
 
@@ -30,16 +29,8 @@ is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) o
 
 #: packages of torch.compile's machinery: Dynamo, AOTAutograd, Inductor
 #: (``torch.func``'s transforms, also under ``torch._functorch``, call user functions: not listed)
-_COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch._aot_autograd", "torch._functorch.aot_autograd",
-                      "torch._inductor")
-
-
-def from_compiler(frame: types.FrameType) -> bool:
-    """Whether the Python frame ``frame`` (the caller of an API) runs code of
-    torch.compile's machinery (:data:`_COMPILER_PACKAGES`)."""
-    name = frame.f_globals.get("__name__", "")
-    return name.startswith(_COMPILER_PACKAGES)
-
+COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch._aot_autograd", "torch._functorch.aot_autograd",
+                     "torch._inductor")
 
 try:
     from torch._subclasses.fake_tensor import is_fake as _is_fake

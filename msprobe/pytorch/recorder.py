@@ -173,7 +173,8 @@ class Recorder(RecorderCore):
                 if closing is not None:
                     self.scope.exit(closing)
                 return out
-            if records_inside(original):
+            # (an original that is no msprobe wrapper, the common case, is told without a call)
+            if getattr(original, "__msprobe_original__", None) is not None and records_inside(original):
                 tls.busy = False  # another debugger's wrapper that records now: let it record the call too
                 try:
                     out = original(*args, **kwargs)

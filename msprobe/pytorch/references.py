@@ -18,14 +18,21 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
   the same partial of the wrapper, and a ``staticmethod`` of one by a ``staticmethod`` of
   the wrapper.
 
-Nothing is done per call. Each rebinding is undone when the wrappers are removed (the
-original is put back where the slot still holds the wrapper; a wrapper another debugger
-put there stays). References this cannot reach (closures, default arguments, local
-variables, lists and dicts) keep calling the original and are not recorded.
+Nothing is done per call. A later ``start()`` is cheap when nothing changed: the module
+scan is skipped while ``sys.modules`` holds the same objects under the same names as at the
+last scan, and a model module's ``vars()`` is searched only where one of its values is an
+original or a ``functools.partial`` (both tested by identity, in C, over the values).
+
+Each rebinding is undone when the wrappers are removed (the original is put back where
+the slot still holds the wrapper; a wrapper another debugger put there stays). References
+this cannot reach (closures, default arguments, local variables, lists and dicts) keep
+calling the original and are not recorded.
 """
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import sys
 import types
 from typing import Any, Iterable, Optional
@@ -65,16 +72,49 @@ class References:
         self._targets = targets
         self._group = group
         self._scanned: dict[str, int] = {}  # module name -> id of the module object scanned
+        # sys.modules at the last scan: its names and its objects (held: no id is reused), in order
+        self._names: list[str] = []
+        self._modules: list[Any] = []
         self._classes: set[int] = set()  # ids of the classes scanned (kept alive by _kept)
         self._kept: list[type] = []
+        self._types: dict[int, type] = {}  # id -> module class whose whole MRO was scanned or skipped
 
     def scan(self, models: Iterable[torch.nn.Module] = ()) -> int:
         """Rebind the references in modules imported since the last scan and in the
         attributes of ``models``' modules and their classes; returns how many were rebound."""
         if not self._targets:
             return 0
+        count = self._scan_modules()
+        classes: dict[int, type] = {}
+        for model in models:
+            for m in model.modules():
+                d = getattr(m, "__dict__", None)
+                if isinstance(d, dict) and self._may_hold(d):
+                    count += self._rebind_dict(d, m)
+                tp = type(m)
+                if id(tp) in self._types:
+                    continue
+                self._types[id(tp)] = tp
+                for cls in tp.__mro__:
+                    if id(cls) not in self._classes and not _skipped(cls.__module__ or ""):
+                        classes.setdefault(id(cls), cls)
+        for cls in classes.values():  # each class once
+            self._classes.add(id(cls))
+            self._kept.append(cls)
+            count += self._rebind_class(cls)
+        return count
+
+    def _scan_modules(self) -> int:
+        """Rebind the module globals of the modules imported (or replaced in
+        ``sys.modules``) since the last scan; returns how many were rebound."""
+        modules = sys.modules
+        if list(modules) == self._names and all(map(operator.is_, modules.values(), self._modules)):
+            return 0  # the same objects under the same names, in the same order
+        items = list(modules.items())
+        self._names = [name for name, _ in items]
+        self._modules = [mod for _, mod in items]
         count = 0
-        for name, mod in list(sys.modules.items()):
+        for name, mod in items:
             if mod is None or self._scanned.get(name) == id(mod):
                 continue
             self._scanned[name] = id(mod)
@@ -83,20 +123,14 @@ class References:
             d = getattr(mod, "__dict__", None)
             if isinstance(d, dict):
                 count += self._rebind_dict(d, mod)
-        classes: dict[int, type] = {}
-        for model in models:
-            for m in model.modules():
-                d = getattr(m, "__dict__", None)
-                if isinstance(d, dict):
-                    count += self._rebind_dict(d, m)
-                for cls in type(m).__mro__:
-                    if id(cls) not in self._classes and not _skipped(cls.__module__ or ""):
-                        classes.setdefault(id(cls), cls)
-        for cls in classes.values():  # each class once
-            self._classes.add(id(cls))
-            self._kept.append(cls)
-            count += self._rebind_class(cls)
         return count
+
+    def _may_hold(self, d: dict) -> bool:
+        """Whether a value of ``d`` may be rebound: an original, or a ``functools.partial``
+        (of an original or not)."""
+        values = d.values()
+        return (not self._targets.keys().isdisjoint(map(id, values))
+                or any(map(operator.is_, map(type, values), itertools.repeat(functools.partial))))
 
     def _replacement(self, value: Any) -> Optional[Any]:
         """The wrapper (or a partial of it) to put in place of ``value``, or None."""

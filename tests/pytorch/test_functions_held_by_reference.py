@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -194,3 +195,47 @@ def test_class_attribute_and_staticmethod_gelu_recorded(tmp_path):
     assert StaticGelu.__dict__["plain"] is _KEPT[0]
     assert isinstance(StaticGelu.__dict__["static"], staticmethod)
     assert StaticGelu.__dict__["static"].__func__ is _KEPT[0]
+
+
+def test_references_taken_between_steps_recorded(tmp_path):
+    """A later ``start()`` rebinds what appeared since the one before: a module imported
+    since, a module replaced under the same name in ``sys.modules`` (after a step that
+    imported nothing), and a partial set as a model attribute; ``close()`` restores all three."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6))
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(3))
+    name = "msprobe_test_late_import"
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1", model=model)
+    dbg.start()
+    model(x)
+    dbg.stop()
+    dbg.step()
+    late = types.ModuleType(name)
+    late.gelu = _KEPT[0]
+    sys.modules[name] = late
+    model.act = functools.partial(_KEPT[0], approximate="tanh")
+    try:
+        dbg.start()
+        h = model(x)
+        a, b = late.gelu(h), model.act(h)
+        dbg.stop()
+        dbg.step()
+        again = types.ModuleType(name)
+        again.gelu = _KEPT[0]
+        for module in (late, again):  # step 3: the same name, another module object
+            sys.modules[name] = module
+            dbg.start()
+            c = module.gelu(h * 2)
+            dbg.stop()
+            dbg.step()
+        dbg.close()
+    finally:
+        del sys.modules[name]
+    step1 = load_dump(tmp_path, 1)[0]["data"]
+    assert step1["Functional.gelu.0.forward"]["output"][0]["Norm"] == pytest.approx(_norm(a), rel=1e-12)
+    assert step1["Functional.gelu.1.forward"]["output"][0]["Norm"] == pytest.approx(_norm(b), rel=1e-12)
+    assert step1["Functional.gelu.1.forward"]["input_kwargs"]["approximate"]["value"] == "tanh"
+    for step in (2, 3):
+        data = load_dump(tmp_path, step)[0]["data"]
+        assert data["Functional.gelu.0.forward"]["output"][0]["Norm"] == pytest.approx(_norm(c), rel=1e-12)
+    assert late.gelu is _KEPT[0] and again.gelu is _KEPT[0] and model.act.func is _KEPT[0]
