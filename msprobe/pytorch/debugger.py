@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 
 from msprobe.core.bench import BenchBaseline, BenchSelector
+from msprobe.core.collector import CollectorFreeze
 from msprobe.core.config import Config, load_config
 from msprobe.core.errors import ConfigError, MsprobeError
 from msprobe.core.handles import HandleGroup
@@ -127,6 +128,8 @@ class PrecisionDebugger:
         self._bench = (BenchSelector(BenchBaseline(self.config.bench_path), self.config.diff_nums)
                        if self.config.bench_path is not None else None)
         self.recorder = Recorder(self.session, self._bench)
+        # the objects alive after the first step are frozen for the garbage collector (close() thaws)
+        self._collector = CollectorFreeze()
         # load: recorded module inputs replayed (msprobe.pytorch.replay)
         self._replay = InputReplay(self.config.load) if self.config.load is not None else None
         self._replay_handles: Optional[HandleGroup] = None
@@ -363,6 +366,7 @@ class PrecisionDebugger:
         if self._replay is not None:
             self._replay.end_step()
         self.session.end_step(before_export=self.recorder.flush_pending)
+        self._collector.freeze()
         if self.session.finished:
             try:
                 self._remove_all_hooks()
@@ -403,6 +407,7 @@ class PrecisionDebugger:
         self._replay_handles = None
         self._replay_models = []
         self.session.close()
+        self._collector.release()
 
     def __enter__(self) -> "PrecisionDebugger":
         return self
