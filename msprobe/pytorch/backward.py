@@ -253,9 +253,15 @@ class BackwardTaps:
         pending.out_slots.append(path)
 
     # --- the call's end --------------------------------------------------------------------
-    def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> None:
+    def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState],
+                    shared: Optional[dict] = None) -> None:
         """Note the backward ``input`` slots of ``out`` and hook the nodes whose gradients
-        make the entry; call after the call returned."""
+        make the entry; call after the call returned.
+
+        ``shared``: ``{node: its last _NodeHook}`` of the recorded module forward running
+        in this thread (kept by its outermost frame, None outside one): a node hooked
+        for an entry before, inside that forward, gets no second hook; its hook runs the
+        new entry's tasks after the earlier ones (one hook per node)."""
         if state is None:
             return
         end = _NEXT_SEQUENCE_NR()
@@ -330,7 +336,16 @@ class BackwardTaps:
                     for one in node_tasks:
                         if (one[0] is _OUT or one[0] is _OUTPART) is first:
                             flat += one
-            node.register_hook(_NodeHook(self, pending, flat))
+            hook = _NodeHook(self, pending, flat)
+            if shared is None:
+                node.register_hook(hook)
+                continue
+            last = shared.get(node)
+            if last is None:
+                node.register_hook(hook)
+            else:
+                last.next = hook
+            shared[node] = hook
         opened = []
         for rec in in_records:
             if rec.need:
@@ -567,7 +582,9 @@ def _on_part(geometry: tuple, grad: Optional[torch.Tensor]) -> Optional[torch.Te
 
 class _NodeHook:
     """msprobe's post-hook on one autograd node for one entry: it hands the entry every
-    gradient it reads at that node in one call.
+    gradient it reads at that node in one call, then runs ``next`` (the hook of a later
+    entry that reads gradients at the same node, see :meth:`BackwardTaps.tap_outputs`'s
+    ``shared``), so that a node carries one registered hook however many entries read it.
 
     ``tasks``: a flat tuple ``(kind, index, record, kind, index, record, ...)``, the
     output side (``out``/``outpart``: ``grad_outputs[index]``) first, then what the node
@@ -576,12 +593,20 @@ class _NodeHook:
     nodes, which run before it). The hook refers to no node: a cycle through the C++ node
     would be invisible to the garbage collector."""
 
-    __slots__ = ("taps", "pending", "tasks")
+    __slots__ = ("taps", "pending", "tasks", "next")
 
     def __init__(self, taps: BackwardTaps, pending: PendingBackward, tasks: tuple) -> None:
         self.taps, self.pending, self.tasks = taps, pending, tasks
+        self.next: Optional[_NodeHook] = None
 
     def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        hook = self
+        while hook is not None:
+            hook.run(grad_inputs, grad_outputs)
+            hook = hook.next
+
+    def run(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """This entry's tasks (see the class)."""
         taps, pending, tasks = self.taps, self.pending, self.tasks
         if pending.done:
             if taps._on_lost is not None and any(isinstance(g, torch.Tensor) for g in grad_outputs):
