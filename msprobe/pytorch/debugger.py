@@ -406,8 +406,8 @@ class PrecisionDebugger:
             self._replay_handles.remove()
         self._replay_handles = None
         self._replay_models = []
-        self.session.close()
         self._collector.release()
+        self.session.close()
 
     def __enter__(self) -> "PrecisionDebugger":
         return self
