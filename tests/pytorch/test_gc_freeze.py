@@ -69,11 +69,15 @@ def test_first_step_freezes_and_close_thaws(tmp_path, thawed):
 
 def test_a_scripts_own_freeze_stays(tmp_path, thawed):
     model = torch.nn.Linear(4, 3)
-    gc.freeze()
-    before = gc.get_freeze_count()
+    cycle = _Cycle()
+    ref = weakref.ref(cycle)
+    gc.freeze()  # the script's own, before the debugger's
     with PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1") as dbg:
         dbg.start(model)
         _train_step(model, torch.randn(2, 4))
         dbg.stop()
         dbg.step()
-    assert gc.get_freeze_count() >= before > 0
+    assert gc.get_freeze_count() > 0
+    del cycle
+    gc.collect()
+    assert ref() is not None  # close() left the script's freeze in force
