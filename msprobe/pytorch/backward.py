@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -90,6 +89,8 @@ _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGra
 _GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
 #: how many backward passes that retain their graph are running (msprobe.pytorch.autograd_guard)
 _RETAINING = [0]
+#: the slot paths ``(i,)`` of top-level arguments, made once
+_INDEX_PATHS = tuple((i,) for i in range(64))
 
 
 def retaining(delta: int) -> None:
@@ -107,6 +108,13 @@ def graph_task_id() -> int:
 _MAX_DEPTH = 4
 #: argument types that hold no tensor (no container walk)
 _SCALARS = frozenset((int, float, bool, complex, str, type(None), torch.dtype, torch.device))
+
+
+#: task kinds (:func:`_consumers`, :class:`_NodeHook`): the gradient w.r.t. a forward output
+#: at its node (``out``), at a part of a rebased base (``outpart``); what a node of the call
+#: sends along an input's edge (``in``), a part of it (``part``), or to an output's edge
+#: (``internal``, subtracted from that output's gradient)
+_OUT, _OUTPART, _IN, _PART, _INTERNAL = "out", "outpart", "in", "part", "internal"
 
 
 def _is_accumulator(node: Any) -> bool:
@@ -159,7 +167,7 @@ class PendingBackward(CorePendingBackward):
 
     def __init__(self, **fields: Any) -> None:
         super().__init__(**fields)
-        self.open: list[_Grad] = []
+        self.open: tuple = ()
         self.expect_in = self.expect_out = 0
         self.fired_in = self.fired_out = 0
         self.keep: tuple = ()
@@ -218,11 +226,11 @@ class BackwardTaps:
         call before the call runs. The arguments are not changed."""
         state = TapState(_NEXT_SEQUENCE_NR())
         for i, a in enumerate(args):
-            self._note_in(pending, a, (i,), state, 0)
+            self._note_in(pending, a, _INDEX_PATHS[i] if i < 64 else (i,), state, 0)
         pos = len(args)
         for v in kwargs.values():
             if isinstance(v, torch.Tensor):
-                self._note_in(pending, v, (pos,), state, 0)
+                self._note_in(pending, v, _INDEX_PATHS[pos] if pos < 64 else (pos,), state, 0)
                 pos += 1
         return state
 
@@ -245,34 +253,41 @@ class BackwardTaps:
         pending.out_slots.append(path)
 
     # --- the call's end --------------------------------------------------------------------
-    def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState]) -> None:
+    def tap_outputs(self, pending: PendingBackward, out: Any, state: Optional[TapState],
+                    shared: Optional[dict] = None) -> None:
         """Note the backward ``input`` slots of ``out`` and hook the nodes whose gradients
-        make the entry; call after the call returned."""
+        make the entry; call after the call returned.
+
+        ``shared``: ``{node: its last _NodeHook}`` of the recorded module forward running
+        in this thread (kept by its outermost frame, None outside one): a node hooked
+        for an entry before, inside that forward, gets no second hook; its hook runs the
+        new entry's tasks after the earlier ones (one hook per node)."""
         if state is None:
             return
         end = _NEXT_SEQUENCE_NR()
         start = state.start
-        outs: dict = {}  # (id(node) or leaf id, nr) -> [node or None, nr, tensor, paths]
-        top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else (0,)
+        outs: dict = {}  # (id(node) or leaf id, nr, geometry) -> [node or None, nr, tensor, paths, geometry]
+        top = () if (isinstance(out, (list, tuple)) and not hasattr(out, "_fields")) or is_structseq(out) else _INDEX_PATHS[0]
         self._note_out(pending, out, top, outs, state, 0)
 
-        node_targets: dict = {}  # (id(node), nr) -> [(kind, record)]
-        leaf_targets: dict = {}  # id(leaf tensor) -> [(kind, record)]
+        # edge -> [(kind, record)]: a node's edge is (node, output index), a leaf's (id(leaf), -1)
+        targets: dict = {}
         roots: list = []
         returned: dict = {}      # id(returned tensor) -> its output record
         out_records = []
         for node, nr, tensor, paths, geometry in outs.values():
-            rec = _Grad("input", paths)
-            out_records.append((node, nr, tensor, rec, geometry))
-            returned.setdefault(id(tensor), rec)
+            rec = _Grad("input", tuple(paths))
+            out_records.append((node, rec, nr, tensor, geometry))
+            if id(tensor) not in returned:
+                returned[id(tensor)] = rec
             if node is not None and start <= node._sequence_nr() < end:
                 roots.append(node)
                 if geometry is None:
-                    node_targets.setdefault((id(node), nr), []).append(("internal", rec))
+                    targets.setdefault((node, nr), []).append((_INTERNAL, rec))
         in_records = []
         for entry in state.inputs.values():
             t, node, nr, paths, _ = entry
-            rec = entry[4] = _Grad("output", paths)
+            rec = entry[4] = _Grad("output", tuple(paths))
             in_records.append(rec)
             if t._is_view() and t._base is not None:
                 part = _base_edge(t, start, end)  # (base's old node, nr, geometry) when rebased
@@ -284,10 +299,7 @@ class BackwardTaps:
                 same.copies += (rec,)  # handed back unchanged: the returned tensor's gradient
                 rec.need = 1
                 continue
-            if node is None:
-                leaf_targets.setdefault(id(t), []).append(("in", rec))
-            else:
-                node_targets.setdefault((id(node), nr), []).append(("in", rec))
+            targets.setdefault((id(t), -1) if node is None else (node, nr), []).append((_IN, rec))
             if not written:
                 continue
             if part is None:
@@ -297,37 +309,58 @@ class BackwardTaps:
             # old value its gradient, of which the view's part is the input's
             base_node, base_nr, geometry = part
             roots.append(t._base.grad_fn)
-            if base_node is None:
-                leaf_targets.setdefault(id(t._base), []).append(("part", (rec, geometry)))
-            else:
-                node_targets.setdefault((id(base_node), base_nr), []).append(("part", (rec, geometry)))
+            targets.setdefault((id(t._base), -1) if base_node is None else (base_node, base_nr),
+                               []).append((_PART, (rec, geometry)))
 
-        tasks = _consumers(roots, start, end, node_targets, leaf_targets) if roots else {}
+        tasks = _consumers(roots, start, end, targets) if roots else {}
         # the output side: one task per output edge, on the node that produced it
-        for node, nr, tensor, rec, geometry in out_records:
+        for node, rec, nr, tensor, geometry in out_records:
             if node is None:
                 self._hook_accumulator(tensor, pending, rec)
-            elif geometry is None:
-                tasks.setdefault(id(node), [node, []])[1].append(("out", nr, rec))
             else:
-                tasks.setdefault(id(node), [node, []])[1].append(("outpart", nr, (rec, geometry)))
-        for node, node_tasks in tasks.values():
+                mine = tasks.get(node)
+                if mine is None:
+                    mine = tasks[node] = []
+                mine.append((_OUT, nr, rec) if geometry is None else (_OUTPART, nr, (rec, geometry)))
+        for node, node_tasks in tasks.items():
             for kind, _, rec in node_tasks:
-                if kind == "in":
+                if kind is _IN:
                     rec.need += 1
-                elif kind == "part":
+                elif kind is _PART:
                     rec[0].need += 1
-            node.register_hook(partial(_posthook, self, pending, node_tasks))
+            if len(node_tasks) == 1:
+                flat = node_tasks[0]
+            else:  # one flat tuple per node, the output side first (see _NodeHook)
+                flat = ()
+                for first in (True, False):
+                    for one in node_tasks:
+                        if (one[0] is _OUT or one[0] is _OUTPART) is first:
+                            flat += one
+            hook = _NodeHook(self, pending, flat)
+            if shared is None:
+                node.register_hook(hook)
+                continue
+            last = shared.get(node)
+            if last is None:
+                node.register_hook(hook)
+            else:
+                last.next = hook
+            shared[node] = hook
+        opened = []
         for rec in in_records:
             if rec.need:
                 pending.expect_out += 1
-                pending.open.append(rec)
+                opened.append(rec)
             rec.need0 = rec.need
-        for _, _, _, rec, _ in out_records:
+        for _, rec, _, _, _ in out_records:
             rec.need += 1
             rec.need0 = rec.need
             pending.expect_in += 1
-            pending.open.append(rec)
+            opened.append(rec)
+        pending.open = tuple(opened)
+        # the slots are complete: tuples of tuples of ints, which the garbage collector stops tracking
+        pending.in_slots = tuple(pending.in_slots)
+        pending.out_slots = tuple(pending.out_slots)
 
     def _note_out(self, pending: PendingBackward, value: Any, path: Path, outs: dict, state: TapState,
                   depth: int) -> None:
@@ -369,24 +402,25 @@ class BackwardTaps:
         # its hook refers to the entry weakly (no cycle through the node that the garbage
         # collector cannot see: it would keep the leaf and the entry alive)
         pending.keep += (node,)
-        node.register_prehook(partial(_weak_prehook, self, weakref.ref(pending), rec))
+        node.register_prehook(_LeafHook(self, weakref.ref(pending), rec))
 
     # --- delivery --------------------------------------------------------------------------
-    def _begin(self, pending: PendingBackward, rec: _Grad) -> None:
-        """Start collecting ``rec`` for the running backward pass if it is a new one (the
-        previous pass's partial sum, if any, is delivered first)."""
-        task = graph_task_id()
+    def _begin(self, pending: PendingBackward, rec: _Grad, task: int) -> None:
+        """Start collecting ``rec`` for the backward pass ``task`` (its graph task id) if it
+        is a new one (the previous pass's partial sum, if any, is delivered first)."""
         if rec.task == task:
             return
         if rec.task is not None and rec.seen and not rec.delivered:
-            self._deliver(pending, rec, count=False)
+            self._deliver(pending, rec, task, count=False)
         rec.task = task
         rec.need = rec.need0
         rec.total = rec.internal = None
         rec.seen = rec.delivered = False
 
-    def _add(self, pending: PendingBackward, rec: _Grad, grad: Optional[torch.Tensor]) -> None:
-        self._begin(pending, rec)
+    def _add(self, pending: PendingBackward, rec: _Grad, grad: Optional[torch.Tensor], task: int) -> None:
+        """One contribution ``grad`` (None: none along that edge) to ``rec`` in the pass ``task``."""
+        if rec.task != task:
+            self._begin(pending, rec, task)
         if rec.delivered:
             return
         if isinstance(grad, torch.Tensor):
@@ -394,11 +428,12 @@ class BackwardTaps:
         rec.seen = True
         rec.need -= 1
         if rec.need <= 0:
-            self._deliver(pending, rec)
+            self._deliver(pending, rec, task)
 
-    def _deliver(self, pending: PendingBackward, rec: _Grad, count: bool = True) -> None:
+    def _deliver(self, pending: PendingBackward, rec: _Grad, task: int, count: bool = True) -> None:
         """Deliver ``rec``'s sum for this pass, added to the earlier passes' (``count``
-        False: a partial sum delivered late, not counted towards the entry's completion)."""
+        False: a partial sum delivered late, not counted towards the entry's completion);
+        ``task``: the graph task id of the running pass (-1 outside backward)."""
         rec.delivered = True
         grad, rec.total = rec.total, None
         if rec.internal is not None and grad is not None:
@@ -418,16 +453,17 @@ class BackwardTaps:
         rec.cum = grad if rec.kept else None
         self._on_grad(pending, rec.side, rec.paths, grad, count)
         for copy in rec.copies:
-            self._add(pending, copy, this_pass)
+            self._add(pending, copy, this_pass, task)
 
     def settle(self, pending: PendingBackward) -> None:
         """Deliver what the gradients of ``pending``'s current pass have summed so far (at
         step end: a consumer node autograd did not run contributes nothing); a gradient
         none of whose nodes ran stays missing."""
+        task = graph_task_id()
         for rec in list(pending.open):
             if rec.seen and not rec.delivered and not pending.done:
                 rec.need = 0
-                self._deliver(pending, rec)
+                self._deliver(pending, rec, task)
 
 
 def _sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -454,33 +490,36 @@ def _items(value: Any) -> Optional[list]:
     return None
 
 
-def _consumers(roots: list, start: int, end: int, node_targets: dict, leaf_targets: dict) -> dict:
+def _consumers(roots: list, start: int, end: int, targets: dict) -> dict:
     """The tasks of the call's own nodes: walk from ``roots`` through nodes whose sequence
     numbers lie in ``[start, end)``; an edge of such a node that reads a target (an input's
-    edge, an output's edge, a written part's base) becomes a task ``(kind, edge index,
-    record)`` of that node. Returns ``{id(node): [node, tasks]}``."""
+    edge, an output's edge, a written part's base; ``targets`` maps ``(node, output
+    index)``, or ``(id(leaf), -1)`` for a leaf's accumulator, to ``(kind, record)`` pairs)
+    becomes a task ``(kind, edge index, record)`` of that node. Returns ``{node: tasks}``."""
     tasks: dict = {}
     seen: set = set()
     stack = list(roots)
     by_name = _ACCUMULATE_GRAD is None
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        if node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         mine = None
         for j, (nxt, k) in enumerate(node.next_functions):
             if nxt is None:
                 continue
             if type(nxt) is _ACCUMULATE_GRAD or (by_name and type(nxt).__name__ == "AccumulateGrad"):
-                found = leaf_targets.get(id(nxt.variable)) if leaf_targets else None
+                found = targets.get((id(nxt.variable), -1))
             else:
-                found = node_targets.get((id(nxt), k))
-                if start <= nxt._sequence_nr() < end and id(nxt) not in seen:
+                found = targets.get((nxt, k))
+                if start <= nxt._sequence_nr() < end and nxt not in seen:
                     stack.append(nxt)
             if found:
                 if mine is None:
-                    mine = tasks.setdefault(id(node), [node, []])[1]
+                    mine = tasks.get(node)
+                    if mine is None:
+                        mine = tasks[node] = []
                 for kind, rec in found:
                     mine.append((kind, j, rec))
     return tasks
@@ -541,43 +580,70 @@ def _on_part(geometry: tuple, grad: Optional[torch.Tensor]) -> Optional[torch.Te
         return _AS_STRIDED(grad, size, stride, grad.storage_offset() + offset)
 
 
-def _posthook(taps: BackwardTaps, pending: PendingBackward, tasks: list, grad_inputs: tuple,
-              grad_outputs: tuple) -> None:
-    """Node post-hook body: hand each task its gradient (``grad_outputs[nr]`` for the
-    gradient w.r.t. the node's output ``nr``, ``grad_inputs[j]`` for what it sends along
-    edge ``j``). Outputs come first: the entry is complete once its inputs' gradients are
-    in. (The call's own consumers of an output are other nodes, which run before it.)"""
-    if pending.done:
-        if taps._on_lost is not None and any(isinstance(g, torch.Tensor) for g in grad_outputs):
-            taps._on_lost(pending)  # a later pass the entry cannot take (see on_lost)
-        return
-    for kind, index, rec in tasks:
-        if kind == "out":
-            taps._add(pending, rec, grad_outputs[index] if index < len(grad_outputs) else None)
-        elif kind == "outpart":
-            rec, geometry = rec
-            taps._add(pending, rec, _on_part(geometry, grad_outputs[index] if index < len(grad_outputs) else None))
-    for kind, index, rec in tasks:
-        if kind == "out" or kind == "outpart":
-            continue
-        grad = grad_inputs[index] if index < len(grad_inputs) else None
-        if kind == "internal":
-            taps._begin(pending, rec)
-            if not rec.delivered and isinstance(grad, torch.Tensor):
-                rec.internal = grad if rec.internal is None else _sum(rec.internal, grad)
-            continue
-        if kind == "part":
-            rec, geometry = rec
-            grad = _on_part(geometry, grad)
-        taps._add(pending, rec, grad)
+class _NodeHook:
+    """msprobe's post-hook on one autograd node for one entry: it hands the entry every
+    gradient it reads at that node in one call, then runs ``next`` (the hook of a later
+    entry that reads gradients at the same node, see :meth:`BackwardTaps.tap_outputs`'s
+    ``shared``), so that a node carries one registered hook however many entries read it.
 
+    ``tasks``: a flat tuple ``(kind, index, record, kind, index, record, ...)``, the
+    output side (``out``/``outpart``: ``grad_outputs[index]``) first, then what the node
+    sends along its edge ``index`` (``grad_inputs[index]``), so that the entry is complete
+    once its inputs' gradients are in (the call's own consumers of an output are other
+    nodes, which run before it). The hook refers to no node: a cycle through the C++ node
+    would be invisible to the garbage collector."""
 
-def _weak_prehook(taps: BackwardTaps, ref: "weakref.ref[PendingBackward]", rec: _Grad,
-                  grad_outputs: tuple) -> None:
-    """Accumulator pre-hook body for an entry held weakly; the entry releases its kept
-    nodes once done."""
-    pending = ref()
-    if pending is not None and not pending.done:
-        taps._add(pending, rec, grad_outputs[0] if grad_outputs else None)
+    __slots__ = ("taps", "pending", "tasks", "next")
+
+    def __init__(self, taps: BackwardTaps, pending: PendingBackward, tasks: tuple) -> None:
+        self.taps, self.pending, self.tasks = taps, pending, tasks
+        self.next: Optional[_NodeHook] = None
+
+    def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        hook = self
+        while hook is not None:
+            hook.run(grad_inputs, grad_outputs)
+            hook = hook.next
+
+    def run(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """This entry's tasks (see the class)."""
+        taps, pending, tasks = self.taps, self.pending, self.tasks
         if pending.done:
-            pending.keep = ()
+            if taps._on_lost is not None and any(isinstance(g, torch.Tensor) for g in grad_outputs):
+                taps._on_lost(pending)  # a later pass the entry cannot take (see on_lost)
+            return
+        task = graph_task_id()
+        for i in range(0, len(tasks), 3):
+            kind, index, rec = tasks[i], tasks[i + 1], tasks[i + 2]
+            if kind is _OUT or kind is _OUTPART:
+                grad = grad_outputs[index] if index < len(grad_outputs) else None
+            else:
+                grad = grad_inputs[index] if index < len(grad_inputs) else None
+            if kind is _INTERNAL:
+                if rec.task != task:
+                    taps._begin(pending, rec, task)
+                if not rec.delivered and isinstance(grad, torch.Tensor):
+                    rec.internal = grad if rec.internal is None else _sum(rec.internal, grad)
+                continue
+            if kind is _OUTPART or kind is _PART:
+                rec, geometry = rec
+                grad = _on_part(geometry, grad)
+            taps._add(pending, rec, grad, task)
+
+
+class _LeafHook:
+    """msprobe's pre-hook on a leaf's gradient accumulator for an entry that returned the
+    leaf; refers to the entry weakly (the entry keeps the accumulator, and releases it
+    once done)."""
+
+    __slots__ = ("taps", "ref", "rec")
+
+    def __init__(self, taps: BackwardTaps, ref: "weakref.ref[PendingBackward]", rec: _Grad) -> None:
+        self.taps, self.ref, self.rec = taps, ref, rec
+
+    def __call__(self, grad_outputs: tuple) -> None:
+        pending = self.ref()
+        if pending is not None and not pending.done:
+            self.taps._add(pending, self.rec, grad_outputs[0] if grad_outputs else None, graph_task_id())
+            if pending.done:
+                pending.keep = ()

@@ -60,9 +60,11 @@ class ModuleFrame(Frame):
 
     ``module_id``: ``id`` of the module; ``tap``, ``recompute``, ``held``: as for an API
     call; ``scope_end``: the module is the scope's last entry, which closes when it
-    finishes; ``done``: its forward returned normally."""
+    finishes; ``done``: its forward returned normally; ``hooks``: the autograd nodes
+    hooked for backward entries inside the outermost recorded module forward running
+    (shared by its inner frames; ``shared`` of :meth:`BackwardTaps.tap_outputs`)."""
 
-    __slots__ = ("module_id", "tap", "recompute", "scope_end", "done", "held")
+    __slots__ = ("module_id", "tap", "recompute", "scope_end", "done", "held", "hooks")
 
 
 class _ScopeEnd:
@@ -234,7 +236,7 @@ class Recorder(RecorderCore):
 
     def _api_after(self, plan: _ApiPlan, out: Any) -> Any:
         if plan.pending is not None:
-            self.taps.tap_outputs(plan.pending, out, plan.tap)
+            self.taps.tap_outputs(plan.pending, out, plan.tap, self._node_hooks())
             self._keep_pending(plan.pending)
 
         if plan.want_fwd:
@@ -287,6 +289,8 @@ class Recorder(RecorderCore):
         frame.done = False
         frame.scope_end = self._closing is not None
         frame.tap = None
+        outer = self._node_hooks()
+        frame.hooks = {} if outer is None else outer
         leaves = frame.leaves
         self.leaves.for_entry(fwd)
         frame.held = None
@@ -329,7 +333,7 @@ class Recorder(RecorderCore):
             return None  # the forward raised: no entry (its output is unknown)
         with self.guarded():
             if frame.pending is not None:
-                self.taps.tap_outputs(frame.pending, output, frame.tap)
+                self.taps.tap_outputs(frame.pending, output, frame.tap, frame.hooks)
                 self._keep_pending(frame.pending)
             if frame.want_fwd:
                 if self._fwd_output:
@@ -404,6 +408,16 @@ class Recorder(RecorderCore):
                            api_type=prefix.split(".", 1)[0], keys=names, leaves=(leaf,)))
 
     # --- backward ------------------------------------------------------------------------------
+    def _node_hooks(self) -> Optional[dict]:
+        """The nodes hooked inside this thread's innermost recorded module forward
+        (:attr:`ModuleFrame.hooks`), or None outside one."""
+        stack = getattr(self.session.local, "frames", None)
+        if stack:
+            for frame in reversed(stack):
+                if type(frame) is ModuleFrame:
+                    return frame.hooks
+        return None
+
     def _keep_pending(self, pending: PendingBackward) -> None:
         if pending.expect_in or pending.expect_out:
             self.pending[id(pending)] = pending
