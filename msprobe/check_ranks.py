@@ -140,6 +140,10 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+#: the temporary table holding the ``replicas`` rows of the step being checked
+_STEP_TABLE = "msprobe_step_replicas"
+
+
 class _Source:
     """What :func:`check_ranks` reads: the ranks and steps present, the recorded world size,
     notices, and per (group, step) a connection whose ``replicas`` view covers that step.
@@ -195,20 +199,28 @@ class _Source:
 
     @contextlib.contextmanager
     def step(self, g: int, step: int):
-        """(connection, group index in its ``replicas`` view) holding step ``step`` of group ``g``."""
+        """(connection, group index) where table :data:`_STEP_TABLE` holds the ``replicas``
+        rows of step ``step`` of group ``g`` (computed once; dropped on exit)."""
         if self.con is not None:
-            yield self.con, g
-            return
-        from store.query import _LOG_TABLE, VIEW_CALLS, connect
-        from store.replicas import log_source_sql
+            con, grp = self.con, g
+        else:
+            from store.query import _LOG_TABLE, VIEW_CALLS, connect
+            from store.replicas import log_source_sql
 
-        members = self.groups[g]
-        con = connect(self.path, reader=self.reader.narrowed(ranks=members, steps=[step]), groups=[members])
+            members = self.groups[g]
+            con, grp = connect(self.path, reader=self.reader.narrowed(ranks=members, steps=[step]),
+                               groups=[members]), 0
         try:
-            create_replicas_view(con, log_source_sql(_LOG_TABLE, VIEW_CALLS), [members], tol=self.tol)
-            yield con, 0
+            if self.con is None:
+                create_replicas_view(con, log_source_sql(_LOG_TABLE, VIEW_CALLS), [members], tol=self.tol)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM replicas "
+                        f"WHERE grp = ? AND step = ?", [grp, step])
+            yield con, grp
         finally:
-            con.close()
+            if self.con is None:
+                con.close()
+            else:
+                con.execute(f"DROP TABLE IF EXISTS {_STEP_TABLE}")
 
     def close(self) -> None:
         if self.con is not None:
@@ -317,7 +329,7 @@ def _entry_start(con, g: int, row: dict) -> int:
     """The first call position at which ``row``'s entry can have had an effect: the
     smallest position of the entry and of every entry nested in it (a module's forward
     entry comes after the calls it made, but its parameters and inputs were used by them)."""
-    tree = con.execute("SELECT DISTINCT name, parent, pos FROM replicas WHERE grp = ? AND step = ?",
+    tree = con.execute(f"SELECT DISTINCT name, parent, pos FROM {_STEP_TABLE} WHERE grp = ? AND step = ?",
                        [g, row[S.STEP]]).fetchall()
     parent = {n: p for n, p, _ in tree}
     start = row["pos"]
@@ -344,7 +356,7 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
     Causal order: later steps, or the origin's step from the origin entry's start
     ``start`` (:func:`_entry_start`) on, never the origin entry's own inputs.
     """
-    rows = _rows(con, "SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND step = ? "
+    rows = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND step = ? "
                       "ORDER BY pos, io_order, io, arg, process_group", [g, step])
     inputs: dict[str, bool] = {}       # entry name -> its inputs agree among the majority
     for r in rows:                     # every entry of the step: a backward's forward may precede the origin
@@ -390,14 +402,14 @@ def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: b
     downstream, spread = None, {}
     for step in source.steps:
         with source.step(g, step) as (con, grp):
-            n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM replicas "
+            n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM {_STEP_TABLE} "
                                      f"WHERE grp = ? AND n_ranks > 1{checked} AND step = ?", [grp, step]).fetchall()[0]
             if n:
                 seen.append(step)
                 compared += n
                 exact += n_exact
             if row is None and n:
-                found = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
+                found = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
                                    f"AND step = ? ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [grp, step])
                 if found:
                     row = found[0]
