@@ -212,7 +212,9 @@ class _Source:
                                groups=[members]), 0
         try:
             if self.con is None:
-                create_replicas_view(con, log_source_sql(_LOG_TABLE, VIEW_CALLS), [members], tol=self.tol)
+                # the view reads its source three times: read the step's leaves once
+                con.execute(f"CREATE TEMP TABLE msprobe_step_source AS {log_source_sql(_LOG_TABLE, VIEW_CALLS)}")
+                create_replicas_view(con, "SELECT * FROM msprobe_step_source", [members], tol=self.tol)
             con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM replicas "
                         f"WHERE grp = ? AND step = ?", [grp, step])
             yield con, grp
