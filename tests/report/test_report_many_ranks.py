@@ -99,3 +99,21 @@ def test_page_lists_ranks_without_detail(tmp_path):
             "Module.fc2.Linear.forward.0"
     finally:
         browser.close()
+
+
+def test_norm_jumps_by_batches_of_ranks_equal_one_batch(tmp_path):
+    from msprobe.report.data import _largest
+    from store.query import connect
+
+    dump = _run(tmp_path / "d", 8)
+    con = connect(dump)
+    tensors = {r: 8 * STEPS for r in range(8)}
+    one = _largest(con, 1.0, 1.2, 5, list(range(8)), tensors, batch_rows=10 ** 9)
+    alone = _largest(con, 1.0, 1.2, 5, list(range(8)), tensors, batch_rows=8 * STEPS)   # a rank per batch
+    assert one == alone
+    # per rank the weight gradients' Norm goes 0.5 -> 1.5 -> 2.5 (both layers alike: one
+    # row each); the five largest are the x3 jumps of ranks 0-4
+    assert [(j["rank"], j["previous_step"], j["step"], j["ratio"]) for j in one["jumps"]] == \
+        [(r, 0, 1, 3.0) for r in range(5)]
+    assert one["jumps"][0]["name"] == "Module.fc1.Linear.parameters_grad"
+    assert one["jumps"][0]["seen_in"] == ["Module.fc2.Linear.parameters_grad"]
