@@ -11,7 +11,8 @@ per command at N ranks x S steps.
    the child reports its own peak RSS and CPU time; wall time is the whole child's,
    interpreter start included) and prints one table row per command:
    ``compact``, point/aggregate/first-NaN queries (over the parts and with ``--rank/--step``),
-   ``check-ranks``, ``export --step``, ``compare --step``, ``report``.
+   ``check-ranks``, ``export --step``, ``compare --step``, ``report``, and up to
+   :data:`ALL_STEPS_COMPARE_MAX` rank-steps ``compare`` of every step.
 
 Usage::
 
@@ -59,6 +60,7 @@ print("@@" + json.dumps({"rc": rc, "wall": wall, "cpu": u.ru_utime + u.ru_stime,
 def record_template(work: Path, layers: int) -> Path:
     """One recorded step of the encoder (mix, md5) under ``work/rec``; returns the dump path."""
     dump = work / "rec"
+    shutil.rmtree(dump, ignore_errors=True)      # a second run's log beside the first would double the template
     cmd = [sys.executable, str(ROOT / "benchmarks" / "workloads.py"), "--workload", "encoder", "--layers",
            str(layers), "--config", "mix_md5", "--steps", "1", "--dump-path", str(dump),
            "--config-path", str(work / "config.json"), "--result", str(work / "result.json")]
@@ -132,6 +134,10 @@ def run(args: list[str]) -> dict:
     return result
 
 
+#: largest run (rank-steps) on which ``compare`` without ``--step`` is measured
+ALL_STEPS_COMPARE_MAX = 1280
+
+
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -156,6 +162,10 @@ def commands(dump: Path, ranks: int, steps: int, work: Path, skip: set) -> list[
                             "--format", "summary"]),
         ("report", ["report", str(dump), "-o", str(work / "report.html")]),
     ]
+    if ranks * steps <= ALL_STEPS_COMPARE_MAX:
+        # compare without --step loads every step of both sides: only at small sizes
+        out.append(("compare (all steps)", ["compare", str(dump), str(dump), "-o", str(work / "cmp"),
+                                            "--format", "summary"]))
     return [(n, a) for n, a in out if n.split()[0] not in skip]
 
 

@@ -11,11 +11,13 @@ ranks out, says whether it looks like an input difference or a corruption, and m
 how far the odd ranks' disagreement spreads afterwards, in causal order, among the
 tensors the majority ranks hold alike (:func:`_downstream`).
 
-Reads our dump paths (the event log) and upstream layouts (``step{N}/rank{R}/dump.json``;
+Reads our dump paths (the event log and its Parquet parts, one step of one rank group at a
+time: :class:`_Source`) and upstream layouts (``step{N}/rank{R}/dump.json``, loaded whole;
 ``msprobe.compare.load``). Imports no deep-learning framework.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -138,37 +140,116 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _connect(path: Path, ranks: Optional[Sequence[int]] = None, steps: Optional[Sequence[int]] = None,
-             ) -> tuple[duckdb.DuckDBPyConnection, str, list[int], Optional[int], str, list[str]]:
-    """(connection holding the source relation, its SQL, ranks present, world size, source,
-    notices: the lines of :meth:`store.select.StoreReader.notices`). For our log only the
-    files of ``ranks`` and ``steps`` are read (:class:`store.select.StoreReader`)."""
-    if (path / S.STORE_DIR / S.LOG_DIR).is_dir() or (path / S.STORE_DIR / "parquet").is_dir():
-        from store.query import _LOG_TABLE, VIEW_CALLS, connect
-        from store.replicas import log_source_sql, recorded_world_size
-        from store.select import StoreReader
+#: the temporary table holding the ``replicas`` rows of the step being checked
+_STEP_TABLE = "msprobe_step_replicas"
 
-        reader = StoreReader(path, ranks=ranks, steps=steps)
-        con = connect(path, reader=reader)
-        return (con, log_source_sql(_LOG_TABLE, VIEW_CALLS), reader.rank_values(),
-                recorded_world_size(con, _LOG_TABLE), "log", reader.notices())
-    from msprobe.compare.errors import CompareInputError
-    from msprobe.compare.load import load_side
 
-    try:
-        side = load_side(path, "DUMP_PATH")
-    except CompareInputError as exc:
-        raise CheckRanksInputError(str(exc)) from None
+class _Source:
+    """What :func:`check_ranks` reads: the ranks and steps present, the recorded world size,
+    notices, and per (group, step) a connection whose ``replicas`` view covers that step.
+
+    Our store is read one step of one rank group at a time
+    (:meth:`store.select.StoreReader.narrowed`: that step's Parquet parts, or that step's
+    rows of the log tail), so memory is that of one step of the group's ranks. An upstream
+    layout is loaded whole (:func:`msprobe.compare.load.load_side`) into one connection.
+    """
+
+    def __init__(self, path: Path, ranks: Optional[Sequence[int]] = None,
+                 steps: Optional[Sequence[int]] = None) -> None:
+        self.path = path
+        self.reader = None
+        self.con: Optional[duckdb.DuckDBPyConnection] = None
+        if (path / S.STORE_DIR / S.LOG_DIR).is_dir() or (path / S.STORE_DIR / "parquet").is_dir():
+            from store.select import StoreReader
+
+            self.reader = StoreReader(path, ranks=ranks, steps=steps)
+            self.kind = "log"
+            self.ranks = self.reader.rank_values()
+            self.steps = self.reader.step_values()
+            self.world_size = _world_size(self.reader)
+            self.notices = self.reader.notices()
+            return
+        from msprobe.compare.errors import CompareInputError
+        from msprobe.compare.load import load_side
+
+        try:
+            side = load_side(path, "DUMP_PATH")
+        except CompareInputError as exc:
+            raise CheckRanksInputError(str(exc)) from None
+        self.con = duckdb.connect(":memory:")
+        self.con.register("up_calls", side.calls)
+        self.con.register("up_leaves", side.leaves)
+        self.source = (
+            "SELECT l.rank, l.step, c.pos, l.name, c.kind, l.io, l.arg, l.leaf_kind, l.dtype, l.shape, "
+            "l.max, l.min, l.mean, l.norm, l.crc32, l.requires_grad, l.value_json, c.parent FROM up_leaves l JOIN "
+            "(SELECT rank, step, name, kind, parent, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
+            "FROM up_calls) c USING (rank, step, name)")
+        self.kind = "dump.json"
+        self.ranks = sorted(set(side.calls.column("rank").to_pylist()))
+        present = set(side.calls.column("step").to_pylist())
+        self.steps = sorted(present & set(steps) if steps else present)
+        self.world_size = None
+        self.notices = []
+
+    def set_groups(self, groups: list[list[int]], tol: float) -> None:
+        """Check ``groups`` with the statistics tolerance ``tol``."""
+        self.groups, self.tol = groups, tol
+        if self.con is not None:
+            create_replicas_view(self.con, self.source, groups, tol=tol)
+
+    @contextlib.contextmanager
+    def step(self, g: int, step: int):
+        """(connection, group index) where table :data:`_STEP_TABLE` holds the ``replicas``
+        rows of step ``step`` of group ``g`` (computed once; dropped on exit)."""
+        if self.con is not None:
+            con, grp = self.con, g
+        else:
+            from store.query import _LOG_TABLE, VIEW_CALLS, connect
+            from store.replicas import log_source_sql
+
+            members = self.groups[g]
+            con, grp = connect(self.path, reader=self.reader.narrowed(ranks=members, steps=[step]),
+                               groups=[members]), 0
+        try:
+            if self.con is None:
+                # the view reads its source three times: read the step's leaves once
+                con.execute(f"CREATE TEMP TABLE msprobe_step_source AS {log_source_sql(_LOG_TABLE, VIEW_CALLS)}")
+                create_replicas_view(con, "SELECT * FROM msprobe_step_source", [members], tol=self.tol)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM replicas "
+                        f"WHERE grp = ? AND step = ?", [grp, step])
+            yield con, grp
+        finally:
+            if self.con is None:
+                con.close()
+            else:
+                con.execute(f"DROP TABLE IF EXISTS {_STEP_TABLE}")
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+
+
+def _world_size(reader) -> Optional[int]:
+    """The recorded world size (:func:`store.replicas.recorded_world_size`) from the marker
+    rows of the selection: the ``_meta`` parts and the log tail, never the step parts."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from store.replicas import recorded_world_size
+
+    tables = []
+    meta = reader.dataset(meta=True)
+    if meta is not None:
+        tables.append(meta.to_table(columns=[S.ROW, S.META], filter=ds.field(S.ROW) == S.ROW_MARKER))
+    tail = reader.tail.select([S.ROW, S.META])
+    tables.append(tail.filter(pc.equal(tail[S.ROW], S.ROW_MARKER)))
     con = duckdb.connect(":memory:")
-    con.register("up_calls", side.calls)
-    con.register("up_leaves", side.leaves)
-    source = (
-        "SELECT l.rank, l.step, c.pos, l.name, c.kind, l.io, l.arg, l.leaf_kind, l.dtype, l.shape, "
-        "l.max, l.min, l.mean, l.norm, l.crc32, l.requires_grad, l.value_json, c.parent FROM up_leaves l JOIN "
-        "(SELECT rank, step, name, kind, parent, row_number() OVER (PARTITION BY rank, step ORDER BY seq) AS pos "
-        "FROM up_calls) c USING (rank, step, name)")
-    ranks = sorted({r for r in side.calls.column("rank").to_pylist()})
-    return con, source, ranks, None, "dump.json", []
+    try:
+        con.register("msprobe_markers", pa.concat_tables([t.cast(tables[-1].schema) for t in tables]))
+        return recorded_world_size(con, "msprobe_markers")
+    finally:
+        con.close()
 
 
 def _fingerprint(row: dict, i: int, exact: bool):
@@ -250,7 +331,7 @@ def _entry_start(con, g: int, row: dict) -> int:
     """The first call position at which ``row``'s entry can have had an effect: the
     smallest position of the entry and of every entry nested in it (a module's forward
     entry comes after the calls it made, but its parameters and inputs were used by them)."""
-    tree = con.execute("SELECT DISTINCT name, parent, pos FROM replicas WHERE grp = ? AND step = ?",
+    tree = con.execute(f"SELECT DISTINCT name, parent, pos FROM {_STEP_TABLE} WHERE grp = ? AND step = ?",
                        [g, row[S.STEP]]).fetchall()
     parent = {n: p for n, p, _ in tree}
     start = row["pos"]
@@ -264,9 +345,10 @@ def _entry_start(con, g: int, row: dict) -> int:
 
 
 def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple[int, ...],
-                step_sql: str, tol: float) -> tuple[Optional[str], dict]:
-    """The first other entry after ``origin`` (causal order) whose output an odd rank holds
-    differently from the majority, and per step the count of such tensors.
+                step: int, start: int, tol: float) -> tuple[Optional[str], dict]:
+    """In step ``step`` (the origin's or a later one), the first other entry after
+    ``origin`` (causal order) whose output an odd rank holds differently from the
+    majority, and the count of such tensors (``{step: n}``, empty when none).
 
     Only tensors the majority ranks hold alike count: a parameter, a replicated collective
     output, a call input on which the majority ranks agree (a parameter passed to an API),
@@ -274,26 +356,25 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
     the majority ranks hold alike. Tensors that differ among the majority too
     (data-dependent activations of a data-parallel run) are no effect of the odd rank.
     Causal order: later steps, or the origin's step from the origin entry's start
-    (:func:`_entry_start`) on, never the origin entry's own inputs.
+    ``start`` (:func:`_entry_start`) on, never the origin entry's own inputs.
     """
-    start = _entry_start(con, g, origin)
-    rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND step >= ?"
-                      f"{step_sql} ORDER BY step, pos, io_order, io, arg, process_group", [g, origin[S.STEP]])
-    inputs: dict[tuple, bool] = {}     # (step, entry name) -> its inputs agree among the majority
+    rows = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND step = ? "
+                      "ORDER BY pos, io_order, io, arg, process_group", [g, step])
+    inputs: dict[str, bool] = {}       # entry name -> its inputs agree among the majority
     for r in rows:                     # every entry of the step: a backward's forward may precede the origin
         if r["io_order"] == 0:
-            key = (r[S.STEP], r[S.NAME])
-            inputs[key] = inputs.get(key, True) and _majority_agrees(r, majority, tol) is not None
-    rows = [r for r in rows if r[S.STEP] > origin[S.STEP] or r["pos"] >= start]
+            inputs[r[S.NAME]] = inputs.get(r[S.NAME], True) and _majority_agrees(r, majority, tol) is not None
+    if step == origin[S.STEP]:
+        rows = [r for r in rows if r["pos"] >= start]
 
-    def inputs_agree(step: int, name: str) -> bool:
-        own = inputs.get((step, name))
+    def inputs_agree(name: str) -> bool:
+        own = inputs.get(name)
         if name.endswith(".backward") or ".backward." in name:
-            fwd = inputs.get((step, _BACKWARD.sub(r".forward\1", name)))
+            fwd = inputs.get(_BACKWARD.sub(r".forward\1", name))
             return fwd is not None and own is not False and fwd
         return bool(own)
 
-    first, spread = None, {}
+    first, count = None, 0
     for r in rows:
         if r["agree"]:
             continue
@@ -301,43 +382,54 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
             if (r[S.IO], r[S.ARG]) != (origin[S.IO], origin[S.ARG]):
                 continue          # the origin entry's other inputs: not its effects
         if r["category"] == "call" and (r[S.NAME].startswith("Distributed.")
-                                        or (r["io_order"] == 1 and not inputs_agree(r[S.STEP], r[S.NAME]))):
+                                        or (r["io_order"] == 1 and not inputs_agree(r[S.NAME]))):
             continue
         ref = _majority_agrees(r, majority, tol)
         if ref is None or not any(o in r["ranks"] and o not in ref for o in odd):
             continue
-        spread[r[S.STEP]] = spread.get(r[S.STEP], 0) + 1
+        count += 1
         if first is None and r["io_order"] == 1 and r[S.NAME] != origin[S.NAME]:
             first = r[S.NAME]
-    return first, spread
+    return first, ({step: count} if count else {})
 
 
-def _check_group(con, g: int, members: tuple[int, ...], steps: Optional[tuple[int, ...]],
-                 all_calls: bool, tol: float) -> GroupResult:
-    step_sql = f" AND step IN ({', '.join(map(str, steps))})" if steps else ""
+def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: bool, tol: float) -> GroupResult:
+    """Group ``g`` over the steps of ``source``, in step order, one step at a time: the
+    counts of compared tensors, the first disagreement (by step, then call position,
+    inputs before outputs) and, from its step on, how far it spreads."""
     checked = "" if all_calls else " AND must_agree"
-    counts = con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE exact), list(DISTINCT step) FROM replicas "
-        f"WHERE grp = ? AND n_ranks > 1{checked}{step_sql}", [g]).fetchall()[0]
-    seen_steps = tuple(sorted(counts[2] or ()))
-    first_rows = _rows(con, f"SELECT * FROM replicas WHERE grp = ? AND n_ranks > 1 AND NOT agree"
-                            f"{checked}{step_sql} ORDER BY step, pos, io_order, io, arg, process_group LIMIT 1",
-                       [g])
-    if not first_rows:
-        return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=None)
-    row = first_rows[0]
-    clusters, exact = _clusters(row, tol)
-    majority, odd = _majority(clusters)
-    values = {r: _fingerprint(row, i, exact) for i, r in enumerate(row["ranks"])}
-    first_step = min(seen_steps) if seen_steps else row[S.STEP]
+    compared = exact = 0
+    seen: list[int] = []
+    row, majority, odd, start = None, (), (), 0
     downstream, spread = None, {}
-    if majority:
-        downstream, spread = _downstream(con, g, row, odd, majority, step_sql, tol)
+    for step in source.steps:
+        with source.step(g, step) as (con, grp):
+            n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM {_STEP_TABLE} "
+                                     f"WHERE grp = ? AND n_ranks > 1{checked} AND step = ?", [grp, step]).fetchall()[0]
+            if n:
+                seen.append(step)
+                compared += n
+                exact += n_exact
+            if row is None and n:
+                found = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
+                                   f"AND step = ? ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [grp, step])
+                if found:
+                    row = found[0]
+                    majority, odd = _majority(_clusters(row, tol)[0])
+                    start = _entry_start(con, grp, row)
+            if row is not None and majority:
+                first, counted = _downstream(con, grp, row, odd, majority, step, start, tol)
+                downstream = downstream or first
+                spread.update(counted)
+    if row is None:
+        return GroupResult(ranks=members, steps=tuple(seen), compared=compared, exact=exact, first=None)
+    exact_row = bool(row["exact"])
+    values = {r: _fingerprint(row, i, exact_row) for i, r in enumerate(row["ranks"])}
     first = Disagreement(step=row[S.STEP], name=row[S.NAME], io=row[S.IO], arg=row[S.ARG],
-                         category=row["category"], by="crc32" if exact else "statistics", majority=majority,
-                         odd=odd, values=values, verdict=_verdict(row, majority, first_step),
+                         category=row["category"], by="crc32" if exact_row else "statistics", majority=majority,
+                         odd=odd, values=values, verdict=_verdict(row, majority, seen[0]),
                          first_downstream=downstream, spread=spread)
-    return GroupResult(ranks=members, steps=seen_steps, compared=counts[0], exact=counts[1], first=first)
+    return GroupResult(ranks=members, steps=tuple(seen), compared=compared, exact=exact, first=first)
 
 
 def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence[Sequence[int]]] = None,
@@ -367,9 +459,10 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf:
         raise CheckRanksInputError(f"--tol: got {tol!r}; expected a finite number >= 0")
     wanted = sorted({r for g in groups for r in g}) if groups else None
-    con, source, ranks, world_size, kind, notices = _connect(p, wanted, steps)
+    source = _Source(p, wanted, steps)
+    notices, ranks = source.notices, source.ranks
     try:
-        chosen = [list(g) for g in groups] if groups is not None else default_groups(world_size, ranks)
+        chosen = [list(g) for g in groups] if groups is not None else default_groups(source.world_size, ranks)
         if groups is None and not any(chosen):
             raise CheckRanksInputError("\n".join([f"DUMP_PATH {str(p)!r}: no rank with readable rows to check"]
                                                   + notices))
@@ -380,13 +473,13 @@ def check_ranks(dump_path: Union[str, os.PathLike], *, groups: Optional[Sequence
                 continue  # the reader said so already
             notices.append(f"skipped rank {rank}: nothing recorded for it (its log is missing or unreadable); "
                            f"not compared")
-        create_replicas_view(con, source, chosen, tol=float(tol))
+        source.set_groups(chosen, float(tol))
         categories = CATEGORIES if all_calls else CATEGORIES[:2] + (SAME_INPUTS,)
-        results = tuple(_check_group(con, g, tuple(members), tuple(steps) if steps else None, all_calls,
-                                     float(tol)) for g, members in enumerate(chosen))
+        results = tuple(_check_group(source, g, tuple(members), all_calls, float(tol))
+                        for g, members in enumerate(chosen))
     finally:
-        con.close()
-    return RankCheck(path=str(p), source=kind, categories=categories, tol=float(tol), groups=results,
+        source.close()
+    return RankCheck(path=str(p), source=source.kind, categories=categories, tol=float(tol), groups=results,
                      notices=tuple(notices))
 
 

@@ -147,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="most modules per heat map; more are sampled evenly (default: 200)")
     report.add_argument("--max-steps", type=int, default=200,
                         help="most heat-map columns; more steps are binned (default: 200)")
+    report.add_argument("--max-ranks", type=int, default=16,
+                        help="most ranks shown in detail (graph, trends, module tree): those holding NaN/Inf "
+                             "first, then the lowest; every rank is in the overview (default: 16)")
     _add_selection(report, "show")
     compact = commands.add_parser("compact", help="write finished steps of the log as partitioned Parquet")
     compact.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the run")
@@ -605,6 +608,7 @@ def _run_report(args: argparse.Namespace) -> int:
             ranks, steps = _selection(args)
             path = write_report(args.dump_path, args.out, progress=bar.advance, threshold=args.threshold,
                                 jump=args.jump, max_rows=args.max_rows, max_steps=args.max_steps,
+                                max_ranks=args.max_ranks,
                                 ranks=ranks, steps=steps, notices=notices)
         except ValueError as exc:
             print(f"msprobe report: error: {exc}", file=sys.stderr)

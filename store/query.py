@@ -78,9 +78,10 @@ def _sql_list(values) -> str:
     return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=None) -> None:
+def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=None, groups=None) -> None:
     """The views over ``sources`` (registered relations of :data:`_SOURCES`); ``ranks``:
-    the ranks present when known without a scan (default: read from the call rows)."""
+    the ranks present when known without a scan (default: read from the call rows);
+    ``groups``: the replica groups (default: from the recorded world size)."""
     columns = ", ".join(TAIL_SCHEMA.names)
     selects = []
     for name in sources:
@@ -126,6 +127,9 @@ def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=No
             f"(SELECT * FROM {_SUMMARY_TABLE} UNION ALL BY NAME "
             f"{summary_sql('msprobe_tail')})") + ") ORDER BY rank, step"
     )
+    if groups is not None:
+        set_replica_groups(con, groups)
+        return
     if ranks is None:
         ranks = [r for (r,) in con.execute(f"SELECT DISTINCT {S.RANK} FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}'"
                                            ).fetchall()]
@@ -178,7 +182,7 @@ def _summary_parts(reader: StoreReader) -> pa.Table:
 def connect(
     dump_path: Union[str, os.PathLike], *, contents: LogContents | None = None,
     ranks: Optional[Iterable[int]] = None, steps: Optional[Iterable[int]] = None,
-    reader: Optional[StoreReader] = None,
+    reader: Optional[StoreReader] = None, groups: Optional[Iterable[Iterable[int]]] = None,
 ) -> duckdb.DuckDBPyConnection:
     """Open an in-memory DuckDB connection with the views over the store of ``dump_path``.
 
@@ -190,6 +194,8 @@ def connect(
         steps: steps to read (None: all); stack and marker rows are read for every step.
         reader: an already opened :class:`store.select.StoreReader` (``ranks``/``steps``
             are then its own).
+        groups: the rank groups of the ``replicas`` view (None: ranks ``0 .. world_size-1``
+            of the recorded world size, which needs a scan of the markers).
     Returns:
         A connection where ``tensors``, ``calls``, ``stacks``, ``replicas`` and ``summary``
         are defined; external access is disabled and the configuration locked. The
@@ -220,7 +226,8 @@ def connect(
         con.register(_SUMMARY_TABLE, summary if summary is not None else pa.table(
             {"rank": pa.array([], pa.int32()), "step": pa.array([], pa.int32())}))
         _create_views(con, [n for n in _SOURCES if n in sources], chosen_steps,
-                      reader.rank_values() if reader is not None else None)
+                      reader.rank_values() if reader is not None else None,
+                      None if groups is None else [list(g) for g in groups])
         con.execute("SET enable_progress_bar = false")   # DuckDB's own bar would print into results
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")

@@ -258,6 +258,32 @@ class StoreReader:
                 self.skipped += _stored_skips(log_dir / name, coverage)   # the log file is gone: its parts stay
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
 
+    def narrowed(self, *, ranks: Optional[Iterable[int]] = None,
+                 steps: Optional[Iterable[int]] = None) -> "StoreReader":
+        """This selection narrowed to ``ranks`` and ``steps`` (each intersected with this
+        reader's own; None: unchanged), without reading anything again.
+
+        The result shares the manifest and the lists of notices; its :attr:`tail` holds the
+        rows of this tail that match (stack and marker rows of every step, as always), its
+        :meth:`dataset` the parts of the narrower selection. A reader that steps through a
+        run one step (or rank group) at a time narrows one reader per step: memory is one
+        step's rows plus this reader's tail (empty once the run is compacted).
+        """
+        import copy
+
+        sub = copy.copy(self)
+        if ranks is not None:
+            chosen = frozenset(int(r) for r in ranks)
+            sub.ranks = chosen if self.ranks is None else self.ranks & chosen
+        if steps is not None:
+            chosen = frozenset(int(s) for s in steps)
+            sub.steps = chosen if self.steps is None else self.steps & chosen
+        sub.files = tuple(f for f in self.files if sub.ranks is None or _file_rank(f) is None
+                          or _file_rank(f) in sub.ranks)
+        keep = _mask(self.tail, sub.ranks, sub.steps)
+        sub.tail = self.tail if keep is None else self.tail.filter(pa.array(keep))
+        return sub
+
     # --- parts -------------------------------------------------------------------------
     def part_files(self, *, meta: bool = False, ranks=None) -> list[str]:
         """Absolute paths of the selected part files (``meta``: the stack/marker parts)."""

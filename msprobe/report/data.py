@@ -247,12 +247,36 @@ def _graph(con, rank: int, max_tree: int, max_steps: int, max_stacks: int = 2000
             "modules_total": total["m"], "steps_total": steps_total}
 
 
-def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dict:
-    """The largest values and Norm jumps; the jumps one rank at a time (a window over one
-    rank's tensors), the ``limit`` largest of all ranks kept."""
-    extremes = _rows(con, """
+def _rank_batches(ranks: list, tensors: dict, rows: int) -> list[list]:
+    """``ranks`` in consecutive batches of at most ``rows`` tensor records (``tensors``:
+    per rank), at least one rank each."""
+    batches: list[list] = []
+    held = rows
+    for rank in ranks:
+        if held + tensors.get(rank, 0) > rows or not batches:
+            batches.append([])
+            held = 0
+        batches[-1].append(rank)
+        held += tensors.get(rank, 0)
+    return batches
+
+
+def _largest(con, threshold: float, jump: float, limit: int, ranks: list, tensors: Optional[dict] = None,
+             batch_rows: int = 2_000_000) -> dict:
+    """The largest values and Norm jumps; the jumps a batch of ranks at a time (a window
+    over at most ``batch_rows`` tensor records: ``tensors`` gives each rank's count), the
+    ``limit`` largest of all ranks kept."""
+    # which ranks and steps hold a large value: a scan of four columns; the full records
+    # are read for those ranks and steps only
+    large = "greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)"
+    where = con.execute(f"SELECT list(DISTINCT rank), list(DISTINCT step) FROM tensors WHERE {large}",
+                        [threshold]).fetchall()[0]
+    chosen = (" AND rank IN (" + ", ".join(str(int(r)) for r in where[0]) + ") AND step IN ("
+              + ", ".join(str(int(s)) for s in where[1]) + ")") if where[0] else " AND false"
+    extremes = [] if not where[0] else _rows(con, """
         WITH big AS (SELECT rank, step, seq, name, io, arg, shape, max, min, mean, norm, coalesce(crc32, '') AS crc
-                     FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)),
+                     FROM tensors WHERE greatest(abs(max), abs(min)) >= ? AND NOT isnan(max) AND NOT isnan(min)
+                     @CHOSEN),
              one AS (SELECT rank, step, max, min, greatest(abs(max), abs(min)) AS largest, min(seq) AS seq,
                             arg_min({'name': name, 'io': io, 'arg': arg}, seq) AS first,
                             list(DISTINCT name ORDER BY name) AS names
@@ -261,16 +285,17 @@ def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dic
                min(step) AS first_step, max(max) AS max, min(min) AS min, max(largest) AS largest,
                list_sort(list_distinct(flatten(list(names)))) AS seen_in, list(step ORDER BY step) AS step_list
         FROM one GROUP BY rank, first.name, first.io, first.arg
-        ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""", [threshold, limit])
+        ORDER BY largest DESC, rank, min(seq), io, arg LIMIT ?""".replace("@CHOSEN", chosen), [threshold, limit])
     for row in extremes:
         row["seen_in"] = [n for n in row["seen_in"] if n != row["name"]]
     jumps = []
-    for rank in ranks:          # one rank at a time: the window holds one rank's tensors
+    for batch in _rank_batches(ranks, tensors or {}, batch_rows):   # the window holds one batch's tensors
+        chosen = ", ".join(str(int(r)) for r in batch)
         jumps += _rows(con, """
             WITH s AS (SELECT rank, step, seq, name, io, arg, norm,
                               lag(norm) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous,
                               lag(step) OVER (PARTITION BY rank, name, io, arg ORDER BY step) AS previous_step
-                       FROM tensors WHERE rank = ? AND norm IS NOT NULL),
+                       FROM tensors WHERE rank IN (@RANKS) AND norm IS NOT NULL),
                  j AS (SELECT * FROM s WHERE previous > 0 AND norm > 0 AND isfinite(previous) AND isfinite(norm)
                                          AND greatest(norm / previous, previous / norm) >= ?),
                  one AS (SELECT rank, previous_step, step, previous, norm, min(seq) AS seq,
@@ -281,7 +306,7 @@ def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dic
                    norm / previous AS ratio, names AS seen_in,
                    greatest(norm / previous, previous / norm) AS msprobe_factor, seq AS msprobe_seq
             FROM one
-            ORDER BY msprobe_factor DESC, rank, step, seq, io, arg LIMIT ?""", [rank, jump, limit])
+            ORDER BY msprobe_factor DESC, rank, step, seq, io, arg LIMIT ?""".replace("@RANKS", chosen), [jump, limit])
     jumps.sort(key=lambda r: (-r["msprobe_factor"], r["rank"], r["step"], r["msprobe_seq"],
                               r["io"] is None, r["io"] or "", r["arg"] is None, r["arg"] or ""))   # NULLS LAST
     jumps = jumps[:limit]
@@ -291,9 +316,17 @@ def _largest(con, threshold: float, jump: float, limit: int, ranks: list) -> dic
     return {"threshold": threshold, "jump": jump, "limit": limit, "extremes": extremes, "jumps": jumps}
 
 
+def _detail_ranks(ranks: list, nonfinite: list[dict], most: int) -> list:
+    """The ranks shown in detail: those holding NaN/Inf (earliest step first, then rank),
+    then the others in rank order; at most ``most``, returned sorted."""
+    first = {r["rank"]: r["step"] for r in nonfinite}
+    order = sorted(ranks, key=lambda r: (r not in first, first.get(r, 0), r))
+    return sorted(order[:most])
+
+
 def collect(
     dump_path: Union[str, os.PathLike], *, threshold: float = 1e4, jump: float = 10.0,
-    max_rows: int = 200, max_steps: int = 200, max_tree: int = 3000, movers: int = 8,
+    max_rows: int = 200, max_steps: int = 200, max_tree: int = 3000, movers: int = 8, max_ranks: int = 16,
     progress: Optional[Callable[[str], None]] = None, ranks: Optional[Sequence[int]] = None,
     steps: Optional[Sequence[int]] = None,
 ) -> dict:
@@ -308,6 +341,10 @@ def collect(
             ``max_steps`` also caps the steps of the graph (evenly spaced beyond it).
         max_tree: most distinct calls in the graph and module tree (beyond it, modules only).
         movers: how many parameter-gradient lines to draw.
+        max_ranks: most ranks with per-rank detail (first NaN/Inf origin, graph, heat
+            maps, movers, module tree): the ranks holding NaN/Inf first (earliest step
+            first), then the lowest ranks; the others get the overview's per-step counts
+            and NaN/Inf counts only (``msprobe report --rank R`` shows one in detail).
         progress: called with the name of each part as it starts (for a progress bar).
         ranks, steps: show only these ranks and steps (None: all); other ranks' log files
             and parts are not read.
@@ -320,7 +357,7 @@ def collect(
         ValueError: a limit below 1, or a ``threshold``/``jump`` that is not a positive number.
     """
     for label, value in (("max_rows", max_rows), ("max_steps", max_steps), ("max_tree", max_tree),
-                         ("movers", movers)):
+                         ("movers", movers), ("max_ranks", max_ranks)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label}: expected an integer >= 1, got {value!r}")
     for label, value in (("threshold", threshold), ("jump", jump)):
@@ -331,20 +368,33 @@ def collect(
     con = connect(dump_path, reader=reader)
     try:
         tick("overview")
+        # rank x step aggregates: entries from the calls, tensors and NaN/Inf from the
+        # summary (compaction's _summary.parquet where compacted, else computed from the log)
         per_step = _rows(con, """
-            WITH c AS (SELECT rank, step, count(*) AS entries FROM calls GROUP BY ALL),
-                 t AS (SELECT rank, step, count(*) AS tensors FROM tensors GROUP BY ALL)
-            SELECT c.rank, c.step, c.entries, coalesce(t.tensors, 0) AS tensors
-            FROM c LEFT JOIN t USING (rank, step) ORDER BY c.rank, c.step""")
+            WITH c AS (SELECT rank, step, count(*) AS entries FROM calls GROUP BY ALL)
+            SELECT c.rank, c.step, c.entries, coalesce(s.tensors, 0) AS tensors
+            FROM c LEFT JOIN summary s USING (rank, step) ORDER BY c.rank, c.step""")
         ranks = sorted({r["rank"] for r in per_step})
+        nonfinite = _rows(con, """
+            SELECT rank, min(step) AS step, sum(nan_tensors)::BIGINT AS nan_tensors,
+                   sum(inf_tensors)::BIGINT AS inf_tensors,
+                   arg_min(first_nan_name, step) FILTER (WHERE first_nan_name IS NOT NULL) AS first_nan_name,
+                   min(step) FILTER (WHERE first_nan_name IS NOT NULL) AS first_nan_step
+            FROM summary WHERE nan_tensors > 0 OR inf_tensors > 0 GROUP BY rank ORDER BY rank""")
+        nonfinite = [r for r in nonfinite if r["rank"] in set(ranks)]
+        detail = _detail_ranks(ranks, nonfinite, max_ranks)
+        tensors_of: dict = {}
+        for r in per_step:
+            tensors_of[r["rank"]] = tensors_of.get(r["rank"], 0) + r["tensors"]
         has_modules = bool(_rows(con, "SELECT 1 FROM calls WHERE kind = 'module_forward' LIMIT 1"))
         key, where = _keyed(has_modules)
         out: dict[str, Any] = {
             "dump_path": str(dump_path), "meta": _first_meta(con), "ranks": ranks,
-            "per_step": per_step, "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
+            "per_step": per_step, "nonfinite": nonfinite, "detail_ranks": detail,
+            "rows_are": "modules" if has_modules else "APIs", "per_rank": {},
             "skipped": reader.notices(),
         }
-        for rank in ranks:
+        for rank in detail:
             tick(f"rank {rank}")
             out["per_rank"][str(rank)] = {
                 "nonfinite": _nonfinite(con, rank),
@@ -354,8 +404,8 @@ def collect(
                 "graph": _graph(con, rank, max_tree, max_steps),
             }
         tick("largest values")
-        out["largest"] = _largest(con, float(threshold), float(jump), 1000, ranks)
-        out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree}
+        out["largest"] = _largest(con, float(threshold), float(jump), 1000, ranks, tensors_of)
+        out["limits"] = {"max_rows": max_rows, "max_steps": max_steps, "max_tree": max_tree, "max_ranks": max_ranks}
     finally:
         con.close()
     return plain(out)

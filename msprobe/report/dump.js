@@ -8,6 +8,18 @@ const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
 const STATS = ["Max", "Min", "Mean", "Norm"];   // columns 1..4 of a graph stats row
 const FINITE_COLOUR = "#d7ecd9", EMPTY_COLOUR = "#eeeeee";
 
+// [0, 1, 2, 5] -> "0-2, 5"
+function rangeText(values) {
+  const out = [];
+  for (let i = 0; i < values.length;) {
+    let j = i;
+    while (j + 1 < values.length && Number(values[j + 1]) === Number(values[j]) + 1) j++;
+    out.push(i === j ? String(values[i]) : `${values[i]}-${values[j]}`);
+    i = j + 1;
+  }
+  return out.join(", ");
+}
+
 function sqlString(s) { return "'" + String(s).replace(/'/g, "''") + "'"; }
 
 function overview(D, box) {
@@ -25,8 +37,27 @@ function overview(D, box) {
   }
   const meta = Object.entries(D.meta || {}).filter(([, v]) => typeof v !== "object" || v === null);
   if (meta.length) box.append(el("h3", {text: "Recording"}), table(meta.map(([k, v]) => ({k, v})), [["k", "field"], ["v", "value"]]));
+  const detail = D.detail_ranks || D.ranks;
+  if (detail.length < D.ranks.length) {
+    box.append(el("p", {class: "note", id: "detail-ranks", text:
+      `Per-rank detail (first NaN/Inf origin, model graph, trends, module tree) for ${detail.length} of ${D.ranks.length} ranks: ` +
+      `${rangeText(detail)} (ranks holding NaN/Inf first, at most ${D.limits.max_ranks}). ` +
+      `For another rank: msprobe report ${D.dump_path} --rank R.`}));
+  }
   box.append(el("h3", {text: "First NaN/Inf per rank"}));
+  const counted = new Map((D.nonfinite || []).map((r) => [r.rank, r])), clean = [];
   for (const rank of D.ranks) {
+    if (!D.per_rank[rank]) {
+      // no detail: the summary's counts and first NaN tensor
+      const c = counted.get(rank);
+      if (!c) { clean.push(rank); continue; }
+      const div = el("div", {class: "first-nan", id: `first-nan-${rank}`});
+      div.append(el("p", {}, el("span", {class: "bad", text: `rank ${rank}: `}),
+        `${c.nan_tensors} tensor record${c.nan_tensors === 1 ? "" : "s"} holding NaN, ${c.inf_tensors} holding Inf, from step ${c.step}`,
+        ...(c.first_nan_name ? ["; first NaN: ", el("code", {class: "first-tensor", text: c.first_nan_name}), ` (step ${c.first_nan_step})`] : [])));
+      box.append(div);
+      continue;
+    }
     const nf = D.per_rank[rank].nonfinite, div = el("div", {class: "first-nan", id: `first-nan-${rank}`});
     const o = nf.origin, f = nf.first_tensor;
     if (!o && !f) div.append(el("p", {class: "ok", text: `rank ${rank}: no NaN or Inf recorded`}));
@@ -44,6 +75,7 @@ function overview(D, box) {
     }
     box.append(div);
   }
+  if (clean.length) box.append(el("p", {class: "ok", id: "no-nan-ranks", text: `rank${clean.length === 1 ? "" : "s"} ${rangeText(clean)}: no NaN or Inf recorded`}));
   const byStep = new Map();
   for (const r of D.per_step) { const s = byStep.get(r.step) || {step: r.step, entries: 0, tensors: 0}; s.entries += r.entries; s.tensors += r.tensors; byStep.set(r.step, s); }
   const rows = [...byStep.values()].sort((a, b) => a.step - b.step);
@@ -232,7 +264,8 @@ function main() {
   document.getElementById("title").textContent = `msprobe report: ${D.dump_path}`;
   overview(D, document.getElementById("overview"));
   const pickRank = document.getElementById("rank"), pickStep = document.getElementById("step");
-  for (const r of D.ranks) pickRank.append(el("option", {value: String(r), text: `rank ${r}`}));
+  const detail = D.detail_ranks || D.ranks;
+  for (const r of detail) pickRank.append(el("option", {value: String(r), text: `rank ${r}`}));
   const state = {};
   const fillSteps = () => {
     const R = D.per_rank[pickRank.value], keep = pickStep.value;
@@ -245,7 +278,7 @@ function main() {
   const draw = () => {
     const ids = ["graph-section", "trends", "tree", "largest"];
     for (const id of ids) document.getElementById(id).replaceChildren();
-    if (!D.ranks.length || pickStep.value === "") return;
+    if (!detail.length || pickStep.value === "") return;
     const rank = pickRank.value, step = Number(pickStep.value);
     graphSection(D, rank, step, document.getElementById("graph-section"), state);
     trends(D, rank, step, document.getElementById("trends"));
@@ -254,7 +287,7 @@ function main() {
   };
   pickRank.addEventListener("change", () => { fillSteps(); draw(); });
   pickStep.addEventListener("change", draw);
-  if (D.ranks.length) fillSteps();
+  if (detail.length) fillSteps();
   draw();
   document.body.dataset.readyMs = String(Math.round(performance.now()));   // since navigation start
   document.body.dataset.ready = "1";

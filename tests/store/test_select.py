@@ -184,3 +184,23 @@ def test_a_selection_that_matches_nothing_is_named(tmp_path, sample, capsys, com
     assert main([command, *args, "--rank", "1", "--step", str(steps[0])]) == 0
     err = capsys.readouterr().err
     assert "not in the recording" not in err and "not in" not in err
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_narrowed_reader_reads_what_a_fresh_reader_of_that_selection_reads(tmp_path, sample, reads, compacted):
+    from store.query import connect
+
+    dump = _three_ranks(tmp_path / "d", sample)
+    if compacted:
+        compact(dump)
+    whole = StoreReader(dump, ranks=[1, 2])
+    opened = len(reads)
+    narrow = whole.narrowed(ranks=[0, 1], steps=[1])
+    assert len(reads) == opened                 # nothing read again
+    fresh = StoreReader(dump, ranks=[1], steps=[1])
+    assert (narrow.ranks, narrow.steps) == (frozenset({1}), frozenset({1}))
+    assert narrow.part_files() == fresh.part_files() and [f.name for f in narrow.files] == [f.name for f in fresh.files]
+    assert narrow.tail.to_pylist() == fresh.tail.to_pylist()
+    for sql in SQLS:
+        got, expected = (connect(dump, reader=r).sql(sql).fetchall() for r in (narrow, fresh))
+        assert got == expected and expected, sql

@@ -1,0 +1,103 @@
+"""check-ranks reads our store one step of one rank group at a time, and the answer is the
+one the whole run gives (the exported dump.json layout is loaded whole)."""
+from __future__ import annotations
+
+import pytest
+
+import store.query as query_module
+from msprobe.check_ranks import CORRUPTION, check_ranks
+from store.compact import compact
+from store.export import export_log
+from store.log_writer import LogWriter
+from store.records import Call, Leaf, Marker
+
+STEPS = 4
+LINEAR = "Module.fc.Linear.forward.0"
+RELU = "Functional.relu.0.forward"
+
+
+def _tensor(io, path, crc):
+    return Leaf(io=io, path=path, leaf_kind="tensor", type="torch.Tensor", dtype="torch.float32", shape=(2,),
+                numel=2, max=1.0, min=0.0, mean=0.5, norm=1.0, crc32=crc, requires_grad=True,
+                has_nan=False, has_inf=False)
+
+
+def _run(root):
+    """Three ranks, four steps of Linear then relu; rank 2's weight differs from step 1 on,
+    and with it the Linear output and everything relu sees and makes."""
+    for rank in (0, 1, 2):
+        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": 3}
+        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            for step in range(STEPS):
+                odd = rank == 2 and step >= 1
+                crc = (lambda base: f"{base:08x}" if not odd else f"{base + 0xdead0000:08x}")
+                writer.append(Call(step=step, kind="module_forward", name=LINEAR, api_type="Module",
+                                   keys=("input_args", "input_kwargs", "output", "parameters"),
+                                   leaves=(_tensor("parameters", ("weight",), crc(16 * step + 1)),
+                                           _tensor("output", (0,), crc(16 * step + 2)))))
+                writer.append(Call(step=step, kind="api_forward", name=RELU, api_type="Functional",
+                                   keys=("input_args", "input_kwargs", "output"),
+                                   leaves=(_tensor("input_args", (0,), crc(16 * step + 2)),
+                                           _tensor("output", (0,), crc(16 * step + 3)))))
+                writer.append_marker(Marker(step=step, kind="step_end", meta=meta))
+    return root
+
+
+@pytest.fixture
+def connections(monkeypatch):
+    """Per connection check-ranks opens: (steps selected, call/leaf rows per step its views
+    can read)."""
+    seen: list[tuple] = []
+    original = query_module.connect
+
+    def recording(*args, **kwargs):
+        con = original(*args, **kwargs)
+        reader = kwargs.get("reader")
+        held = con.execute("SELECT step, count(*) FROM msprobe_log WHERE row IN ('call', 'leaf') "
+                           "GROUP BY step ORDER BY step").fetchall()
+        seen.append((sorted(reader.steps) if reader.steps is not None else None, held))
+        return con
+
+    monkeypatch.setattr(query_module, "connect", recording)
+    return seen
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_every_step_is_read_alone_and_the_answer_is_the_whole_runs(tmp_path, connections, compacted):
+    dump = _run(tmp_path / "d")
+    if compacted:
+        compact(dump)
+    export_log(dump, tmp_path / "upstream")
+    result = check_ranks(dump)
+    # one connection per step, in step order; each can read only its step: 3 ranks x
+    # (2 call rows + 4 leaf rows)
+    assert connections == [([s], [(s, 18)]) for s in range(STEPS)]
+    (g,) = result.groups
+    # compared (must agree): step 0 the weight and both outputs (inputs agree); steps 1-3
+    # only the weight (rank 2's inputs differ, so outputs need not agree)
+    assert (g.ranks, g.steps, g.compared, g.exact) == ((0, 1, 2), (0, 1, 2, 3), 6, 6)
+    f = g.first
+    assert (f.step, f.name, f.io, f.arg, f.majority, f.odd, f.verdict) == (
+        1, LINEAR, "parameters", "weight", (0, 1), (2,), CORRUPTION)
+    assert f.values == {0: "00000011", 1: "00000011", 2: f"{0xdead0011:08x}"}
+    # per step from the origin on: the weight, Linear's output, relu's input and output
+    assert f.first_downstream == RELU and f.spread == {1: 4, 2: 4, 3: 4}
+    # the same answer from the exported layout, loaded whole into one connection
+    whole = check_ranks(tmp_path / "upstream")
+    assert whole.source == "dump.json" and result.source == "log"
+    assert whole.groups == result.groups
+
+
+def test_a_group_reads_only_its_ranks(tmp_path, connections):
+    dump = _run(tmp_path / "d")
+    compact(dump)
+    result = check_ranks(dump, groups=[[0, 1], [1, 2]], steps=[2, 3])
+    # per group, per selected step: one connection holding 2 ranks x 6 rows of that step
+    assert connections == [([s], [(s, 12)]) for s in (2, 3)] * 2
+    agree, odd = result.groups
+    # ranks 0 and 1 agree on the weight and both outputs of each step
+    assert agree.first is None and (agree.steps, agree.compared) == ((2, 3), 6)
+    # ranks 1 and 2: one against one, no majority
+    assert (odd.first.step, odd.first.name, odd.first.majority, odd.first.odd) == (2, LINEAR, (), (1, 2))
