@@ -259,14 +259,9 @@ class PrecisionDebugger:
         dbg.recorder.save(variable, safe_component(name), k, save_backward)
 
     def wait_files(self, timeout: Optional[float] = None) -> bool:
-        """Wait until the files of every ``stop()`` and ``step()`` so far are written (the
-        rank's writer process writes them while training goes on; ``close()`` waits too).
-
-        Args:
-            timeout: seconds to wait at most; None waits as long as it takes.
-        Returns:
-            True when the files are written, False when ``timeout`` passed first.
-        """
+        """Wait at most ``timeout`` s (None: as long as it takes) for the files of every
+        ``stop()``/``step()`` so far; False when the time passed first
+        (:meth:`msprobe.core.session.Session.wait_files`)."""
         return self.session.wait_files(timeout)
 
     def close(self) -> None:
