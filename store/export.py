@@ -50,7 +50,7 @@ logger = logging.getLogger("msprobe")
 #: ``write_tensor(path, payload)`` writes one tensor file (``.pt``, ``.npy``) at ``path``;
 #: the adapter hands it to the exporter, so ``store`` never imports a framework.
 TensorFileWriter = Callable[[Path, Payload], None]
-TENSOR_DIR = "dump_tensor_data"
+TENSOR_DIR = S.TENSOR_DIR
 
 __all__ = [
     "DEBUG_FILE",

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import functools
 
-import pyarrow as pa
-
 FORMAT_VERSION = "2"
 FORMAT_KEY = b"msprobe.format"
 #: format versions this package reads: "1" (no checksums: unverified), "2" (every record
@@ -82,46 +80,63 @@ VALUE_JSON = "value_json"
 FRAMES = "frames"
 META = "meta"
 
-LOG_SCHEMA = pa.schema(
-    [
-        pa.field(RANK, pa.int32(), nullable=False),
-        pa.field(STEP, pa.int32(), nullable=False),
-        pa.field(SEQ, pa.int64(), nullable=False),
-        pa.field(ROW, pa.string(), nullable=False),
-        pa.field(KIND, pa.string()),
-        pa.field(NAME, pa.string()),
-        pa.field(API_TYPE, pa.string()),
-        pa.field(PARENT, pa.string()),
-        pa.field(STACK_ID, pa.int64()),
-        pa.field(IS_RECOMPUTE, pa.bool_()),
-        pa.field(KEYS, pa.string()),
-        pa.field(IO, pa.string()),
-        pa.field(PATH, pa.string()),
-        pa.field(ARG, pa.string()),
-        pa.field(LEAF_KIND, pa.string()),
-        pa.field(TYPE, pa.string()),
-        pa.field(DTYPE, pa.string()),
-        pa.field(SHAPE, pa.list_(pa.int64())),
-        pa.field(NUMEL, pa.int64()),
-        pa.field(MAX, pa.float64()),
-        pa.field(MIN, pa.float64()),
-        pa.field(MEAN, pa.float64()),
-        pa.field(NORM, pa.float64()),
-        pa.field(MAX_FINITE, pa.float64()),
-        pa.field(MIN_FINITE, pa.float64()),
-        pa.field(CRC32, pa.string()),
-        pa.field(REQUIRES_GRAD, pa.bool_()),
-        pa.field(HAS_NAN, pa.bool_()),
-        pa.field(HAS_INF, pa.bool_()),
-        pa.field(DATA_NAME, pa.string()),
-        pa.field(PAYLOAD, pa.string()),
-        pa.field(VALUE_JSON, pa.string()),
-        pa.field(FRAMES, pa.list_(pa.string())),
-        pa.field(META, pa.string()),
-    ],
-    metadata={FORMAT_KEY: FORMAT_VERSION.encode(), CHECKSUM_ALGORITHM_KEY: CHECKSUM_ALGORITHM.encode()},
-)
-COLUMNS: tuple[str, ...] = tuple(LOG_SCHEMA.names)
+
+def _log_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(RANK, pa.int32(), nullable=False),
+            pa.field(STEP, pa.int32(), nullable=False),
+            pa.field(SEQ, pa.int64(), nullable=False),
+            pa.field(ROW, pa.string(), nullable=False),
+            pa.field(KIND, pa.string()),
+            pa.field(NAME, pa.string()),
+            pa.field(API_TYPE, pa.string()),
+            pa.field(PARENT, pa.string()),
+            pa.field(STACK_ID, pa.int64()),
+            pa.field(IS_RECOMPUTE, pa.bool_()),
+            pa.field(KEYS, pa.string()),
+            pa.field(IO, pa.string()),
+            pa.field(PATH, pa.string()),
+            pa.field(ARG, pa.string()),
+            pa.field(LEAF_KIND, pa.string()),
+            pa.field(TYPE, pa.string()),
+            pa.field(DTYPE, pa.string()),
+            pa.field(SHAPE, pa.list_(pa.int64())),
+            pa.field(NUMEL, pa.int64()),
+            pa.field(MAX, pa.float64()),
+            pa.field(MIN, pa.float64()),
+            pa.field(MEAN, pa.float64()),
+            pa.field(NORM, pa.float64()),
+            pa.field(MAX_FINITE, pa.float64()),
+            pa.field(MIN_FINITE, pa.float64()),
+            pa.field(CRC32, pa.string()),
+            pa.field(REQUIRES_GRAD, pa.bool_()),
+            pa.field(HAS_NAN, pa.bool_()),
+            pa.field(HAS_INF, pa.bool_()),
+            pa.field(DATA_NAME, pa.string()),
+            pa.field(PAYLOAD, pa.string()),
+            pa.field(VALUE_JSON, pa.string()),
+            pa.field(FRAMES, pa.list_(pa.string())),
+            pa.field(META, pa.string()),
+        ],
+        metadata={FORMAT_KEY: FORMAT_VERSION.encode(), CHECKSUM_ALGORITHM_KEY: CHECKSUM_ALGORITHM.encode()},
+    )
+
+
+def __getattr__(name: str):
+    """``LOG_SCHEMA`` (the Arrow schema of the log) and ``COLUMNS`` (its column names),
+    built at first use: importing the constants of this module loads no pyarrow."""
+    if name == "LOG_SCHEMA":
+        value = _log_schema()
+    elif name == "COLUMNS":
+        value = tuple(__getattr__("LOG_SCHEMA").names)
+    else:
+        raise AttributeError(f"module 'store.schema' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 # --- row kinds -------------------------------------------------------------------------
 ROW_CALL = "call"
@@ -178,12 +193,14 @@ DICT_ROOTS = frozenset({"input_kwargs", "parameters"})
 
 # store layout inside dump_path
 STORE_DIR = ".msprobe"
+#: the tensor files' directory inside a step's rank directory (spec section 1)
+TENSOR_DIR = "dump_tensor_data"
 LOG_DIR = "log"
 LOG_SUFFIX = ".arrows"
 
 
 @functools.lru_cache(maxsize=512)
-def scalar(value, column: str) -> pa.Scalar:
+def scalar(value, column: str) -> "pyarrow.Scalar":
     """``value`` as an Arrow scalar of log column ``column``'s type, for comparisons and
     fills in ``pyarrow.compute``.
 
@@ -195,5 +212,7 @@ def scalar(value, column: str) -> pa.Scalar:
         KeyError: ``column`` is not a column of :data:`LOG_SCHEMA`.
         pyarrow.ArrowInvalid / TypeError: ``value`` does not fit the column's type.
     """
-    return pa.scalar(value, type=LOG_SCHEMA.field(column).type)
+    import pyarrow as pa
+
+    return pa.scalar(value, type=__getattr__("LOG_SCHEMA").field(column).type)
 

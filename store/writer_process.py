@@ -177,6 +177,8 @@ def main() -> int:
     """The process entry point: serve standard input, then end at once (the input thread
     may still be blocked reading from the training process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Arrow's pool: the system allocator, which returns freed memory (msprobe.core.arrow_pool)
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     status = serve(sys.stdin.buffer, sys.stdout)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,9 +11,10 @@ process, when the choice is still open: pyarrow not yet imported and
 ``ARROW_DEFAULT_MEMORY_POOL`` not set by the user (Arrow reads that variable once, at
 the first use of its default pool). The variable is set only for that first use and
 removed again, so child processes do not inherit it. A script that imports pyarrow
-before msprobe, or sets the variable, keeps its own choice. The recording adapters
-(``msprobe.pytorch``, ``msprobe.mindspore``) call it when imported; ``msprobe compare``
-and ``msprobe query`` do not.
+before msprobe, or sets the variable, keeps its own choice. The session calls it before
+it writes its log in the training process (task ``tensor``, ``MSPROBE_WRITER=inprocess``);
+a training process that hands its records to a writer process loads no pyarrow, and the
+writer process chooses the system allocator itself (store.writer_process).
 """
 from __future__ import annotations
 

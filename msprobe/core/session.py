@@ -27,22 +27,26 @@ import os
 import threading
 import weakref
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 
+from msprobe.core.arrow_pool import prefer_system_pool
 from msprobe.core.config import Config
 from msprobe.core.filters import DataMode, NameList
 from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.export import TensorFileWriter, export_log
-from store.log_writer import LogWriter, other_process_logs
-from store.payload_writer import PayloadReader, PayloadWriter
+from store.log_names import other_process_logs
 from store.records import Call, Marker, Stack
-from store.step_files import StepFiles
 from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
+
+if TYPE_CHECKING:  # these load pyarrow: imported where the log is written in this process
+    from store.export import TensorFileWriter
+    from store.log_writer import LogWriter
+    from store.payload_writer import PayloadReader, PayloadWriter
+    from store.step_files import StepFiles
 
 logger = logging.getLogger("msprobe")
 
@@ -263,6 +267,8 @@ class Session:
                     _warn_earlier_logs(self.config.dump_path, self.rank or 0)
                 self._open_store()
             if self._payloads is None and self._write_tensor is not None:
+                from store.payload_writer import PayloadReader, PayloadWriter
+
                 # tensor files are staged by the writer thread while the step runs; the
                 # export moves them into place (shards this process wrote: no hash pass)
                 self._payloads = PayloadWriter(self.config.dump_path, self.rank or 0,
@@ -481,8 +487,7 @@ class Session:
             except WriterGone as exc:
                 logger.warning("msprobe: the writer process could not start (%s); the log and the step "
                                "files are written in the training process", exc.__cause__ or exc)
-        self._writer = LogWriter(self.config.dump_path, self.rank or 0)
-        self._files = StepFiles(self._writer, self.config.dump_path)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0)
 
     def _store_open(self) -> bool:
         return self._client is not None or self._writer is not None
@@ -521,8 +526,7 @@ class Session:
         logger.error("msprobe: the writer process ended (exit status %s); the log and the step files are "
                      "written in the training process from now on; nothing recorded is lost", gone.status)
         self._client = None
-        self._writer = LogWriter(self.config.dump_path, self.rank or 0)
-        self._files = StepFiles(self._writer, self.config.dump_path)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0)
         for sid, frames in self._stacks.items():
             self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
         exported = set()  # steps whose files the writer process was asked for
@@ -541,6 +545,8 @@ class Session:
             self._guard(self._writer.flush)
             for step in sorted(exported):
                 self._guard(self._writer.drop_step_rows, step)
+            from store.export import export_log
+
             self._guard(functools.partial(export_log, self.config.dump_path, ranks=[self.rank or 0],
                                           steps=sorted(exported)))
         self._from_log_step = self.step
@@ -577,6 +583,8 @@ class Session:
     def _export_from_log(self) -> None:
         """The current step's files from the log files (:func:`store.export.export_log`):
         after a fall-back, part of the step is in the writer process's log only."""
+        from store.export import export_log
+
         self._writer.flush()
         self._writer.drop_step_rows(self.step)
         export_log(self.config.dump_path, ranks=[self.rank or 0], steps=[self.step],
@@ -596,6 +604,19 @@ class Session:
                 type(exc).__name__, exc, os.fspath(self.config.dump_path),
             )
             return None
+
+
+def _log_here(dump_path, rank: int) -> tuple:
+    """``(LogWriter, StepFiles)`` writing the log and the step files in this process
+    (imported here: they load pyarrow, which a process handing its records to a writer
+    process never needs; Arrow's pool is the system allocator when still open,
+    msprobe.core.arrow_pool)."""
+    prefer_system_pool()
+    from store.log_writer import LogWriter
+    from store.step_files import StepFiles
+
+    writer = LogWriter(dump_path, rank)
+    return writer, StepFiles(writer, dump_path)
 
 
 def _raise(exc: BaseException) -> None:

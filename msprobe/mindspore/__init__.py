@@ -2,14 +2,10 @@
 ``PrecisionDebugger`` and ``seed_all``."""
 import importlib.util
 
-if importlib.util.find_spec("mindspore") is None:   # found without importing it (pyarrow's pool comes first)
+if importlib.util.find_spec("mindspore") is None:   # found without importing it
     raise ModuleNotFoundError("msprobe.mindspore needs MindSpore, which is not installed: "
                               "pip install 'msprobe-recorder[mindspore]' (or pip install -r requirements-mindspore.txt)",
                               name="mindspore")
-
-from msprobe.core.arrow_pool import prefer_system_pool
-
-prefer_system_pool()  # before anything imports pyarrow (msprobe/core/arrow_pool.py)
 
 from msprobe.mindspore.debugger import PrecisionDebugger
 from msprobe.mindspore.seed import seed_all

@@ -11,7 +11,10 @@ from typing import Callable, Optional
 
 from msprobe.core.config import Config
 from msprobe.core.session import Session
-from store.export import TensorFileWriter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from store.export import TensorFileWriter
 
 
 class DebugSession(Session):

@@ -42,7 +42,7 @@ from msprobe.pytorch.payload import write_pt
 from msprobe.pytorch.recorder import Recorder
 from msprobe.pytorch.references import References
 from msprobe.pytorch.replay import InputReplay
-from store.export import TENSOR_DIR
+from store.schema import TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 

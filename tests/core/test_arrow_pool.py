@@ -1,6 +1,7 @@
-"""msprobe.core.arrow_pool: a recording process uses the system allocator for Arrow, unless
-the user chose (pyarrow imported first, or ARROW_DEFAULT_MEMORY_POOL set); the variable does
-not leak into the environment. Each case runs in a fresh interpreter (Arrow chooses its
+"""msprobe.core.arrow_pool: a process that writes the log uses the system allocator for
+Arrow, unless the user chose (pyarrow imported first, or ARROW_DEFAULT_MEMORY_POOL set); the
+variable does not leak into the environment; a training process that hands its records to
+the writer process loads no pyarrow at all. Each case runs in a fresh interpreter (Arrow chooses its
 default pool once per process)."""
 from __future__ import annotations
 
@@ -39,7 +40,30 @@ def test_user_choices_are_kept():
     assert run(first) == f"{default} False False"
 
 
-@pytest.mark.parametrize("module", ["msprobe.pytorch"])
-def test_adapter_import_chooses_it(module):
+RECORD = """
+import sys, torch
+from msprobe.pytorch import PrecisionDebugger
+model = torch.nn.Linear(4, 2)
+dbg = PrecisionDebugger(dump_path=sys.argv[1], level="L1")
+dbg.start(model); model(torch.ones(3, 4)).sum().backward(); dbg.stop(); dbg.step(); dbg.wait_files()
+loaded = "pyarrow" in sys.modules
+import pyarrow as pa
+print(loaded, pa.default_memory_pool().backend_name if loaded else "-")
+dbg.close()
+"""
+
+
+def test_a_recording_process_loads_no_pyarrow(tmp_path):
+    """The training process hands its records to the writer process: no pyarrow there."""
     pytest.importorskip("torch")
-    assert run(f"import {module}; made = None; " + REPORT) == "system False None"
+    out = subprocess.run([sys.executable, "-c", RECORD, str(tmp_path / "d")], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "False -"
+
+
+def test_logging_in_the_training_process_chooses_the_system_pool(tmp_path):
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", RECORD, str(tmp_path / "d")], capture_output=True, text=True,
+                         check=True, env={**env, "PYTHONPATH": str(ROOT), "MSPROBE_WRITER": "inprocess"})
+    assert out.stdout.strip() == "True system"
