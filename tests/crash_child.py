@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import msprobe.core.session as session_module  # noqa: E402
+import store.log_writer as log_writer_module  # noqa: E402
 from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from store.log_writer import LogWriter, _open_private  # noqa: E402
 
@@ -77,7 +78,7 @@ def main() -> None:
         return files[-1]
 
     os.environ["MSPROBE_WRITER"] = "inprocess"  # the kill points are in this process's log writer
-    session_module.LogWriter = functools.partial(LogWriter, flush_rows=flush_rows, flush_interval_s=3600.0,
+    log_writer_module.LogWriter = functools.partial(LogWriter, flush_rows=flush_rows, flush_interval_s=3600.0,
                                                  _open=trap_open)
     emitted: list[str] = []
     original_emit = session_module.Session.emit

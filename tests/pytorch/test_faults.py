@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import msprobe.core.session as session_module
+import store.log_writer as log_writer_module
 from store.export import export_log
 from store.log_reader import read_log
 from store.log_writer import LogWriter, _open_private
@@ -109,7 +109,7 @@ def test_write_fault_mid_training(tmp_path, monkeypatch, reference, errors, erro
         return files[-1]
 
     monkeypatch.setenv("MSPROBE_WRITER", "inprocess")  # the fault is injected into this process's log writer
-    monkeypatch.setattr(session_module, "LogWriter", functools.partial(LogWriter, _open=opener))
+    monkeypatch.setattr(log_writer_module, "LogWriter", functools.partial(LogWriter, _open=opener))
     dump = tmp_path / "d"
 
     def on_step(step):
@@ -142,7 +142,7 @@ def test_write_fault_in_the_flush_timer(tmp_path, monkeypatch, reference, errors
         return writers[-1]
 
     monkeypatch.setenv("MSPROBE_WRITER", "inprocess")  # the fault is injected into this process's log writer
-    monkeypatch.setattr(session_module, "LogWriter", make_writer)
+    monkeypatch.setattr(log_writer_module, "LogWriter", make_writer)
     dump = tmp_path / "d"
     hit = []
 
