@@ -8,7 +8,9 @@ nothing. Adapters (``msprobe.pytorch``, ``msprobe.mindspore``) install hooks tha
 Semantics (spec section 6.1, seeds "start/stop/step"):
 
 * ``start()`` turns forward recording on when the current step and the rank are
-  selected; it creates ``{dump_path}/step{N}/{rank_dir}/`` with skeleton files.
+  selected; ``{dump_path}/step{N}/{rank_dir}/`` gets skeleton files. The files of every
+  export are written by the rank's writer process (:mod:`store.writer_client`), not
+  waited for (:meth:`Session.wait_files`, ``close()`` and ``MSPROBE_WAIT_FILES=1`` wait).
 * ``stop()`` turns forward recording off and exports what the step holds so far.
   Backward events of forwards recorded in this step are still accepted until ``step()``
   (a ``stop()`` before ``loss.backward()`` followed by ``step()`` keeps the backward data).
@@ -505,8 +507,13 @@ class Session:
                 return
             except WriterGone as gone:
                 self._fall_back(gone)
-                if method in ("append", "append_stack", "append_marker"):
-                    return  # the record was among the messages written by the fall-back
+                if method in ("append", "append_stack", "append_marker", "export"):
+                    # a record: among the messages the fall-back wrote; an export: _export
+                    # goes on with the in-process export of the step
+                    return
+                if method in ("end_step", "close") and self._opened_step == self.step:
+                    # the step's last export request went to the writer process that died
+                    self._guard(self._export_from_log)
             except Exception as exc:  # noqa: BLE001 - a write fault reported by the writer process
                 self._guard(_raise, exc)
                 return

@@ -210,7 +210,8 @@ class PrecisionDebugger:
         self.stop()
 
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        """Finish the step: ``step{N}/{rank}/`` is written completely (by the writer process,
+        not waited for: :meth:`wait_files`) and the step advances to N+1.
         GRAPH_MODE (level L2): read the iterations MindSpore has finished dumping (all but
         the newest) into the event log."""
         if self._kernel_reader is not None:

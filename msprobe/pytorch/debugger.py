@@ -356,7 +356,8 @@ class PrecisionDebugger:
             self._dump_module_handles = None
 
     def step(self) -> None:
-        """Finish the step: write ``step{N}/{rank}/`` completely and advance to step N+1.
+        """Finish the step: ``step{N}/{rank}/`` is written completely (by the writer process,
+        not waited for: :meth:`wait_files`) and the step advances to N+1.
         A no-op at level debug."""
         if self.config.level == "debug":
             return

@@ -232,3 +232,63 @@ def test_step_does_not_wait_wait_files_does(tmp_path, monkeypatch):
     expected = (torch.ones(3, 4) @ model.weight.detach().T + model.bias.detach()).max().item()
     assert dump["data"]["Functional.linear.0.forward"]["output"][0]["Max"] == pytest.approx(expected, rel=1e-6)
     dbg.close()
+
+
+GONE = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {repo!r})
+    import torch, torch.nn as nn
+    import store.writer_client as writer_client
+    from msprobe.pytorch import PrecisionDebugger
+    out, when = sys.argv[1], sys.argv[2]
+    # every frame waits 0.3 s in the writer process: an export request is still unwritten
+    # when the writer process is killed right after it
+    slow = ("import sys, time; sys.path.insert(0, {repo!r}); import store.writer_process as w; "
+            "read = w._read_frame; w._read_frame = lambda s: (time.sleep(0.3), read(s))[1]; w.main()")
+    writer_client.writer_command = lambda: [sys.executable, "-c", slow]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = PrecisionDebugger(dump_path=out, level="mix", model=model)
+
+    def kill_writer():
+        client = dbg.session._client
+        answer = client._answer  # the end of its answers is seen late: the next hand-over finds it
+        client._answer = lambda line: (time.sleep(3) if line is None else None, answer(line))[1]
+        os.kill(client.pid, signal.SIGKILL)
+        client._proc.wait()
+
+    for step in range(3):
+        dbg.start()
+        loss = model(torch.randn(4, 6)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        if step == 1 and when == "before_stop":
+            kill_writer()  # stop()'s export request finds it gone
+        dbg.stop()
+        if step == 1 and when == "before_step":
+            kill_writer()  # step()'s end-of-step request finds it gone
+        dbg.step()
+    dbg.close()
+    print("DONE", flush=True)
+""")
+
+
+@pytest.mark.parametrize("when", ["before_stop", "before_step"])
+def test_writer_gone_found_by_an_export_or_step_end_request(tmp_path, when):
+    """The writer process dies with the step's export unwritten and the next request to it
+    (stop()'s export, or step()'s end of step) is what finds it gone: the training goes on
+    and every step's files equal those of a run without a writer process."""
+    ref = _train(tmp_path, "ref", "none", {"MSPROBE_WRITER": "inprocess"})
+    assert "DONE" in ref.stdout, ref.stderr
+    script = tmp_path / "gone.py"
+    script.write_text(GONE.format(repo=str(REPO)))
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), when], capture_output=True,
+                         text=True, env={**os.environ, "MSPROBE_WAIT_FILES": ""}, timeout=300)
+    assert "DONE" in run.stdout, run.stderr
+    assert run.stderr.count("the writer process ended") == 1 and "Traceback" not in run.stderr
+    got, want = _files(tmp_path / "run"), _files(tmp_path / "ref")
+    for key in want:  # stack.json names the script, which differs: its entries must not
+        if key[1] == "stack.json":
+            assert json.loads(got[key]).keys() == json.loads(want[key]).keys()
+        else:
+            assert got[key] == want[key], key
