@@ -122,6 +122,11 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
         answers.write(line + "\n")
         answers.flush()
 
+    def fail(exc: BaseException) -> None:
+        nonlocal failed
+        failed = True
+        say(f"F {type(exc).__name__}: {exc}".replace("\n", " "))
+
     # frames are read on a thread, up to FRAMES_AHEAD ahead of the one being written, so that
     # the training process's pipe writes rarely wait for the writer's work
     frames: queue.Queue = queue.Queue(maxsize=FRAMES_AHEAD)
@@ -154,14 +159,12 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
                 elif tag == END_STEP:
                     files.end_step(message[1])
             except Exception as exc:  # noqa: BLE001 - any fault is answered, once
-                failed = True
-                say(f"F {type(exc).__name__}: {exc}".replace("\n", " "))
+                fail(exc)
         if not failed:
             try:
                 writer.flush()
             except Exception as exc:  # noqa: BLE001
-                failed = True
-                say(f"F {type(exc).__name__}: {exc}".replace("\n", " "))
+                fail(exc)
         say(f"A {count}")
         if quit_:
             break
@@ -169,7 +172,7 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
         writer.close()
     except Exception as exc:  # noqa: BLE001
         if not failed:
-            say(f"F {type(exc).__name__}: {exc}".replace("\n", " "))
+            fail(exc)
     return 0
 
 

@@ -351,7 +351,8 @@ class Session:
                 self._fall_back(gone)
             return True
         except Exception as exc:  # noqa: BLE001 - a write fault of the writer process
-            self._guard(_raise, exc)
+            if not self.failed:
+                self._write_failed(exc)
             return True
 
     def close(self) -> None:
@@ -515,7 +516,8 @@ class Session:
                     # the step's last export request went to the writer process that died
                     self._guard(self._export_from_log)
             except Exception as exc:  # noqa: BLE001 - a write fault reported by the writer process
-                self._guard(_raise, exc)
+                if not self.failed:
+                    self._write_failed(exc)
                 return
         if self._writer is None:
             return
@@ -549,13 +551,7 @@ class Session:
                 exported.add(message[1])
         exported.discard(self.step)
         if exported:  # ended steps whose files the writer process may not have written
-            self._guard(self._writer.flush)
-            for step in sorted(exported):
-                self._guard(self._writer.drop_step_rows, step)
-            from store.export import export_log
-
-            self._guard(functools.partial(export_log, self.config.dump_path, ranks=[self.rank or 0],
-                                          steps=sorted(exported)))
+            self._guard(self._export_from_log, sorted(exported))
         self._from_log_step = self.step
         self._dirty = True  # the writer process may not have written the step's files
 
@@ -587,15 +583,17 @@ class Session:
         if self._payloads is not None and self._emitted:
             self._guard(self._payloads.wait_written)
 
-    def _export_from_log(self) -> None:
-        """The current step's files from the log files (:func:`store.export.export_log`):
-        after a fall-back, part of the step is in the writer process's log only."""
+    def _export_from_log(self, steps: list | None = None) -> None:
+        """The files of ``steps`` (default: the current step) from the log files
+        (:func:`store.export.export_log`): after a fall-back, part of them is in the writer
+        process's log only."""
         from store.export import export_log
 
+        steps = [self.step] if steps is None else steps
         self._writer.flush()
-        self._writer.drop_step_rows(self.step)
-        export_log(self.config.dump_path, ranks=[self.rank or 0], steps=[self.step],
-                   tensor_writers=None)
+        for step in steps:
+            self._writer.drop_step_rows(step)
+        export_log(self.config.dump_path, ranks=[self.rank or 0], steps=steps)
 
     def _guard(self, fn, *args):
         """Run a store call; on failure log one clear error and stop recording for good."""
@@ -604,13 +602,18 @@ class Session:
         try:
             return fn(*args)
         except Exception as exc:
-            self.failed = True
-            self.recording = False
-            logger.error(
-                "msprobe: recording stopped after an I/O error (%s: %s); data written before stays readable in %s",
-                type(exc).__name__, exc, os.fspath(self.config.dump_path),
-            )
+            self._write_failed(exc)
             return None
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A store write failed (here or in the writer process): log one clear error and
+        stop recording for good."""
+        self.failed = True
+        self.recording = False
+        logger.error(
+            "msprobe: recording stopped after an I/O error (%s: %s); data written before stays readable in %s",
+            type(exc).__name__, exc, os.fspath(self.config.dump_path),
+        )
 
 
 def _log_here(dump_path, rank: int) -> tuple:
@@ -624,10 +627,6 @@ def _log_here(dump_path, rank: int) -> tuple:
 
     writer = LogWriter(dump_path, rank)
     return writer, StepFiles(writer, dump_path)
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 def _forget_in_child(ref: "weakref.ref[Session]") -> None:
