@@ -42,7 +42,8 @@ from store import schema as S
 from store.errors import LogNotFoundError
 from store.log_writer import parse_log_file_name
 
-__all__ = ["LogContents", "LogReader", "Skipped", "find_log_files", "missing_ranks", "notices", "read_log"]
+__all__ = ["LogContents", "LogReader", "Skipped", "expected_ranks", "find_log_files", "missing_ranks", "notices",
+           "read_log"]
 
 _CONTINUATION = 0xFFFFFFFF
 _MARKER = b"\xff\xff\xff\xff"
@@ -521,9 +522,22 @@ def notices(skipped, unverified=(), missing_ranks=(), unfinished=()) -> list[str
 
 def missing_ranks(table: pa.Table) -> tuple[int, ...]:
     """The ranks that should have recorded but have no rows in ``table`` (log rows of
-    every rank): ranks ``0 .. world_size-1`` of the largest ``world_size`` in the markers'
-    ``meta``, or the config's rank list (``ranks``) where the markers carry one; () when
-    neither is known (a run without torch.distributed)."""
+    every rank): the :func:`expected_ranks` of its markers less the ranks it holds; ()
+    when the markers say nothing (a run without torch.distributed)."""
+    import pyarrow.compute as pc  # offline only
+
+    expected = expected_ranks(table)
+    if not expected:
+        return ()
+    present = set(pc.unique(table[S.RANK]).to_pylist())
+    return tuple(sorted(expected - present))
+
+
+def expected_ranks(table: pa.Table) -> frozenset:
+    """The ranks a run recorded, by the marker rows of ``table`` (any rows with the
+    ``row`` and ``meta`` columns; other rows are ignored): the config's rank list
+    (``ranks`` in a marker's ``meta``) where a marker carries one, else ranks ``0 ..
+    world_size-1`` of the largest ``world_size``; empty when neither is known."""
     import json
 
     import pyarrow.compute as pc  # offline only
@@ -535,15 +549,15 @@ def missing_ranks(table: pa.Table) -> tuple[int, ...]:
             meta = json.loads(text) if text else {}
         except ValueError:
             continue
+        if not isinstance(meta, dict):
+            continue
         if isinstance(meta.get("world_size"), int):
             world = max(world or 0, meta["world_size"])
         if isinstance(meta.get("ranks"), list):
             listed.update(r for r in meta["ranks"] if isinstance(r, int))
-    if world is None and not listed:
-        return ()
-    expected = listed if listed else set(range(world))
-    present = set(pc.unique(table[S.RANK]).to_pylist())
-    return tuple(sorted(expected - present))
+    if listed:
+        return frozenset(listed)
+    return frozenset(range(world)) if world is not None else frozenset()
 
 
 def _file_order(path: Path) -> tuple:

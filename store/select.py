@@ -148,6 +148,7 @@ class StoreReader:
         self.unverified: list[str] = []
         self.unfinished: list[str] = []
         self.recovered: list[str] = []
+        self._absent: frozenset = frozenset()  # selected ranks with no file at all (named in recovered)
         no_log = None
         try:
             files = find_log_files(dump_path)
@@ -170,6 +171,7 @@ class StoreReader:
             present = {_file_rank(f) for f in files} | {p.rank for p in self.manifest.parts}
             absent = sorted(self.ranks - present)
             if absent and None not in present:
+                self._absent = frozenset(absent)
                 shown = ", ".join(map(str, sorted(present))) or "none"
                 self.recovered.append(f"selected rank{'s' if len(absent) > 1 else ''} "
                                       f"{', '.join(map(str, absent))}: not in {str(self.dump_path)!r} "
@@ -179,10 +181,33 @@ class StoreReader:
 
     def notices(self) -> list[str]:
         """One line for people per part of the selected log files not read as data, per
-        unverified (format 1) file, per unfinished file (:func:`store.log_reader.notices`),
+        unverified (format 1) file, per unfinished file, per recorded rank without a readable row (:meth:`missing_ranks`;
+        wording of :func:`store.log_reader.notices`),
         per fallback from the parts to the log or selected rank not in the dump
         (:attr:`recovered`), then one for selected steps that match nothing (:meth:`unmatched`)."""
-        return self.recovered + notice_lines(self.skipped, self.unverified, (), self.unfinished) + self.unmatched()
+        return (self.recovered + notice_lines(self.skipped, self.unverified, self.missing_ranks(), self.unfinished)
+                + self.unmatched())
+
+    def missing_ranks(self) -> tuple[int, ...]:
+        """The selected ranks the run recorded (:func:`store.log_reader.expected_ranks` of
+        the marker rows in the ``_meta`` parts and the tail) that have no readable row: their
+        log file is gone, empty or wholly damaged. A selected rank with no file at all is
+        left out (:attr:`recovered` names it)."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        from store.log_reader import expected_ranks
+
+        tables = []
+        meta = self.dataset(meta=True)
+        if meta is not None:
+            tables.append(meta.to_table(columns=[S.ROW, S.META], filter=ds.field(S.ROW) == S.ROW_MARKER))
+        tail = self.tail.select([S.ROW, S.META])
+        tables.append(tail.filter(pc.equal(tail[S.ROW], S.scalar(S.ROW_MARKER, S.ROW))))
+        expected = expected_ranks(pa.concat_tables([t.cast(tables[-1].schema) for t in tables]))
+        if self.ranks is not None:
+            expected &= self.ranks
+        return tuple(sorted(expected - set(self.rank_values()) - self._absent))
 
     def unmatched(self) -> list[str]:
         """A line for the selected steps with no call rows in the selected ranks (a typo in

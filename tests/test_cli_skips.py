@@ -251,3 +251,73 @@ def test_check_ranks_of_a_log_with_no_readable_batch_names_the_dump_not_group(cl
     assert code == 2 and "--group" not in err
     assert f"DUMP_PATH {str(dump)!r}: no rank with readable rows to check" in err
     assert f"skipped {log} at byte" in err
+
+
+WORLD = 3
+
+
+def three_ranks(dump: Path) -> Path:
+    """A run of ``WORLD`` ranks (markers carry ``world_size``), 2 steps of 3 calls each per
+    rank; rank ``r``'s call ``i`` has input Norm ``r + i`` (per-rank values to count by)."""
+    from store.log_writer import LogWriter
+    from store.records import Call, Leaf, Marker
+
+    meta = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
+            "world_size": WORLD}
+    for rank in range(WORLD):
+        with LogWriter(dump, rank) as writer:
+            for step in range(2):
+                writer.append_marker(Marker(step=step, kind="start", meta={**meta, "rank_dir": f"rank{rank}"}))
+                for i in range(3):
+                    leaves = tuple(Leaf(io=io, path=(0,), leaf_kind="tensor", type="torch.Tensor",
+                                        dtype="torch.float32", shape=(4,), numel=4, max=1.0, min=-1.0, mean=0.0,
+                                        norm=float(rank + i)) for io in ("input_args", "output"))
+                    writer.append(Call(step=step, kind="api_forward", name=f"Torch.op{i}.0.forward",
+                                       api_type="Torch", keys=("input_args", "output"), leaves=leaves))
+    return dump
+
+
+def test_a_rank_without_a_log_is_named_by_every_command(tmp_path, capsys):
+    """World size 3, rank 2's log deleted: query, report, export and check-ranks name rank 2
+    on stderr (once) and answer for ranks 0 and 1; compare is incomplete (exit 3); a rank
+    selection that leaves rank 2 out says nothing about it; the same after compact."""
+    clean = three_ranks(tmp_path / "clean")
+    dump = tmp_path / "two_logs"
+    shutil.copytree(clean, dump)
+    (gone,) = (dump / S.STORE_DIR / S.LOG_DIR).glob("rank2.*" + S.LOG_SUFFIX)
+    gone.unlink()
+    line = "skipped rank 2: no readable log, although the run recorded it"
+    sql = "SELECT rank, count(*) AS n, sum(norm) AS norms FROM tensors GROUP BY rank ORDER BY rank"
+    # each rank: 2 steps x 3 calls x 2 tensors; the Norms sum to 2 x 2 x (3 rank + 0 + 1 + 2)
+    expected = "rank,n,norms\n" + "".join(f"{r},12,{4 * (3 * r + 3)}.0\n" for r in range(WORLD))
+    code, out, err = run(["query", clean, sql, "--format", "csv"], capsys)
+    assert (code, out, err) == (0, expected, "")
+    code, out, err = run(["query", dump, sql, "--format", "csv"], capsys)
+    assert code == 0 and out == "".join(expected.splitlines(keepends=True)[:3])
+    assert err.count(line) == 1 and "the result is partial" in err
+    code, out, err = run(["query", dump, sql, "--format", "csv", "--rank", "0,1"], capsys)
+    assert code == 0 and err == ""                               # rank 2 not selected: nothing missing
+    code, out, err = run(["query", dump, sql, "--format", "csv", "--rank", "2"], capsys)
+    assert "selected rank 2: not in" in err and line not in err  # named once, as not in the dump
+
+    code, out, err = run(["report", dump, "-o", tmp_path / "report.html"], capsys)
+    assert code == 0 and err.count(line) == 1
+    page = (tmp_path / "report.html").read_text()
+    assert "Not read as data" in page and line in page
+
+    code, out, err = run(["export", dump, "-o", tmp_path / "out"], capsys)
+    assert code == 0 and err.count(line) == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "step0").iterdir()) == ["rank0", "rank1"]
+
+    code, out, err = run(["check-ranks", dump], capsys)
+    assert code == 3 and "exit status 3" in out
+    assert err.count("skipped rank 2:") == 1 and line in err
+
+    code, out, err = run(["compare", dump, clean, "-o", tmp_path / "cmp"], capsys)
+    assert code == 3 and out.startswith("verdict: incomplete")
+    summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
+    assert "TARGET: rank 2 has no readable log (the run recorded it)" in summary["incomplete"]
+
+    assert run(["compact", dump], capsys)[0] == 0               # rows and markers now in Parquet parts
+    code, out, err = run(["query", dump, sql, "--format", "csv"], capsys)
+    assert code == 0 and out == "".join(expected.splitlines(keepends=True)[:3]) and err.count(line) == 1
