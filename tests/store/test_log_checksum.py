@@ -268,6 +268,20 @@ def test_ranks_not_expected_are_not_reported(tmp_path, extra, missing):
     assert read_log(tmp_path).missing_ranks == missing
 
 
+@pytest.mark.parametrize("metas, expected", [
+    (['{"world_size": 3}', '{"world_size": 4}'], {0, 1, 2, 3}),       # the largest world size
+    (['{"world_size": 4, "ranks": [1, 3]}'], {1, 3}),                  # the config's rank list wins
+    (['[1, 2]', 'not json', None, '{"world_size": "3"}'], set()),       # no usable meta: nothing expected
+])
+def test_expected_ranks_come_from_the_markers_meta(metas, expected):
+    from store.log_reader import expected_ranks
+
+    table = pa.table({S.ROW: [S.ROW_MARKER] * len(metas) + [S.ROW_CALL],
+                      S.META: metas + ['{"world_size": 9}']},          # a call row's meta is not read
+                     schema=pa.schema([S.LOG_SCHEMA.field(S.ROW), S.LOG_SCHEMA.field(S.META)]))
+    assert expected_ranks(table) == expected
+
+
 def test_a_log_cut_between_batches_is_unfinished_not_silent(tmp_path, log):
     data, batches, ranges = log
     log_dir = tmp_path / S.STORE_DIR / S.LOG_DIR
