@@ -181,8 +181,8 @@ class StoreReader:
 
     def notices(self) -> list[str]:
         """One line for people per part of the selected log files not read as data, per
-        unverified (format 1) file, per unfinished file, per recorded rank without a readable row (:meth:`missing_ranks`;
-        wording of :func:`store.log_reader.notices`),
+        unverified (format 1) file, per unfinished file, per recorded rank without a
+        readable row (:meth:`missing_ranks`; the wording of :func:`store.log_reader.notices`),
         per fallback from the parts to the log or selected rank not in the dump
         (:attr:`recovered`), then one for selected steps that match nothing (:meth:`unmatched`)."""
         return (self.recovered + notice_lines(self.skipped, self.unverified, self.missing_ranks(), self.unfinished)
