@@ -527,6 +527,8 @@ def _run_compact(args: argparse.Namespace) -> int:
     show(report)
     if report.pending:
         print(f"left in the log: {report.pending} rows of steps not finished yet")
+    if report.archivable:
+        print(f"log files wholly in parts (may be archived): {', '.join(report.archivable)}")
     return 0
 
 

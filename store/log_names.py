@@ -12,7 +12,13 @@ from typing import Optional, Union
 
 from store import schema as S
 
-__all__ = ["log_file_name", "other_process_logs", "parse_log_file_name"]
+__all__ = ["SEGMENT_ENV", "log_file_name", "other_process_logs", "parse_log_file_name", "segment_bytes"]
+
+#: environment variable: the size (MiB) at which a log file is ended at the next step's end
+#: and a new one begun (see ``store.log_writer``, Segments); ``0``: one file per process
+SEGMENT_ENV = "MSPROBE_LOG_SEGMENT_MB"
+#: the segment size (MiB) when :data:`SEGMENT_ENV` is not set
+DEFAULT_SEGMENT_MB = 256
 
 
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
@@ -69,3 +75,29 @@ def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optio
         if parsed is not None and parsed[0] == rank and (parsed[1] != own or parsed[2] < since):
             found.append(name)
     return sorted(found)
+
+
+def segment_bytes(environ: Optional[dict] = None) -> int:
+    """The log segment size in bytes from :data:`SEGMENT_ENV` in ``environ`` (default:
+    ``os.environ``): a number of MiB (fractions allowed), ``0`` for no segments; unset or
+    empty gives :data:`DEFAULT_SEGMENT_MB`.
+
+    >>> segment_bytes({"MSPROBE_LOG_SEGMENT_MB": "1"})
+    1048576
+    >>> segment_bytes({"MSPROBE_LOG_SEGMENT_MB": "0.5"})
+    524288
+
+    Raises:
+        ValueError: the value is not a finite number >= 0.
+    """
+    text = (os.environ if environ is None else environ).get(SEGMENT_ENV, "").strip()
+    if not text:
+        return DEFAULT_SEGMENT_MB << 20
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = -1.0
+    if not 0 <= mib < float("inf"):
+        raise ValueError(f"{SEGMENT_ENV}={text!r}: expected a number of MiB >= 0 (0: one log file "
+                         f"per process; unset: {DEFAULT_SEGMENT_MB})")
+    return int(mib * (1 << 20))

@@ -32,6 +32,15 @@ Live export. Each flushed batch is kept (its call, leaf and marker rows), until 
 is taken: :meth:`LogWriter.take_step` returns a step's rows as an Arrow table for the
 step's files (:class:`store.step_files.StepFiles`).
 
+Segments. With ``segment_bytes`` set, :meth:`LogWriter.end_segment_if_due` (called at a
+step's end, once the step's rows were taken) ends the file once it holds at least that many
+bytes: the stream gets its end-of-stream marker and is closed, and the next flush opens a
+new file (a new ``time_ns`` in its name). Each segment is a log file like any other: its
+``seq`` counts from 0, and it repeats every stack row the writer wrote before (written with
+its first batch), so a segment can be read, compacted and archived on its own. Readers
+order a rank's files by name (:func:`store.log_reader.find_log_files`) and shift ``seq``
+across them, as they do for the files of several processes.
+
 Row conventions (see :mod:`store.schema` for the columns):
 
 - ``call`` and ``leaf`` rows of one :class:`~store.records.Call` share its ``seq``; leaf
@@ -39,7 +48,7 @@ Row conventions (see :mod:`store.schema` for the columns):
   views need no join. ``path`` holds the compact JSON list of components
   (``[0,"k"]``), ``arg`` the components joined with ``"."`` (``"0.k"``; ``""`` for ``()``).
 - ``stack`` rows carry ``step = -1`` and ``seq = -1`` (a stack belongs to no step); each
-  ``stack_id`` is written at most once per writer.
+  ``stack_id`` is written at most once per log file (segment).
 - ``marker`` rows get a ``seq`` like calls and carry ``meta`` as compact JSON text.
 - Within one batch the rows are grouped by kind: call rows, then leaf rows (in append
   order, so a call's leaves keep their order), stack rows, marker rows. ``seq`` restores
@@ -236,11 +245,14 @@ class LogWriter:
         owner_pid: the process whose records these are, written into the log file's name
             (default: this process; the writer process of :mod:`store.writer_process`
             names its log after the training process it serves).
+        segment_bytes: end the log file at a step's end once it holds at least this many
+            bytes (unit: bytes; see Segments in the module docstring; None or 0: one file
+            for the writer's life). Must be >= 0.
         _open: test seam; ``_open(path) -> binary file object`` creates the log file.
 
     Raises:
-        ValueError: ``flush_rows < 1``, ``flush_interval_s < 0`` or an unknown
-            ``compression``.
+        ValueError: ``flush_rows < 1``, ``flush_interval_s < 0``, ``segment_bytes < 0`` or
+            an unknown ``compression``.
 
     Example::
 
@@ -259,6 +271,7 @@ class LogWriter:
         flush_interval_s: float = 0.5,
         compression: Optional[Literal["lz4", "zstd"]] = None,
         owner_pid: Optional[int] = None,
+        segment_bytes: Optional[int] = None,
         _open: Optional[Callable[[str], BinaryIO]] = None,
     ) -> None:
         if compression not in COMPRESSIONS:
@@ -269,6 +282,12 @@ class LogWriter:
             raise ValueError(f"flush_rows: got {flush_rows!r}; allowed: an int >= 1")
         if not float(flush_interval_s) >= 0:
             raise ValueError(f"flush_interval_s: got {flush_interval_s!r}; allowed: a float >= 0")
+        if segment_bytes is not None and not int(segment_bytes) >= 0:
+            raise ValueError(f"segment_bytes: got {segment_bytes!r}; allowed: None or an int >= 0")
+        self._segment_bytes = int(segment_bytes or 0)
+        self._file_bytes = 0  # bytes written to the current log file
+        self._paths: list[Path] = []  # every log file (segment) this writer opened, in order
+        self._repeated_stacks = 0  # pending stack rows that only repeat stacks for a new segment
         self._log_dir = Path(dump_path) / S.STORE_DIR / S.LOG_DIR
         self._rank = int(rank)
         self._flush_rows = int(flush_rows)
@@ -327,6 +346,11 @@ class LogWriter:
     def path(self) -> Optional[Path]:
         """The log file, or None before the first flush created it."""
         return self._path
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """Every log file (segment) this writer opened, in order."""
+        return tuple(self._paths)
 
     @property
     def failed(self) -> bool:
@@ -504,6 +528,39 @@ class LogWriter:
         self._retained = kept
         return taken
 
+    def end_segment_if_due(self) -> bool:
+        """End the current log file if it holds at least ``segment_bytes`` bytes (see
+        Segments in the module docstring). Call at a step's end, after the step's rows were
+        taken (:meth:`take_step`, :meth:`drop_step_rows`): a file is ended only when no row
+        is pending or retained, so a step never spans two files. Returns whether it ended
+        one.
+
+        Raises:
+            StoreWriteError: flushing, syncing or closing the file failed (once per writer).
+        """
+        with self._lock:
+            if (self._failed or self._closed or not self._segment_bytes or self._file is None
+                    or self._file_bytes < self._segment_bytes or self._pending_rows or self._retained
+                    or os.getpid() != self._pid):
+                return False
+            self._join_sync()
+            try:
+                self._file.write(END_OF_STREAM)
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
+                raise self._fail(exc, "ending the segment") from exc
+            self._file = None
+            self._sealer = None
+            self._file_bytes = 0
+            self._seq = 0
+            # the next segment repeats every stack (written with its first batch)
+            self._new_stacks = [Stack(stack_id=k, frames=v) for k, v in self._stacks.items()]
+            self._repeated_stacks = len(self._new_stacks)
+            self._pending_rows = self._repeated_stacks
+            return True
+
     def stacks(self) -> dict[int, tuple[str, ...]]:
         """Every stack appended to this writer so far: ``{stack_id: frames}``."""
         with self._lock:
@@ -610,6 +667,8 @@ class LogWriter:
             if self._pending_rows:
                 self._build_batch()  # drops the child's rows
             return
+        if self._file is None and self._repeated_stacks and self._pending_rows == self._repeated_stacks:
+            return  # only the stacks a new segment repeats: the segment opens with its first row
         try:
             part = self._build_batch() if self._pending_rows else None
         except Exception as exc:  # noqa: BLE001 - a record Arrow cannot convert
@@ -619,9 +678,11 @@ class LogWriter:
                 self._retained.append(part)
                 if self._sealer is None:
                     self._open_stream()
+                self._repeated_stacks = 0
                 message = self._sealer.seal(part.batch)
                 try:
                     self._file.write(message)
+                    self._file_bytes += message.nbytes
                 finally:
                     message.release()
             if self._file is not None:
@@ -638,7 +699,10 @@ class LogWriter:
         path = self._log_dir / log_file_name(self._rank, self._owner_pid or os.getpid(), time.time_ns())
         self._file = self._open(str(path))
         self._path = path
-        self._file.write(schema_message())
+        self._paths.append(path)
+        header = schema_message()
+        self._file.write(header)
+        self._file_bytes = len(header)
         self._sealer = MessageSealer(self._compression)
 
     def _fail(self, exc: BaseException, doing: str) -> StoreWriteError:

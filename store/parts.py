@@ -89,12 +89,16 @@ class CompactReport:
         rows: row count of each written part.
         skipped: unreadable parts of log files.
         pending: rows left in the log (steps not finished yet), over all files.
+        archivable: names of the log files (closed segments and logs of ended processes)
+            whose every row is in parts: readers no longer open them, so they may be
+            moved away or deleted (docs/query.md, "Log segments").
     """
 
     written: tuple[Path, ...]
     rows: tuple[int, ...]
     skipped: tuple[Skipped, ...]
     pending: int = 0
+    archivable: tuple[str, ...] = ()
 
 
 class Compactor:
@@ -174,7 +178,11 @@ class Compactor:
         if summaries:
             self._write_summary(summaries)
         save_manifest(self.directory, self.manifest)
-        return CompactReport(written=tuple(written), rows=tuple(rows), skipped=tuple(skipped), pending=pending)
+        log_dir = self.dump_path / S.STORE_DIR / S.LOG_DIR
+        archivable = tuple(sorted(name for name, coverage in self.manifest.logs.items()
+                                  if coverage.complete and (log_dir / name).is_file()))
+        return CompactReport(written=tuple(written), rows=tuple(rows), skipped=tuple(skipped), pending=pending,
+                             archivable=archivable)
 
     # --- internals ---------------------------------------------------------------------
     def _read(self, path: Path, coverage: Optional[LogCoverage], next_seq: dict) -> FileRows:

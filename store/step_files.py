@@ -64,13 +64,15 @@ class StepFiles:
     def end_step(self, step: int) -> None:
         """Close step ``step`` after its last export: the log is fsynced in the background
         (:meth:`LogWriter.flush`), rows of the step flushed after the export (the
-        ``step_end`` marker) are dropped, and the next step starts with an empty exporter
-        (which reuses the stack.json/construct.json texts of this one).
+        ``step_end`` marker) are dropped, the log file is ended if it reached its segment
+        size (:meth:`LogWriter.end_segment_if_due`), and the next step starts with an empty
+        exporter (which reuses the stack.json/construct.json texts of this one).
 
         Raises:
             StoreWriteError: the log writer failed.
         """
         self.writer.flush(True, background=True)
         self.writer.drop_step_rows(step)
+        self.writer.end_segment_if_due()
         self._exporter = StepExporter(self._exporter)
         self._tensors_done = set()

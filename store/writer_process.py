@@ -113,7 +113,8 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
         return 2
     options = hello[0][2]
     writer = LogWriter(options["dump_path"], options["rank"], owner_pid=options["owner_pid"],
-                       flush_rows=1 << 62, flush_interval_s=float("inf"))
+                       flush_rows=1 << 62, flush_interval_s=float("inf"),
+                       segment_bytes=options.get("segment_bytes", 0))
     files = StepFiles(writer, options["dump_path"])
     failed = False
     count = 0

@@ -39,7 +39,7 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.log_names import other_process_logs
+from store.log_names import other_process_logs, segment_bytes
 from store.records import Call, Marker, Stack
 from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
@@ -485,7 +485,7 @@ class Session:
         a writer process that cannot start)."""
         if self._write_tensor is None and os.environ.get(WRITER_ENV, "process") != "inprocess":
             try:
-                self._client = WriterClient(self.config.dump_path, self.rank or 0)
+                self._client = WriterClient(self.config.dump_path, self.rank or 0, segment_bytes=segment_bytes())
                 return
             except WriterGone as exc:
                 logger.warning("msprobe: the writer process could not start (%s); the log and the step "
@@ -625,7 +625,7 @@ def _log_here(dump_path, rank: int) -> tuple:
     from store.log_writer import LogWriter
     from store.step_files import StepFiles
 
-    writer = LogWriter(dump_path, rank)
+    writer = LogWriter(dump_path, rank, segment_bytes=segment_bytes())
     return writer, StepFiles(writer, dump_path)
 
 
