@@ -211,7 +211,9 @@ class PrecisionDebugger:
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
-        """Start (or resume) recording the current step.
+        """Start (or resume) recording the current step. The first call installs the hooks;
+        a later one installs the module and parameter hooks again where the model, or a
+        module or parameter in it, is not the one hooked (:func:`_structure`).
 
         Args:
             model: overrides the constructor's model (levels L0/mix need one).
