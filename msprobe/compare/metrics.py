@@ -379,7 +379,9 @@ def _index_sql(tol: dict[str, float], remap: bool) -> str:
     leaf table, null on a missing side), ``in_t``/``in_b`` and ``tol_pair``. Without
     ``remap`` leaves pair by path only (right when no pair is :func:`_any_lonely`); with
     ``remap`` a tensor leaf without a same-path, same-shape tensor partner pairs by an
-    (io, dtype class, shape) unique on both sides."""
+    (io, dtype class, shape) unique on both sides, except a leaf a mapping moved to
+    ``*.unmapped.*`` (a Primitive's output that its PyTorch counterpart does not return,
+    ``Conv2D``'s result before the bias), which pairs with nothing."""
     floats = "('float64','float32','float','float16','bfloat16')"
     prec = {"float64": 0, "float32": 1, "float": 1, "float16": 2, "bfloat16": 3}
     tol_case = " ".join(f"WHEN '{k}' THEN {float(v)!r}" for k, v in tol.items())
@@ -398,8 +400,11 @@ def _index_sql(tol: dict[str, float], remap: bool) -> str:
          t.io IS NOT NULL AS in_t, b.io IS NOT NULL AS in_b"""
     if remap:
         body = f"""
-tk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM t0 WHERE leaf_kind = 'tensor'),
-bk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM b WHERE leaf_kind = 'tensor'),
+-- a leaf a mapping moved to *.unmapped.* pairs with nothing, not even by shape
+tk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM t0 WHERE leaf_kind = 'tensor'
+       AND arg NOT LIKE 'unmapped%'),
+bk AS (SELECT rank, step, aid, io, arg, shape, {dc} AS dc FROM b WHERE leaf_kind = 'tensor'
+       AND arg NOT LIKE 'unmapped%'),
 -- tensor leaves without a same-path partner pair by a (io, dtype class, shape) unique on both sides
 t_left AS (SELECT * FROM tk WHERE NOT EXISTS (SELECT 1 FROM bk WHERE bk.rank = tk.rank AND bk.step = tk.step
            AND bk.aid = tk.aid AND bk.io = tk.io AND bk.arg = tk.arg AND bk.shape = tk.shape)),

@@ -83,6 +83,19 @@ def _as_models(model: Any, level: str, why: Optional[str] = None) -> tuple[list[
                       detail=why or f"level {level} records modules")
 
 
+def _structure(models: list[torch.nn.Module]) -> list:
+    """Every module of ``models`` (``modules()`` order, per model) each followed by its own
+    parameters: what the module and parameter-gradient hooks were installed on. A module or
+    parameter added, removed or replaced since (an adapter attached, ``m.weight =
+    nn.Parameter(...)``) changes it."""
+    out: list = []
+    for model in models:
+        for m in model.modules():
+            out.append(m)
+            out.extend(p for p in m._parameters.values() if p is not None)
+    return out
+
+
 def _modules_of(model: Any) -> list[torch.nn.Module]:
     """``model`` as a list of modules where it is a module or a list/tuple of them, else []."""
     if isinstance(model, torch.nn.Module):
@@ -134,7 +147,7 @@ class PrecisionDebugger:
         self._api_handles: Optional[HandleGroup] = None
         self._references: Optional[References] = None
         self._model_handles: Optional[HandleGroup] = None
-        self._hooked_models: list[weakref.ref] = []
+        self._hooked_structure: list[weakref.ref] = []  # _structure() of the hooked models
         self._dump_module_handles: Optional[HandleGroup] = None
         self._dump_grad_handles = HandleGroup()
         self._dump_grad_hooked: set[tuple[int, str, int]] = set()  # (module, prefix, recorder) ids hooked
@@ -198,7 +211,9 @@ class PrecisionDebugger:
 
     # --- user API -------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
-        """Start (or resume) recording the current step.
+        """Start (or resume) recording the current step. The first call installs the hooks;
+        a later one installs the module and parameter hooks again where the model, or a
+        module or parameter in it, is not the one hooked (:func:`_structure`).
 
         Args:
             model: overrides the constructor's model (levels L0/mix need one).
@@ -235,12 +250,15 @@ class PrecisionDebugger:
                 self._api_handles.add(install_api_hooks(self._api_specs, self.recorder, targets))
                 self._references = References(targets, self._api_handles)
         if models:
-            hooked = [ref() for ref in self._hooked_models]
-            if len(hooked) != len(models) or any(a is not b for a, b in zip(hooked, models)):
+            # hooks again where the models, or a module or parameter in them, changed since
+            # they were installed (weak references: a removed module is not kept alive)
+            structure = _structure(models)
+            hooked = self._hooked_structure
+            if len(hooked) != len(structure) or any(r() is not o for r, o in zip(hooked, structure)):
                 if self._model_handles is not None:
                     self._model_handles.remove()
                 self._model_handles = install_module_hooks(models, indexed, self.recorder)
-                self._hooked_models = [weakref.ref(m) for m in models]
+                self._hooked_structure = [weakref.ref(o) for o in structure]
         if self._references is not None:  # functions held by reference (msprobe.pytorch.references)
             with self.recorder.guarded():
                 self._references.scan(models or _modules_of(model))
@@ -382,7 +400,7 @@ class PrecisionDebugger:
                 handles.remove()
         self._api_handles = self._model_handles = None
         self._references = None
-        self._hooked_models = []
+        self._hooked_structure = []
 
     def _remove_all_hooks(self) -> None:
         """:meth:`_remove_recording_hooks`, then the :meth:`module_dump` window and

@@ -3,7 +3,10 @@ frameworks with identical weights (tests/compare/ms_pt_twin.py: embedding, Layer
 Dense/Linear projections, attention matmuls, softmax, GELU): at L1 and mix nothing diverges
 (LayerNorm's gamma/beta gradients pair with weight/bias, not shifted by one), and with a
 deliberate bug inside one Cell that Cell is the first origin, even though every call inside
-it is unpaired. Plus the module rule in the reference judgement and the table's new sections."""
+it is unpaired. The same for a small convolutional model (tests/compare/ms_pt_conv_twin.py:
+MindSpore's ``Conv2D`` result, before its separate ``BiasAdd``, pairs with nothing rather than
+with ``F.conv2d``'s biased result by shape). Plus the module rule in the reference judgement
+and the table's new sections."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +20,7 @@ from msprobe.compare.builtin_table import builtin_mapping  # noqa: E402
 from msprobe.compare.errors import CompareInputError  # noqa: E402
 from msprobe.compare.verdicts import call_verdicts  # noqa: E402
 
+import ms_pt_conv_twin as conv_twin  # noqa: E402
 import ms_pt_twin as twin  # noqa: E402
 
 
@@ -142,3 +146,70 @@ def test_table_primitive_leaf_and_parameter_sections(tmp_path):
     f.write_text("parameter:\n  LayerNorm: [gamma]\n")
     with pytest.raises(CompareInputError, match=r"parameter.LayerNorm: expected parameter: parameter"):
         builtin_mapping(str(f))
+
+
+# --- convolutional twin --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def conv_dumps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("conv_twin")
+    out = {}
+    for level in ("L1", "mix"):
+        for key, record in (("pt", conv_twin.record_torch), ("ms", conv_twin.record_ms)):
+            record(d / f"{key}_{level}", level)
+            out[(key, level)] = d / f"{key}_{level}"
+    conv_twin.record_ms(d / "msbug_mix", "mix", bug=True)
+    out[("msbug", "mix")] = d / "msbug_mix"
+    return out
+
+
+def _torch_conv_grads() -> dict:
+    """The convolutional twin in float64 PyTorch functions, unrecorded: ``{param: norm of
+    its gradient}`` and ``{"conv1.out": norm of conv1's biased result}``."""
+    import torch.nn.functional as F
+    w = conv_twin.weights()
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in w.items()}
+    x, c = conv_twin.inputs()
+    h1 = F.conv2d(torch.from_numpy(x).double(), t["conv1.weight"], t["conv1.bias"], padding=1)
+    h2 = F.conv2d(F.relu(h1), t["conv2.weight"], t["conv2.bias"], padding=1)
+    y = F.linear(h2.flatten(1), t["head.weight"], t["head.bias"])
+    (y * torch.from_numpy(c).double()).sum().backward()
+    out = {k: float(v.grad.norm()) for k, v in t.items()}
+    out["conv1.out"] = float(h1.detach().norm())
+    return out
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_conv_model_reports_no_divergence(conv_dumps, level):
+    want = _torch_conv_grads()
+    r = C.compare(conv_dumps[("ms", level)], conv_dumps[("pt", level)], tol="loose")
+    counts = r.summary["ranks"][0]["counts"]
+    assert counts["origin"] == 0 and counts["propagated"] == 0, counts
+    # Conv2D's result before the bias pairs with nothing; F.conv2d's biased result stays unpaired
+    rows = r.con.sql("SELECT arg, b_arg, in_b, verdict FROM tensors WHERE t_call = 'Functional.conv2d.0.forward' "
+                     "AND io = 'output'").fetchall()
+    assert ("unmapped.0", None, False, "unpaired") in rows
+    (b_norm,), = r.con.sql("SELECT b_norm FROM tensors WHERE b_call = 'Functional.conv2d.0.forward' "
+                           "AND io = 'output' AND b_arg = '0'").fetchall()
+    assert b_norm == pytest.approx(want["conv1.out"], rel=1e-5)
+    # the gradient w.r.t. the weight (slot 1) pairs with PyTorch's, both equal to float64 autograd's
+    (tn, bn, v), = r.con.sql("SELECT t_norm, b_norm, verdict FROM tensors WHERE "
+                             "t_call = 'Functional.conv2d.0.backward' AND io = 'output' AND arg = '1'").fetchall()
+    assert tn == pytest.approx(want["conv1.weight"], rel=1e-5) and bn == pytest.approx(want["conv1.weight"], rel=1e-5)
+    assert v in ("close", "identical")
+    if level == "mix":
+        got = dict(r.con.sql("SELECT io, t_norm FROM tensors WHERE t_call = 'Module.conv2.Conv2d.parameters_grad' "
+                             "AND b_norm IS NOT NULL").fetchall())
+        assert got["weight"] == pytest.approx(want["conv2.weight"], rel=1e-5)
+        assert got["bias"] == pytest.approx(want["conv2.bias"], rel=1e-5)
+    # the other direction: the table renames the MindSpore BASELINE
+    back = C.compare(conv_dumps[("pt", level)], conv_dumps[("ms", level)], tol="loose")
+    counts = back.summary["ranks"][0]["counts"]
+    assert counts["origin"] == 0 and counts["propagated"] == 0, counts
+
+
+def test_bug_inside_a_conv_cell_is_the_first_origin(conv_dumps):
+    r = C.compare(conv_dumps[("msbug", "mix")], conv_dumps[("pt", "mix")], tol="loose")
+    first = r.first[0]
+    assert first["name"] == "Cell.conv2.Conv2d.forward.0"
+    assert first["baseline_name"] == "Module.conv2.Conv2d.forward.0"

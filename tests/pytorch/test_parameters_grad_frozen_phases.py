@@ -141,3 +141,72 @@ def test_progressive_unfreezing(tmp_path):
             rec = entries[f"Module.{mod}.Linear.parameters_grad"][key][0]
             assert rec["Norm"] == pytest.approx(_norm(grad), rel=1e-12)
             assert rec["Max"] == float(grad.max())
+
+
+class AdaptedTower(Tower):
+    """:class:`Tower` with an optional residual adapter after ``layer1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adapter = None
+
+    def forward(self, x):
+        h = torch.relu(self.layer1(x))
+        if self.adapter is not None:
+            h = h + self.adapter(h)
+        return self.head(torch.relu(self.layer2(h)))
+
+
+def _attach(dump_path=None):
+    """An adapter attached before step 1 and the head's weight replaced by a new Parameter
+    before step 2 (both added to the optimizer). Returns (per step {param name: grad},
+    final params, losses, the model)."""
+    torch.manual_seed(0)
+    model = AdaptedTower()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    dbg = PrecisionDebugger(dump_path=str(dump_path), level="mix", model=model) if dump_path else None
+    grads, losses = [], []
+    for step in range(STEPS):
+        if step == 1:
+            model.adapter = nn.Sequential(nn.Linear(6, 2), nn.Linear(2, 6))
+            opt.add_param_group({"params": model.adapter.parameters()})
+        if step == 2:
+            model.head.weight = nn.Parameter(model.head.weight.detach() * 0.5)
+            opt.add_param_group({"params": [model.head.weight]})
+        if dbg:
+            dbg.start()
+        opt.zero_grad()
+        loss = model(torch.randn(4, 6)).square().mean()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        losses.append(loss.item())
+        opt.step()
+        if dbg:
+            dbg.stop()
+            dbg.step()
+    if dbg:
+        dbg.close()
+    return grads, [p.detach().clone() for p in model.parameters()], losses, model
+
+
+def test_modules_and_parameters_added_mid_run(tmp_path):
+    ref, ref_params, ref_losses, _ = _attach()
+    got, params, losses, model = _attach(tmp_path)
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert not model.layer1._forward_pre_hooks  # close() removed every hook, none left twice
+    for step in range(STEPS):
+        data = json.loads((tmp_path / f"step{step}" / "rank" / "dump.json").read_text())["data"]
+        entries = {k: v for k, v in data.items() if k.endswith(".parameters_grad")}
+        owners = {".".join(name.split(".")[:-1]) for name in ref[step]}
+        want = {f"Module.{o}.Linear.parameters_grad" for o in owners}
+        assert set(entries) == want
+        for name, grad in ref[step].items():
+            *path, key = name.split(".")
+            recs = entries[f"Module.{'.'.join(path)}.Linear.parameters_grad"][key]
+            assert len(recs) == 1, name  # one hook per parameter, old ones removed
+            assert recs[0]["Norm"] == pytest.approx(_norm(grad), rel=1e-12)
+            assert recs[0]["Max"] == float(grad.max())
+        # every module call of the step has exactly one forward entry
+        assert ("Module.adapter.0.Linear.forward.0" in data) == (step >= 1)
+        assert "Module.layer1.Linear.forward.1" not in data
