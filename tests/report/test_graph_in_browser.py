@@ -116,3 +116,31 @@ def test_long_runs_of_api_calls_open_forty_at_a_time(browser, example_dump, tmp_
     browser.js("[...document.querySelectorAll('#graph .group:not(.open)')][0].dispatchEvent(new MouseEvent('click', {bubbles: true}))")
     assert len(shown_names(browser)) == before + 40
     assert browser.errors == []
+
+
+def test_rank_and_step_selectors_drive_graph_and_tree(browser, two_rank_dump, tmp_path):
+    """Each rank's graph details and module tree show that rank's dump.json values of the
+    chosen step (the ranks train on different batches, so their values differ)."""
+    browser.open(write_report(two_rank_dump, tmp_path / "report.html"))
+    assert browser.js("document.body.dataset.ready") == "1" and browser.errors == []
+    fc1 = "Module.fc1.Linear.forward.0"
+    shown = {}
+    for rank in (0, 1):
+        choose(browser, "rank", rank)
+        by_step = dump_jsons(two_rank_dump, f"rank{rank}")
+        for step in (0, 1):
+            choose(browser, "step", step)
+            construct = json.loads((two_rank_dump / f"step{step}" / f"rank{rank}" / "construct.json").read_text())
+            assert int(browser.js("document.getElementById('graph').dataset.nodes")) == len(forward_entries(construct))
+            click(browser, node(fc1))
+            assert browser.js("document.querySelector('#details .details-name').textContent") == fc1
+            cells = browser.js("[...document.querySelectorAll('#details table.stats-now td.num')].map(td => td.dataset.value)")
+            (out,) = by_step[step][fc1]["output"]
+            for text, stat in zip(cells, STATS):
+                assert as_float(text) == pytest.approx(out[stat], rel=1e-6, nan_ok=True)
+            # the module tree of the same rank and step: fc1's output Norm (4 significant digits)
+            tree = browser.js(f"document.querySelector('.tree [data-name=\"{fc1}\"] .stats').textContent")
+            assert as_float(tree.split(" · ")[0].removeprefix("Norm ")) == pytest.approx(out["Norm"], rel=1e-3, nan_ok=True)
+            shown[(rank, step)] = float(cells[3])
+    assert shown[(0, 0)] != shown[(1, 0)] and shown[(0, 0)] != shown[(0, 1)]
+    assert browser.errors == []
