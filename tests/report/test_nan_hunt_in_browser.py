@@ -2,7 +2,8 @@
 step 4 (``tools/report_screenshots.py``'s ``record_llama_nan``: ``rms_norm_eps=0``, step 4's
 batch the first with padding). The page opens on step 4 with the origin, layer 0's
 ``torch.rsqrt`` in ``input_layernorm``, selected; its values are dump.json's; the step
-selector shows the finite values of step 3; the heat map's first NaN row is that module."""
+selector shows the finite values of step 3; the heat map's first NaN row is that module;
+the overview gives the entries per step in one sentence (every step recorded as many)."""
 from __future__ import annotations
 
 import importlib.util
@@ -50,6 +51,10 @@ def test_llama_nan_hunt_page(llama_nan, tmp_path):
         browser.open(write_report(dump, tmp_path / "report.html"))
         assert browser.js("document.body.dataset.ready") == "1" and browser.errors == []
         assert browser.js("document.querySelector('#first-nan-0 .origin-name').textContent") == ORIGIN
+        # every step recorded the same entries: one sentence, not a chart of flat lines
+        (entries,) = {len(data) for data in by_step.values()}
+        assert browser.js("document.getElementById('per-step').textContent").startswith(
+            f"Every step recorded {entries} entries and ")
         assert browser.js("document.getElementById('step').value") == "4"
         assert browser.js("document.querySelector('#details .details-name').textContent") == ORIGIN
         assert browser.js(f"{node(ORIGIN)}.querySelector('rect').getAttribute('fill')") == "#ff00ff"   # Inf
