@@ -66,6 +66,17 @@ def test_llama_nan_hunt_page(llama_nan, tmp_path):
             for text, stat in zip(cells, STATS):
                 assert as_float(text) == pytest.approx(float(out[stat]), rel=1e-6)
         assert all(math.isfinite(as_float(c)) for c in cells)   # step 3: finite
+        # the details' SQL, run as the page prints it, gives the call's tensors of step 3 as dump.json has them
+        command = browser.js("document.querySelector('#details pre.sql').textContent")
+        assert command.startswith(f"msprobe query {dump} \"")
+        from store.query import query
+
+        rows = query(str(dump), command.split(' "', 1)[1][:-1]).to_pylist()
+        assert [(r["io"], r["arg"]) for r in rows] == [("input_args", "0"), ("output", "0")]
+        for row, io in zip(rows, ("input_args", "output")):
+            leaf = by_step[3][ORIGIN][io][0]
+            assert [row[k] for k in ("max", "min", "mean", "norm")] == pytest.approx([leaf[s] for s in STATS], rel=1e-6)
+            assert row["shape"] == leaf["shape"]
         stack = browser.js("document.querySelector('#details details pre').textContent")
         assert "torch.rsqrt(variance + self.variance_epsilon)" in stack
         # heat map: the first row NaN in step 4 is the module holding the origin
