@@ -166,7 +166,7 @@ def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
             "stack_ids": sorted({n[3] for n in nodes if n[3] is not None})}
 
 
-def write_html(result, path: Path, parquet: bool = None) -> Path:
+def write_html(result, path: Path, parquet: bool | None = None) -> Path:
     """Write the report of a :class:`msprobe.compare.engine.CompareResult` to ``path``
     (no external resources); returns ``path``. ``parquet``: whether ``tensors.parquet`` is
     written beside it (the details' SQL reads it; the page says how to get it when not);
