@@ -83,7 +83,11 @@ def test_package_data_is_declared_and_present():
     assert (REPO / "msprobe" / "config.json").is_file()
     assert list((REPO / "msprobe" / "report").glob("*.js")) and list((REPO / "msprobe" / "report").glob("*.css"))
     # the vendored graph layout library and its licence
-    assert (REPO / "msprobe" / "report" / "vendor" / "dagre.min.js").is_file()
+    import hashlib
+
+    from msprobe.report.page import DAGRE_SHA256, DAGRE_VERSION
+    dagre = (REPO / "msprobe" / "report" / "vendor" / "dagre.min.js").read_bytes()
+    assert hashlib.sha256(dagre).hexdigest() == DAGRE_SHA256 and f'var re="{DAGRE_VERSION}"'.encode() in dagre
     assert "MIT" in (REPO / "msprobe" / "report" / "vendor" / "dagre.LICENSE").read_text() or \
         "Permission is hereby granted" in (REPO / "msprobe" / "report" / "vendor" / "dagre.LICENSE").read_text()
     assert (REPO / "msprobe" / "pytorch" / "support_wrap_ops.yaml").is_file()

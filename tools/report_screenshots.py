@@ -3,26 +3,31 @@
 
 Usage: ``python tools/report_screenshots.py [--out docs/img] [--work DIR] [--steps 8]``
 
-Records four runs of ``examples/char_lm.py`` (each in its own process, ``--steps`` steps,
-into ``WORK/KIND/dump_path``):
+Records four runs (each in its own process, ``--steps`` steps, into
+``WORK/KIND/dump_path``):
 
-- ``example``: the example as it ships (``python examples/char_lm.py``);
-- ``nan``: ``torch.relu`` returns NaN in the first element of its output in layer 1 of
-  step :data:`NAN_STEP` (a stand-in for a faulty kernel: finite input, NaN output); the
-  loss is NaN from that step on;
-- ``gelu``: the encoder layers' activation is GELU (``F.gelu(x)``, exact erf form);
+- ``example``: ``examples/char_lm.py`` as it ships;
+- ``nan``: the NaN hunt: a tiny Llama (``transformers.LlamaForCausalLM``, 2 decoder
+  layers, hidden size 64) trained on the example's text with ``rms_norm_eps=0`` and
+  ``pad_token_id`` set; the batch of step :data:`NAN_STEP` is the first to hold padding
+  (the last 4 tokens of its first sequence). The padding token's embedding row is zero,
+  so layer 0's ``input_layernorm`` takes ``rsqrt(0) = inf`` there, the product
+  ``0 * inf`` is NaN and the loss is NaN from that step on (:func:`record_llama_nan`);
+- ``gelu``: the example with the encoder layers' activation GELU (``F.gelu(x)``, exact
+  erf form);
 - ``gelu_tanh``: the same with GELU's tanh approximation (``F.gelu(x, approximate="tanh")``):
   a GELU variant changed between two runs.
 
-The replacements are installed before the debugger is created, so the recorder wraps
-them like the originals (the entries keep the names ``Torch.relu.N``, ``Functional.gelu.N``).
+The GELU replacement is installed before the debugger is created, so the recorder wraps
+it like the original (the entries keep the name ``Functional.gelu.N``).
 It writes ``msprobe report ./dump_path`` pages of ``example`` and ``nan`` (in their folders,
 so the pages are titled ``./dump_path``), runs ``msprobe compare`` of ``gelu_tanh`` (target)
 against ``gelu`` (baseline), opens the pages in headless
 Chromium (``tests/report/chromium_page.py``, the DevTools helper of the browser tests;
 needs the ``chromium`` binary and ``websocket-client``), clicks and hovers where a
 picture needs it, and writes each picture clipped to its section. In the pages, the
-checkout's path in stack frames is replaced by :data:`CHECKOUT` before they are opened.
+checkout's path in stack frames is replaced by :data:`CHECKOUT` and the installed packages'
+directory by :data:`SITE_PACKAGES` before they are opened.
 PNGs are re-encoded with Pillow and reduced to a 256-colour palette when larger than
 :data:`MAX_BYTES`.
 The dumps and pages stay in ``--work`` (a new temporary directory by default).
@@ -35,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -42,59 +48,83 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "report"))
 
-#: The step in which the ``nan`` run's ``torch.relu`` of layer 1 returns a NaN.
-NAN_STEP = 5
+#: The step whose batch is the first with padding: the ``nan`` run's loss is NaN from it on.
+NAN_STEP = 4
 #: A picture larger than this (bytes) is reduced to a 256-colour palette.
 MAX_BYTES = 60_000
 WIDTH, HEIGHT = 1400, 900
 #: how the pictures write the checkout's path in stack frames (as docs/query.md does)
 CHECKOUT = "/path/to/msprobe/"
+#: how the pictures write the installed packages' directory (``purelib``)
+SITE_PACKAGES = "/path/to/site-packages/"
+
+
+def record_llama_nan(steps: int, dump_path: str) -> list[float]:
+    """Train the NaN hunt's tiny Llama ``steps`` AdamW steps with recording (default config:
+    statistics, level mix) into ``dump_path``; returns the loss of each step (NaN from
+    :data:`NAN_STEP` on). Batches: 8 windows of 32 characters of the example's text
+    (:func:`char_lm.make_batches`); token ids are characters, the padding id one past them."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import char_lm
+    from msprobe.pytorch import PrecisionDebugger
+
+    char_lm.seed_everything()
+    text = char_lm.load_text()
+    vocab = char_lm.make_vocab(text)
+    batches = char_lm.make_batches(text, vocab, steps, batch_size=8, seq_len=32)
+    pad = len(vocab)
+    config = LlamaConfig(vocab_size=pad + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         rms_norm_eps=0.0, pad_token_id=pad, bos_token_id=None, eos_token_id=None, use_cache=False)
+    model = LlamaForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    with PrecisionDebugger(dump_path=dump_path) as debugger:
+        for step, (x, _) in enumerate(batches):
+            if step == NAN_STEP:
+                x = x.clone()
+                x[0, -4:] = pad
+            labels = x.masked_fill(x == pad, -100)
+            debugger.start(model)
+            loss = model(input_ids=x, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            debugger.stop()
+            debugger.step()
+            losses.append(loss.item())
+    return losses
 
 
 def record(kind: str, dump_path: str, steps: int) -> None:
-    """Train the example ``steps`` steps with recording into ``dump_path``, ``torch.relu``
-    or the layers' activation replaced as ``kind`` says (``nan``, ``gelu``, ``gelu_tanh``)."""
+    """Record the run ``kind`` (``nan``, ``gelu``, ``gelu_tanh``) of ``steps`` steps into
+    ``dump_path``."""
     import torch
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT / "examples"))
-    if kind in ("gelu", "gelu_tanh"):
-        layer_init = torch.nn.TransformerEncoderLayer.__init__
-        approximate = "tanh" if kind == "gelu_tanh" else "none"
-
-        def gelu(x):   # F.gelu looked up at each call: the recorder's wrapper records it
-            return F.gelu(x, approximate=approximate)
-
-        def init(self, *args, **kwargs):
-            kwargs["activation"] = gelu
-            layer_init(self, *args, **kwargs)
-
-        torch.nn.TransformerEncoderLayer.__init__ = init
-        try:
-            import char_lm
-
-            char_lm.train(steps, dump_path)
-        finally:
-            torch.nn.TransformerEncoderLayer.__init__ = layer_init
+    if kind == "nan":
+        record_llama_nan(steps, dump_path)
         return
-    original = torch.relu
-    calls = [0]
+    import char_lm
 
-    def relu_nan(x):
-        y = original(x)
-        index, calls[0] = calls[0], calls[0] + 1
-        if index == 2 * NAN_STEP + 1:   # two layers, one relu each per forward
-            y = y.clone()
-            y.view(-1)[0] = float("nan")
-        return y
+    layer_init = torch.nn.TransformerEncoderLayer.__init__
+    approximate = {"gelu": "none", "gelu_tanh": "tanh"}[kind]
 
-    torch.relu = {"nan": relu_nan}[kind]
+    def gelu(x):   # F.gelu looked up at each call: the recorder's wrapper records it
+        return F.gelu(x, approximate=approximate)
+
+    def init(self, *args, **kwargs):
+        kwargs["activation"] = gelu
+        layer_init(self, *args, **kwargs)
+
+    torch.nn.TransformerEncoderLayer.__init__ = init
     try:
-        import char_lm
-
         char_lm.train(steps, dump_path)
     finally:
-        torch.relu = original
+        torch.nn.TransformerEncoderLayer.__init__ = layer_init
 
 
 def save_png(png: bytes, path: Path) -> int:
@@ -170,6 +200,8 @@ class Shooter:
 
 GRAPH_NODE = "#graph .node[data-name=\"{}\"]"
 LAYER0 = "Module.layers.0.TransformerEncoderLayer.forward.0"
+#: the heat-map row of the NaN hunt's first NaN cell (the module holding the origin)
+NAN_ROW = "Module.model.layers.0.input_layernorm.LlamaRMSNorm"
 
 
 def click_node(shooter: Shooter, name: str) -> None:
@@ -200,8 +232,9 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
     finally:
         os.chdir(here)
     pages = [example, example_jumps, nan, work / "compare" / "report.html"]
-    for page in pages:   # stack frames: the checkout's path written as docs/query.md writes it
-        page.write_text(page.read_text(encoding="utf-8").replace(str(ROOT) + os.sep, CHECKOUT), encoding="utf-8")
+    for page in pages:   # stack frames: the checkout's and the packages' paths written short
+        text = page.read_text(encoding="utf-8").replace(sysconfig.get_paths()["purelib"] + os.sep, SITE_PACKAGES)
+        page.write_text(text.replace(str(ROOT) + os.sep, CHECKOUT), encoding="utf-8")
     s = Shooter(out)
     try:
         s.open(example)
@@ -230,8 +263,8 @@ def screenshots(work: Path, out: Path) -> dict[str, int]:
         s.shot("report-nan-overview.png", "#overview h3:nth-of-type(2)", "#s-graph")
         s.js("document.querySelector('#details details summary').click()")
         s.shot("report-nan-graph.png", "#s-graph", "#s-trends", width=1400)
-        s.js("document.getElementById('heat-output').scrollIntoView()")
-        row = s.js("readData().per_rank['0'].output.rows.indexOf('Module.layers.1.dropout.Dropout')")
+        s.js("document.querySelector('#trends h3').scrollIntoView(); scrollBy(0, -100)")   # below the sticky bar
+        row = s.js(f"readData().per_rank['0'].output.rows.indexOf('{NAN_ROW}')")
         tip = s.hover("#heat-output", row, NAN_STEP)
         if "NaN" not in tip:
             raise RuntimeError(f"the hovered cell is not NaN: {tip!r}")

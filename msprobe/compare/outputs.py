@@ -166,7 +166,7 @@ def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTable
     if "html" in opts.formats:
         from msprobe.compare.report import write_html
 
-        written.append(write_html(result, out / "report.html"))
+        written.append(write_html(result, out / "report.html", parquet="parquet" in opts.formats))
     if "xlsx" in opts.formats:
         from msprobe.compare.xlsx import write_xlsx
 

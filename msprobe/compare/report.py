@@ -166,15 +166,19 @@ def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
             "stack_ids": sorted({n[3] for n in nodes if n[3] is not None})}
 
 
-def write_html(result, path: Path) -> Path:
+def write_html(result, path: Path, parquet: bool | None = None) -> Path:
     """Write the report of a :class:`msprobe.compare.engine.CompareResult` to ``path``
-    (no external resources); returns ``path``."""
+    (no external resources); returns ``path``. ``parquet``: whether ``tensors.parquet`` is
+    written beside it (the details' SQL reads it; the page says how to get it when not);
+    None: whether the file is there now."""
     summary = result.summary
     out_dir = Path(path).parent
+    if parquet is None:
+        parquet = (out_dir / "tensors.parquet").is_file()
     data = plain({"verdict": summary["verdict"], "mode": summary["mode"], "notes": summary.get("notes", []),
                   "incomplete": summary.get("incomplete", []),
                   "ranks": _ranks(result), "max_plotted": MAX_PLOTTED, "max_rows": MAX_ROWS,
-                  "out": str(out_dir)})
+                  "out": str(out_dir), "parquet": bool(parquet)})
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render("msprobe compare", _BODY, data, "compare.js"), encoding="utf-8")

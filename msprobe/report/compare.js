@@ -103,6 +103,7 @@ function compareDetails(D, R, step, n, box) {
   const sql = `SELECT * FROM '${D.out}/tensors.parquet'\nWHERE rank = ${R.rank} AND step = ${step} AND t_call ${node[5] === null ? "IS NULL" : "= " + sqlString(node[5])}` +
     ` AND b_call ${node[4] === null ? "IS NULL" : "= " + sqlString(node[4])}\nORDER BY ord, io, arg`;
   box.append(el("h4", {text: "SQL for these rows (DuckDB over compare's tensors.parquet)"}), el("pre", {class: "sql", text: sql}));
+  if (!D.parquet) box.append(el("p", {class: "note sql-missing", text: "tensors.parquet was not written by this comparison: rerun it with --format including parquet (the default) to run this SQL."}));
 }
 
 function errorPlot(D, R, step, box) {

@@ -31,7 +31,7 @@ def gelu_two_steps(tmp_path_factory, record_run, scaled_fn):
     d = tmp_path_factory.mktemp("graph_compare")
     base = record_run(d / "base", steps=2)
     gelu = record_run(d / "gelu", steps=2, perturb={"F.gelu": scaled_fn(1 + 1e-3)})
-    result = compare(gelu, base, out=d / "out", formats="summary,html")
+    result = compare(gelu, base, out=d / "out", formats="summary,parquet,html")
     return gelu, base, d / "out", result.summary
 
 
@@ -60,6 +60,17 @@ def test_compare_graph_origin_and_both_runs(browser, gelu_two_steps):
                 assert stat == expected
                 assert float(t_text) == pytest.approx(t_leaf[stat], rel=1e-6)   # 7 significant digits
                 assert float(b_text) == pytest.approx(b_leaf[stat], rel=1e-6)
+        # the details' SQL over tensors.parquet gives the rows shown: both runs' dump.json values
+        import duckdb
+
+        assert browser.js("document.querySelector('#details .sql-missing')") is None
+        relation = duckdb.sql(browser.js("document.querySelector('#details pre.sql').textContent"))
+        sql_rows = [dict(zip(relation.columns, r)) for r in relation.fetchall()]
+        assert [(r["io"], str(r["arg"])) for r in sql_rows] == [("input_args", "0"), ("output", "0")]
+        for r, io in zip(sql_rows, ("input_args", "output")):
+            for stat in STATS:
+                assert r[f"t_{stat.lower()}"] == pytest.approx(t_json[step][origin["name"]][io][0][stat], rel=1e-6)
+                assert r[f"b_{stat.lower()}"] == pytest.approx(b_json[step][origin["name"]][io][0][stat], rel=1e-6)
         if step == 1:   # step 1's values differ from step 0's (the weights moved)
             assert float(rows[4][1]) != pytest.approx(t_json[0][origin["name"]]["output"][0]["Max"], rel=1e-9)
     # the plot: e in units of tolerance, a dotted line at 1, the dashed line at the origin
@@ -127,6 +138,9 @@ def test_mapped_names_are_the_targets_once_everywhere(browser, tmp_path):
     tree = browser.js("[...document.querySelectorAll('.tree [data-name]')].map(e => e.dataset.name)")
     assert tree.count(origin["name"]) == 1 and all(".Dense." in n for n in tree if n.startswith("Module.fc"))
     assert browser.js("[...document.querySelectorAll('#graph .node.verdict-origin')].map(e => e.dataset.name)") == [origin["name"]]
+    # without --format parquet the details say how to get the file their SQL reads
+    assert browser.js("document.querySelector('#details .details-name').textContent") == origin["name"]
+    assert "rerun it with --format including parquet" in browser.js("document.querySelector('#details .sql-missing').textContent")
     # the dashed line at the origin's call index
     assert browser.js("document.querySelectorAll('.e-plot line[stroke-dasharray=\"4\"]').length") == 1
     assert browser.errors == []

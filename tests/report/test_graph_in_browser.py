@@ -5,6 +5,7 @@ dump.json holds, the step selector changes them, search marks a hit; no console 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -115,4 +116,67 @@ def test_long_runs_of_api_calls_open_forty_at_a_time(browser, example_dump, tmp_
     before = len(shown_names(browser))
     browser.js("[...document.querySelectorAll('#graph .group:not(.open)')][0].dispatchEvent(new MouseEvent('click', {bubbles: true}))")
     assert len(shown_names(browser)) == before + 40
+    assert browser.errors == []
+
+
+def test_rank_and_step_selectors_drive_graph_and_tree(browser, two_rank_dump, tmp_path):
+    """Each rank's graph details and module tree show that rank's dump.json values of the
+    chosen step (the ranks train on different batches, so their values differ)."""
+    browser.open(write_report(two_rank_dump, tmp_path / "report.html"))
+    assert browser.js("document.body.dataset.ready") == "1" and browser.errors == []
+    fc1 = "Module.fc1.Linear.forward.0"
+    shown = {}
+    for rank in (0, 1):
+        choose(browser, "rank", rank)
+        by_step = dump_jsons(two_rank_dump, f"rank{rank}")
+        for step in (0, 1):
+            choose(browser, "step", step)
+            construct = json.loads((two_rank_dump / f"step{step}" / f"rank{rank}" / "construct.json").read_text())
+            assert int(browser.js("document.getElementById('graph').dataset.nodes")) == len(forward_entries(construct))
+            click(browser, node(fc1))
+            assert browser.js("document.querySelector('#details .details-name').textContent") == fc1
+            cells = browser.js("[...document.querySelectorAll('#details table.stats-now td.num')].map(td => td.dataset.value)")
+            (out,) = by_step[step][fc1]["output"]
+            for text, stat in zip(cells, STATS):
+                assert as_float(text) == pytest.approx(out[stat], rel=1e-6, nan_ok=True)
+            # the module tree of the same rank and step: fc1's output Norm (4 significant digits)
+            tree = browser.js(f"document.querySelector('.tree [data-name=\"{fc1}\"] .stats').textContent")
+            assert as_float(tree.split(" · ")[0].removeprefix("Norm ")) == pytest.approx(out["Norm"], rel=1e-3, nan_ok=True)
+            shown[(rank, step)] = float(cells[3])
+    assert shown[(0, 0)] != shown[(1, 0)] and shown[(0, 0)] != shown[(0, 1)]
+    assert browser.errors == []
+
+
+def test_colour_by_output_norm_follows_dump_json(browser, nan_dump, tmp_path):
+    """Colour by output Norm: each node's fill is the page's colour ramp at the log-scaled
+    position of its output Norm (``sqrt(sum Norm²)`` over its output tensors in dump.json)
+    between the step's smallest and largest; NaN stays red."""
+    browser.open(write_report(nan_dump, tmp_path / "report.html"))
+    by_step = dump_jsons(nan_dump, "rank")
+    for step in (0, 1):   # step 1: finite before the log of -1, NaN after it
+        choose(browser, "step", step)
+        choose(browser, "colour-by", 4)
+        browser.js("[...document.querySelectorAll('#graph .graph-bar button')].find(b => b.textContent === 'expand all').click()")
+        norms = {}
+        for name, entry in by_step[step].items():
+            if ".forward" not in name:
+                continue
+            outputs = [leaf for leaf in entry.get("output") or [] if isinstance(leaf, dict) and "Norm" in leaf]
+            if outputs:
+                norms[name] = math.sqrt(sum(float(o["Norm"]) ** 2 for o in outputs))
+        finite = [v for v in norms.values() if math.isfinite(v) and v > 0]
+        lo, hi = math.log10(min(finite)), math.log10(max(finite))
+        fills = browser.js("Object.fromEntries([...document.querySelectorAll('#graph .node')]"
+                           ".map(e => [e.dataset.name, e.querySelector('rect').getAttribute('fill')]))")
+        assert set(norms) <= set(fills)
+        for name, value in norms.items():
+            if math.isnan(value):
+                assert fills[name] == "#e53935"
+                continue
+            t = (math.log10(value) - lo) / max(hi - lo, 1e-9) if value > 0 else 0.0
+            expected = browser.js(f"ramp({t!r})")
+            got, want = (list(map(int, c[4:-1].split(","))) for c in (fills[name], expected))
+            assert max(abs(a - b) for a, b in zip(got, want)) <= 1, (name, fills[name], expected)
+        assert len(set(fills[n] for n in norms if math.isfinite(norms[n]))) > (2 if step == 0 else 1)   # a scale
+        assert (step == 1) == any(math.isnan(v) for v in norms.values())
     assert browser.errors == []
