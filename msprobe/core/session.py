@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from msprobe.core.arrow_pool import prefer_system_pool
 from msprobe.core.config import Config
+from msprobe.core.errors import ConfigError
 from msprobe.core.filters import DataMode, NameList
 from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.log_names import other_process_logs, segment_bytes
+from store.log_names import SEGMENT_ENV, other_process_logs, segment_bytes
 from store.records import Call, Marker, Stack
 from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
@@ -138,6 +139,11 @@ class Session:
         os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
         self._write_tensor = write_tensor
         self._tensor_ext = tensor_ext
+        try:  # read once, before training starts: a bad value is a ConfigError here
+            self._segment_bytes = segment_bytes()
+        except ValueError as exc:
+            raise ConfigError(SEGMENT_ENV, os.environ.get(SEGMENT_ENV), "a number of MiB >= 0 (0: one log file "
+                              "per process; unset: 256)", "an environment variable (docs/query.md, Log segments)") from exc
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         # tensor file names given out in the step (one dump_tensor_data directory): name ->
@@ -485,12 +491,12 @@ class Session:
         a writer process that cannot start)."""
         if self._write_tensor is None and os.environ.get(WRITER_ENV, "process") != "inprocess":
             try:
-                self._client = WriterClient(self.config.dump_path, self.rank or 0, segment_bytes=segment_bytes())
+                self._client = WriterClient(self.config.dump_path, self.rank or 0, segment_bytes=self._segment_bytes)
                 return
             except WriterGone as exc:
                 logger.warning("msprobe: the writer process could not start (%s); the log and the step "
                                "files are written in the training process", exc.__cause__ or exc)
-        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes)
 
     def _store_open(self) -> bool:
         return self._client is not None or self._writer is not None
@@ -535,7 +541,7 @@ class Session:
         logger.error("msprobe: the writer process ended (exit status %s); the log and the step files are "
                      "written in the training process from now on; nothing recorded is lost", gone.status)
         self._client = None
-        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes)
         for sid, frames in self._stacks.items():
             self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
         exported = set()  # steps whose files the writer process was asked for
@@ -616,16 +622,16 @@ class Session:
         )
 
 
-def _log_here(dump_path, rank: int) -> tuple:
-    """``(LogWriter, StepFiles)`` writing the log and the step files in this process
-    (imported here: they load pyarrow, which a process handing its records to a writer
+def _log_here(dump_path, rank: int, segment: int = 0) -> tuple:
+    """``(LogWriter, StepFiles)`` writing the log (segments of ``segment`` bytes, 0: one
+    file) and the step files in this process (imported here: they load pyarrow, which a process handing its records to a writer
     process never needs; Arrow's pool is the system allocator when still open,
     msprobe.core.arrow_pool)."""
     prefer_system_pool()
     from store.log_writer import LogWriter
     from store.step_files import StepFiles
 
-    writer = LogWriter(dump_path, rank, segment_bytes=segment_bytes())
+    writer = LogWriter(dump_path, rank, segment_bytes=segment)
     return writer, StepFiles(writer, dump_path)
 
 

@@ -171,6 +171,18 @@ def test_segment_size_from_the_environment():
         LogWriter("/nonexistent", 0, segment_bytes=-5)
 
 
+def test_a_bad_segment_size_is_a_config_error_before_training(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from msprobe.core.errors import ConfigError
+    from msprobe.pytorch import PrecisionDebugger
+
+    monkeypatch.setenv(SEGMENT_ENV, "-3")
+    with pytest.raises(ConfigError, match=SEGMENT_ENV) as info:
+        PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    assert info.value.field == SEGMENT_ENV and info.value.value == "-3"
+    assert not (tmp_path / "d" / ".msprobe").exists()
+
+
 _TRAIN = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
