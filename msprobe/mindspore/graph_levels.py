@@ -1,14 +1,19 @@
 """Which levels msprobe records in MindSpore's GRAPH_MODE, and the errors for the others.
 
-In GRAPH_MODE the network runs as one compiled graph: Python hooks registered on Cells are
-accepted by MindSpore but never called (``Cell.register_forward_hook`` stays silent in
-GRAPH_MODE with MindSpore 2.10), and API calls are graph nodes, not Python calls. Level L2
-(MindSpore's kernel dump, :mod:`msprobe.mindspore.graph_dump`) is what GRAPH_MODE records.
+In GRAPH_MODE the network runs as one compiled graph: API calls are graph nodes, not Python
+calls, and a hook registered with ``Cell.register_forward_hook`` is compiled into the graph
+like ``construct``: with MindSpore 2.10 its tensor operations run (a hook returning
+``output + 100`` changes the Cell's output), while a Python function it calls to append the
+output to a list does not run when the graph executes. Level L2 (MindSpore's kernel dump,
+:mod:`msprobe.mindspore.graph_dump`) is what GRAPH_MODE records.
 
-Cell-level records inside a graph need MindSpore's ``TensorDump`` op (``DumpGradient``, for
-gradients, is lowered to it) inserted into each Cell. :func:`tensor_dump_missing` asks
-MindSpore whether the current backend has it by compiling a one-op graph in a child process: the CPU backend
-of MindSpore 2.10 fails kernel selection with "Unsupported op [TensorDump] on CPU".
+Cell-level records inside a graph need an op in each Cell's hook that hands its tensors out
+at run time: MindSpore's ``TensorDump`` (``DumpGradient``, for gradients, is lowered to it).
+:func:`tensor_dump_missing` asks MindSpore whether the current backend has it by compiling a
+one-op graph in a child process: the CPU backend of MindSpore 2.10 fails kernel selection
+with "Unsupported op [TensorDump] on CPU". (On CPU, ``ops.Custom(func, ..., func_type="pyfunc")``
+placed in a compiled forward hook does run its Python function at every execution with
+MindSpore 2.10; msprobe does not record through it.)
 :func:`check_graph_mode_level` turns that into a :class:`ConfigError` naming the op.
 """
 from __future__ import annotations
