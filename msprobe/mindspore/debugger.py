@@ -113,6 +113,8 @@ class PrecisionDebugger:
         self.last_model: Any = None  # the model of the latest start(model); start() reuses it
         self.kernel_report = None  # GRAPH_MODE L2: the msprobe.kernel_dump.ingest.IngestReport of close()
         self._kernel_reader = None
+        #: GRAPH_MODE level L0 (CPU): Cells recorded through pyfunc ops (msprobe.mindspore.graph_cells)
+        self.graph_cells = graph_mode and self.config.level == "L0"
         if self.config.level == "L2" or graph_mode:
             from msprobe.mindspore.graph_dump import configure_kernel_dump
             from msprobe.mindspore.graph_levels import check_graph_mode_level
@@ -123,6 +125,7 @@ class PrecisionDebugger:
                                   detail="PyNative mode; for kernel dump (L2) call "
                                          "mindspore.set_context(mode=mindspore.GRAPH_MODE) before PrecisionDebugger")
             check_graph_mode_level(self.config.level)
+        if self.config.level == "L2":
             self.kernel_dump = configure_kernel_dump(self.config, ms.get_context("device_target"))
             from msprobe.kernel_dump.ingest import KernelDumpReader
             self._kernel_reader = KernelDumpReader(self.config.dump_path, new_files_only=True)
@@ -138,7 +141,11 @@ class PrecisionDebugger:
         else:
             self.session = Session(self.config, framework="mindspore", exclude_dirs=(_MS_DIR,),
                                    dump_data_dir=data_dir, write_tensor=writer, tensor_ext="npy")
-        self.recorder = Recorder(self.session)
+        if self.graph_cells:
+            from msprobe.mindspore.graph_cells import GraphCellRecorder
+            self.recorder = GraphCellRecorder(self.session)
+        else:
+            self.recorder = Recorder(self.session)
         if self.config.level == "debug":
             rank, rank_dir = current_rank()
             self.session.start(rank, rank_dir)
@@ -175,6 +182,15 @@ class PrecisionDebugger:
         rank, rank_dir = current_rank()
         if not self.session.start(rank, rank_dir):
             return
+        if self.graph_cells:
+            ids = [id(m) for m in models]
+            if ids != self._hooked_models:
+                from msprobe.mindspore.graph_cells import GraphCellHooks
+                if self._model_handles is not None:
+                    self._model_handles.remove()
+                self._model_handles = GraphCellHooks(models, indexed, self.recorder)
+                self._hooked_models = ids
+            return
         if self._other_handles is None:
             self._other_handles = HandleGroup()
             if level in _API_LEVELS:
@@ -200,7 +216,13 @@ class PrecisionDebugger:
         """Stop recording forward calls; the step's files are written. Backward calls of
         forwards recorded in this step are still recorded until :meth:`step`."""
         if self.session is not None and self.config.level != "debug":
+            self._sync_graph()
             self.session.stop()
+
+    def _sync_graph(self) -> None:
+        """GRAPH_MODE L0: wait for the running graph's pyfunc ops before recording stops."""
+        if self.graph_cells and self.session.recording:
+            self.recorder.sync()
 
     def forward_backward_dump_end(self) -> None:
         """Deprecated alias of :meth:`stop` (warns once)."""
@@ -217,6 +239,7 @@ class PrecisionDebugger:
         if self._kernel_reader is not None:
             self._read_kernel_dump(final=False)
         if self.session is not None and self.config.level != "debug":
+            self._sync_graph()
             self.session.end_step(before_export=self.recorder.flush_pending)
             if self.session.finished:
                 self._remove_recording_hooks()
@@ -273,6 +296,7 @@ class PrecisionDebugger:
         if self.session is None:
             return
         if self.session.recording:
+            self._sync_graph()
             self.session.stop()
         if self.config.level == "debug":
             self.session.stop()
@@ -332,6 +356,7 @@ def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
         return
     try:
         if dbg.session.recording or dbg.config.level == "debug":
+            dbg._sync_graph()
             dbg.session.stop()
         dbg.session.close()
     except Exception as exc:  # never fail the interpreter exit
