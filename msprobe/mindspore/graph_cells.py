@@ -74,7 +74,8 @@ class _CellInfo:
     """What the recorder knows of one hooked Cell: dump prefix, parent prefix, the names and
     ``requires_grad`` flags of its ``_params`` (None values included, as ``none`` leaves)."""
 
-    __slots__ = ("prefix", "parent", "param_names", "param_grad", "queues", "pending")
+    __slots__ = ("prefix", "parent", "param_names", "param_grad", "queues", "pending", "last_params", "copies",
+                 "latest")
 
     def __init__(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]]) -> None:
         self.prefix = prefix
@@ -84,8 +85,26 @@ class _CellInfo:
         # (role, slot) -> arrays waiting for the forward's output; output slots of the forward
         # being assembled
         self.queues: dict[tuple[int, int], deque] = {}
-        # this step's backward entries, in forward order
-        self.pending: list[PendingBackward] = []
+        # this step's backward entries, in forward order; the latest of them
+        self.pending: list[_GraphPending] = []
+        self.latest: Optional[_GraphPending] = None
+        # the parameters of the latest forward (a Cell called again in the graph reads the
+        # same Parameters: their records are merged into one)
+        self.last_params: list[Optional[np.ndarray]] = [None] * len(self.param_names)
+        # output slot -> copies seen of the latest forward's output (on_record)
+        self.copies: dict[int, int] = {}
+
+
+class _GraphPending(PendingBackward):
+    """A GRAPH_MODE backward entry: ``copies`` (how many identities MindSpore chained on
+    each output: each gradient arrives that many times) and ``received`` (path -> arrivals)."""
+
+    __slots__ = ("copies", "received")
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.copies = 1
+        self.received: dict[tuple, int] = {}
 
 
 class GraphCellRecorder(RecorderCore):
@@ -130,13 +149,30 @@ class GraphCellRecorder(RecorderCore):
     # --- pyfunc callbacks ---------------------------------------------------------------------
     def on_record(self, tag: np.ndarray, a: np.ndarray) -> None:
         """A forward input, parameter or output ``a`` of the Cell call described by ``tag``
-        (``[cell, role, slot, count]``) arrived."""
+        (``[cell, role, slot, count, inputs]``: ``count`` slots of that role, ``inputs``
+        tensor inputs) arrived.
+
+        A hook of a Cell that the graph calls ``m`` times is applied ``m`` times to each
+        call's output by MindSpore 2.10 (a chain of ``m`` identities); the copies of the
+        input and parameter records are merged by the graph's common-subexpression pass,
+        the output copies are not. An output arriving while the Cell has no output
+        pending and fewer queued inputs than ``inputs`` is such a copy: it counts to the
+        Cell's latest forward (its backward then receives ``m`` copies of each gradient)
+        and is not recorded again. A Cell without tensor inputs cannot tell copies apart.
+        """
         s = self.session
         if not s.recording or s.failed or s.disabled:
             return
         with self._lock, self.guarded():
-            cid, role, slot, count = (int(v) for v in tag)
+            cid, role, slot, count, n_inputs = (int(v) for v in tag)
             info = self.cells[cid]
+            if role == ROLE_OUTPUT and n_inputs and not any(
+                    q for (r, _k), q in info.queues.items() if r == ROLE_OUTPUT) and sum(
+                    1 for (r, _k), q in info.queues.items() if r == ROLE_INPUT and q) < n_inputs:
+                info.copies[slot] = info.copies.get(slot, 1) + 1
+                if info.latest is not None:
+                    info.latest.copies = max(info.latest.copies, info.copies[slot])
+                return
             info.queues.setdefault((role, slot), deque()).append(a)
             if role == ROLE_OUTPUT:
                 ready = [k for (r, k), q in info.queues.items() if r == ROLE_OUTPUT and q]
@@ -144,6 +180,7 @@ class GraphCellRecorder(RecorderCore):
                     outs: list[Optional[np.ndarray]] = [None] * (max(ready) + 1)
                     for k in ready:
                         outs[k] = info.queues[(ROLE_OUTPUT, k)].popleft()
+                    info.copies = {}
                     self._forward(info, outs)
 
     def _forward(self, info: _CellInfo, outs: list[Optional[np.ndarray]]) -> None:
@@ -153,6 +190,8 @@ class GraphCellRecorder(RecorderCore):
         fwd, bwd = f"{prefix}.forward.{n}", f"{prefix}.backward.{n}"
         ins = self._take(info, ROLE_INPUT)
         params = self._take(info, ROLE_PARAMETER, len(info.param_names))
+        params = [a if a is not None else last for a, last in zip(params, info.last_params)]
+        info.last_params = params
         want_fwd, want_bwd = self.wanted(fwd, bwd)
         parent = None
         if info.parent is not None:
@@ -171,10 +210,13 @@ class GraphCellRecorder(RecorderCore):
             s.emit(Call(step=s.step, kind=schema.MODULE_FORWARD, name=fwd, api_type="Cell", parent=parent,
                         stack_id=None, keys=self.module_keys, leaves=tuple(leaves)))
         if want_bwd and self.graph_bwd_keys:
-            pending = PendingBackward(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD, api_type="Cell",
+            pending = _GraphPending(step=s.step, name=bwd, kind=schema.MODULE_BACKWARD, api_type="Cell",
                                       parent=to_backward(parent), stack_id=None, keys=self.graph_bwd_keys)
             pending.in_slots = [(k,) for k in range(len(outs))]  # a non-tensor slot stays a none leaf
             info.pending.append(pending)
+            info.latest = pending
+        else:
+            info.latest = None
 
     @staticmethod
     def _take(info: _CellInfo, role: int, count: Optional[int] = None) -> list[Optional[np.ndarray]]:
@@ -205,7 +247,11 @@ class GraphCellRecorder(RecorderCore):
             info = self.cells[int(tag[0])]
             path = (int(tag[2]),)
             for pending in reversed(info.pending):
-                if not pending.done and path not in pending.grads_in and pending.step == s.step:
+                seen = pending.received.get(path, 0)
+                if not pending.done and seen < pending.copies and pending.step == s.step:
+                    pending.received[path] = seen + 1
+                    if seen:   # a copy through MindSpore's chained identities (on_record)
+                        return
                     if pending.order is None:
                         self._fired += 1
                         pending.order = self._fired
@@ -247,6 +293,8 @@ class GraphCellRecorder(RecorderCore):
             for info in self.cells:
                 info.queues.clear()
                 info.pending.clear()
+                info.latest = None
+                info.copies = {}
             self._fired = 0
 
 
@@ -340,30 +388,34 @@ def _forward_hook(cid: int, params: tuple, param_slots: tuple, n_params: int, re
     non-None Parameters, ``param_slots`` their positions in ``_params`` (of ``n_params``)."""
 
     def hook(cell, inputs, output):
+        n_in = 0
+        for i in range(len(inputs)):
+            if isinstance(inputs[i], Tensor):
+                n_in = n_in + 1
         deps = ()
         for i in range(len(inputs)):
             if isinstance(inputs[i], Tensor):
-                deps = deps + (record_op(ops.tuple_to_array((cid, 0, i, len(inputs))),
+                deps = deps + (record_op(ops.tuple_to_array((cid, 0, i, len(inputs), n_in)),
                                          ops.stop_gradient(inputs[i])),)
         for j in range(len(params)):
-            deps = deps + (record_op(ops.tuple_to_array((cid, 1, param_slots[j], n_params)),
+            deps = deps + (record_op(ops.tuple_to_array((cid, 1, param_slots[j], n_params, n_in)),
                                      ops.stop_gradient(params[j])),)
         if isinstance(output, Tensor):
             if deps:
                 output = ops.depend(output, deps)
-            return output_op(ops.tuple_to_array((cid, 2, 0, 1)), output)
+            return output_op(ops.tuple_to_array((cid, 2, 0, 1, n_in)), output)
         if isinstance(output, tuple):
-            n_tensors = 0
+            n_out = 0
             for k in range(len(output)):
                 if isinstance(output[k], Tensor):
-                    n_tensors = n_tensors + 1
+                    n_out = n_out + 1
             outs = ()
             for k in range(len(output)):
                 o = output[k]
                 if isinstance(o, Tensor):
                     if deps:
                         o = ops.depend(o, deps)
-                    o = output_op(ops.tuple_to_array((cid, 2, k, n_tensors)), o)
+                    o = output_op(ops.tuple_to_array((cid, 2, k, n_out, n_in)), o)
                 outs = outs + (o,)
             return outs
         return output

@@ -12,7 +12,8 @@ without msprobe. ``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the l
 ``close()``. ``--perturb`` adds 1e-3 to ``d2.weight`` before training. ``--probe-level``
 first asks for that level and prints ``LEVELERR <message>`` (or ``LEVELOK``).
 ``--save-state`` writes ``x``, ``y`` and each parameter before step ``s``
-(``s{step}.{name}``) to an ``.npz`` file.
+(``s{step}.{name}``) to an ``.npz`` file. ``--net block`` trains ``graph_nets.BlockNet``
+(a Cell applied twice, a Cell returning a tuple, nested Cells) instead.
 """
 from __future__ import annotations
 
@@ -28,17 +29,7 @@ ms.set_device("CPU")
 
 from msprobe.core.errors import ConfigError  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
-
-
-class Net(nn.Cell):
-    def __init__(self) -> None:
-        super().__init__()
-        self.d1 = nn.Dense(4, 3)
-        self.relu = nn.ReLU()
-        self.d2 = nn.Dense(3, 2)
-
-    def construct(self, x):
-        return self.d2(self.relu(self.d1(x)))
+from graph_nets import BlockNet, Net  # noqa: E402
 
 
 def main() -> None:
@@ -49,6 +40,7 @@ def main() -> None:
     parser.add_argument("--start", action="store_true")
     parser.add_argument("--no-debugger", action="store_true")
     parser.add_argument("--save-state")
+    parser.add_argument("--net", choices=("dense", "block"), default="dense")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--live-steps", action="store_true")
     args = parser.parse_args()
@@ -59,11 +51,11 @@ def main() -> None:
         except ConfigError as exc:
             print("LEVELERR", exc, flush=True)
     debugger = None if args.no_debugger else PrecisionDebugger(config_path=args.config)
-    net = Net()
+    net = BlockNet() if args.net == "block" else Net()
     rng = np.random.default_rng(0)
     for p in net.trainable_params():
         p.set_data(Tensor(rng.standard_normal(p.shape).astype(np.float32)))
-    if args.perturb:
+    if args.perturb:   # --net dense
         net.d2.weight.set_data(Tensor(net.d2.weight.asnumpy() + np.float32(1e-3)))
     train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1))
     x = Tensor(rng.standard_normal((5, 4)).astype(np.float32))

@@ -19,6 +19,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 from mindspore import Tensor, nn  # noqa: E402
 
+from graph_nets import BlockNet, Net  # noqa: E402
 from msprobe.cli import main as cli_main  # noqa: E402
 from store import schema as S  # noqa: E402
 
@@ -51,6 +52,17 @@ def runs(tmp_path_factory):
     return tmp, base, pert, dict(np.load(state)), base_out, plain_out
 
 
+@pytest.fixture(scope="module")
+def block_runs(tmp_path_factory):
+    """graph_nets.BlockNet (a Cell applied twice, a Cell returning a tuple, nested Cells):
+    a recorded 2-step run with its weights, and the run without msprobe."""
+    tmp = tmp_path_factory.mktemp("graph_l0_block")
+    state = tmp / "state.npz"
+    dump, out = _run(tmp, "block", {"task": "statistics"}, "--net", "block", "--start", "--save-state", str(state))
+    _plain, plain_out = _run(tmp, "plain", {}, "--net", "block", "--no-debugger")
+    return tmp, dump, dict(np.load(state)), out, plain_out
+
+
 def _losses(out: str) -> list[str]:
     return [x for x in out.splitlines() if x.startswith("LOSS")]
 
@@ -66,29 +78,37 @@ def _np_stats(a: np.ndarray) -> tuple[float, float, float, float]:
     return float(f.max()), float(f.min()), float(f.mean()), float(np.sqrt(np.sum(f * f)))
 
 
-class _Net(nn.Cell):
-    """graph_train.py's network."""
+def _pynative(net: nn.Cell, state: dict, step: int) -> tuple:
+    """``(net, x, y, loss)`` in PyNative mode with the weights the graph run had before ``step``."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    for p in net.trainable_params():
+        p.set_data(Tensor(state[f"s{step}.{p.name}"]))
+    return net, Tensor(state["x"]), Tensor(state["y"]), nn.MSELoss()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.d1 = nn.Dense(4, 3)
-        self.relu = nn.ReLU()
-        self.d2 = nn.Dense(3, 2)
 
-    def construct(self, x):
-        return self.d2(self.relu(self.d1(x)))
+def _check_stats(rows: list[dict], ref: dict, step: int, exact: set) -> None:
+    """The recorded tensors of ``step`` are exactly the keys of ``ref`` (``(name, io, arg)``),
+    with float32 dtype, the reference's shape and its numpy float64 statistics: exactly for
+    the keys in ``exact`` (values no kernel computed), within a few float32 ulps otherwise."""
+    got = {(r["name"], r["io"], r["arg"]): r for r in rows if r["step"] == step}
+    assert set(got) == set(ref)
+    for key, a in ref.items():
+        r = got[key]
+        assert (r["dtype"], r["shape"]) == ("Float32", list(a.shape)), key
+        mx, mn, mean, norm = _np_stats(a)
+        if key in exact or key[1] == "parameters":
+            assert (r["max"], r["min"]) == (mx, mn), key
+            assert r["mean"] == pytest.approx(mean, rel=1e-12) and r["norm"] == pytest.approx(norm, rel=1e-12)
+        else:
+            for field, want in zip(("max", "min", "mean", "norm"), (mx, mn, mean, norm)):
+                assert r[field] == pytest.approx(want, rel=1e-6, abs=1e-7), (key, field)
 
 
 def _reference(state: dict, step: int) -> dict:
     """``(name, io, arg) -> array``: each Cell's inputs, parameters and outputs, and the
     gradient of the MSE loss w.r.t. each Cell's output, computed in PyNative without msprobe
     on the weights the graph run had before ``step``."""
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = _Net()
-    for p in net.trainable_params():
-        p.set_data(Tensor(state[f"s{step}.{p.name}"]))
-    x, y = Tensor(state["x"]), Tensor(state["y"])
-    loss = nn.MSELoss()
+    net, x, y, loss = _pynative(Net(), state, step)
     h = net.d1(x)
     r = net.relu(h)
     o = net.d2(r)
@@ -119,20 +139,7 @@ def test_cell_statistics_equal_numpy_float64_of_the_pynative_cells(runs):
     tmp, base, _pert, state, _o, _p = runs
     rows = _query(base, "SELECT step, name, io, arg, dtype, shape, max, min, mean, norm FROM tensors", tmp)
     for step in (0, 1):
-        ref = _reference(state, step)
-        got = {(r["name"], r["io"], r["arg"]): r for r in rows if r["step"] == step}
-        assert set(got) == set(ref)
-        for key, a in ref.items():
-            r = got[key]
-            assert (r["dtype"], r["shape"]) == ("Float32", list(a.shape)), key
-            mx, mn, mean, norm = _np_stats(a)
-            exact = key[1] == "parameters" or key[0] == "Cell.d1.Dense.forward.0" and key[1] == "input_args"
-            if exact:
-                assert (r["max"], r["min"]) == (mx, mn), key
-                assert r["mean"] == pytest.approx(mean, rel=1e-12) and r["norm"] == pytest.approx(norm, rel=1e-12)
-            else:
-                for field, want in zip(("max", "min", "mean", "norm"), (mx, mn, mean, norm)):
-                    assert r[field] == pytest.approx(want, rel=1e-6, abs=1e-7), (key, field)
+        _check_stats(rows, _reference(state, step), step, {("Cell.d1.Dense.forward.0", "input_args", "0")})
 
 
 def test_entries_names_order_and_dump_json(runs):
@@ -164,3 +171,66 @@ def test_compare_names_the_cell_holding_the_perturbed_weight(runs, tmp_path):
     first = rank["first_diverged"] or rank["first_origin"]
     assert (first["name"], first["step"], first["direction"]) == ("Cell.d2.Dense.forward.0", 0, "forward")
     assert rank["counts"]["unpaired"] == 0
+
+
+def _block_reference(state: dict, step: int) -> dict:
+    """BlockNet's Cells in PyNative (as :func:`_reference`): ``fc`` twice, ``split``'s two
+    outputs and their gradients, ``block`` around them."""
+    net, x, y, loss = _pynative(BlockNet(), state, step)
+    fc, split = net.block.fc, net.block.split
+    u = net.inp(x)
+    f0 = fc(u)
+    f1 = fc(f0)
+    a, b = split(f1)
+    z = a * b
+    o = net.out(z)
+    g_o = ms.grad(lambda o_: loss(o_, y))(o)
+    g_z = ms.grad(lambda z_: loss(net.out(z_), y))(z)
+    g_a, g_b = ms.grad(lambda a_, b_: loss(net.out(a_ * b_), y), grad_position=(0, 1))(a, b)
+    g_f1 = ms.grad(lambda f_: loss(net.out(_product(split(f_))), y))(f1)
+    g_f0 = ms.grad(lambda f_: loss(net.out(_product(split(fc(f_)))), y))(f0)
+    g_u = ms.grad(lambda u_: loss(net.out(net.block(u_)), y))(u)
+    ref = {}
+    for cell, inp, outs, grads, params in (
+            ("Cell.inp.Dense.forward.0", x, [u], [g_u], "inp"),
+            ("Cell.block.fc.Dense.forward.0", u, [f0], [g_f0], "block.fc"),
+            ("Cell.block.fc.Dense.forward.1", f0, [f1], [g_f1], "block.fc"),
+            ("Cell.block.split.Split.forward.0", f1, [a, b], [g_a, g_b], None),
+            ("Cell.block.Block.forward.0", u, [z], [g_z], None),
+            ("Cell.out.Dense.forward.0", z, [o], [g_o], "out")):
+        ref[(cell, "input_args", "0")] = inp.asnumpy()
+        bwd = cell.replace(".forward.", ".backward.")
+        for k, (t, g) in enumerate(zip(outs, grads)):
+            ref[(cell, "output", str(k))] = t.asnumpy()
+            ref[(bwd, "input", str(k))] = g.asnumpy()
+        if params:
+            for pname in ("weight", "bias"):
+                ref[(cell, "parameters", pname)] = state[f"s{step}.{params}.{pname}"]
+    return ref
+
+
+def _product(pair):
+    """Block's last operation: the product of ``split``'s outputs."""
+    return pair[0] * pair[1]
+
+
+def test_cell_applied_twice_and_tuple_output_in_graph_mode(block_runs):
+    """``fc`` applied twice gets forward/backward 0 and 1 (backward N paired with forward N,
+    though MindSpore chains its hook once per call), ``split``'s tuple output two slots in
+    forward ``output`` and backward ``input``; statistics as the PyNative reference; nested
+    Cells parented by ``Cell.block.Block``; losses as without msprobe."""
+    tmp, dump, state, out, plain_out = block_runs
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    rows = _query(dump, "SELECT step, name, io, arg, dtype, shape, max, min, mean, norm FROM tensors", tmp)
+    for step in (0, 1):
+        _check_stats(rows, _block_reference(state, step), step, {("Cell.inp.Dense.forward.0", "input_args", "0")})
+        construct = json.loads((dump / f"step{step}" / "rank" / "construct.json").read_text())
+        inner = ["Cell.block.fc.Dense.forward.0", "Cell.block.fc.Dense.forward.1", "Cell.block.split.Split.forward.0"]
+        assert list(construct) == (["Cell.inp.Dense.forward.0"] + inner + [
+            "Cell.block.Block.forward.0", "Cell.out.Dense.forward.0", "Cell.out.Dense.backward.0",
+            "Cell.block.Block.backward.0", "Cell.block.split.Split.backward.0", "Cell.block.fc.Dense.backward.1",
+            "Cell.block.fc.Dense.backward.0", "Cell.inp.Dense.backward.0"])
+        for name, parent in construct.items():
+            nested = ".block.fc." in name or ".block.split." in name
+            direction = "forward" if ".forward." in name else "backward"
+            assert parent == (f"Cell.block.Block.{direction}.0" if nested else None), name
