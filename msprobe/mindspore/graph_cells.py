@@ -49,7 +49,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mindspore import Tensor, nn, ops
-from mindspore.graph.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor, _set_parameter_forward_hook_enabled
 from mindspore.common import dtype as mstype
 
 from msprobe.core.naming import to_backward
@@ -60,9 +60,10 @@ from msprobe.mindspore.leaves import LeafBuilder
 from store import schema
 from store.records import Call, Leaf, null_leaf
 
-__all__ = ["GraphCellHooks", "GraphCellRecorder", "ROLE_INPUT", "ROLE_PARAMETER", "ROLE_OUTPUT"]
+__all__ = ["GraphCellHooks", "GraphCellRecorder", "ROLE_INPUT", "ROLE_PARAMETER", "ROLE_OUTPUT",
+           "ROLE_PARAMETER_GRAD"]
 
-ROLE_INPUT, ROLE_PARAMETER, ROLE_OUTPUT = 0, 1, 2
+ROLE_INPUT, ROLE_PARAMETER, ROLE_OUTPUT, ROLE_PARAMETER_GRAD = 0, 1, 2, 3
 
 
 def _second(_tag, x):
@@ -75,7 +76,7 @@ class _CellInfo:
     ``requires_grad`` flags of its ``_params`` (None values included, as ``none`` leaves)."""
 
     __slots__ = ("prefix", "parent", "param_names", "param_grad", "queues", "pending", "last_params", "copies",
-                 "latest")
+                 "latest", "grad_names", "param_grads")
 
     def __init__(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]]) -> None:
         self.prefix = prefix
@@ -93,6 +94,10 @@ class _CellInfo:
         self.last_params: list[Optional[np.ndarray]] = [None] * len(self.param_names)
         # output slot -> copies seen of the latest forward's output (on_record)
         self.copies: dict[int, int] = {}
+        # the keys of the parameters_grad entry (Parameters that require grad) and, per
+        # _params slot, the step's gradient contributions as (arrival rank, leaf)
+        self.grad_names = tuple(n for n, p in params if p is not None and p.requires_grad)
+        self.param_grads: dict[int, list[tuple[int, Leaf]]] = {}
 
 
 class _GraphPending(PendingBackward):
@@ -258,6 +263,21 @@ class GraphCellRecorder(RecorderCore):
                     pending.grads_in[path] = self._leaf("input", path, g)
                     return
 
+    def on_param_grad(self, tag: np.ndarray, g: np.ndarray) -> None:
+        """A gradient contribution ``g`` for Parameter slot ``tag[2]`` of Cell ``tag[0]``
+        arrived (one per read of the Parameter in the graph)."""
+        s = self.session
+        if s.failed or s.disabled or not s.open_step(s.step):
+            return
+        with self._lock, self.guarded():
+            info = self.cells[int(tag[0])]
+            slot = int(tag[2])
+            if self.parameters_grad_entry(info.prefix) is None or not s.module_counter.peek(info.prefix):
+                return
+            self._fired += 1
+            leaf = self._leaf(info.param_names[slot], (0,), g)
+            info.param_grads.setdefault(slot, []).append((self._fired, leaf))
+
     def sync(self) -> None:
         """Wait until the work MindSpore has queued has run (``_pynative_executor.sync()``;
         a GRAPH_MODE call on the CPU backend returns after its graph ran): the pyfunc ops
@@ -269,16 +289,29 @@ class GraphCellRecorder(RecorderCore):
             self.session.internal_error(exc)
 
     def flush(self) -> None:
-        """Emit the backward entries that received a gradient and are not emitted yet, in the
-        order of their first gradient (after :meth:`sync`). The session's flush hook (before
-        each export and at close)."""
+        """Emit the backward entries that received a gradient and are not emitted yet, and the
+        ``parameters_grad`` of the Parameters that received exactly one gradient, in the order
+        of their first gradient (after :meth:`sync`). The session's flush hook (before each
+        export and at close)."""
         self.sync()
+        s = self.session
         with self._lock, self.guarded():
-            fired = [p for info in self.cells for p in info.pending if p.order is not None and not p.done]
-            for pending in sorted(fired, key=lambda p: p.order):
-                pending.done = True
-                if self.session.open_step(pending.step):
-                    self.session.emit(pending.to_call())
+            calls: list[tuple[int, Call]] = []
+            for info in self.cells:
+                for pending in info.pending:
+                    if pending.order is not None and not pending.done:
+                        pending.done = True
+                        calls.append((pending.order, pending.to_call()))
+                name = self.parameters_grad_entry(info.prefix)
+                for slot, got in sorted(info.param_grads.items()):
+                    # a Parameter read more than once: its gradient is a sum formed inside the graph
+                    if len(got) == 1 and name is not None:
+                        calls.append((got[0][0], Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name,
+                                                      api_type="Cell", keys=info.grad_names, leaves=(got[0][1],))))
+                info.param_grads.clear()
+            for _order, call in sorted(calls, key=lambda c: c[0]):
+                if s.open_step(call.step):
+                    s.emit(call)
 
     def flush_pending(self) -> None:
         """Step end (``Session.end_step``'s ``before_export``): :meth:`flush`, then forget the
@@ -295,6 +328,7 @@ class GraphCellRecorder(RecorderCore):
                 info.pending.clear()
                 info.latest = None
                 info.copies = {}
+                info.param_grads.clear()
             self._fired = 0
 
 
@@ -335,9 +369,29 @@ class GraphCellHooks:
         def bprop(tag, x, out, dout):
             return ops.zeros_like(tag), grad_op(tag, dout)
 
-        record_op = ops.Custom(on_record, out_shape=_second, out_dtype=_second, func_type="pyfunc")
+        def on_param_grad(tag, g):
+            rec.on_param_grad(tag, g)
+            return g
+
+        param_grad_op = ops.Custom(on_param_grad, out_shape=_second, out_dtype=_second, func_type="pyfunc")
+
+        def param_bprop(tag, x, out, dout):
+            return ops.zeros_like(tag), param_grad_op(tag, dout)
+
+        def on_param(tag, a):   # its own function: MindSpore tells pyfunc ops (and their bprops) apart by it
+            rec.on_record(tag, a)
+            return a
+
+        param_op = ops.Custom(on_param, out_shape=_second, out_dtype=_second, func_type="pyfunc", bprop=param_bprop)
+        def on_input(tag, a):   # not output_op's function: that would give this op output_op's bprop
+            rec.on_record(tag, a)
+            return a
+
+        record_op = ops.Custom(on_input, out_shape=_second, out_dtype=_second, func_type="pyfunc")
         output_op = ops.Custom(on_record, out_shape=_second, out_dtype=_second, func_type="pyfunc", bprop=bprop)
         self._handles: list = []
+        self._param_cells: list[tuple[nn.Cell, list]] = []
+        tapped: set[int] = set()
         seen: dict[int, str] = {}
         prefixes = cell_prefixes(models, indexed)
         cells_of = {id(c): p for p, c in prefixes}
@@ -347,15 +401,30 @@ class GraphCellHooks:
             seen[id(cell)] = prefix
             params = list(cell._params.items())
             cid = recorder.add_cell(prefix, _parent_prefix(cell, models, cells_of, prefix), params)
-            hook = _forward_hook(cid, tuple(p for _n, p in params if p is not None),
-                                 tuple(i for i, (_n, p) in enumerate(params) if p is not None),
-                                 len(params), record_op, output_op)
+            # Parameters that require grad: each read goes through param_op (value and gradient);
+            # the others are recorded by the Cell's forward hook
+            taps = [(slot, p) for slot, (_n, p) in enumerate(params)
+                    if p is not None and p.requires_grad and id(p) not in tapped]   # tied weights: the first Cell's
+            tapped.update(id(p) for _slot, p in taps)
+            rest = [(slot, p) for slot, (_n, p) in enumerate(params) if p is not None and id(p) not in tapped]
+            hook = _forward_hook(cid, tuple(p for _s, p in rest), tuple(slot for slot, _p in rest), len(params),
+                                 record_op, output_op)
             self._handles.append(cell.register_forward_hook(hook))
+            for slot, p in taps:
+                p._register_forward_hook(_parameter_hook(cid, slot, len(params), param_op))
+            if taps:
+                _set_parameter_forward_hook_enabled(cell, True)
+                self._param_cells.append((cell, [p for _s, p in taps]))
 
     def remove(self) -> None:
         """Remove every hook (idempotent). A graph compiled with them keeps them."""
         while self._handles:
             self._handles.pop().remove()
+        while self._param_cells:
+            cell, taps = self._param_cells.pop()
+            _set_parameter_forward_hook_enabled(cell, False)
+            for p in taps:
+                p._register_forward_hook(None)
 
     # the JIT guard of PyNative (debugger._JitGuard) has nothing to suspend here
     def suspend(self, owner: Any = None) -> None:  # pragma: no cover - GRAPH_MODE has no @jit calls to guard
@@ -363,6 +432,18 @@ class GraphCellHooks:
 
     def resume(self) -> None:  # pragma: no cover
         return None
+
+
+def _parameter_hook(cid: int, slot: int, n_params: int, param_op):
+    """The graph-mode Parameter forward hook of ``_params`` slot ``slot`` of Cell ``cid``:
+    each read of the Parameter goes through ``param_op``, which hands its value to
+    :meth:`GraphCellRecorder.on_record` and, in backward, the gradient of that read to
+    :meth:`GraphCellRecorder.on_param_grad`."""
+
+    def hook(param):
+        return param_op(ops.tuple_to_array((cid, ROLE_PARAMETER, slot, n_params, 0)), param)
+
+    return hook
 
 
 def _parent_prefix(cell: nn.Cell, models: Sequence[nn.Cell], cells_of: dict, prefix: str) -> Optional[str]:

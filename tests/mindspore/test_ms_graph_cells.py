@@ -104,10 +104,21 @@ def _check_stats(rows: list[dict], ref: dict, step: int, exact: set) -> None:
                 assert r[field] == pytest.approx(want, rel=1e-6, abs=1e-7), (key, field)
 
 
+def _parameter_grads(net: nn.Cell, x, y, loss, cells: dict) -> dict:
+    """``(f"{prefix}.parameters_grad", name, "0") -> array``: the gradient of the loss w.r.t.
+    each Parameter of the Cells ``cells`` (``prefix -> Cell attribute path``), by
+    ``mindspore.grad`` over all trainable parameters (PyNative, no msprobe)."""
+    params = net.trainable_params()
+    grads = ms.grad(lambda x_: loss(net(x_), y), grad_position=None, weights=params)(x)
+    by_name = {p.name: g.asnumpy() for p, g in zip(params, grads)}
+    return {(f"{prefix}.parameters_grad", pname, "0"): by_name[f"{path}.{pname}"]
+            for prefix, path in cells.items() for pname in ("weight", "bias")}
+
+
 def _reference(state: dict, step: int) -> dict:
-    """``(name, io, arg) -> array``: each Cell's inputs, parameters and outputs, and the
-    gradient of the MSE loss w.r.t. each Cell's output, computed in PyNative without msprobe
-    on the weights the graph run had before ``step``."""
+    """``(name, io, arg) -> array``: each Cell's inputs, parameters and outputs, the gradient
+    of the MSE loss w.r.t. each Cell's output and w.r.t. each Parameter, computed in PyNative
+    without msprobe on the weights the graph run had before ``step``."""
     net, x, y, loss = _pynative(Net(), state, step)
     h = net.d1(x)
     r = net.relu(h)
@@ -124,6 +135,7 @@ def _reference(state: dict, step: int) -> dict:
         if params:
             for pname in ("weight", "bias"):
                 ref[(f"{cell}.forward.0", "parameters", pname)] = state[f"s{step}.{params}.{pname}"]
+    ref.update(_parameter_grads(net, x, y, loss, {"Cell.d1.Dense": "d1", "Cell.d2.Dense": "d2"}))
     return ref
 
 
@@ -144,20 +156,23 @@ def test_cell_statistics_equal_numpy_float64_of_the_pynative_cells(runs):
 
 def test_entries_names_order_and_dump_json(runs):
     """Per step: forwards N=0 in execution order, then backwards in reverse order (as
-    PyNative records them); dump.json holds the same entries with the backward ``input``
-    only; construct.json parents are absent (top-level Cells)."""
+    PyNative records them), the parameter gradients in their arrival order; dump.json holds
+    the same entries with the backward ``input`` only; construct.json parents are absent
+    (top-level Cells)."""
     tmp, base, _pert, _state, _o, _p = runs
     rows = _query(base, "SELECT step, name, kind FROM calls ORDER BY step, seq", tmp)
     for step in (0, 1):
-        names = [r["name"] for r in rows if r["step"] == step]
+        names = [r["name"] for r in rows if r["step"] == step and r["kind"] != S.PARAMETERS_GRAD]
         assert names == [f"{c}.forward.0" for c in CELLS] + [f"{c}.backward.0" for c in reversed(CELLS)]
+        grads = {r["name"] for r in rows if r["step"] == step and r["kind"] == S.PARAMETERS_GRAD}
+        assert grads == {"Cell.d1.Dense.parameters_grad", "Cell.d2.Dense.parameters_grad"}
         data = json.loads((base / f"step{step}" / "rank" / "dump.json").read_text())["data"]
-        assert list(data) == names
+        assert [n for n in data if n not in grads] == names and grads <= set(data)
         assert all(list(data[f"{c}.backward.0"]) == ["input"] for c in CELLS)
         assert set(data["Cell.d1.Dense.forward.0"]["parameters"]) == {"weight", "bias"}
         construct = json.loads((base / f"step{step}" / "rank" / "construct.json").read_text())
-        assert construct == dict.fromkeys(names)
-    kinds = {r["name"].split(".")[-2]: r["kind"] for r in rows}
+        assert {k: v for k, v in construct.items() if k not in grads} == dict.fromkeys(names)
+    kinds = {r["name"].split(".")[-2]: r["kind"] for r in rows if r["kind"] != S.PARAMETERS_GRAD}
     assert kinds == {"forward": S.MODULE_FORWARD, "backward": S.MODULE_BACKWARD}
 
 
@@ -206,6 +221,8 @@ def _block_reference(state: dict, step: int) -> dict:
         if params:
             for pname in ("weight", "bias"):
                 ref[(cell, "parameters", pname)] = state[f"s{step}.{params}.{pname}"]
+    # fc reads its Parameters twice: no parameters_grad (a sum formed inside the graph)
+    ref.update(_parameter_grads(net, x, y, loss, {"Cell.inp.Dense": "inp", "Cell.out.Dense": "out"}))
     return ref
 
 
@@ -226,10 +243,11 @@ def test_cell_applied_twice_and_tuple_output_in_graph_mode(block_runs):
         _check_stats(rows, _block_reference(state, step), step, {("Cell.inp.Dense.forward.0", "input_args", "0")})
         construct = json.loads((dump / f"step{step}" / "rank" / "construct.json").read_text())
         inner = ["Cell.block.fc.Dense.forward.0", "Cell.block.fc.Dense.forward.1", "Cell.block.split.Split.forward.0"]
-        assert list(construct) == (["Cell.inp.Dense.forward.0"] + inner + [
+        assert [k for k in construct if not k.endswith(".parameters_grad")] == (["Cell.inp.Dense.forward.0"] + inner + [
             "Cell.block.Block.forward.0", "Cell.out.Dense.forward.0", "Cell.out.Dense.backward.0",
             "Cell.block.Block.backward.0", "Cell.block.split.Split.backward.0", "Cell.block.fc.Dense.backward.1",
             "Cell.block.fc.Dense.backward.0", "Cell.inp.Dense.backward.0"])
+        construct = {k: v for k, v in construct.items() if not k.endswith(".parameters_grad")}
         for name, parent in construct.items():
             nested = ".block.fc." in name or ".block.split." in name
             direction = "forward" if ".forward." in name else "backward"
