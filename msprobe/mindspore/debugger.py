@@ -15,8 +15,11 @@ Each debugger owns one :class:`msprobe.core.session.Session`; two debuggers shar
 (spec section 9, fix 22). The most recently constructed one is the target of the static
 :meth:`PrecisionDebugger.save` (level ``debug``). Level ``L2`` in ``GRAPH_MODE`` configures
 MindSpore's own kernel dump instead (:mod:`msprobe.mindspore.graph_dump`), read into the
-event log at :meth:`PrecisionDebugger.close` (or interpreter exit) by
-:mod:`msprobe.kernel_dump.ingest`.
+event log at :meth:`PrecisionDebugger.step` and :meth:`PrecisionDebugger.close` (or
+interpreter exit) by :mod:`msprobe.kernel_dump.ingest`. Level ``L0`` in ``GRAPH_MODE`` on
+the CPU backend records Cells through pyfunc ops compiled into the graph
+(:mod:`msprobe.mindspore.graph_cells`); ``start(model)`` must then come before the first
+call that compiles the graph.
 """
 from __future__ import annotations
 
@@ -89,9 +92,9 @@ class PrecisionDebugger:
 
     Raises:
         ConfigError: any invalid value, naming the field, the value and what is allowed;
-            level L2 in PyNative mode, or L0/L1/mix/debug in GRAPH_MODE (L0/mix: naming
-            MindSpore's TensorDump op where the backend lacks it,
-            :mod:`msprobe.mindspore.graph_levels`).
+            level L2 in PyNative mode, or L1/mix/debug in GRAPH_MODE, or L0 in GRAPH_MODE on
+            a backend other than CPU (naming MindSpore's TensorDump op where the backend
+            lacks it, :mod:`msprobe.mindspore.graph_levels`).
     """
 
     _latest: ClassVar[Optional["weakref.ref[PrecisionDebugger]"]] = None
@@ -161,7 +164,9 @@ class PrecisionDebugger:
         Args:
             model: a ``mindspore.nn.Cell`` or list/tuple of Cells. Required at L0/mix (once:
                 later ``start()`` calls reuse it); at L1 it adds the Primitive calls of its
-                Cells (spec 6.2).
+                Cells (spec 6.2). In GRAPH_MODE (L0, CPU) its hooks are compiled into the
+                graph: call ``start(model)`` before the first call of the network (or of
+                the ``TrainOneStepCell`` around it); a graph compiled earlier records nothing.
 
         Raises:
             ConfigError: level L0/mix without a model, or a model of the wrong type.

@@ -5,41 +5,50 @@ graph: its tensor operations run, its Python calls do not. What hands a tensor o
 running graph on CPU is ``ops.Custom(fn, ..., func_type="pyfunc")``: MindSpore calls the
 Python function ``fn`` with the op's inputs as numpy arrays each time the op executes
 (MindSpore 2.10; pyfunc kernels exist for the CPU backend only). :class:`GraphCellHooks`
-puts such ops into each Cell's forward hook:
+puts such ops into the graph:
 
-* ``_RECORD(tag, stop_gradient(t))`` for each tensor input of the Cell and each of its own
-  Parameters. The results are tied to the Cell's output with ``ops.depend``, so they run
-  before the output is recorded and are not removed as unused; ``stop_gradient`` keeps
-  them out of the gradient graph.
-* ``_OUTPUT(tag, out)`` for each output tensor: an identity whose ``bprop`` passes the
-  gradient on unchanged through ``_GRAD(tag, dout)``, another pyfunc identity that hands
-  the gradient w.r.t. that output out. Each output tensor gets one identity and every later
-  use reads it, so no gradient sum is regrouped (the training computes the same bits).
+* in each Cell's forward hook, a record op on ``stop_gradient(t)`` for each tensor input
+  (and each Parameter that does not require grad). The results are tied to the Cell's
+  output with ``ops.depend``, so they run before the output is recorded and are not
+  removed as unused; ``stop_gradient`` keeps them out of the gradient graph;
+* in the same hook, an identity on each output tensor whose ``bprop`` passes the gradient
+  on unchanged through another pyfunc identity that hands it out (the gradient w.r.t. that
+  output). Each output gets one identity and every later use reads it, so no gradient sum
+  is regrouped;
+* for each Parameter of a Cell that requires grad, a graph-mode Parameter forward hook
+  (``Parameter._register_forward_hook``, enabled per Cell with
+  ``mindspore.graph.api._set_parameter_forward_hook_enabled``): every read of the
+  Parameter goes through an identity that hands out its value and, in backward, the
+  gradient of that read.
 
-``tag`` is a small int64 tensor ``[cell index, role, slot, slot count]`` built from
-constants in the hook (``ops.tuple_to_array``), so three ops of fixed arity serve every
-Cell. :class:`GraphCellRecorder` assembles the arriving arrays into the same entries as
-PyNative's level L0 (:mod:`msprobe.mindspore.recorder`):
+Each op gets a small int64 tag ``[cell, role, slot, count, tensor inputs]`` built from
+constants in the hook (``ops.tuple_to_array``), so a few ops of fixed arity serve every
+Cell; each op has its own Python function (MindSpore tells pyfunc ops, and their
+``bprop``, apart by it). Recording changes no bit of the training (tests/mindspore/test_ms_graph_cells.py).
+:class:`GraphCellRecorder` assembles the arriving arrays into the entries of PyNative's
+level L0 (:mod:`msprobe.mindspore.recorder`):
 
-* ``Cell.{path}.{Class}.forward.{N}``: ``input_args``, ``parameters`` (the Cell's own
-  ``_params``) and ``output``, emitted when the last output slot arrives; ``N`` counts the
-  Cell's recorded forwards in the step (``N`` restarts at 0 each step). Inputs and
-  parameters are queued per slot and taken first-in first-out. Keyword arguments are not
-  seen by a GRAPH_MODE forward hook (no ``input_kwargs`` leaves); a non-tensor input gets a
-  ``none`` leaf.
+* ``Cell.{path}.{Class}.forward.{N}``: ``input_args``, ``input_kwargs`` (empty: a
+  GRAPH_MODE forward hook sees positional inputs only), ``parameters`` (the Cell's own
+  ``_params``) and ``output``, emitted when the last output tensor arrives; ``N`` counts
+  the Cell's recorded forwards in the step and restarts at 0 each step. A non-tensor
+  input or output slot is a ``none`` leaf.
 * ``Cell.{path}.{Class}.backward.{N}``: ``input`` only (the gradient w.r.t. each output
-  tensor); the gradient w.r.t. the Cell's inputs and ``parameters_grad`` are not recorded
-  (they would need a node on the inputs or Parameters, which can regroup gradient sums).
-  A gradient of output slot ``k`` belongs to the latest forward ``N`` of that Cell whose
-  slot ``k`` has none yet (backward runs in reverse order). Backward entries are emitted
-  when the step's files are exported (``stop()``, ``step()``, ``close()``), in the order of
-  their first gradient.
-* ``parent`` (construct.json): the nearest hooked enclosing Cell's forward that is running
-  (its next ``N``); no stack (the Python stack of a running graph is MindSpore's).
+  tensor). The gradient w.r.t. the Cell's inputs is not recorded: it would need a node on
+  the inputs, which can regroup gradient sums. A gradient of output slot ``k`` belongs to
+  the latest forward ``N`` of that Cell whose slot ``k`` has none yet (backward runs in
+  reverse order).
+* ``Cell.{path}.{Class}.parameters_grad``: the gradient of each Parameter that the step's
+  graph read exactly once; a Parameter read more than once (a Cell the graph calls twice,
+  tied weights) has no entry, as its gradient is a sum formed inside the graph.
+* backward and ``parameters_grad`` entries are emitted when the step's files are exported
+  (``stop()``, ``step()``, ``close()``), in the order of their first gradient.
+* ``parent`` (construct.json): the forward (backward) of the nearest hooked enclosing Cell
+  that is running, by its next ``N``; no stack (the Python stack of a running graph is
+  MindSpore's).
 
 Statistics are those of :mod:`msprobe.mindspore.leaves` over the numpy arrays MindSpore
 hands over (float64, spec 3.4); dtype names are MindSpore's (``Float32``).
-"""
 from __future__ import annotations
 
 import threading
