@@ -49,6 +49,7 @@ level L0 (:mod:`msprobe.mindspore.recorder`):
 
 Statistics are those of :mod:`msprobe.mindspore.leaves` over the numpy arrays MindSpore
 hands over (float64, spec 3.4); dtype names are MindSpore's (``Float32``).
+"""
 from __future__ import annotations
 
 import threading

@@ -252,3 +252,30 @@ def test_cell_applied_twice_and_tuple_output_in_graph_mode(block_runs):
             nested = ".block.fc." in name or ".block.split." in name
             direction = "forward" if ".forward." in name else "backward"
             assert parent == (f"Cell.block.Block.{direction}.0" if nested else None), name
+
+
+def test_task_tensor_and_step_filter_in_graph_mode(runs, tmp_path):
+    """Task tensor with ``step: [1]``: only step 1 is recorded, and its ``.npy`` files hold
+    the Cells' tensors (the input and the weights bit for bit, the outputs and gradients as
+    the PyNative reference within float32 rounding)."""
+    _tmp, _base, _pert, state, _o, _p = runs
+    dump, _out = _run(tmp_path, "tensor", {"task": "tensor", "step": [1]}, "--start")
+    assert not (dump / "step0").exists()
+    data_dir = dump / "step1" / "rank" / "dump_tensor_data"
+    ref = _reference(state, 1)
+    entries = json.loads((dump / "step1" / "rank" / "dump.json").read_text())["data"]
+    checked = 0
+    for (name, io, arg), want in ref.items():
+        if name.endswith(".parameters_grad"):
+            record = entries[name][io][0]
+        elif io == "parameters":
+            record = entries[name][io][arg]
+        else:
+            record = entries[name][io][int(arg)]
+        got = np.load(data_dir / record["data_name"])
+        if io in ("parameters", "input_args") and name in ("Cell.d1.Dense.forward.0",) or io == "parameters":
+            assert got.tobytes() == want.tobytes(), (name, io, arg)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=str((name, io, arg)))
+        checked += 1
+    assert checked == len(ref) == 18
