@@ -185,16 +185,18 @@ class PrecisionDebugger:
             models, indexed = _as_models(model, level)
             self.last_model = model
         rank, rank_dir = current_rank()
-        if not self.session.start(rank, rank_dir):
-            return
         if self.graph_cells:
+            # the hooks must be in place when the graph compiles, whether or not this step is recorded
             ids = [id(m) for m in models]
-            if ids != self._hooked_models:
+            if ids != self._hooked_models and not self.session.finished:
                 from msprobe.mindspore.graph_cells import GraphCellHooks
                 if self._model_handles is not None:
                     self._model_handles.remove()
                 self._model_handles = GraphCellHooks(models, indexed, self.recorder)
                 self._hooked_models = ids
+            self.session.start(rank, rank_dir)
+            return
+        if not self.session.start(rank, rank_dir):
             return
         if self._other_handles is None:
             self._other_handles = HandleGroup()
