@@ -280,3 +280,23 @@ def test_task_tensor_and_step_filter_in_graph_mode(runs, tmp_path):
         checked += 1
     # 3 Cells: 3 inputs, 3 outputs, 3 output gradients; 2 Dense: 4 Parameters, 4 gradients
     assert checked == len(ref) == 17
+
+
+def test_a_fault_in_a_pyfunc_callback_stops_recording_without_raising(tmp_path, caplog):
+    """A callback that fails inside the running graph (here: a tag naming no hooked Cell)
+    logs the error once and stops recording; nothing is raised into MindSpore's runtime."""
+    from msprobe.core.config import load_config
+    from msprobe.core.session import Session
+    from msprobe.mindspore.graph_cells import GraphCellRecorder
+
+    session = Session(load_config(None, dump_path=str(tmp_path / "d"), level="L0", framework="mindspore"),
+                      framework="mindspore")
+    recorder = GraphCellRecorder(session)
+    recorder.add_cell("Cell.fc.Dense", None, [])
+    session.recording = True
+    with caplog.at_level("ERROR", logger="msprobe"):
+        recorder.on_record(np.array([7, 2, 0, 1, 1]), np.zeros(3, np.float32))
+        recorder.on_grad(np.array([7, 2, 0, 1, 1]), np.zeros(3, np.float32))
+    assert session.disabled and not session.recording
+    assert [r.getMessage() for r in caplog.records].count(
+        "msprobe: internal error, recording stopped: IndexError: list index out of range") == 1
