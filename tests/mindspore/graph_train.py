@@ -13,18 +13,20 @@ without msprobe. ``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the l
 first asks for that level and prints ``LEVELERR <message>`` (or ``LEVELOK``).
 ``--save-state`` writes ``x``, ``y`` and each parameter before step ``s``
 (``s{step}.{name}``) to an ``.npz`` file. ``--net block`` trains ``graph_nets.BlockNet``
-(a Cell applied twice, a Cell returning a tuple, nested Cells) instead.
+(a Cell applied twice, a Cell returning a tuple, nested Cells) instead. ``--pynative``
+runs the same in PyNative mode.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn
 
-ms.set_context(mode=ms.GRAPH_MODE)
+ms.set_context(mode=ms.PYNATIVE_MODE if "--pynative" in sys.argv else ms.GRAPH_MODE)
 ms.set_device("CPU")
 
 from msprobe.core.errors import ConfigError  # noqa: E402
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--no-debugger", action="store_true")
     parser.add_argument("--save-state")
     parser.add_argument("--net", choices=("dense", "block"), default="dense")
+    parser.add_argument("--pynative", action="store_true")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--live-steps", action="store_true")
     args = parser.parse_args()
