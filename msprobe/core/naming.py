@@ -32,6 +32,10 @@ class CallCounter:
         self._counts[key] = n + 1
         return n
 
+    def peek(self, key: str) -> int:
+        """The number the next call of ``key`` in the step will get (not counted)."""
+        return self._counts.get(key, 0)
+
     def reset(self) -> None:
         self._counts.clear()
 

@@ -15,8 +15,11 @@ Each debugger owns one :class:`msprobe.core.session.Session`; two debuggers shar
 (spec section 9, fix 22). The most recently constructed one is the target of the static
 :meth:`PrecisionDebugger.save` (level ``debug``). Level ``L2`` in ``GRAPH_MODE`` configures
 MindSpore's own kernel dump instead (:mod:`msprobe.mindspore.graph_dump`), read into the
-event log at :meth:`PrecisionDebugger.close` (or interpreter exit) by
-:mod:`msprobe.kernel_dump.ingest`.
+event log at :meth:`PrecisionDebugger.step` and :meth:`PrecisionDebugger.close` (or
+interpreter exit) by :mod:`msprobe.kernel_dump.ingest`. Level ``L0`` in ``GRAPH_MODE`` on
+the CPU backend records Cells through pyfunc ops compiled into the graph
+(:mod:`msprobe.mindspore.graph_cells`); ``start(model)`` must then come before the first
+call that compiles the graph.
 """
 from __future__ import annotations
 
@@ -89,9 +92,9 @@ class PrecisionDebugger:
 
     Raises:
         ConfigError: any invalid value, naming the field, the value and what is allowed;
-            level L2 in PyNative mode, or L0/L1/mix/debug in GRAPH_MODE (L0/mix: naming
-            MindSpore's TensorDump op where the backend lacks it,
-            :mod:`msprobe.mindspore.graph_levels`).
+            level L2 in PyNative mode, or L1/mix/debug in GRAPH_MODE, or L0 in GRAPH_MODE on
+            a backend other than CPU (naming MindSpore's TensorDump op where the backend
+            lacks it, :mod:`msprobe.mindspore.graph_levels`).
     """
 
     _latest: ClassVar[Optional["weakref.ref[PrecisionDebugger]"]] = None
@@ -113,6 +116,8 @@ class PrecisionDebugger:
         self.last_model: Any = None  # the model of the latest start(model); start() reuses it
         self.kernel_report = None  # GRAPH_MODE L2: the msprobe.kernel_dump.ingest.IngestReport of close()
         self._kernel_reader = None
+        #: GRAPH_MODE level L0 (CPU): Cells recorded through pyfunc ops (msprobe.mindspore.graph_cells)
+        self.graph_cells = graph_mode and self.config.level == "L0"
         if self.config.level == "L2" or graph_mode:
             from msprobe.mindspore.graph_dump import configure_kernel_dump
             from msprobe.mindspore.graph_levels import check_graph_mode_level
@@ -123,6 +128,7 @@ class PrecisionDebugger:
                                   detail="PyNative mode; for kernel dump (L2) call "
                                          "mindspore.set_context(mode=mindspore.GRAPH_MODE) before PrecisionDebugger")
             check_graph_mode_level(self.config.level)
+        if self.config.level == "L2":
             self.kernel_dump = configure_kernel_dump(self.config, ms.get_context("device_target"))
             from msprobe.kernel_dump.ingest import KernelDumpReader
             self._kernel_reader = KernelDumpReader(self.config.dump_path, new_files_only=True)
@@ -138,7 +144,11 @@ class PrecisionDebugger:
         else:
             self.session = Session(self.config, framework="mindspore", exclude_dirs=(_MS_DIR,),
                                    dump_data_dir=data_dir, write_tensor=writer, tensor_ext="npy")
-        self.recorder = Recorder(self.session)
+        if self.graph_cells:
+            from msprobe.mindspore.graph_cells import GraphCellRecorder
+            self.recorder = GraphCellRecorder(self.session)
+        else:
+            self.recorder = Recorder(self.session)
         if self.config.level == "debug":
             rank, rank_dir = current_rank()
             self.session.start(rank, rank_dir)
@@ -154,7 +164,9 @@ class PrecisionDebugger:
         Args:
             model: a ``mindspore.nn.Cell`` or list/tuple of Cells. Required at L0/mix (once:
                 later ``start()`` calls reuse it); at L1 it adds the Primitive calls of its
-                Cells (spec 6.2).
+                Cells (spec 6.2). In GRAPH_MODE (L0, CPU) its hooks are compiled into the
+                graph: call ``start(model)`` before the first call of the network (or of
+                the ``TrainOneStepCell`` around it); a graph compiled earlier records nothing.
 
         Raises:
             ConfigError: level L0/mix without a model, or a model of the wrong type.
@@ -173,6 +185,17 @@ class PrecisionDebugger:
             models, indexed = _as_models(model, level)
             self.last_model = model
         rank, rank_dir = current_rank()
+        if self.graph_cells:
+            # the hooks must be in place when the graph compiles, whether or not this step is recorded
+            ids = [id(m) for m in models]
+            if ids != self._hooked_models and not self.session.finished:
+                from msprobe.mindspore.graph_cells import GraphCellHooks
+                if self._model_handles is not None:
+                    self._model_handles.remove()
+                self._model_handles = GraphCellHooks(models, indexed, self.recorder)
+                self._hooked_models = ids
+            self.session.start(rank, rank_dir)
+            return
         if not self.session.start(rank, rank_dir):
             return
         if self._other_handles is None:
@@ -200,7 +223,13 @@ class PrecisionDebugger:
         """Stop recording forward calls; the step's files are written. Backward calls of
         forwards recorded in this step are still recorded until :meth:`step`."""
         if self.session is not None and self.config.level != "debug":
+            self._sync_graph()
             self.session.stop()
+
+    def _sync_graph(self) -> None:
+        """GRAPH_MODE L0: wait for the running graph's pyfunc ops before recording stops."""
+        if self.graph_cells and self.session.recording:
+            self.recorder.sync()
 
     def forward_backward_dump_end(self) -> None:
         """Deprecated alias of :meth:`stop` (warns once)."""
@@ -217,6 +246,7 @@ class PrecisionDebugger:
         if self._kernel_reader is not None:
             self._read_kernel_dump(final=False)
         if self.session is not None and self.config.level != "debug":
+            self._sync_graph()
             self.session.end_step(before_export=self.recorder.flush_pending)
             if self.session.finished:
                 self._remove_recording_hooks()
@@ -273,6 +303,7 @@ class PrecisionDebugger:
         if self.session is None:
             return
         if self.session.recording:
+            self._sync_graph()
             self.session.stop()
         if self.config.level == "debug":
             self.session.stop()
@@ -332,6 +363,7 @@ def _close_at_exit(ref: "weakref.ref[PrecisionDebugger]") -> None:
         return
     try:
         if dbg.session.recording or dbg.config.level == "debug":
+            dbg._sync_graph()
             dbg.session.stop()
         dbg.session.close()
     except Exception as exc:  # never fail the interpreter exit

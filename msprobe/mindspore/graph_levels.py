@@ -1,15 +1,25 @@
 """Which levels msprobe records in MindSpore's GRAPH_MODE, and the errors for the others.
 
-In GRAPH_MODE the network runs as one compiled graph: Python hooks registered on Cells are
-accepted by MindSpore but never called (``Cell.register_forward_hook`` stays silent in
-GRAPH_MODE with MindSpore 2.10), and API calls are graph nodes, not Python calls. Level L2
-(MindSpore's kernel dump, :mod:`msprobe.mindspore.graph_dump`) is what GRAPH_MODE records.
+In GRAPH_MODE the network runs as one compiled graph: API calls are graph nodes, not Python
+calls, and a hook registered with ``Cell.register_forward_hook`` is compiled into the graph
+like ``construct``: with MindSpore 2.10 its tensor operations run (a hook returning
+``output + 100`` changes the Cell's output), while a Python function it calls to append the
+output to a list does not run when the graph executes.
 
-Cell-level records inside a graph need MindSpore's ``TensorDump`` op (``DumpGradient``, for
-gradients, is lowered to it) inserted into each Cell. :func:`tensor_dump_missing` asks
-MindSpore whether the current backend has it by compiling a one-op graph in a child process: the CPU backend
-of MindSpore 2.10 fails kernel selection with "Unsupported op [TensorDump] on CPU".
-:func:`check_graph_mode_level` turns that into a :class:`ConfigError` naming the op.
+What GRAPH_MODE records:
+
+* level L2 (every backend): MindSpore's kernel dump (:mod:`msprobe.mindspore.graph_dump`);
+* level L0 on the CPU backend: Cell records through ``ops.Custom(..., func_type="pyfunc")``
+  identities in each Cell's forward hook, whose Python functions MindSpore runs at every
+  execution (:mod:`msprobe.mindspore.graph_cells`; pyfunc kernels exist on CPU only).
+
+On GPU/Ascend, Cell-level records inside a graph would need MindSpore's ``TensorDump`` op
+(``DumpGradient``, for gradients, is lowered to it) in each Cell's hook; msprobe does not
+build that route. :func:`tensor_dump_missing` asks MindSpore whether a backend has the op by
+compiling a one-op graph in a child process (the CPU backend of MindSpore 2.10 fails kernel
+selection with "Unsupported op [TensorDump] on CPU"), and :func:`check_graph_mode_level`
+names it in the :class:`ConfigError` for L0 there. Level ``mix`` adds API calls, which a
+graph does not make as Python calls: a ConfigError on every backend (L0 records the Cells).
 """
 from __future__ import annotations
 
@@ -27,10 +37,18 @@ from mindspore import Tensor, nn, ops
 
 from msprobe.core.errors import ConfigError
 
-__all__ = ["GRAPH_LEVELS", "tensor_dump_missing", "check_graph_mode_level"]
+__all__ = ["GRAPH_LEVELS", "graph_levels", "tensor_dump_missing", "check_graph_mode_level"]
 
-#: levels msprobe records in GRAPH_MODE
+#: levels msprobe records in GRAPH_MODE on every backend
 GRAPH_LEVELS = ("L2",)
+#: backends on which level L0 records Cells in GRAPH_MODE (pyfunc ops, graph_cells)
+CELL_BACKENDS = ("CPU",)
+
+
+def graph_levels(device_target: str) -> tuple[str, ...]:
+    """The levels msprobe records in GRAPH_MODE on ``device_target`` (``"CPU"``, ``"GPU"``,
+    ``"Ascend"``): ``("L0", "L2")`` on CPU, ``("L2",)`` elsewhere."""
+    return ("L0",) + GRAPH_LEVELS if device_target in CELL_BACKENDS else GRAPH_LEVELS
 _PYNATIVE = "mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
 _MARK = "msprobe-tensordump-probe:"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds msprobe/
@@ -81,31 +99,41 @@ def tensor_dump_missing(device_target: str) -> Optional[str]:
     return json.loads(lines[-1][len(_MARK):])
 
 
-def check_graph_mode_level(level: str) -> None:
+def check_graph_mode_level(level: str, device_target: Optional[str] = None) -> None:
     """Raise the ConfigError for a level msprobe does not record in GRAPH_MODE.
 
     Args:
         level: the config's level.
+        device_target: the backend (default: ``mindspore.get_context("device_target")``).
     Raises:
-        ConfigError: ``L0``/``mix`` naming the missing ``TensorDump`` op where the backend
-            lacks it (CPU), or saying Cell-level graph records are not implemented where it
-            has it; ``L1``/``debug`` (no Python calls inside a graph). Nothing for ``L2``.
+        ConfigError: ``L0`` on a backend other than CPU, naming the missing ``TensorDump``
+            op where the backend lacks it, or saying Cell-level graph records are not
+            implemented there where it has it; ``mix`` (API calls are not Python calls in a
+            graph; L0 on CPU); ``L1``/``debug`` (no Python calls inside a graph). Nothing
+            for ``L2``, nor for ``L0`` on CPU.
     """
-    if level in GRAPH_LEVELS:
+    device = device_target or ms.get_context("device_target")
+    allowed = graph_levels(device)
+    if level in allowed:
         return
-    device = ms.get_context("device_target")
-    if level in ("L0", "mix"):
+    if level == "L0":
         missing = tensor_dump_missing(device)
         if missing is not None:
-            detail = (f"Cell-level records in GRAPH_MODE need MindSpore's TensorDump op, which the {device} backend "
-                      f"lacks ({missing}); use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
+            detail = (f"Cell-level records in GRAPH_MODE on {device} need MindSpore's TensorDump op, which the "
+                      f"{device} backend lacks ({missing}); use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} "
+                      f"for level {level}")
         else:
-            detail = (f"Cell-level records in GRAPH_MODE (TensorDump in each Cell) are not implemented by msprobe; "
-                      f"use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
+            detail = (f"Cell-level records in GRAPH_MODE on {device} (TensorDump in each Cell) are not implemented "
+                      f"by msprobe (on CPU they are recorded through pyfunc ops); use level L2 (kernels) in "
+                      f"GRAPH_MODE, or {_PYNATIVE} for level {level}")
+    elif level == "mix":
+        cells = "level L0 for the Cells (CPU), " if "L0" in allowed else ""
+        detail = (f"level mix adds API calls, and in GRAPH_MODE the network runs as one compiled graph with no "
+                  f"Python calls; use {cells}level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level mix")
     else:
         detail = (f"level {level} records Python calls, and in GRAPH_MODE the network runs as one compiled graph; "
                   f"use level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level {level}")
-    raise ConfigError("level", level, GRAPH_LEVELS, detail=detail)
+    raise ConfigError("level", level, allowed, detail=detail)
 
 
 if __name__ == "__main__":   # the child of tensor_dump_missing: python -m msprobe.mindspore.graph_levels DEVICE

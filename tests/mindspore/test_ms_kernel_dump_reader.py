@@ -271,3 +271,33 @@ def test_export_that_fails_half_way_leaves_no_partial_log(tmp_path, capsys):
     assert main(["export", str(dump), "-o", str(tmp_path / "out")]) == 0
     steps = query(dump, "SELECT step, count(*) AS n FROM tensors GROUP BY step ORDER BY step").to_pylist()
     assert steps == [{"step": 0, "n": 4}, {"step": 1, "n": 4}]
+
+
+def test_compare_of_two_statistic_dumps_names_the_changed_kernel(tmp_path):
+    """Two statistic dumps (GPU/Ascend ``saved_data: "statistic"``, hand-made) that differ
+    in ReluGrad's output Max (1 -> 1.5) and L2Norm (2 -> 2.2): compare runs in statistics
+    mode, passes the other kernels and names ReluGrad, with the differences of the two
+    files' values."""
+    from msprobe.cli import main
+    from msprobe.compare import compare
+
+    row = 'ReluGrad,Gradients/Default/net/relu-ReLU/Grad_ReLU/ReluGrad-op0,3,0,103,output,0,60,float16,"(5,3)",'
+    assert STAT_CSV.count(row + "1,0,0.5,15,0,0,0,2\n") == 1
+    for name, text in (("base", STAT_CSV), ("changed", STAT_CSV.replace(row + "1,0,0.5,15,0,0,0,2\n",
+                                                                         row + "1.5,0,0.5,15,0,0,0,2.2\n"))):
+        it = tmp_path / name / "rank_0" / "Net" / "0" / "0"
+        it.mkdir(parents=True)
+        (it / "statistic.csv").write_text(text)
+        _exec_order(tmp_path / name)
+    result = compare(tmp_path / "changed", tmp_path / "base", out=tmp_path / "cmp")
+    assert (result.summary["verdict"], result.summary["mode"]) == ("diverged", "statistics")
+    rank = result.summary["ranks"][0]
+    assert rank["counts"] == {"pass": 2, "propagated": 0, "origin": 1, "unpaired": 0}
+    origin = rank["first_origin"]
+    assert (origin["name"], origin["step"], origin["direction"], origin["kind"]) == (
+        f"Kernel.0.{ORDER[2]}.0", 0, "backward", "kernel")
+    cols = result.tensors.columns
+    (diff,) = [r for r in result.tensors.filter("verdict != 'identical'").fetchall()]
+    assert diff[cols.index("max_diff")] == 1.5 - 1.0
+    assert diff[cols.index("norm_diff")] == pytest.approx(2.2 - 2.0, rel=1e-12)
+    assert main(["compare", str(tmp_path / "changed"), str(tmp_path / "base"), "-o", str(tmp_path / "cli")]) == 1

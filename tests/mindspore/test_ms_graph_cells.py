@@ -1,0 +1,317 @@
+"""GRAPH_MODE level L0 on CPU: Cell records through pyfunc ops (msprobe.mindspore.graph_cells).
+
+A 2-step ``TrainOneStepCell`` run (graph_train.py, in a child process: MindSpore's mode is
+per process) records every Cell's forward and backward; the recorded statistics are checked
+against numpy float64 over the same Cells run in PyNative on the same weights and inputs
+(gradients from ``mindspore.grad``, no msprobe), and the losses against a run without msprobe.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+from mindspore import Tensor, nn  # noqa: E402
+
+from graph_nets import BlockNet, Net  # noqa: E402
+from msprobe.cli import main as cli_main  # noqa: E402
+from store import schema as S  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("graph_train.py")
+CELLS = ("Cell.d1.Dense", "Cell.relu.ReLU", "Cell.d2.Dense")
+
+
+def _run(tmp: Path, name: str, config: dict, *flags: str) -> tuple[Path, str]:
+    dump = tmp / name
+    cfg = tmp / f"{name}.json"
+    cfg.write_text(json.dumps({"dump_path": str(dump), "level": "L0", **config}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPT.parent)])}
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *flags], cwd=tmp, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dump, res.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A recorded 2-step run (task statistics) with its inputs and weights before each step,
+    the same run with d2.weight + 1e-3, and the run without msprobe."""
+    tmp = tmp_path_factory.mktemp("graph_l0")
+    state = tmp / "state.npz"
+    base, base_out = _run(tmp, "base", {"task": "statistics"}, "--start", "--save-state", str(state))
+    pert, _ = _run(tmp, "pert", {"task": "statistics"}, "--start", "--perturb")
+    _plain, plain_out = _run(tmp, "plain", {}, "--no-debugger")
+    return tmp, base, pert, dict(np.load(state)), base_out, plain_out
+
+
+@pytest.fixture(scope="module")
+def block_runs(tmp_path_factory):
+    """graph_nets.BlockNet (a Cell applied twice, a Cell returning a tuple, nested Cells):
+    a recorded 2-step run with its weights, and the run without msprobe."""
+    tmp = tmp_path_factory.mktemp("graph_l0_block")
+    state = tmp / "state.npz"
+    dump, out = _run(tmp, "block", {"task": "statistics"}, "--net", "block", "--start", "--save-state", str(state))
+    _plain, plain_out = _run(tmp, "plain", {}, "--net", "block", "--no-debugger")
+    return tmp, dump, dict(np.load(state)), out, plain_out
+
+
+def _losses(out: str) -> list[str]:
+    return [x for x in out.splitlines() if x.startswith("LOSS")]
+
+
+def _query(dump: Path, sql: str, tmp: Path) -> list[dict]:
+    out = tmp / "q.json"
+    assert cli_main(["query", str(dump), sql, "--format", "json", "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _np_stats(a: np.ndarray) -> tuple[float, float, float, float]:
+    f = np.asarray(a, dtype=np.float64).ravel()
+    return float(f.max()), float(f.min()), float(f.mean()), float(np.sqrt(np.sum(f * f)))
+
+
+def _pynative(net: nn.Cell, state: dict, step: int) -> tuple:
+    """``(net, x, y, loss)`` in PyNative mode with the weights the graph run had before ``step``."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    for p in net.trainable_params():
+        p.set_data(Tensor(state[f"s{step}.{p.name}"]))
+    return net, Tensor(state["x"]), Tensor(state["y"]), nn.MSELoss()
+
+
+def _check_stats(rows: list[dict], ref: dict, step: int, exact: set) -> None:
+    """The recorded tensors of ``step`` are exactly the keys of ``ref`` (``(name, io, arg)``),
+    with float32 dtype, the reference's shape and its numpy float64 statistics: exactly for
+    the keys in ``exact`` (values no kernel computed), within a few float32 ulps otherwise."""
+    got = {(r["name"], r["io"], r["arg"]): r for r in rows if r["step"] == step}
+    assert set(got) == set(ref)
+    for key, a in ref.items():
+        r = got[key]
+        assert (r["dtype"], r["shape"]) == ("Float32", list(a.shape)), key
+        mx, mn, mean, norm = _np_stats(a)
+        if key in exact or key[1] == "parameters":
+            assert (r["max"], r["min"]) == (mx, mn), key
+            assert r["mean"] == pytest.approx(mean, rel=1e-12) and r["norm"] == pytest.approx(norm, rel=1e-12)
+        else:
+            for field, want in zip(("max", "min", "mean", "norm"), (mx, mn, mean, norm)):
+                assert r[field] == pytest.approx(want, rel=1e-6, abs=1e-7), (key, field)
+
+
+def _parameter_grads(net: nn.Cell, x, y, loss, cells: dict) -> dict:
+    """``(f"{prefix}.parameters_grad", name, "0") -> array``: the gradient of the loss w.r.t.
+    each Parameter of the Cells ``cells`` (``prefix -> Cell attribute path``), by
+    ``mindspore.grad`` over all trainable parameters (PyNative, no msprobe)."""
+    params = net.trainable_params()
+    grads = ms.grad(lambda x_: loss(net(x_), y), grad_position=None, weights=params)(x)
+    by_name = {p.name: g.asnumpy() for p, g in zip(params, grads)}
+    return {(f"{prefix}.parameters_grad", pname, "0"): by_name[f"{path}.{pname}"]
+            for prefix, path in cells.items() for pname in ("weight", "bias")}
+
+
+def _reference(state: dict, step: int) -> dict:
+    """``(name, io, arg) -> array``: each Cell's inputs, parameters and outputs, the gradient
+    of the MSE loss w.r.t. each Cell's output and w.r.t. each Parameter, computed in PyNative
+    without msprobe on the weights the graph run had before ``step``."""
+    net, x, y, loss = _pynative(Net(), state, step)
+    h = net.d1(x)
+    r = net.relu(h)
+    o = net.d2(r)
+    g_o = ms.grad(lambda o_: loss(o_, y))(o)
+    g_r = ms.grad(lambda r_: loss(net.d2(r_), y))(r)
+    g_h = ms.grad(lambda h_: loss(net.d2(net.relu(h_)), y))(h)
+    ref = {}
+    for cell, inp, out, grad, params in (("Cell.d1.Dense", x, h, g_h, "d1"), ("Cell.relu.ReLU", h, r, g_r, None),
+                                         ("Cell.d2.Dense", r, o, g_o, "d2")):
+        ref[(f"{cell}.forward.0", "input_args", "0")] = inp.asnumpy()
+        ref[(f"{cell}.forward.0", "output", "0")] = out.asnumpy()
+        ref[(f"{cell}.backward.0", "input", "0")] = grad.asnumpy()
+        if params:
+            for pname in ("weight", "bias"):
+                ref[(f"{cell}.forward.0", "parameters", pname)] = state[f"s{step}.{params}.{pname}"]
+    ref.update(_parameter_grads(net, x, y, loss, {"Cell.d1.Dense": "d1", "Cell.d2.Dense": "d2"}))
+    return ref
+
+
+def test_recording_cells_does_not_change_the_loss(runs):
+    _tmp, _base, _pert, _state, base_out, plain_out = runs
+    assert len(_losses(base_out)) == 2 and _losses(base_out) == _losses(plain_out)
+
+
+def test_cell_statistics_equal_numpy_float64_of_the_pynative_cells(runs):
+    """Every recorded tensor of both steps against numpy float64 over the PyNative
+    reference: inputs and weights (not computed by a kernel) exactly, Cell outputs and
+    gradients within a few float32 ulps (graph and PyNative kernels may round differently)."""
+    tmp, base, _pert, state, _o, _p = runs
+    rows = _query(base, "SELECT step, name, io, arg, dtype, shape, max, min, mean, norm FROM tensors", tmp)
+    for step in (0, 1):
+        _check_stats(rows, _reference(state, step), step, {("Cell.d1.Dense.forward.0", "input_args", "0")})
+
+
+def test_entries_names_order_and_dump_json(runs):
+    """Per step: forwards N=0 in execution order, then backwards in reverse order (as
+    PyNative records them), the parameter gradients in their arrival order; dump.json holds
+    the same entries with the backward ``input`` only; construct.json parents are absent
+    (top-level Cells)."""
+    tmp, base, _pert, _state, _o, _p = runs
+    rows = _query(base, "SELECT step, name, kind FROM calls ORDER BY step, seq", tmp)
+    for step in (0, 1):
+        names = [r["name"] for r in rows if r["step"] == step and r["kind"] != S.PARAMETERS_GRAD]
+        assert names == [f"{c}.forward.0" for c in CELLS] + [f"{c}.backward.0" for c in reversed(CELLS)]
+        grads = {r["name"] for r in rows if r["step"] == step and r["kind"] == S.PARAMETERS_GRAD}
+        assert grads == {"Cell.d1.Dense.parameters_grad", "Cell.d2.Dense.parameters_grad"}
+        data = json.loads((base / f"step{step}" / "rank" / "dump.json").read_text())["data"]
+        assert [n for n in data if n not in grads] == names and grads <= set(data)
+        assert all(list(data[f"{c}.backward.0"]) == ["input"] for c in CELLS)
+        assert set(data["Cell.d1.Dense.forward.0"]["parameters"]) == {"weight", "bias"}
+        construct = json.loads((base / f"step{step}" / "rank" / "construct.json").read_text())
+        assert {k: v for k, v in construct.items() if k not in grads} == dict.fromkeys(names)
+    kinds = {r["name"].split(".")[-2]: r["kind"] for r in rows if r["kind"] != S.PARAMETERS_GRAD}
+    assert kinds == {"forward": S.MODULE_FORWARD, "backward": S.MODULE_BACKWARD}
+
+
+def test_compare_names_the_cell_holding_the_perturbed_weight(runs, tmp_path):
+    from msprobe.compare import compare
+
+    _tmp, base, pert, _state, _o, _p = runs
+    result = compare(pert, base, out=tmp_path / "cmp")
+    assert result.summary["verdict"] == "diverged"
+    rank = result.summary["ranks"][0]
+    first = rank["first_diverged"] or rank["first_origin"]
+    assert (first["name"], first["step"], first["direction"]) == ("Cell.d2.Dense.forward.0", 0, "forward")
+    assert rank["counts"]["unpaired"] == 0
+
+
+def test_graph_mode_run_compares_identical_to_a_pynative_run(runs, tmp_path):
+    """The same training recorded at L0 in PyNative: every entry pairs (the same names,
+    parameters_grad included) and every statistic agrees."""
+    from msprobe.compare import compare
+
+    _tmp, base, _pert, _state, _o, _p = runs
+    pynative, out = _run(tmp_path, "pynative", {"task": "statistics"}, "--start", "--pynative")
+    assert _losses(out) == _losses(_o)
+    result = compare(base, pynative)
+    # "close" where a graph kernel rounds differently from PyNative's on some CPU
+    assert result.summary["verdict"] in ("identical", "close")
+    counts = result.summary["ranks"][0]["counts"]
+    assert counts["unpaired"] == 0 and counts["pass"] == 2 * 8
+
+
+def _block_reference(state: dict, step: int) -> dict:
+    """BlockNet's Cells in PyNative (as :func:`_reference`): ``fc`` twice, ``split``'s two
+    outputs and their gradients, ``block`` around them."""
+    net, x, y, loss = _pynative(BlockNet(), state, step)
+    fc, split = net.block.fc, net.block.split
+    u = net.inp(x)
+    f0 = fc(u)
+    f1 = fc(f0)
+    a, b = split(f1)
+    z = a * b
+    o = net.out(z)
+    g_o = ms.grad(lambda o_: loss(o_, y))(o)
+    g_z = ms.grad(lambda z_: loss(net.out(z_), y))(z)
+    g_a, g_b = ms.grad(lambda a_, b_: loss(net.out(a_ * b_), y), grad_position=(0, 1))(a, b)
+    g_f1 = ms.grad(lambda f_: loss(net.out(_product(split(f_))), y))(f1)
+    g_f0 = ms.grad(lambda f_: loss(net.out(_product(split(fc(f_)))), y))(f0)
+    g_u = ms.grad(lambda u_: loss(net.out(net.block(u_)), y))(u)
+    ref = {}
+    for cell, inp, outs, grads, params in (
+            ("Cell.inp.Dense.forward.0", x, [u], [g_u], "inp"),
+            ("Cell.block.fc.Dense.forward.0", u, [f0], [g_f0], "block.fc"),
+            ("Cell.block.fc.Dense.forward.1", f0, [f1], [g_f1], "block.fc"),
+            ("Cell.block.split.Split.forward.0", f1, [a, b], [g_a, g_b], None),
+            ("Cell.block.Block.forward.0", u, [z], [g_z], None),
+            ("Cell.out.Dense.forward.0", z, [o], [g_o], "out")):
+        ref[(cell, "input_args", "0")] = inp.asnumpy()
+        bwd = cell.replace(".forward.", ".backward.")
+        for k, (t, g) in enumerate(zip(outs, grads)):
+            ref[(cell, "output", str(k))] = t.asnumpy()
+            ref[(bwd, "input", str(k))] = g.asnumpy()
+        if params:
+            for pname in ("weight", "bias"):
+                ref[(cell, "parameters", pname)] = state[f"s{step}.{params}.{pname}"]
+    # fc reads its Parameters twice: no parameters_grad (a sum formed inside the graph)
+    ref.update(_parameter_grads(net, x, y, loss, {"Cell.inp.Dense": "inp", "Cell.out.Dense": "out"}))
+    return ref
+
+
+def _product(pair):
+    """Block's last operation: the product of ``split``'s outputs."""
+    return pair[0] * pair[1]
+
+
+def test_cell_applied_twice_and_tuple_output_in_graph_mode(block_runs):
+    """``fc`` applied twice gets forward/backward 0 and 1 (backward N paired with forward N,
+    though MindSpore chains its hook once per call), ``split``'s tuple output two slots in
+    forward ``output`` and backward ``input``; statistics as the PyNative reference; nested
+    Cells parented by ``Cell.block.Block``; losses as without msprobe."""
+    tmp, dump, state, out, plain_out = block_runs
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    rows = _query(dump, "SELECT step, name, io, arg, dtype, shape, max, min, mean, norm FROM tensors", tmp)
+    for step in (0, 1):
+        _check_stats(rows, _block_reference(state, step), step, {("Cell.inp.Dense.forward.0", "input_args", "0")})
+        construct = json.loads((dump / f"step{step}" / "rank" / "construct.json").read_text())
+        inner = ["Cell.block.fc.Dense.forward.0", "Cell.block.fc.Dense.forward.1", "Cell.block.split.Split.forward.0"]
+        assert [k for k in construct if not k.endswith(".parameters_grad")] == (["Cell.inp.Dense.forward.0"] + inner + [
+            "Cell.block.Block.forward.0", "Cell.out.Dense.forward.0", "Cell.out.Dense.backward.0",
+            "Cell.block.Block.backward.0", "Cell.block.split.Split.backward.0", "Cell.block.fc.Dense.backward.1",
+            "Cell.block.fc.Dense.backward.0", "Cell.inp.Dense.backward.0"])
+        construct = {k: v for k, v in construct.items() if not k.endswith(".parameters_grad")}
+        for name, parent in construct.items():
+            nested = ".block.fc." in name or ".block.split." in name
+            direction = "forward" if ".forward." in name else "backward"
+            assert parent == (f"Cell.block.Block.{direction}.0" if nested else None), name
+
+
+def test_task_tensor_and_step_filter_in_graph_mode(runs, tmp_path):
+    """Task tensor with ``step: [1]``: only step 1 is recorded, and its ``.npy`` files hold
+    the Cells' tensors (the input and the weights bit for bit, the outputs and gradients as
+    the PyNative reference within float32 rounding)."""
+    _tmp, _base, _pert, state, _o, _p = runs
+    dump, _out = _run(tmp_path, "tensor", {"task": "tensor", "step": [1]}, "--start")
+    assert not (dump / "step0").exists()
+    data_dir = dump / "step1" / "rank" / "dump_tensor_data"
+    ref = _reference(state, 1)
+    entries = json.loads((dump / "step1" / "rank" / "dump.json").read_text())["data"]
+    checked = 0
+    for (name, io, arg), want in ref.items():
+        if name.endswith(".parameters_grad"):
+            record = entries[name][io][0]
+        elif io == "parameters":
+            record = entries[name][io][arg]
+        else:
+            record = entries[name][io][int(arg)]
+        got = np.load(data_dir / record["data_name"])
+        if io == "parameters" or (name, io) == ("Cell.d1.Dense.forward.0", "input_args"):   # no kernel computed them
+            assert got.tobytes() == want.tobytes(), (name, io, arg)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=str((name, io, arg)))
+        checked += 1
+    # 3 Cells: 3 inputs, 3 outputs, 3 output gradients; 2 Dense: 4 Parameters, 4 gradients
+    assert checked == len(ref) == 17
+
+
+def test_a_fault_in_a_pyfunc_callback_stops_recording_without_raising(tmp_path, caplog):
+    """A callback that fails inside the running graph (here: a tag naming no hooked Cell)
+    logs the error once and stops recording; nothing is raised into MindSpore's runtime."""
+    from msprobe.core.config import load_config
+    from msprobe.core.session import Session
+    from msprobe.mindspore.graph_cells import GraphCellRecorder
+
+    session = Session(load_config(None, dump_path=str(tmp_path / "d"), level="L0", framework="mindspore"),
+                      framework="mindspore")
+    recorder = GraphCellRecorder(session)
+    recorder.add_cell("Cell.fc.Dense", None, [])
+    session.recording = True
+    with caplog.at_level("ERROR", logger="msprobe"):
+        recorder.on_record(np.array([7, 2, 0, 1, 1]), np.zeros(3, np.float32))
+        recorder.on_grad(np.array([7, 2, 0, 1, 1]), np.zeros(3, np.float32))
+    assert session.disabled and not session.recording
+    assert [r.getMessage() for r in caplog.records].count(
+        "msprobe: internal error, recording stopped: IndexError: list index out of range") == 1
