@@ -156,7 +156,7 @@ class LeafBuilder:
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
@@ -168,7 +168,7 @@ class LeafBuilder:
         self.with_data = with_data
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
         # CPU tensors there too (tests of the deferred path on machines without a device)
-        self.defer_all = defer_all
+        self._defer_all = bool(defer_all)
         self.capture = capture
         self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
         # statistics of tensors recorded twice in a row; the recorder clears it before
@@ -190,10 +190,28 @@ class LeafBuilder:
         self._capture_all, self._snapshot_all = self.capture, self._snapshot
         if tensor_list is not None:
             self.capture = self._snapshot = None
-        # whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
-        # capture is checked per leaf: tensor_list switches it per entry)
-        self._small = _small_leaf is not None and with_data and not md5 and not self.xor and not defer_all
+        self._small = False
         self._small_table = _small_table(MEMO_MIN_BYTES)
+        self._set_small()
+
+    def _set_small(self) -> None:
+        """Whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
+        capture is checked per leaf: tensor_list switches it per entry)."""
+        self._small = (_small_leaf is not None and self.with_data and not self.md5 and not self.xor
+                       and not self._defer_all)
+
+    @property
+    def defer_all(self) -> bool:
+        """Send CPU tensors through the device path too (accelerator tensors always take
+        it): the deferred statistics, and no CPU-only shortcut (the native small-leaf,
+        plain-leaf, fused CRC-32 and snapshot passes). For measuring and testing the device
+        path on machines without a device; may be set at any time."""
+        return self._defer_all
+
+    @defer_all.setter
+    def defer_all(self, value: bool) -> None:
+        self._defer_all = bool(value)
+        self._set_small()
 
     def for_entry(self, name: str) -> None:
         """The leaves built next belong to the entry ``name``: with ``tensor_list``, its
@@ -238,7 +256,7 @@ class LeafBuilder:
                 return leaf
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
-        if (self.defer is None and self.with_data and not self.defer_all and NATIVE is not None
+        if (self.defer is None and self.with_data and not self._defer_all and NATIVE is not None
                 and (not self.md5 or _stats.FUSED_CRC is not None)):
             leaf = self._plain_leaf(io, path, t, keep)
             if leaf is not None:
@@ -270,7 +288,7 @@ class LeafBuilder:
         t = materialized(t)  # a ZeroTensor: its zeros (it has no memory to read)
         if self.defer is not None:
             return self.defer(io, path, t)
-        if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
+        if (self.with_data and (not t.is_cpu or self._defer_all) and has_data(t) and not self.md5
                 and not opaque(t)):
             payload = self._payload_of(t)
             self.pending_made = True
@@ -290,9 +308,10 @@ class LeafBuilder:
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
-                kind = _native_kind(t) if self.md5 and _stats.FUSED_CRC is not None else None
+                native = not self._defer_all  # defer_all: the code a device tensor takes
+                kind = _native_kind(t) if native and self.md5 and _stats.FUSED_CRC is not None else None
                 c_order = None
-                if kind is None and self.md5 and _stats.FUSED_CRC is not None:
+                if kind is None and native and self.md5 and _stats.FUSED_CRC is not None:
                     # a transposed view: its CRC-32 is over its C-order bytes
                     kind = _native_kind(t, contiguous=False)
                     c_order = None if kind is None else self._scratch.c_order(t)
@@ -301,7 +320,7 @@ class LeafBuilder:
                 if kind is not None:  # statistics and CRC-32 in one pass over the memory
                     st, crc = _stats.fused_stats_crc(t if c_order is None else c_order, kind)
                     payload = self._payload_of(t)
-                elif (self._snapshot is not None and not self.md5
+                elif (self._snapshot is not None and not self.md5 and native
                       and (kind := _native_kind(t, contiguous=False)) is not None):
                     # task tensor, a transposed view: the statistics are those of its C-order
                     # copy, read right after the copy is made (what summary_mode md5 reads too)
