@@ -150,6 +150,7 @@ def count_mode(mode: str, layers: int = 2, work: str | None = None, size: str = 
     from msprobe.pytorch import PrecisionDebugger
 
     work = work or tempfile.mkdtemp(prefix="msprobe_device_ops_")
+    os.makedirs(work, exist_ok=True)
     wl = _workloads()
     baseline = None
     if mode == "bench_path":  # the baseline: the same step recorded with task tensor, md5, unforced

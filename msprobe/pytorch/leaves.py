@@ -36,7 +36,7 @@ from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.compiled import is_fake
-from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.deferred import PendingLeaf, StatsBatch, device_stats
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
@@ -156,7 +156,7 @@ class LeafBuilder:
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
@@ -171,6 +171,9 @@ class LeafBuilder:
         self._defer_all = bool(defer_all)
         self.capture = capture
         self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
+        # device statistics are staged here and reduced together at the flush point
+        # (msprobe.pytorch.deferred, "Batched statistics"); None: per-tensor kernels
+        self.batch: Optional[StatsBatch] = None
         # statistics of tensors recorded twice in a row; the recorder clears it before
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
@@ -294,7 +297,8 @@ class LeafBuilder:
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-                                    requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
+                                    requires_grad=bool(t.requires_grad), payload=payload),
+                               device_stats(t, self.batch))
         st = crc = payload = None
         if self.with_data:
             memo = self.memo

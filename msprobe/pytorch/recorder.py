@@ -119,6 +119,7 @@ class Recorder(RecorderCore):
                                           md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
+        self.leaves.batch = self.deferred.batch  # the leaves' device statistics, resolved by self.deferred
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
 
