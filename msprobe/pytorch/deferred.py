@@ -176,10 +176,27 @@ class _Chunk:
         return Row(self, len(self.lengths) - 1)
 
     def reduce(self) -> None:
-        """Reduce the staged values (:func:`segment_stats`) and free the buffer."""
+        """Reduce the staged values (:func:`segment_stats`; where the device lacks a
+        kernel it needs, :func:`torch_parts` per tensor, the same values) and free the
+        buffer."""
         if self.result is None:
-            self.result = segment_stats(self.buf[:self.used], self.lengths)
+            flat = self.buf[:self.used]
+            try:
+                self.result = segment_stats(flat, self.lengths)
+            except (RuntimeError, NotImplementedError):  # e.g. no segment_reduce on this device
+                self.result = _rows_one_by_one(flat, self.lengths)
             self.buf = None
+
+
+def _rows_one_by_one(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """:func:`segment_stats` computed tensor by tensor with :func:`torch_parts` (13
+    kernels each): the fallback for a device without ``segment_reduce``."""
+    rows, start = [], 0
+    for n in lengths:
+        extremes, total, norm, scale = torch_parts(flat[start:start + n])
+        rows.append(torch.cat([extremes, torch.stack([total, norm, scale])]))
+        start += n
+    return torch.stack(rows)
 
 
 class StatsBatch:

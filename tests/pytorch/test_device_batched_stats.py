@@ -161,6 +161,22 @@ def test_buffers_full_and_tensors_too_large_for_the_batch():
         assert leaf.norm == pytest.approx(math.sqrt(float(np.dot(a, a))), rel=1e-12)
 
 
+def test_device_without_segment_reduce_gets_the_same_values(monkeypatch):
+    tensors = [torch.tensor([1.0, float("nan"), -4.0]), torch.tensor([float("inf"), 2.0], dtype=torch.float16),
+               torch.tensor([3, -7, 11], dtype=torch.int32), torch.tensor([1e300, -2e300], dtype=torch.float64)]
+    want = batched(tensors)
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("segment_reduce: no kernel for this device")
+
+    monkeypatch.setattr(torch, "segment_reduce", missing)
+    for a, b in zip(want, batched(tensors)):
+        for field in ("max", "min", "mean", "norm", "has_nan", "has_inf", "max_finite", "min_finite"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)) \
+                or y == pytest.approx(x, rel=1e-15), (field, x, y)
+
+
 def test_values_are_those_at_staging_time():
     # an in-place change after the record (before the flush) does not reach the statistics
     t = torch.tensor([1.0, 2.0, 3.0])
