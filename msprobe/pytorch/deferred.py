@@ -53,6 +53,7 @@ import torch
 
 from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL
 from msprobe.pytorch import triton_stats
+from msprobe.pytorch.device_checksum import XorBatch, XorRow, xor_hex
 from msprobe.pytorch.stats import computable
 from store import schema
 from store.records import Call, Leaf
@@ -339,10 +340,11 @@ def gather_by_device(vectors: list[Parts]) -> tuple[list[list[float]], int]:
 @dataclass(frozen=True, slots=True)
 class PendingLeaf:
     """A tensor leaf whose statistics are still on the device (``vector``: its parts, or
-    its :class:`Row` of a :class:`StatsBatch`)."""
+    its :class:`Row` of a :class:`StatsBatch`), or in summary_mode xor its checksum
+    (an :class:`~msprobe.pytorch.device_checksum.XorRow`)."""
 
     leaf: Leaf
-    vector: "Parts | Row"
+    vector: "Parts | Row | XorRow"
 
 
 class DeferredStats:
@@ -359,6 +361,7 @@ class DeferredStats:
         self._pending = 0
         self.limit = limit
         self.batch = batch if batch is not None else StatsBatch()
+        self.xor_batch = XorBatch()  # summary_mode xor: the leaves' checksums
         self.transfers = 0  # number of device→host copies made (tests read this)
 
     def __len__(self) -> int:
@@ -377,27 +380,30 @@ class DeferredStats:
         calls, self._calls, self._pending = self._calls, [], 0
         pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
         self.batch.reduce_all()
+        self.xor_batch.fold_all()
         items: list[Parts] = []  # per-tensor parts, and each reduced chunk's matrix once
-        spots: list[tuple[int, int]] = []  # per pending leaf: (item, first value)
+        spots: list[tuple[int, int, int]] = []  # per pending leaf: (item, first value, count)
         chunks: dict[int, int] = {}
         for x in pending:
             v = x.vector
-            if isinstance(v, Row):
+            if isinstance(v, (Row, XorRow)):
                 i = chunks.get(id(v.chunk))
                 if i is None:
                     i = chunks[id(v.chunk)] = len(items)
-                    items.append((v.chunk.result,))
-                spots.append((i, v.index * BATCH_WIDTH))
+                    # an XOR word travels as two int32 halves: exact in the float64 gathered
+                    items.append((v.chunk.result if isinstance(v, Row) else v.chunk.result.view(torch.int32),))
+                width = BATCH_WIDTH if isinstance(v, Row) else 2
+                spots.append((i, v.index * width, width))
             else:
-                spots.append((len(items), 0))
+                spots.append((len(items), 0, 0))
                 items.append(v)
         host, copies = gather_by_device(items)
         self.transfers += copies
-        values = iter([host[i][start:start + BATCH_WIDTH] if isinstance(x.vector, Row) else host[i]
-                       for x, (i, start) in zip(pending, spots)])
+        values = iter([host[i][start:start + n] if n else host[i] for i, start, n in spots])
         out = []
         for call, leaves in calls:
-            final = [_fill(x.leaf, next(values)) if isinstance(x, PendingLeaf) else x for x in leaves]
+            final = [(x.leaf.replace(crc32=xor_hex(*next(values))) if isinstance(x.vector, XorRow)
+                      else _fill(x.leaf, next(values))) if isinstance(x, PendingLeaf) else x for x in leaves]
             out.append(replace(call, leaves=tuple(final)))
         return out
 

@@ -37,6 +37,7 @@ from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.compiled import is_fake
 from msprobe.pytorch.deferred import PendingLeaf, StatsBatch, device_stats
+from msprobe.pytorch.device_checksum import XorBatch, stageable as xor_stageable
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
@@ -156,7 +157,7 @@ class LeafBuilder:
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "xor_batch", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
@@ -174,6 +175,9 @@ class LeafBuilder:
         # device statistics are staged here and reduced together at the flush point
         # (msprobe.pytorch.deferred, "Batched statistics"); None: per-tensor kernels
         self.batch: Optional[StatsBatch] = None
+        # summary_mode xor: device tensors' checksums folded on the device at the flush
+        # point (msprobe.pytorch.device_checksum); None: copied to the host per tensor
+        self.xor_batch: Optional[XorBatch] = None
         # statistics of tensors recorded twice in a row; the recorder clears it before
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
@@ -371,6 +375,14 @@ class LeafBuilder:
                                 requires_grad=requires_grad)
                 t = value
             t = materialized(t)
+            if (self.xor_batch is not None and self.defer is None and (not t.is_cpu or self._defer_all)
+                    and xor_stageable(t)):
+                # a device tensor: its checksum is folded on the device, read at the flush point
+                payload = self._payload_of(t)
+                self.pending_made = True
+                return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                        dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                        requires_grad=requires_grad, payload=payload), self.xor_batch.stage(t))
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                         shape=tuple(t.shape), numel=t.numel(), crc32=_xor_or_none(t),
                         requires_grad=requires_grad, payload=self._payload_of(t))

@@ -120,6 +120,7 @@ class Recorder(RecorderCore):
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
         self.leaves.batch = self.deferred.batch  # the leaves' device statistics, resolved by self.deferred
+        self.leaves.xor_batch = self.deferred.xor_batch  # and their xor checksums
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
 
