@@ -41,13 +41,14 @@ class _XorChunk:
     """Rows of ``width`` int64 words (zeroed), filled from the first; ``result`` (``used``
     int64 words on the device) once folded."""
 
-    __slots__ = ("rows", "width", "used", "result")
+    __slots__ = ("rows", "width", "used", "result", "_typed")
 
     def __init__(self, device: torch.device, width: int, capacity: int) -> None:
         self.rows = torch.zeros((capacity, width), dtype=torch.int64, device=device)
         self.width = width
         self.used = 0
         self.result: Optional[torch.Tensor] = None
+        self._typed: dict[torch.dtype, torch.Tensor] = {}  # the rows' memory as a 1-d tensor of a dtype
 
     @property
     def full(self) -> bool:
@@ -55,8 +56,16 @@ class _XorChunk:
 
     def put(self, x: torch.Tensor, nbytes: int) -> XorRow:
         """Copy the C-order bytes of ``x`` (``nbytes`` of them) into the next row."""
-        row = self.rows[self.used].view(torch.uint8)[:nbytes]
-        row.view(x.dtype).view(x.shape).copy_(x)
+        typed = self._typed.get(x.dtype)
+        if typed is None:  # (a row holds whole elements: its width is at least one element)
+            typed = self._typed[x.dtype] = self.rows.view(-1).view(torch.uint8).view(x.dtype)
+        shape = tuple(x.shape)
+        stride, step = [], 1
+        for size in reversed(shape):
+            stride.append(step)
+            step *= size
+        start = self.used * self.width * 8 // x.element_size()
+        typed.as_strided(shape, tuple(reversed(stride)), start + typed.storage_offset()).copy_(x)
         self.used += 1
         return XorRow(self, self.used - 1)
 
@@ -70,6 +79,7 @@ class _XorChunk:
                 x = torch.bitwise_xor(x[:, :width], x[:, width:])
             self.result = x.reshape(-1)
             self.rows = None
+            self._typed.clear()
 
 
 def stageable(t: torch.Tensor) -> bool:
