@@ -53,7 +53,7 @@ import torch
 
 from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL
 from msprobe.pytorch import triton_stats
-from msprobe.pytorch.device_checksum import XorBatch, XorRow, xor_hex
+from msprobe.pytorch.device_checksum import CrcBatch, CrcRow, XorBatch, XorRow, crc_hex, xor_hex
 from msprobe.pytorch.stats import computable
 from store import schema
 from store.records import Call, Leaf
@@ -341,10 +341,12 @@ def gather_by_device(vectors: list[Parts]) -> tuple[list[list[float]], int]:
 class PendingLeaf:
     """A tensor leaf whose statistics are still on the device (``vector``: its parts, or
     its :class:`Row` of a :class:`StatsBatch`), or in summary_mode xor its checksum
-    (an :class:`~msprobe.pytorch.device_checksum.XorRow`)."""
+    (an :class:`~msprobe.pytorch.device_checksum.XorRow`); in summary_mode md5 ``crc``,
+    its CRC-32 (:class:`~msprobe.pytorch.device_checksum.CrcRow`)."""
 
     leaf: Leaf
     vector: "Parts | Row | XorRow"
+    crc: "CrcRow | None" = None  # summary_mode md5: the CRC-32 staged on the device
 
 
 class DeferredStats:
@@ -362,6 +364,7 @@ class DeferredStats:
         self.limit = limit
         self.batch = batch if batch is not None else StatsBatch()
         self.xor_batch = XorBatch()  # summary_mode xor: the leaves' checksums
+        self.crc_batch = CrcBatch()  # summary_mode md5: the leaves' CRC-32
         self.transfers = 0  # number of device→host copies made (tests read this)
 
     def __len__(self) -> int:
@@ -381,31 +384,43 @@ class DeferredStats:
         pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
         self.batch.reduce_all()
         self.xor_batch.fold_all()
-        items: list[Parts] = []  # per-tensor parts, and each reduced chunk's matrix once
-        spots: list[tuple[int, int, int]] = []  # per pending leaf: (item, first value, count)
+        self.crc_batch.reduce_all()
+        items: list[Parts] = []  # per-tensor parts, and each reduced chunk's result once
         chunks: dict[int, int] = {}
-        for x in pending:
-            v = x.vector
-            if isinstance(v, (Row, XorRow)):
+
+        def spot(v) -> tuple[int, int, int]:
+            """(item, first value, count; 0: the whole item) of one pending value"""
+            if isinstance(v, (Row, XorRow, CrcRow)):
                 i = chunks.get(id(v.chunk))
                 if i is None:
                     i = chunks[id(v.chunk)] = len(items)
-                    # an XOR word travels as two int32 halves: exact in the float64 gathered
+                    # XOR and CRC words travel as two int32 halves: exact in the float64 gathered
                     items.append((v.chunk.result if isinstance(v, Row) else v.chunk.result.view(torch.int32),))
                 width = BATCH_WIDTH if isinstance(v, Row) else 2
-                spots.append((i, v.index * width, width))
-            else:
-                spots.append((len(items), 0, 0))
-                items.append(v)
+                return i, v.index * width, width
+            items.append(v)
+            return len(items) - 1, 0, 0
+
+        spots = [(spot(x.vector), None if x.crc is None else spot(x.crc)) for x in pending]
         host, copies = gather_by_device(items)
         self.transfers += copies
-        values = iter([host[i][start:start + n] if n else host[i] for i, start, n in spots])
-        out = []
-        for call, leaves in calls:
-            final = [(x.leaf.replace(crc32=xor_hex(*next(values))) if isinstance(x.vector, XorRow)
-                      else _fill(x.leaf, next(values))) if isinstance(x, PendingLeaf) else x for x in leaves]
-            out.append(replace(call, leaves=tuple(final)))
-        return out
+
+        def value(where: tuple[int, int, int]) -> list:
+            i, start, n = where
+            return host[i][start:start + n] if n else host[i]
+
+        finals = []
+        for x, (where, crc_where) in zip(pending, spots):
+            if isinstance(x.vector, XorRow):
+                finals.append(x.leaf.replace(crc32=xor_hex(*value(where))))
+                continue
+            leaf = _fill(x.leaf, value(where))
+            if crc_where is not None:
+                leaf = leaf.replace(crc32=crc_hex(value(crc_where)[0], x.crc.nbytes))
+            finals.append(leaf)
+        it = iter(finals)
+        return [replace(call, leaves=tuple(next(it) if isinstance(x, PendingLeaf) else x for x in leaves))
+                for call, leaves in calls]
 
 
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:

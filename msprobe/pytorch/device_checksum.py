@@ -133,3 +133,239 @@ def xor_hex(lo: float, hi: float) -> str:
     """dump.json's ``md5`` text (:func:`msprobe.core.checksum.xor64_hex`) of the word whose
     low and high 32-bit halves, read as signed int32, are ``lo`` and ``hi``."""
     return "0x%016x" % ((int(lo) & 0xFFFFFFFF) | ((int(hi) & 0xFFFFFFFF) << 32))
+
+
+# --------------------------------------------------------------------------------------------
+# CRC-32 (summary_mode md5) on the device
+# --------------------------------------------------------------------------------------------
+#
+# The CRC-32 of zlib (reflected polynomial 0xEDB88320, initial value and final XOR
+# 0xFFFFFFFF) is affine in the message: crc32(M) = r(M) ^ crc32(n zero bytes), n = len(M),
+# where r is the CRC without initial value and final XOR, linear over GF(2). r has two
+# properties used here: r(A || B) = shift_|B|(r(A)) ^ r(B), shift_k being the state change
+# of k zero bytes (a 32x32 matrix over GF(2)), and leading zero bytes leave r unchanged
+# (r(0...0 || M) = r(M)). So a tensor's bytes are placed at the *end* of a zeroed row of P
+# 4-byte words (P a power of two), r of every word is read from four 256-entry tables
+# (slicing by 4), and log2(P) levels combine neighbouring blocks, shift_L(left) ^ right, each
+# shift a lookup of the four bytes of ``left`` in four tables of that level: about
+# 6 + 8 log2(P) kernels per matrix of rows, whatever the number of rows. The host adds
+# crc32(n zero bytes) (:func:`crc32_of_zeros`, O(log n) matrix products) at the flush.
+
+_POLY = 0xEDB88320
+
+
+def _byte_table() -> list[int]:
+    table = []
+    for b in range(256):
+        s = b
+        for _ in range(8):
+            s = (s >> 1) ^ _POLY if s & 1 else s >> 1
+        table.append(s)
+    return table
+
+
+_T = _byte_table()
+
+
+def _apply(cols: list[int], v: int) -> int:
+    """The 32x32 GF(2) matrix with columns ``cols`` times the 32-bit vector ``v``."""
+    out, j = 0, 0
+    while v:
+        if v & 1:
+            out ^= cols[j]
+        v >>= 1
+        j += 1
+    return out
+
+
+#: shift by 2**i zero bytes, as matrix columns (index i)
+_SHIFT_POW2: list[list[int]] = [[_T[(1 << j) & 0xFF] ^ ((1 << j) >> 8) for j in range(32)]]
+
+
+def _shift_pow2(i: int) -> list[int]:
+    while len(_SHIFT_POW2) <= i:
+        m = _SHIFT_POW2[-1]
+        _SHIFT_POW2.append([_apply(m, c) for c in m])
+    return _SHIFT_POW2[i]
+
+
+def shift_zeros(state: int, n: int) -> int:
+    """The CRC state ``state`` after ``n`` zero bytes (without initial value or final XOR)."""
+    i = 0
+    while n:
+        if n & 1:
+            state = _apply(_shift_pow2(i), state)
+        n >>= 1
+        i += 1
+    return state
+
+
+def crc32_of_zeros(n: int) -> int:
+    """``zlib.crc32(bytes(n))`` in O(log n) matrix products."""
+    return shift_zeros(0xFFFFFFFF, n) ^ 0xFFFFFFFF
+
+
+def _slice_tables(shift_bytes: int) -> list[int]:
+    """Four 256-entry tables: entry ``256 j + v`` is shift_{shift_bytes}(v << 8j)."""
+    out = []
+    for j in range(4):
+        cols = [shift_zeros(1 << (8 * j + bit), shift_bytes) for bit in range(8)]
+        table = [0] * 256
+        for v in range(1, 256):
+            low = v & -v
+            table[v] = table[v ^ low] ^ cols[low.bit_length() - 1]
+        out.extend(table)
+    return out
+
+
+_HOST_TABLES: list[list[int]] = []  # row 0: r of one word; row 1 + l: shift by 4 * 2**l bytes
+
+
+def _host_tables(levels: int) -> list[list[int]]:
+    if not _HOST_TABLES:
+        # word b0 b1 b2 b3: r = shift_3(T[b0]) ^ shift_2(T[b1]) ^ shift_1(T[b2]) ^ T[b3]
+        _HOST_TABLES.append([shift_zeros(_T[v], 3 - j) for j in range(4) for v in range(256)])
+    while len(_HOST_TABLES) <= levels:
+        _HOST_TABLES.append(_slice_tables(4 << (len(_HOST_TABLES) - 1)))
+    return _HOST_TABLES[:levels + 1]
+
+
+_DEVICE_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _tables_on(device: torch.device, levels: int) -> torch.Tensor:
+    """The tables (rows 0..levels, 1024 int64 each) on ``device``, made once per device
+    and depth (on an accelerator copied from pinned memory without waiting)."""
+    have = _DEVICE_TABLES.get(device)
+    if have is None or have.shape[0] <= levels:
+        host = torch.tensor(_host_tables(max(levels, 12)), dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        have = _DEVICE_TABLES[device] = host if device.type == "cpu" else host.to(device, non_blocking=True)
+    return have
+
+
+#: bytes of each 8-bit lane of a word, and the table offset of lane j
+_LANES = torch.tensor([0, 8, 16, 24], dtype=torch.int64)
+_OFFSETS = torch.tensor([0, 256, 512, 768], dtype=torch.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class CrcRow:
+    """A tensor staged in a :class:`CrcBatch`: row ``index`` of ``chunk``, ``nbytes`` long."""
+
+    chunk: "_CrcChunk"
+    index: int
+    nbytes: int
+
+
+def crc_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype whose C-order bytes the CRC-32 covers (:func:`msprobe.pytorch.stats.crc32_hex`:
+    bfloat16 and float8 as float32), or None when :class:`CrcBatch` does not take ``t``
+    (quantized, opaque and other dtypes numpy lacks, no readable data, empty)."""
+    from msprobe.pytorch.stats import _FLOAT8, _NUMPY_OF
+
+    if not (t.numel() > 0 and readable(t) and not t.is_quantized and not t.is_nested):
+        return None
+    if t.dtype == torch.bfloat16 or t.dtype in _FLOAT8:
+        return torch.float32
+    return t.dtype if t.dtype in _NUMPY_OF else None
+
+
+class _CrcChunk:
+    """Zeroed rows of ``width`` 4-byte words; a tensor's bytes end where its row ends.
+    ``result``: r of every row (int64 values below 2**32) once reduced."""
+
+    __slots__ = ("rows", "width", "used", "result", "_typed")
+
+    def __init__(self, device: torch.device, width: int, capacity: int) -> None:
+        self.rows = torch.zeros((capacity, width * 4), dtype=torch.uint8, device=device)
+        self.width = width
+        self.used = 0
+        self.result: Optional[torch.Tensor] = None
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    @property
+    def full(self) -> bool:
+        return self.used == self.rows.shape[0]
+
+    def put(self, x: torch.Tensor, dtype: torch.dtype) -> CrcRow:
+        typed = self._typed.get(dtype)
+        if typed is None:
+            typed = self._typed[dtype] = self.rows.view(-1).view(dtype)
+        shape = tuple(x.shape)
+        stride, step = [], 1
+        for size in reversed(shape):
+            stride.append(step)
+            step *= size
+        size = typed.element_size()
+        end = (self.used + 1) * self.width * 4 // size
+        typed.as_strided(shape, tuple(reversed(stride)), end - step).copy_(x)
+        self.used += 1
+        return CrcRow(self, self.used - 1, step * size)
+
+    def reduce(self) -> None:
+        if self.result is not None:
+            return
+        k, m = self.used, self.width
+        levels = m.bit_length() - 1
+        tables = _tables_on(self.rows.device, levels)
+        lanes, offsets = _LANES.to(self.rows.device), _OFFSETS.to(self.rows.device)
+        # r of every word: four table lookups (byte j of the word in table j)
+        v = tables[0][self.rows[:k].view(k, m, 4).to(torch.int64) + offsets]
+        s = torch.bitwise_xor(v[..., :2], v[..., 2:])
+        s = torch.bitwise_xor(s[..., 0], s[..., 1])
+        for level in range(levels):
+            pairs = s.view(k, m >> (level + 1), 2)
+            left, right = pairs[..., 0], pairs[..., 1]
+            idx = torch.bitwise_and(left.unsqueeze(-1) >> lanes, 0xFF) + offsets
+            v = tables[level + 1][idx]
+            v = torch.bitwise_xor(v[..., :2], v[..., 2:])
+            s = torch.bitwise_xor(torch.bitwise_xor(v[..., 0], v[..., 1]), right)
+        self.result = s.reshape(-1)
+        self.rows = None
+        self._typed.clear()
+
+
+class CrcBatch:
+    """Stages tensors for their CRC-32 (summary_mode md5) on the device; one per recorder.
+
+    Args:
+        chunk_words: 4-byte words of one staging matrix (a tensor of more words gets a
+            matrix of its own).
+    """
+
+    def __init__(self, chunk_words: int = CHUNK_WORDS * 2) -> None:
+        if chunk_words < 4:
+            raise ValueError(f"chunk_words must be at least 4, got {chunk_words}")
+        self.chunk_words = chunk_words
+        self._open: dict[tuple, _CrcChunk] = {}
+
+    def stage(self, t: torch.Tensor, dtype: torch.dtype) -> CrcRow:
+        """Copy the C-order bytes of ``t`` as ``dtype`` (:func:`crc_dtype`) into a staging
+        row; queued kernels only. A full matrix is reduced at once."""
+        with torch.no_grad():
+            x = t.resolve_conj().resolve_neg() if (t.is_conj() or t.is_neg()) else t
+            nbytes = x.numel() * dtype.itemsize
+            words = max(4, -(-nbytes // 4))
+            width = 1 << (words - 1).bit_length()
+            key = (x.device, width)
+            chunk = self._open.get(key)
+            if chunk is None:
+                chunk = self._open[key] = _CrcChunk(x.device, width, max(1, self.chunk_words // width))
+            row = chunk.put(x, dtype)
+            if chunk.full:
+                chunk.reduce()
+                del self._open[key]
+            return row
+
+    def reduce_all(self) -> None:
+        open_, self._open = self._open, {}
+        for chunk in open_.values():
+            chunk.reduce()
+
+
+def crc_hex(raw_lo: float, nbytes: int) -> str:
+    """dump.json's CRC-32 text of a message of ``nbytes`` bytes whose r (above) is
+    ``raw_lo`` (the low int32 half of the gathered word)."""
+    return format((int(raw_lo) & 0xFFFFFFFF) ^ crc32_of_zeros(nbytes), "08x")

@@ -121,6 +121,8 @@ class Recorder(RecorderCore):
         self.deferred = DeferredStats()
         self.leaves.batch = self.deferred.batch  # the leaves' device statistics, resolved by self.deferred
         self.leaves.xor_batch = self.deferred.xor_batch  # and their xor checksums
+        if self.bench is None:  # (bench_path decides from each call's CRC-32 as it is recorded)
+            self.leaves.crc_batch = self.deferred.crc_batch  # and their CRC-32 (md5)
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
 
