@@ -146,9 +146,10 @@ def xor_hex(lo: float, hi: float) -> str:
 # of k zero bytes (a 32x32 matrix over GF(2)), and leading zero bytes leave r unchanged
 # (r(0...0 || M) = r(M)). So a tensor's bytes are placed at the *end* of a zeroed row of P
 # 4-byte words (P a power of two), r of every word is read from four 256-entry tables
-# (slicing by 4), and log2(P) levels combine neighbouring blocks, shift_L(left) ^ right, each
-# shift a lookup of the four bytes of ``left`` in four tables of that level: about
-# 6 + 8 log2(P) kernels per matrix of rows, whatever the number of rows. The host adds
+# (slicing by 4), and tree steps combine RADIX neighbouring blocks of L bytes,
+# XOR over i of shift_{(RADIX-1-i) L}(block i), each shift a lookup of the block's four bytes
+# in four tables of that step: 5 + (6 + log2 RADIX) per step, log2(P) / log2(RADIX) steps
+# (rounded up), per matrix of rows whatever the number of rows. The host adds
 # crc32(n zero bytes) (:func:`crc32_of_zeros`, O(log n) matrix products) at the flush.
 
 _POLY = 0xEDB88320
@@ -218,36 +219,45 @@ def _slice_tables(shift_bytes: int) -> list[int]:
     return out
 
 
-_HOST_TABLES: list[list[int]] = []  # row 0: r of one word; row 1 + l: shift by 4 * 2**l bytes
+#: blocks combined per tree step (a power of two): a step costs ``6 + log2(RADIX)`` kernels
+#: and replaces ``log2(RADIX)`` levels of pairs; its lookups hold 4 * RADIX values per block
+RADIX = 16
+
+#: r of one word b0 b1 b2 b3: shift_3(T[b0]) ^ shift_2(T[b1]) ^ shift_1(T[b2]) ^ T[b3],
+#: entry 256 j + v for byte j = v
+_WORD_TABLE = [shift_zeros(_T[v], 3 - j) for j in range(4) for v in range(256)]
+_DEVICE_TABLES: dict[tuple, torch.Tensor] = {}
 
 
-def _host_tables(levels: int) -> list[list[int]]:
-    if not _HOST_TABLES:
-        # word b0 b1 b2 b3: r = shift_3(T[b0]) ^ shift_2(T[b1]) ^ shift_1(T[b2]) ^ T[b3]
-        _HOST_TABLES.append([shift_zeros(_T[v], 3 - j) for j in range(4) for v in range(256)])
-    while len(_HOST_TABLES) <= levels:
-        _HOST_TABLES.append(_slice_tables(4 << (len(_HOST_TABLES) - 1)))
-    return _HOST_TABLES[:levels + 1]
+def _step_table(block: int, radix: int) -> list[int]:
+    """The lookups of one tree step over ``radix`` blocks of ``block`` bytes: entry
+    ``(4 i + j) 256 + v`` is shift_{(radix - 1 - i) block}(v << 8j) (block ``i``'s byte
+    ``j``; the last block is not shifted)."""
+    out = []
+    for i in range(radix):
+        out.extend(_slice_tables((radix - 1 - i) * block))
+    return out
 
 
-_DEVICE_TABLES: dict[torch.device, torch.Tensor] = {}
-
-
-def _tables_on(device: torch.device, levels: int) -> torch.Tensor:
-    """The tables (rows 0..levels, 1024 int64 each) on ``device``, made once per device
-    and depth (on an accelerator copied from pinned memory without waiting)."""
-    have = _DEVICE_TABLES.get(device)
-    if have is None or have.shape[0] <= levels:
-        host = torch.tensor(_host_tables(max(levels, 12)), dtype=torch.int64)
+def _on(device: torch.device, key: tuple, make) -> torch.Tensor:
+    """A constant int64 tensor ``make()`` on ``device``, made once per device and ``key``
+    (on an accelerator copied from pinned memory without waiting)."""
+    have = _DEVICE_TABLES.get((device, key))
+    if have is None:
+        host = torch.tensor(make(), dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()
-        have = _DEVICE_TABLES[device] = host if device.type == "cpu" else host.to(device, non_blocking=True)
+        have = _DEVICE_TABLES[(device, key)] = host if device.type == "cpu" else host.to(device, non_blocking=True)
     return have
 
 
-#: bytes of each 8-bit lane of a word, and the table offset of lane j
-_LANES = torch.tensor([0, 8, 16, 24], dtype=torch.int64)
-_OFFSETS = torch.tensor([0, 256, 512, 768], dtype=torch.int64)
+def _offsets(device: torch.device, radix: int) -> torch.Tensor:
+    """``(radix, 4)``: the table offset ``(4 i + j) 256`` of block i's byte j."""
+    return _on(device, ("offsets", radix), lambda: [[(4 * i + j) * 256 for j in range(4)] for i in range(radix)])
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    return _on(device, ("lanes",), lambda: [0, 8, 16, 24])
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,23 +315,29 @@ class _CrcChunk:
         return CrcRow(self, self.used - 1, step * size)
 
     def reduce(self) -> None:
+        """r of every row (module notes above): the words' r by table lookups, then tree
+        steps of :data:`RADIX` blocks; frees the rows."""
         if self.result is not None:
             return
         k, m = self.used, self.width
-        levels = m.bit_length() - 1
-        tables = _tables_on(self.rows.device, levels)
-        lanes, offsets = _LANES.to(self.rows.device), _OFFSETS.to(self.rows.device)
-        # r of every word: four table lookups (byte j of the word in table j)
-        v = tables[0][self.rows[:k].view(k, m, 4).to(torch.int64) + offsets]
+        device = self.rows.device
+        lanes = _shifts(device)
+        v = _on(device, ("word",), lambda: _WORD_TABLE)[self.rows[:k].view(k, m, 4).to(torch.int64)
+                                                        + _offsets(device, 1)[0]]
         s = torch.bitwise_xor(v[..., :2], v[..., 2:])
         s = torch.bitwise_xor(s[..., 0], s[..., 1])
-        for level in range(levels):
-            pairs = s.view(k, m >> (level + 1), 2)
-            left, right = pairs[..., 0], pairs[..., 1]
-            idx = torch.bitwise_and(left.unsqueeze(-1) >> lanes, 0xFF) + offsets
-            v = tables[level + 1][idx]
-            v = torch.bitwise_xor(v[..., :2], v[..., 2:])
-            s = torch.bitwise_xor(torch.bitwise_xor(v[..., 0], v[..., 1]), right)
+        block = 4  # bytes of the blocks whose r s holds
+        while m > 1:
+            radix = min(RADIX, m)
+            m //= radix
+            idx = torch.bitwise_and(s.view(k, m, radix, 1) >> lanes, 0xFF) + _offsets(device, radix)
+            v = _on(device, ("step", block, radix), lambda: _step_table(block, radix))[idx].view(k, m, 4 * radix)
+            n = 4 * radix
+            while n > 1:
+                n //= 2
+                v = torch.bitwise_xor(v[..., :n], v[..., n:])
+            s = v.view(k, m)
+            block *= radix
         self.result = s.reshape(-1)
         self.rows = None
         self._typed.clear()
