@@ -46,6 +46,7 @@ a flush, a recorded tensor costs about one kernel (``benchmarks/device_ops.py``)
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, replace
 
@@ -347,6 +348,33 @@ class PendingLeaf:
     leaf: Leaf
     vector: "Parts | Row | XorRow"
     crc: "CrcRow | None" = None  # summary_mode md5: the CRC-32 staged on the device
+    # task tensor: (host copy of the values, filled without waiting; the device copied from)
+    payload: "tuple[torch.Tensor, torch.device] | None" = None
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A C-contiguous host tensor receiving the values of the strided tensor ``t`` (task
+    tensor): on a CUDA device pinned memory filled with ``non_blocking=True``, so the copy
+    is only queued; the holder waits once per flush point (:meth:`DeferredStats.resolve`)
+    before reading it. A lazily conjugated or negated view is copied as its values."""
+    pinned = t.device.type == "cuda"
+    host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pinned)
+    with torch.no_grad():
+        host.copy_(t, non_blocking=pinned)
+    return host
+
+
+def payload_copyable(t: torch.Tensor) -> bool:
+    """Whether :func:`host_copy` takes ``t``: not quantized, not an opaque dtype (those keep
+    :func:`msprobe.pytorch.payload.tensor_bytes`' own handling)."""
+    from msprobe.pytorch.stats import OPAQUE_DTYPES
+
+    return not t.is_quantized and t.dtype not in OPAQUE_DTYPES
+
+
+#: task tensor: bytes of pending host copies at which the recorder resolves at once (the
+#: pinned host memory held between flush points)
+PAYLOAD_BUDGET = 256 << 20
 
 
 class DeferredStats:
@@ -365,6 +393,10 @@ class DeferredStats:
         self.batch = batch if batch is not None else StatsBatch()
         self.xor_batch = XorBatch()  # summary_mode xor: the leaves' checksums
         self.crc_batch = CrcBatch()  # summary_mode md5: the leaves' CRC-32
+        # task tensor: put(data, dtype, shape) -> payload reference, for PendingLeaf.payload
+        # (Session.put_payload; the recorder sets it)
+        self.put_payload = None
+        self._payload_bytes = 0
         self.transfers = 0  # number of device→host copies made (tests read this)
 
     def __len__(self) -> int:
@@ -374,13 +406,17 @@ class DeferredStats:
         """Queue ``call`` whose ``leaves`` may hold :class:`PendingLeaf`; True if the queue
         reached its limit and should be resolved now."""
         self._calls.append((call, leaves))
-        self._pending += sum(1 for x in leaves if isinstance(x, PendingLeaf))
-        return self._pending >= self.limit
+        for x in leaves:
+            if isinstance(x, PendingLeaf):
+                self._pending += 1
+                if x.payload is not None:
+                    self._payload_bytes += x.payload[0].numel() * x.payload[0].element_size()
+        return self._pending >= self.limit or self._payload_bytes >= PAYLOAD_BUDGET
 
     def resolve(self) -> list[Call]:
         """Gather every pending vector (one copy per device) and return the final calls,
         in the order they were queued."""
-        calls, self._calls, self._pending = self._calls, [], 0
+        calls, self._calls, self._pending, self._payload_bytes = self._calls, [], 0, 0
         pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
         self.batch.reduce_all()
         self.xor_batch.fold_all()
@@ -409,18 +445,41 @@ class DeferredStats:
             i, start, n = where
             return host[i][start:start + n] if n else host[i]
 
+        _wait_for_copies({x.payload[1] for x in pending if x.payload is not None})
         finals = []
         for x, (where, crc_where) in zip(pending, spots):
             if isinstance(x.vector, XorRow):
-                finals.append(x.leaf.replace(crc32=xor_hex(*value(where))))
-                continue
-            leaf = _fill(x.leaf, value(where))
-            if crc_where is not None:
-                leaf = leaf.replace(crc32=crc_hex(value(crc_where)[0], x.crc.nbytes))
+                leaf = x.leaf.replace(crc32=xor_hex(*value(where)))
+            else:
+                leaf = _fill(x.leaf, value(where))
+                if crc_where is not None:
+                    leaf = leaf.replace(crc32=crc_hex(value(crc_where)[0], x.crc.nbytes))
+            if x.payload is not None:
+                leaf = leaf.replace(payload=self._put(x.payload[0], leaf.dtype))
             finals.append(leaf)
         it = iter(finals)
         return [replace(call, leaves=tuple(next(it) if isinstance(x, PendingLeaf) else x for x in leaves))
                 for call, leaves in calls]
+
+
+    def _put(self, host: torch.Tensor, dtype: str) -> "str | None":
+        """Store one host copy (its C-order bytes) through :attr:`put_payload`."""
+        if self.put_payload is None:
+            return None
+        n = host.numel() * host.element_size()
+        data = ctypes.string_at(host.data_ptr(), n) if n else b""
+        return self.put_payload(data, dtype, tuple(host.shape))
+
+
+def _wait_for_copies(devices: set) -> None:
+    """Wait once per accelerator in ``devices`` for the queued host copies."""
+    for device in devices:
+        if device.type == "cpu":
+            continue
+        backend = getattr(torch, device.type, None)
+        sync = getattr(backend, "synchronize", None)
+        if sync is not None:
+            sync(device)
 
 
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:

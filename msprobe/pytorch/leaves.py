@@ -36,7 +36,7 @@ from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.compiled import is_fake
-from msprobe.pytorch.deferred import PendingLeaf, StatsBatch, device_stats
+from msprobe.pytorch.deferred import PendingLeaf, StatsBatch, device_stats, host_copy, payload_copyable
 from msprobe.pytorch.device_checksum import CrcBatch, XorBatch, crc_dtype, stageable as xor_stageable
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
@@ -157,7 +157,7 @@ class LeafBuilder:
             is copied there first), also with ``async_dump``.
     """
 
-    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "xor_batch", "crc_batch", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "xor_batch", "crc_batch", "defer_payloads", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
@@ -181,6 +181,10 @@ class LeafBuilder:
         # summary_mode md5: device tensors' CRC-32 computed on the device, read at the flush
         # point (msprobe.pytorch.device_checksum); None: copied to the host per tensor
         self.crc_batch: Optional[CrcBatch] = None
+        # task tensor: device tensors' host copies queued (pinned memory, non_blocking) and
+        # stored at the flush point by whoever resolves the PendingLeaf (the recorder's
+        # DeferredStats); False: copied and stored per tensor
+        self.defer_payloads = False
         # statistics of tensors recorded twice in a row; the recorder clears it before
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
@@ -301,13 +305,19 @@ class LeafBuilder:
         if (self.with_data and (not t.is_cpu or self._defer_all) and has_data(t) and not opaque(t)
                 and (not self.md5 or (self.crc_batch is not None and (crc_as := crc_dtype(t)) is not None))):
             # statistics (and the CRC-32 of summary_mode md5) stay on the device until the
-            # recorder's next flush point
-            payload = self._payload_of(t)
+            # recorder's next flush point; task tensor's copy to the host is queued and
+            # stored there too, where the recorder takes it (defer_payloads)
+            copy = payload = None
+            if self.capture is not None and self.defer_payloads and payload_copyable(t):
+                copy = (host_copy(t), t.device)
+            else:
+                payload = self._payload_of(t)
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
                                     requires_grad=bool(t.requires_grad), payload=payload),
-                               device_stats(t, self.batch), self.crc_batch.stage(t, crc_as) if self.md5 else None)
+                               device_stats(t, self.batch), self.crc_batch.stage(t, crc_as) if self.md5 else None,
+                               copy)
         st = crc = payload = None
         if self.with_data:
             memo = self.memo
