@@ -140,7 +140,9 @@ class LeafBuilder:
             bfloat16/float16 tensor (:func:`_native_kind`) gets its statistics and CRC-32
             from one read of its memory (:func:`msprobe.pytorch.stats.fused_stats_crc`) when
             ``stats.FUSED_CRC`` is set; other tensors, or without it, two passes
-            (``tensor_stats``, ``crc32_hex``).
+            (``tensor_stats``, ``crc32_hex``). With :attr:`crc_batch` set, a device
+            tensor's CRC-32 is computed on the device and filled in at the flush point
+            (:mod:`msprobe.pytorch.device_checksum`).
         with_data: compute statistics (False for task ``structure``).
         capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
             the tensor's values; the reference goes to the leaf's ``payload``.
@@ -153,8 +155,15 @@ class LeafBuilder:
             per entry; off until the first call).
         xor: summary_mode xor: instead of the statistics, the 64-bit XOR fold of the
             tensor's C-order bytes (:func:`msprobe.core.checksum.xor64_hex`) in the
-            leaf's ``crc32`` (dump.json ``md5``); computed on the host (a device tensor
-            is copied there first), also with ``async_dump``.
+            leaf's ``crc32`` (dump.json ``md5``); computed on the host, also with
+            ``async_dump``, except for a device tensor when :attr:`xor_batch` is set (then
+            folded on the device and filled in at the flush point).
+
+    The recorder sets :attr:`batch`, :attr:`xor_batch`, :attr:`crc_batch` and
+    :attr:`defer_payloads` to the staging of its :class:`~msprobe.pytorch.deferred.DeferredStats`
+    (which resolves the :class:`~msprobe.pytorch.deferred.PendingLeaf` values at its flush
+    points); with their defaults (None, False) every device tensor's statistics take the
+    per-tensor kernels, and its checksums and payload are read on the host per tensor.
     """
 
     __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "xor_batch", "crc_batch", "defer_payloads", "memo", "pending_made", "_scratch",
