@@ -17,6 +17,7 @@ The host receives each word as two int32 halves (exact in float64, the gathered 
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +28,12 @@ from msprobe.pytorch.stats import OPAQUE_DTYPES
 
 #: words (8 bytes) of one staging matrix; a tensor of more words gets a matrix of its own
 CHUNK_WORDS = 1 << 18
+#: tensors of more bytes keep the host checksum (one copy to the host each): their padded
+#: rows and the CRC-32's lookups (32 bytes per 4-byte word, transient) would cost device
+#: memory out of proportion, and their own transfer dwarfs a launch
+MAX_BYTES = 16 << 20
+
+_LOCK = threading.Lock()  # the tables' caches below grow under it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +92,11 @@ class _XorChunk:
 def stageable(t: torch.Tensor) -> bool:
     """Whether :meth:`XorBatch.stage` takes ``t``: a non-empty strided tensor whose bytes a
     copy kernel reads (not quantized, not one of PyTorch's bit-packed or unsigned
-    sub-byte dtypes, no storage freed under it) — exactly the tensors whose bytes
-    :func:`msprobe.pytorch.payload.tensor_bytes` reads, less the empty ones."""
-    return (t.numel() > 0 and readable(t) and not t.is_quantized and t.dtype not in OPAQUE_DTYPES
-            and not t.is_nested)
+    sub-byte dtypes, no storage freed under it) of at most :data:`MAX_BYTES` bytes: the
+    tensors whose bytes :func:`msprobe.pytorch.payload.tensor_bytes` reads, less the empty
+    and the large ones."""
+    return (t.dtype not in OPAQUE_DTYPES and not t.is_quantized and not t.is_nested
+            and 0 < t.numel() * t.element_size() <= MAX_BYTES and readable(t))
 
 
 class XorBatch:
@@ -184,9 +192,11 @@ _SHIFT_POW2: list[list[int]] = [[_T[(1 << j) & 0xFF] ^ ((1 << j) >> 8) for j in 
 
 
 def _shift_pow2(i: int) -> list[int]:
-    while len(_SHIFT_POW2) <= i:
-        m = _SHIFT_POW2[-1]
-        _SHIFT_POW2.append([_apply(m, c) for c in m])
+    if len(_SHIFT_POW2) <= i:
+        with _LOCK:
+            while len(_SHIFT_POW2) <= i:
+                m = _SHIFT_POW2[-1]
+                _SHIFT_POW2.append([_apply(m, c) for c in m])
     return _SHIFT_POW2[i]
 
 
@@ -247,7 +257,9 @@ def _on(device: torch.device, key: tuple, make) -> torch.Tensor:
         host = torch.tensor(make(), dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()
-        have = _DEVICE_TABLES[(device, key)] = host if device.type == "cpu" else host.to(device, non_blocking=True)
+        have = host if device.type == "cpu" else host.to(device, non_blocking=True)
+        with _LOCK:
+            have = _DEVICE_TABLES.setdefault((device, key), have)
     return have
 
 
@@ -272,10 +284,12 @@ class CrcRow:
 def crc_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
     """The dtype whose C-order bytes the CRC-32 covers (:func:`msprobe.pytorch.stats.crc32_hex`:
     bfloat16 and float8 as float32), or None when :class:`CrcBatch` does not take ``t``
-    (quantized, opaque and other dtypes numpy lacks, no readable data, empty)."""
+    (quantized, opaque and other dtypes numpy lacks, no readable data, empty, more than
+    half of :data:`MAX_BYTES`: bfloat16 doubles as float32)."""
     from msprobe.pytorch.stats import _FLOAT8, _NUMPY_OF
 
-    if not (t.numel() > 0 and readable(t) and not t.is_quantized and not t.is_nested):
+    if (t.dtype in OPAQUE_DTYPES or t.is_quantized or t.is_nested
+            or not 0 < t.numel() * t.element_size() <= MAX_BYTES // 2 or not readable(t)):
         return None
     if t.dtype == torch.bfloat16 or t.dtype in _FLOAT8:
         return torch.float32

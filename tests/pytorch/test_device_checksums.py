@@ -177,3 +177,12 @@ def test_checksum_syncs_per_flush(tmp_path, mode):
     for r in (small, large):
         assert r["syncs"] <= r["flushes"], r
     assert small["syncs"] == large["syncs"]
+
+
+def test_large_tensors_keep_the_host_checksums(monkeypatch):
+    from msprobe.pytorch import device_checksum
+
+    monkeypatch.setattr(device_checksum, "MAX_BYTES", 64)
+    small, large = torch.ones(16), torch.ones(17)  # 64 and 68 bytes
+    assert stageable(small) and not stageable(large)
+    assert crc_dtype(torch.ones(8)) is not None and crc_dtype(torch.ones(9)) is None
