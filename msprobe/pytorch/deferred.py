@@ -36,8 +36,8 @@ float64, into the next free slot of a staging buffer of its device (one kernel: 
 ``abs`` for a complex tensor; the values are those of the moment of the call, so a later
 in-place change does not reach them). When the buffer is full, and at the flush point,
 the whole buffer is reduced at once with segmented reductions
-(``torch.segment_reduce`` over the tensors' lengths: about 35 kernels per buffer,
-whatever the number of tensors in it) into a ``(tensors, 9)`` float64 matrix in the
+(``torch.segment_reduce`` over the tensors' lengths: about 25 kernels per buffer, 35
+where it holds float64 or complex128 values, whatever the number of tensors in it) into a ``(tensors, 9)`` float64 matrix in the
 layout above, value 8 the rescale factor ``f`` (1.0 except for float64 magnitudes
 outside 2**±400). The memory budget is the buffer: :data:`BATCH_ELEMENTS` float64
 values (32 MiB) per device; a tensor of more than :data:`BATCH_MAX_ELEMENTS` elements
@@ -152,13 +152,14 @@ class _Chunk:
     from the start, ``lengths`` the staged tensors' element counts in order; ``result``
     (a ``(len(lengths), BATCH_WIDTH)`` float64 matrix on the device) once reduced."""
 
-    __slots__ = ("buf", "used", "lengths", "result")
+    __slots__ = ("buf", "used", "lengths", "result", "wide")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.buf = torch.empty(capacity, dtype=_F64, device=device)
         self.used = 0
         self.lengths: list[int] = []
         self.result: "torch.Tensor | None" = None
+        self.wide = False  # holds float64 or complex128 values (which may need rescaling)
 
     def put(self, x: torch.Tensor, n: int) -> Row:
         """Copy the values of ``x`` (``n`` elements, detached, real or complex) into the
@@ -175,6 +176,8 @@ class _Chunk:
             slot.copy_(x)
         self.used += n
         self.lengths.append(n)
+        if x.dtype in _WIDE:
+            self.wide = True
         return Row(self, len(self.lengths) - 1)
 
     def reduce(self) -> None:
@@ -184,7 +187,7 @@ class _Chunk:
         if self.result is None:
             flat = self.buf[:self.used]
             try:
-                self.result = segment_stats(flat, self.lengths)
+                self.result = segment_stats(flat, self.lengths, self.wide)
             except (RuntimeError, NotImplementedError):  # e.g. no segment_reduce on this device
                 self.result = _rows_one_by_one(flat, self.lengths)
             self.buf = None
@@ -262,14 +265,19 @@ def _lengths_on(lengths: list[int], device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def segment_stats(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+_WIDE = (_F64, torch.complex128)
+
+
+def segment_stats(flat: torch.Tensor, lengths: list[int], rescale: bool = True) -> torch.Tensor:
     """The statistics of consecutive segments of the 1-d float64 tensor ``flat``
     (segment ``i`` has ``lengths[i] > 0`` elements; their sum is ``flat.numel()``) as a
     ``(len(lengths), BATCH_WIDTH)`` float64 matrix on ``flat``'s device: the layout of
     the module docstring, column 8 the factor ``f`` that Sum and Norm are divided by
-    (:func:`_rescale_parts`). A fixed number of kernels (about 35), none of them a host
-    synchronisation (``segment_reduce(..., unsafe=True)`` skips its checks, which would
-    read ``lengths`` back)."""
+    (:func:`_rescale_parts`; ``rescale=False``: 1.0, for values of a type narrower than
+    float64, whose squares neither overflow nor underflow in float64). A fixed number of
+    kernels (about 25, 35 with ``rescale``), none of them a host synchronisation
+    (``segment_reduce(..., unsafe=True)`` skips its checks, which would read ``lengths``
+    back)."""
     lens = _lengths_on(lengths, flat.device)
 
     def seg(v: torch.Tensor, how: str) -> torch.Tensor:
@@ -284,10 +292,13 @@ def segment_stats(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     fin_min = seg(torch.nan_to_num(flat, nan=_INF, posinf=_INF, neginf=_INF), "min")
     mx = nn_max.masked_fill(has_nan, math.nan)
     mn = nn_min.masked_fill(has_nan, math.nan)
-    m = torch.maximum(mx.abs(), mn.abs())  # NaN where has_nan: then f is 1.0
-    scale = (torch.ones_like(m).masked_fill_((m > 0) & (m <= RESCALE_SMALL), _SCALE_TINY)
-             .masked_fill_(m >= RESCALE_BIG, _SCALE_BIG))
-    y = flat / torch.repeat_interleave(scale, lens, output_size=flat.numel())
+    if rescale:
+        m = torch.maximum(mx.abs(), mn.abs())  # NaN where has_nan: then f is 1.0
+        scale = (torch.ones_like(m).masked_fill_((m > 0) & (m <= RESCALE_SMALL), _SCALE_TINY)
+                 .masked_fill_(m >= RESCALE_BIG, _SCALE_BIG))
+        y = flat / torch.repeat_interleave(scale, lens, output_size=flat.numel())
+    else:
+        scale, y = torch.ones_like(mx), flat
     total = seg(y, "sum")
     norm = seg(y * y, "sum").sqrt()
     return torch.stack([mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm, scale], dim=1)

@@ -17,6 +17,7 @@ The host receives each word as two int32 halves (exact in float64, the gathered 
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -211,6 +212,7 @@ def shift_zeros(state: int, n: int) -> int:
     return state
 
 
+@functools.lru_cache(maxsize=4096)
 def crc32_of_zeros(n: int) -> int:
     """``zlib.crc32(bytes(n))`` in O(log n) matrix products."""
     return shift_zeros(0xFFFFFFFF, n) ^ 0xFFFFFFFF
