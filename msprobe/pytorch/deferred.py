@@ -29,9 +29,24 @@ rescales too (:func:`msprobe.core.statistics.rescale_factor`). With Triton on a
 CUDA device, a dense floating tensor other than float64 takes one fused kernel
 instead (:mod:`msprobe.pytorch.triton_stats`: the same layout as one float64 part, Norm
 accumulated in float64).
+
+**Batched statistics** (:class:`StatsBatch`, used by the recorder for every tensor the
+Triton kernel does not take): at record time a tensor's values are copied, widened to
+float64, into the next free slot of a staging buffer of its device (one kernel: a copy, or
+``abs`` for a complex tensor; the values are those of the moment of the call, so a later
+in-place change does not reach them). When the buffer is full, and at the flush point,
+the whole buffer is reduced at once with segmented reductions
+(``torch.segment_reduce`` over the tensors' lengths: about 25 kernels per buffer, 35
+where it holds float64 or complex128 values, whatever the number of tensors in it) into a ``(tensors, 9)`` float64 matrix in the
+layout above, value 8 the rescale factor ``f`` (1.0 except for float64 magnitudes
+outside 2**±400). The memory budget is the buffer: :data:`BATCH_ELEMENTS` float64
+values (32 MiB) per device; a tensor of more than :data:`BATCH_MAX_ELEMENTS` elements
+takes the per-tensor kernels (its own work then dwarfs their launches). Amortised over
+a flush, a recorded tensor costs about one kernel (``benchmarks/device_ops.py``).
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, replace
 
@@ -39,6 +54,7 @@ import torch
 
 from msprobe.core.statistics import RESCALE_BIG, RESCALE_SMALL
 from msprobe.pytorch import triton_stats
+from msprobe.pytorch.device_checksum import CrcBatch, CrcRow, XorBatch, XorRow, crc_hex, xor_hex
 from msprobe.pytorch.stats import computable
 from store import schema
 from store.records import Call, Leaf
@@ -114,6 +130,180 @@ def _rescale_parts(x: torch.Tensor, mx: torch.Tensor, mn: torch.Tensor) -> tuple
 _SCALE_BIG, _SCALE_TINY = 2.0 ** 600, 2.0 ** -600
 
 
+#: the staging buffer of :class:`StatsBatch`, in float64 elements per device (32 MiB): the
+#: memory the batched statistics hold besides their results (72 bytes per tensor)
+BATCH_ELEMENTS = 1 << 22
+#: tensors with more elements than this take the per-tensor kernels (:func:`stats_vector`)
+BATCH_MAX_ELEMENTS = 1 << 20
+#: columns of a batch's result matrix: the layout above and the rescale factor ``f``
+BATCH_WIDTH = WIDTH + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A tensor staged in a :class:`StatsBatch`: row ``index`` of ``chunk``'s result."""
+
+    chunk: "_Chunk"
+    index: int
+
+
+class _Chunk:
+    """One staging buffer of a device: ``buf`` (float64, ``capacity`` elements) filled
+    from the start, ``lengths`` the staged tensors' element counts in order; ``result``
+    (a ``(len(lengths), BATCH_WIDTH)`` float64 matrix on the device) once reduced."""
+
+    __slots__ = ("buf", "used", "lengths", "result", "wide")
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.buf = torch.empty(capacity, dtype=_F64, device=device)
+        self.used = 0
+        self.lengths: list[int] = []
+        self.result: "torch.Tensor | None" = None
+        self.wide = False  # holds float64 or complex128 values (which may need rescaling)
+
+    def put(self, x: torch.Tensor, n: int) -> Row:
+        """Copy the values of ``x`` (``n`` elements, detached, real or complex) into the
+        next slot: widened to float64, ``|z|`` of a complex tensor; one kernel."""
+        shape = tuple(x.shape)
+        stride, step = [], 1
+        for size in reversed(shape):
+            stride.append(step)
+            step *= size
+        slot = self.buf.as_strided(shape, tuple(reversed(stride)), self.used)
+        if x.is_complex():
+            torch.abs(x, out=slot)
+        else:
+            slot.copy_(x)
+        self.used += n
+        self.lengths.append(n)
+        if x.dtype in _WIDE:
+            self.wide = True
+        return Row(self, len(self.lengths) - 1)
+
+    def reduce(self) -> None:
+        """Reduce the staged values (:func:`segment_stats`; where the device lacks a
+        kernel it needs, :func:`torch_parts` per tensor, the same values) and free the
+        buffer."""
+        if self.result is None:
+            flat = self.buf[:self.used]
+            try:
+                self.result = segment_stats(flat, self.lengths, self.wide)
+            except (RuntimeError, NotImplementedError):  # e.g. no segment_reduce on this device
+                self.result = _rows_one_by_one(flat, self.lengths)
+            self.buf = None
+
+
+def _rows_one_by_one(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """:func:`segment_stats` computed tensor by tensor with :func:`torch_parts` (13
+    kernels each): the fallback for a device without ``segment_reduce``."""
+    rows, start = [], 0
+    for n in lengths:
+        extremes, total, norm, scale = torch_parts(flat[start:start + n])
+        rows.append(torch.cat([extremes, torch.stack([total, norm, scale])]))
+        start += n
+    return torch.stack(rows)
+
+
+class StatsBatch:
+    """Stages tensors for statistics computed together (module docstring, "Batched
+    statistics"); one per recorder.
+
+    Args:
+        capacity: elements of one staging buffer (float64) per device.
+        largest: tensors with more elements are not staged (:meth:`stage` returns None).
+    """
+
+    def __init__(self, capacity: int = BATCH_ELEMENTS, largest: int = BATCH_MAX_ELEMENTS) -> None:
+        if not 0 < largest <= capacity:
+            raise ValueError(f"need 0 < largest <= capacity, got largest={largest}, capacity={capacity}")
+        self.capacity = capacity
+        self.largest = largest
+        self._open: dict[torch.device, _Chunk] = {}
+
+    def stage(self, t: torch.Tensor) -> "Row | None":
+        """Copy the values of the non-empty strided tensor ``t`` into its device's buffer
+        (a full buffer is reduced first, queued kernels only); None for a tensor of more
+        than ``largest`` elements. No host synchronisation."""
+        with torch.no_grad():
+            x = computable(t)  # a quantized tensor: its dequantized values (no grad: no detach needed)
+            n = x.numel()
+            if n > self.largest:
+                return None
+            chunk = self._open.get(x.device)
+            if chunk is None or chunk.used + n > self.capacity:
+                if chunk is not None:
+                    chunk.reduce()
+                chunk = self._open[x.device] = _Chunk(x.device, self.capacity)
+            return chunk.put(x, n)
+
+    def reduce_all(self) -> None:
+        """Reduce every buffer still open (queued kernels only)."""
+        open_, self._open = self._open, {}
+        for chunk in open_.values():
+            chunk.reduce()
+
+
+def device_stats(t: torch.Tensor, batch: "StatsBatch | None") -> "Parts | Row":
+    """The pending statistics of the non-empty strided tensor ``t``: the Triton kernel's
+    vector where it applies (:func:`stats_vector`), else a :class:`Row` of ``batch``,
+    else (no batch, or a tensor too large for it) the per-tensor parts."""
+    if batch is not None and not (t.is_floating_point() and t.dtype != _F64 and triton_stats.usable(t)):
+        row = batch.stage(t)
+        if row is not None:
+            return row
+    return stats_vector(t)
+
+
+def _lengths_on(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """``lengths`` as an int64 tensor on ``device`` without a host synchronisation (on an
+    accelerator: a pinned host tensor copied with ``non_blocking=True``)."""
+    host = torch.tensor(lengths, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+_WIDE = (_F64, torch.complex128)
+
+
+def segment_stats(flat: torch.Tensor, lengths: list[int], rescale: bool = True) -> torch.Tensor:
+    """The statistics of consecutive segments of the 1-d float64 tensor ``flat``
+    (segment ``i`` has ``lengths[i] > 0`` elements; their sum is ``flat.numel()``) as a
+    ``(len(lengths), BATCH_WIDTH)`` float64 matrix on ``flat``'s device: the layout of
+    the module docstring, column 8 the factor ``f`` that Sum and Norm are divided by
+    (:func:`_rescale_parts`; ``rescale=False``: 1.0, for values of a type narrower than
+    float64, whose squares neither overflow nor underflow in float64). A fixed number of
+    kernels (about 25, 35 with ``rescale``), none of them a host synchronisation
+    (``segment_reduce(..., unsafe=True)`` skips its checks, which would read ``lengths``
+    back)."""
+    lens = _lengths_on(lengths, flat.device)
+
+    def seg(v: torch.Tensor, how: str) -> torch.Tensor:
+        return torch.segment_reduce(v, how, lengths=lens, unsafe=True)
+
+    # NaN is removed before every max/min: has_nan is counted apart, not left to the
+    # kernel's NaN propagation
+    has_nan = seg(flat.isnan().to(_F64), "sum") > 0
+    nn_max = seg(torch.nan_to_num(flat, nan=-_INF, posinf=_INF, neginf=-_INF), "max")
+    nn_min = seg(torch.nan_to_num(flat, nan=_INF, posinf=_INF, neginf=-_INF), "min")
+    fin_max = seg(torch.nan_to_num(flat, nan=-_INF, posinf=-_INF, neginf=-_INF), "max")
+    fin_min = seg(torch.nan_to_num(flat, nan=_INF, posinf=_INF, neginf=_INF), "min")
+    mx = nn_max.masked_fill(has_nan, math.nan)
+    mn = nn_min.masked_fill(has_nan, math.nan)
+    if rescale:
+        m = torch.maximum(mx.abs(), mn.abs())  # NaN where has_nan: then f is 1.0
+        scale = (torch.ones_like(m).masked_fill_((m > 0) & (m <= RESCALE_SMALL), _SCALE_TINY)
+                 .masked_fill_(m >= RESCALE_BIG, _SCALE_BIG))
+        y = flat / torch.repeat_interleave(scale, lens, output_size=flat.numel())
+    else:
+        scale, y = torch.ones_like(mx), flat
+    total = seg(y, "sum")
+    norm = seg(y * y, "sum").sqrt()
+    return torch.stack([mx, mn, nn_max, nn_min, fin_max, fin_min, total, norm, scale], dim=1)
+
+
 def gather(vectors: list[Parts]) -> list[list[float]]:
     """The host values (layout above) of ``vectors``, all on one device, in **one**
     device→host copy: parts of one dtype are concatenated on the device (one kernel per
@@ -161,10 +351,41 @@ def gather_by_device(vectors: list[Parts]) -> tuple[list[list[float]], int]:
 
 @dataclass(frozen=True, slots=True)
 class PendingLeaf:
-    """A tensor leaf whose statistics are still on the device (``vector``)."""
+    """A tensor leaf whose statistics are still on the device (``vector``: its parts, or
+    its :class:`Row` of a :class:`StatsBatch`), or in summary_mode xor its checksum
+    (an :class:`~msprobe.pytorch.device_checksum.XorRow`); in summary_mode md5 ``crc``,
+    its CRC-32 (:class:`~msprobe.pytorch.device_checksum.CrcRow`)."""
 
     leaf: Leaf
-    vector: Parts
+    vector: "Parts | Row | XorRow"
+    crc: "CrcRow | None" = None  # summary_mode md5: the CRC-32 staged on the device
+    # task tensor: (host copy of the values, filled without waiting; the device copied from)
+    payload: "tuple[torch.Tensor, torch.device] | None" = None
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A C-contiguous host tensor receiving the values of the strided tensor ``t`` (task
+    tensor): on a CUDA device pinned memory filled with ``non_blocking=True``, so the copy
+    is only queued; the holder waits once per flush point (:meth:`DeferredStats.resolve`)
+    before reading it. A lazily conjugated or negated view is copied as its values."""
+    pinned = t.device.type == "cuda"
+    host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pinned)
+    with torch.no_grad():
+        host.copy_(t, non_blocking=pinned)
+    return host
+
+
+def payload_copyable(t: torch.Tensor) -> bool:
+    """Whether :func:`host_copy` takes ``t``: not quantized, not an opaque dtype (those keep
+    :func:`msprobe.pytorch.payload.tensor_bytes`' own handling)."""
+    from msprobe.pytorch.stats import OPAQUE_DTYPES
+
+    return not t.is_quantized and t.dtype not in OPAQUE_DTYPES
+
+
+#: task tensor: bytes of pending host copies at which the recorder resolves at once (the
+#: pinned host memory held between flush points)
+PAYLOAD_BUDGET = 256 << 20
 
 
 class DeferredStats:
@@ -172,12 +393,21 @@ class DeferredStats:
 
     Args:
         limit: resolve on its own when this many vectors are pending (bounds memory).
+        batch: the :class:`StatsBatch` whose rows the pending leaves may hold (a new one
+            by default; the recorder hands it to its leaf builder).
     """
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, batch: "StatsBatch | None" = None) -> None:
         self._calls: list[tuple[Call, list]] = []
         self._pending = 0
         self.limit = limit
+        self.batch = batch if batch is not None else StatsBatch()
+        self.xor_batch = XorBatch()  # summary_mode xor: the leaves' checksums
+        self.crc_batch = CrcBatch()  # summary_mode md5: the leaves' CRC-32
+        # task tensor: put(data, dtype, shape) -> payload reference, for PendingLeaf.payload
+        # (Session.put_payload; the recorder sets it)
+        self.put_payload = None
+        self._payload_bytes = 0
         self.transfers = 0  # number of device→host copies made (tests read this)
 
     def __len__(self) -> int:
@@ -187,22 +417,80 @@ class DeferredStats:
         """Queue ``call`` whose ``leaves`` may hold :class:`PendingLeaf`; True if the queue
         reached its limit and should be resolved now."""
         self._calls.append((call, leaves))
-        self._pending += sum(1 for x in leaves if isinstance(x, PendingLeaf))
-        return self._pending >= self.limit
+        for x in leaves:
+            if isinstance(x, PendingLeaf):
+                self._pending += 1
+                if x.payload is not None:
+                    self._payload_bytes += x.payload[0].numel() * x.payload[0].element_size()
+        return self._pending >= self.limit or self._payload_bytes >= PAYLOAD_BUDGET
 
     def resolve(self) -> list[Call]:
         """Gather every pending vector (one copy per device) and return the final calls,
         in the order they were queued."""
-        calls, self._calls, self._pending = self._calls, [], 0
+        calls, self._calls, self._pending, self._payload_bytes = self._calls, [], 0, 0
         pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
-        host, copies = gather_by_device([x.vector for x in pending])
+        self.batch.reduce_all()
+        self.xor_batch.fold_all()
+        self.crc_batch.reduce_all()
+        items: list[Parts] = []  # per-tensor parts, and each reduced chunk's result once
+        chunks: dict[int, int] = {}
+
+        def spot(v) -> tuple[int, int, int]:
+            """(item, first value, count; 0: the whole item) of one pending value"""
+            if isinstance(v, (Row, XorRow, CrcRow)):
+                i = chunks.get(id(v.chunk))
+                if i is None:
+                    i = chunks[id(v.chunk)] = len(items)
+                    # XOR and CRC words travel as two int32 halves: exact in the float64 gathered
+                    items.append((v.chunk.result if isinstance(v, Row) else v.chunk.result.view(torch.int32),))
+                width = BATCH_WIDTH if isinstance(v, Row) else 2
+                return i, v.index * width, width
+            items.append(v)
+            return len(items) - 1, 0, 0
+
+        spots = [(spot(x.vector), None if x.crc is None else spot(x.crc)) for x in pending]
+        host, copies = gather_by_device(items)
         self.transfers += copies
-        values = iter(host)
-        out = []
-        for call, leaves in calls:
-            final = [_fill(x.leaf, next(values)) if isinstance(x, PendingLeaf) else x for x in leaves]
-            out.append(replace(call, leaves=tuple(final)))
-        return out
+
+        def value(where: tuple[int, int, int]) -> list:
+            i, start, n = where
+            return host[i][start:start + n] if n else host[i]
+
+        _wait_for_copies({x.payload[1] for x in pending if x.payload is not None})
+        finals = []
+        for x, (where, crc_where) in zip(pending, spots):
+            if isinstance(x.vector, XorRow):
+                leaf = x.leaf.replace(crc32=xor_hex(*value(where)))
+            else:
+                leaf = _fill(x.leaf, value(where))
+                if crc_where is not None:
+                    leaf = leaf.replace(crc32=crc_hex(value(crc_where)[0], x.crc.nbytes))
+            if x.payload is not None:
+                leaf = leaf.replace(payload=self._put(x.payload[0], leaf.dtype))
+            finals.append(leaf)
+        it = iter(finals)
+        return [replace(call, leaves=tuple(next(it) if isinstance(x, PendingLeaf) else x for x in leaves))
+                for call, leaves in calls]
+
+
+    def _put(self, host: torch.Tensor, dtype: str) -> "str | None":
+        """Store one host copy (its C-order bytes) through :attr:`put_payload`."""
+        if self.put_payload is None:
+            return None
+        n = host.numel() * host.element_size()
+        data = ctypes.string_at(host.data_ptr(), n) if n else b""
+        return self.put_payload(data, dtype, tuple(host.shape))
+
+
+def _wait_for_copies(devices: set) -> None:
+    """Wait once per accelerator in ``devices`` for the queued host copies."""
+    for device in devices:
+        if device.type == "cpu":
+            continue
+        backend = getattr(torch, device.type, None)
+        sync = getattr(backend, "synchronize", None)
+        if sync is not None:
+            sync(device)
 
 
 def _fill(leaf: Leaf, vals: list[float]) -> Leaf:

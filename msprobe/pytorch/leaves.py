@@ -36,7 +36,8 @@ from msprobe.core.values import MAX_DEPTH, qualname, slice_part, walk  # noqa: F
 from msprobe.core.values import value_record as core_value_record
 from msprobe.pytorch import stats as _stats  # FUSED_CRC / fused_stats_crc looked up at call time
 from msprobe.pytorch.compiled import is_fake
-from msprobe.pytorch.deferred import PendingLeaf, stats_vector
+from msprobe.pytorch.deferred import PendingLeaf, StatsBatch, device_stats, host_copy, payload_copyable
+from msprobe.pytorch.device_checksum import CrcBatch, XorBatch, crc_dtype, stageable as xor_stageable
 from msprobe.pytorch.dist_hooks import distributed_value
 from msprobe.pytorch.payload import tensor_bytes
 from msprobe.pytorch.stats import (NATIVE, NATIVE_KIND, PLAIN_TYPES, crc32_hex, has_data, materialized,
@@ -139,7 +140,9 @@ class LeafBuilder:
             bfloat16/float16 tensor (:func:`_native_kind`) gets its statistics and CRC-32
             from one read of its memory (:func:`msprobe.pytorch.stats.fused_stats_crc`) when
             ``stats.FUSED_CRC`` is set; other tensors, or without it, two passes
-            (``tensor_stats``, ``crc32_hex``).
+            (``tensor_stats``, ``crc32_hex``). With :attr:`crc_batch` set, a device
+            tensor's CRC-32 is computed on the device and filled in at the flush point
+            (:mod:`msprobe.pytorch.device_checksum`).
         with_data: compute statistics (False for task ``structure``).
         capture: task ``tensor``: ``capture(tensor) -> payload reference or None`` stores
             the tensor's values; the reference goes to the leaf's ``payload``.
@@ -152,11 +155,18 @@ class LeafBuilder:
             per entry; off until the first call).
         xor: summary_mode xor: instead of the statistics, the 64-bit XOR fold of the
             tensor's C-order bytes (:func:`msprobe.core.checksum.xor64_hex`) in the
-            leaf's ``crc32`` (dump.json ``md5``); computed on the host (a device tensor
-            is copied there first), also with ``async_dump``.
+            leaf's ``crc32`` (dump.json ``md5``); computed on the host, also with
+            ``async_dump``, except for a device tensor when :attr:`xor_batch` is set (then
+            folded on the device and filled in at the flush point).
+
+    The recorder sets :attr:`batch`, :attr:`xor_batch`, :attr:`crc_batch` and
+    :attr:`defer_payloads` to the staging of its :class:`~msprobe.pytorch.deferred.DeferredStats`
+    (which resolves the :class:`~msprobe.pytorch.deferred.PendingLeaf` values at its flush
+    points); with their defaults (None, False) every device tensor's statistics take the
+    per-tensor kernels, and its checksums and payload are read on the host per tensor.
     """
 
-    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "defer_all", "capture", "defer", "memo", "pending_made", "_scratch",
+    __slots__ = ("md5", "xor", "high", "tensor_list", "_capture_all", "_snapshot_all", "with_data", "_defer_all", "capture", "defer", "batch", "xor_batch", "crc_batch", "defer_payloads", "memo", "pending_made", "_scratch",
                  "_snapshot", "_page_args", "_texts", "_small", "_small_table")
 
     def __init__(self, *, md5: bool, with_data: bool = True, defer_all: bool = False,
@@ -168,9 +178,22 @@ class LeafBuilder:
         self.with_data = with_data
         # accelerator tensors always take the deferred (sync-free) path; defer_all sends
         # CPU tensors there too (tests of the deferred path on machines without a device)
-        self.defer_all = defer_all
+        self._defer_all = bool(defer_all)
         self.capture = capture
         self.defer: Optional[Callable[[str, tuple, torch.Tensor], Leaf]] = None
+        # device statistics are staged here and reduced together at the flush point
+        # (msprobe.pytorch.deferred, "Batched statistics"); None: per-tensor kernels
+        self.batch: Optional[StatsBatch] = None
+        # summary_mode xor: device tensors' checksums folded on the device at the flush
+        # point (msprobe.pytorch.device_checksum); None: copied to the host per tensor
+        self.xor_batch: Optional[XorBatch] = None
+        # summary_mode md5: device tensors' CRC-32 computed on the device, read at the flush
+        # point (msprobe.pytorch.device_checksum); None: copied to the host per tensor
+        self.crc_batch: Optional[CrcBatch] = None
+        # task tensor: device tensors' host copies queued (pinned memory, non_blocking) and
+        # stored at the flush point by whoever resolves the PendingLeaf (the recorder's
+        # DeferredStats); False: copied and stored per tensor
+        self.defer_payloads = False
         # statistics of tensors recorded twice in a row; the recorder clears it before
         # every intercepted call (msprobe.pytorch.stats_memo)
         self.memo = StatsMemo()
@@ -190,10 +213,28 @@ class LeafBuilder:
         self._capture_all, self._snapshot_all = self.capture, self._snapshot
         if tensor_list is not None:
             self.capture = self._snapshot = None
-        # whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
-        # capture is checked per leaf: tensor_list switches it per entry)
-        self._small = _small_leaf is not None and with_data and not md5 and not self.xor and not defer_all
+        self._small = False
         self._small_table = _small_table(MEMO_MIN_BYTES)
+        self._set_small()
+
+    def _set_small(self) -> None:
+        """Whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
+        capture is checked per leaf: tensor_list switches it per entry)."""
+        self._small = (_small_leaf is not None and self.with_data and not self.md5 and not self.xor
+                       and not self._defer_all)
+
+    @property
+    def defer_all(self) -> bool:
+        """Send CPU tensors through the device path too (accelerator tensors always take
+        it): the deferred statistics, and no CPU-only shortcut (the native small-leaf,
+        plain-leaf, fused CRC-32 and snapshot passes). For measuring and testing the device
+        path on machines without a device; may be set at any time."""
+        return self._defer_all
+
+    @defer_all.setter
+    def defer_all(self, value: bool) -> None:
+        self._defer_all = bool(value)
+        self._set_small()
 
     def for_entry(self, name: str) -> None:
         """The leaves built next belong to the entry ``name``: with ``tensor_list``, its
@@ -238,7 +279,7 @@ class LeafBuilder:
                 return leaf
         # the common case (see _plain_leaf): statistics (and task tensor's payload) of a
         # plain contiguous CPU tensor
-        if (self.defer is None and self.with_data and not self.defer_all and NATIVE is not None
+        if (self.defer is None and self.with_data and not self._defer_all and NATIVE is not None
                 and (not self.md5 or _stats.FUSED_CRC is not None)):
             leaf = self._plain_leaf(io, path, t, keep)
             if leaf is not None:
@@ -270,13 +311,22 @@ class LeafBuilder:
         t = materialized(t)  # a ZeroTensor: its zeros (it has no memory to read)
         if self.defer is not None:
             return self.defer(io, path, t)
-        if (self.with_data and (not t.is_cpu or self.defer_all) and has_data(t) and not self.md5
-                and not opaque(t)):
-            payload = self._payload_of(t)
+        if (self.with_data and (not t.is_cpu or self._defer_all) and has_data(t) and not opaque(t)
+                and (not self.md5 or (self.crc_batch is not None and (crc_as := crc_dtype(t)) is not None))):
+            # statistics (and the CRC-32 of summary_mode md5) stay on the device until the
+            # recorder's next flush point; task tensor's copy to the host is queued and
+            # stored there too, where the recorder takes it (defer_payloads)
+            copy = payload = None
+            if self.capture is not None and self.defer_payloads and payload_copyable(t):
+                copy = (host_copy(t), t.device)
+            else:
+                payload = self._payload_of(t)
             self.pending_made = True
             return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
                                     dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
-                                    requires_grad=bool(t.requires_grad), payload=payload), stats_vector(t))
+                                    requires_grad=bool(t.requires_grad), payload=payload),
+                               device_stats(t, self.batch), self.crc_batch.stage(t, crc_as) if self.md5 else None,
+                               copy)
         st = crc = payload = None
         if self.with_data:
             memo = self.memo
@@ -290,9 +340,10 @@ class LeafBuilder:
                 if keep:  # recorded before as an ordinary tensor: hold it from now on
                     memo.put(t, hit, keep=True)
             else:
-                kind = _native_kind(t) if self.md5 and _stats.FUSED_CRC is not None else None
+                native = not self._defer_all  # defer_all: the code a device tensor takes
+                kind = _native_kind(t) if native and self.md5 and _stats.FUSED_CRC is not None else None
                 c_order = None
-                if kind is None and self.md5 and _stats.FUSED_CRC is not None:
+                if kind is None and native and self.md5 and _stats.FUSED_CRC is not None:
                     # a transposed view: its CRC-32 is over its C-order bytes
                     kind = _native_kind(t, contiguous=False)
                     c_order = None if kind is None else self._scratch.c_order(t)
@@ -301,7 +352,7 @@ class LeafBuilder:
                 if kind is not None:  # statistics and CRC-32 in one pass over the memory
                     st, crc = _stats.fused_stats_crc(t if c_order is None else c_order, kind)
                     payload = self._payload_of(t)
-                elif (self._snapshot is not None and not self.md5
+                elif (self._snapshot is not None and not self.md5 and native
                       and (kind := _native_kind(t, contiguous=False)) is not None):
                     # task tensor, a transposed view: the statistics are those of its C-order
                     # copy, read right after the copy is made (what summary_mode md5 reads too)
@@ -348,6 +399,14 @@ class LeafBuilder:
                                 requires_grad=requires_grad)
                 t = value
             t = materialized(t)
+            if (self.xor_batch is not None and self.defer is None and (not t.is_cpu or self._defer_all)
+                    and xor_stageable(t)):
+                # a device tensor: its checksum is folded on the device, read at the flush point
+                payload = self._payload_of(t)
+                self.pending_made = True
+                return PendingLeaf(Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor",
+                                        dtype=str(t.dtype), shape=tuple(t.shape), numel=t.numel(),
+                                        requires_grad=requires_grad, payload=payload), self.xor_batch.stage(t))
             return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type="torch.Tensor", dtype=str(t.dtype),
                         shape=tuple(t.shape), numel=t.numel(), crc32=_xor_or_none(t),
                         requires_grad=requires_grad, payload=self._payload_of(t))

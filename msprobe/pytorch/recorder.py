@@ -119,6 +119,13 @@ class Recorder(RecorderCore):
                                           md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure")
             self.leaves.defer = self.gatherer.tensor_leaf
         self.deferred = DeferredStats()
+        self.leaves.batch = self.deferred.batch  # the leaves' device statistics, resolved by self.deferred
+        self.leaves.xor_batch = self.deferred.xor_batch  # and their xor checksums
+        if self.bench is None:  # (bench_path decides from each call's CRC-32 as it is recorded)
+            self.leaves.crc_batch = self.deferred.crc_batch  # and their CRC-32 (md5)
+            if self.capture is not None:  # task tensor: host copies stored at the flush point
+                self.deferred.put_payload = session.put_payload
+                self.leaves.defer_payloads = True
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
 

@@ -114,3 +114,16 @@ def test_bit_identical_on_the_deferred_statistics_path(tmp_path, reference):
     assert all(torch.equal(a, b) for a, b in zip(reference, got))
     data = json.loads((tmp_path / "d" / "step2" / "rank" / "dump.json").read_text())["data"]
     assert data["Functional.linear.0.forward"]["output"][0]["Max"] is not None
+
+
+@pytest.mark.parametrize("task, summary_mode", [("statistics", "md5"), ("statistics", "xor"), ("tensor", "statistics")])
+def test_bit_identical_on_the_device_checksum_and_copy_paths(tmp_path, reference, task, summary_mode):
+    """The device path of summary_mode md5/xor (checksums computed on the device) and of
+    task tensor (host copies queued, stored at the flush point), forced for CPU tensors."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"task": task, task: {"summary_mode": summary_mode}}))
+    got = train("mix", None, tmp_path / "d", config_path=str(config), defer_all=True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, got))
+    data = json.loads((tmp_path / "d" / "step2" / "rank" / "dump.json").read_text())["data"]
+    rec = data["Functional.linear.0.forward"]["output"][0]
+    assert rec["Max"] is not None if summary_mode != "xor" else rec["md5"].startswith("0x")
