@@ -359,11 +359,24 @@ class StoreReader:
             found &= self.steps
         return sorted(int(s) for s in found)
 
-    def table(self) -> pa.Table:
-        """Every selected row (:data:`TAIL_SCHEMA`; parts, then the tail; chunked, not sorted).
-        Memory: the whole selection; prefer :meth:`rank_table` or SQL over the views."""
+    def table(self, columns: Optional[Iterable[str]] = None) -> pa.Table:
+        """Every selected row (parts, then the tail; chunked, not sorted), with the columns
+        of :data:`TAIL_SCHEMA`, or only ``columns`` (names of :data:`TAIL_SCHEMA`, in its
+        order; the parts read nothing else). Memory: the whole selection; prefer
+        :meth:`rank_table` or SQL over the views.
+
+        Raises:
+            KeyError: a name in ``columns`` is not a column of :data:`TAIL_SCHEMA`.
+        """
         import pyarrow.dataset as ds
 
+        schema = TAIL_SCHEMA
+        if columns is not None:
+            wanted = set(columns)
+            unknown = wanted - set(TAIL_SCHEMA.names)
+            if unknown:
+                raise KeyError(f"columns: {sorted(unknown)} not in the log's columns {TAIL_SCHEMA.names}")
+            schema = pa.schema([f for f in TAIL_SCHEMA if f.name in wanted], metadata=TAIL_SCHEMA.metadata)
         tables = []
         for meta in (True, False):
             dataset = self.dataset(meta=meta)
@@ -372,8 +385,8 @@ class StoreReader:
             condition = None
             if self.steps is not None and not meta:
                 condition = ds.field(S.STEP).isin(sorted(self.steps))
-            tables.append(dataset.to_table(filter=condition).select(TAIL_SCHEMA.names).cast(TAIL_SCHEMA))
-        tables.append(self.tail)
+            tables.append(dataset.to_table(columns=schema.names, filter=condition).cast(schema))
+        tables.append(self.tail.select(schema.names))
         return pa.concat_tables(tables)
 
     def rank_table(self, rank: int) -> pa.Table:

@@ -119,6 +119,11 @@ def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequ
 
 
 # --- our log -----------------------------------------------------------------------------
+#: the log columns a side is built from (calls, leaves, markers' meta, stacks' frames)
+_LOAD_COLUMNS = (S.ROW, S.RANK, S.STEP, S.SEQ, S.NAME, S.KIND, S.PARENT, S.STACK_ID, S.META, S.FRAMES,
+                 *(c for c in LEAF_SCHEMA.names if c not in ("cseq", "lord")))
+
+
 def _read_log_chunks(p: Path, ranks=None, steps=None):
     """The selected rows of our store (``table``, ``stacks``, ``skipped``), as
     :class:`store.select.StoreReader` gives them: Parquet parts plus the log not yet
@@ -130,7 +135,7 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
     from store.select import StoreReader
 
     reader = StoreReader(p, ranks=ranks, steps=steps)
-    table = reader.table()
+    table = reader.table(columns=_LOAD_COLUMNS)
     stacks = add_stacks({}, table)
     missing = tuple(r for r in missing_ranks(table) if ranks is None or r in ranks)
     return SimpleNamespace(table=table, stacks=stacks, skipped=tuple(reader.skipped),

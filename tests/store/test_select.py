@@ -204,3 +204,20 @@ def test_a_narrowed_reader_reads_what_a_fresh_reader_of_that_selection_reads(tmp
     for sql in SQLS:
         got, expected = (connect(dump, reader=r).sql(sql).fetchall() for r in (narrow, fresh))
         assert got == expected and expected, sql
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_table_of_chosen_columns_reads_only_those(tmp_path, sample, compacted):
+    dump = _three_ranks(tmp_path / "d", sample)
+    if compacted:
+        compact(dump)
+    reader = StoreReader(dump, ranks=[0, 2], steps=[1])
+    whole = reader.table()
+    some = reader.table(columns=["max", "rank", "row", "name"])
+    from store.select import TAIL_SCHEMA
+    assert some.column_names == [n for n in TAIL_SCHEMA.names if n in ("max", "rank", "row", "name")]
+    assert some.num_rows == whole.num_rows > 0
+    assert some.to_pylist() == whole.select(some.column_names).to_pylist()
+    assert set(some["rank"].to_pylist()) == {0, 2}
+    with pytest.raises(KeyError, match="nosuch"):
+        reader.table(columns=["max", "nosuch"])
