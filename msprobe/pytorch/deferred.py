@@ -43,6 +43,14 @@ outside 2**±400). The memory budget is the buffer: :data:`BATCH_ELEMENTS` float
 values (32 MiB) per device; a tensor of more than :data:`BATCH_MAX_ELEMENTS` elements
 takes the per-tensor kernels (its own work then dwarfs their launches). Amortised over
 a flush, a recorded tensor costs about one kernel (``benchmarks/device_ops.py``).
+
+**tensor.bench_path** (:class:`HeldCall`): a forward call whose CRC-32s are on the device is
+queued with its tensors' values held: a staged tensor's in its CRC-32 staging row (kept
+after the reduction, :attr:`~msprobe.pytorch.device_checksum.CrcBatch.keep_rows`), another
+tensor's as a host copy made when the call ended. At the flush point
+:meth:`DeferredStats.resolve` asks :attr:`DeferredStats.bench_decide` about each such call,
+in recording order, and stores the selected calls' tensors (one copy per device of the
+staged values); the rest is dropped.
 """
 from __future__ import annotations
 

@@ -206,3 +206,39 @@ def test_bench_path_syncs_per_flush(tmp_path):
     for r in (small, large):
         assert r["syncs"] <= r["flushes"], r
     assert small["syncs"] == large["syncs"]
+
+
+def test_a_small_memory_budget_decides_at_every_entry(tmp_path, baseline, monkeypatch):
+    """With a budget of one byte the queue is resolved at each entry it holds (the
+    decision of a call then waits only for its own entry): the same calls and files."""
+    from msprobe.pytorch import deferred
+
+    monkeypatch.setattr(deferred, "PAYLOAD_BUDGET", 1)
+    host, _ = _run(tmp_path, "host", eps=EPS, scale=2.0, bench=baseline, diff_nums=3)
+    dev, _ = _run(tmp_path, "dev", eps=EPS, scale=2.0, bench=baseline, diff_nums=3, defer=True)
+    _same_as_host(host, dev)
+    assert [sorted(_step(dev, step)[1]) for step in range(STEPS)] == [ADD + MUL, ADD]
+    assert _DEFERRED["selected"] == 3
+
+
+def test_kept_staging_rows_hold_the_values():
+    """:meth:`CrcRow.values`: the C-order bytes of each staged tensor (bfloat16 as float32,
+    exactly), after the matrices are reduced, while ``keep_rows``; freed rows say so."""
+    from msprobe.pytorch.device_checksum import CrcBatch, crc_dtype
+
+    batch = CrcBatch(chunk_words=16)
+    batch.keep_rows = True
+    tensors = [torch.arange(6, dtype=torch.float32).reshape(2, 3).t(), torch.tensor([1.5, -2.25], dtype=torch.bfloat16),
+               torch.tensor([True, False, True]), torch.arange(40, dtype=torch.int64)]
+    rows = [batch.stage(t, crc_dtype(t)) for t in tensors]
+    assert batch.kept_bytes >= sum(r.nbytes for r in rows)
+    batch.reduce_all()
+    for t, row in zip(tensors, rows):
+        want = t.contiguous().to(row.dtype).reshape(-1).view(torch.uint8)
+        assert torch.equal(row.values(), want)
+        assert torch.equal(row.values().clone().view(row.dtype).to(t.dtype).reshape(t.shape), t)
+    plain = CrcBatch()
+    row = plain.stage(torch.ones(3), torch.float32)
+    plain.reduce_all()
+    with pytest.raises(RuntimeError, match="freed"):
+        row.values()
