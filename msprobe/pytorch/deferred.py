@@ -417,7 +417,8 @@ class HeldCall:
             staging row (their CRC-32 was computed on the host): a :class:`HostCopy`
             queued when the call ended, or where no host copy applies (quantized, opaque
             dtypes) a detached clone, stored through :attr:`DeferredStats.store`.
-        nbytes: bytes of ``copies`` (counted against :data:`PAYLOAD_BUDGET`).
+        nbytes: bytes of the host copies in ``copies`` (counted against
+            :data:`PAYLOAD_BUDGET`; the rare clones are not).
     """
 
     keys: frozenset

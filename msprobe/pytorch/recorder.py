@@ -142,16 +142,18 @@ class Recorder(RecorderCore):
         where :meth:`_queues` is True for its leaves)."""
         if self.gatherer is not None:
             self.gatherer.add(call)
-        elif self._queues(call.leaves):
+        elif self.leaves.pending_made and (len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves)):
+            # (:meth:`_queues`, inlined: nothing is queued before the first PendingLeaf)
             if self.deferred.add(call, list(call.leaves), held):
                 self.flush_deferred()
         else:
             self.session.emit(call)
 
     def _queues(self, leaves) -> bool:
-        """Whether :meth:`emit` queues an entry with ``leaves`` until the flush point: some
-        device statistics are pending, in it or in an entry queued before it (nothing is
-        queued before the first PendingLeaf: ``pending_made`` is never reset)."""
+        """Whether :meth:`emit` queues an entry with ``leaves`` until the flush point (the
+        test :meth:`emit` makes inline; keep the two alike): some device statistics are
+        pending, in it or in an entry queued before it (nothing is queued before the first
+        PendingLeaf: ``pending_made`` is never reset)."""
         return (self.gatherer is None and self.leaves.pending_made
                 and (len(self.deferred) > 0 or any(isinstance(x, PendingLeaf) for x in leaves)))
 
