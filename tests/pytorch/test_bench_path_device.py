@@ -242,3 +242,65 @@ def test_kept_staging_rows_hold_the_values():
     plain.reduce_all()
     with pytest.raises(RuntimeError, match="freed"):
         row.values()
+
+
+class Scale(nn.Module):
+    """Scales its input in place (``s`` 1 in the baseline run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.s = 1.0
+
+    def forward(self, h):
+        return h.mul_(self.s)
+
+
+class InPlaceNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.scale = nn.Linear(4, 4), Scale()
+
+    def forward(self, x):
+        return self.scale(torch.add(self.fc1(x), 1.0)).sum()
+
+
+def _inplace_run(tmp_path, name, s, bench=None, defer=False):
+    dump = tmp_path / name
+    tensor = {"summary_mode": "md5"}
+    if bench is not None:
+        tensor.update(bench_path=str(bench), diff_nums=-1)
+    cfg = tmp_path / f"{name}.json"
+    cfg.write_text(json.dumps({"task": "tensor", "dump_path": str(dump), "level": "mix", "tensor": tensor}))
+    torch.manual_seed(0)
+    net = InPlaceNet()
+    net.scale.s = s
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    dbg.recorder.leaves.defer_all = defer
+    dbg.start(net)
+    net(_inputs()[0]).backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return dump
+
+
+def test_inputs_written_in_place_keep_the_values_the_call_received(tmp_path):
+    """A module and the API call inside it that scale their input in place are both
+    selected; their input files hold the values before the write (as on the host path),
+    computed independently here."""
+    base = _inplace_run(tmp_path, "base", 1.0)
+    host = _inplace_run(tmp_path, "host", 3.0, bench=base)
+    dev = _inplace_run(tmp_path, "dev", 3.0, bench=base, defer=True)
+    host_recs, host_files = _step(host, 0)
+    dev_recs, dev_files = _step(dev, 0)
+    assert sorted(dev_files) == sorted(host_files) == [
+        "Module.scale.Scale.forward.0.input_args.0", "Module.scale.Scale.forward.0.output.0",
+        "Tensor.mul_.0.forward.input_args.0", "Tensor.mul_.0.forward.output.0"]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        h = torch.add(InPlaceNet().fc1(_inputs()[0]), 1.0)
+    for k, t in dev_files.items():
+        want = h * 3.0 if k.endswith("output.0") else h
+        assert torch.equal(t, want), k
+        assert torch.equal(t, host_files[k]), k
+        assert dev_recs[k]["md5"] == host_recs[k]["md5"], k
