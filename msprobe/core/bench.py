@@ -2,8 +2,10 @@
 from a baseline recording.
 
 With task ``tensor``, ``summary_mode: "md5"`` and ``bench_path``, every forward call's
-tensor CRC-32s are compared, while the call runs, with those the baseline recorded for the
-entry of the same name, step and rank. A call is *selected* when all its tensor inputs
+tensor CRC-32s are compared with those the baseline recorded for the entry of the same
+name, step and rank: when the call ends, or, where its CRC-32s are computed on a device,
+at the next flush point, the queued calls in the order they were recorded
+(:mod:`msprobe.pytorch.recorder`). A call is *selected* when all its tensor inputs
 equal the baseline's and at least one of its tensor outputs does not: the call that
 introduced the difference. Only selected calls keep their tensors (inputs, parameters,
 outputs), at most ``diff_nums`` calls in the whole run (``-1``: no limit); every other

@@ -43,6 +43,14 @@ outside 2**±400). The memory budget is the buffer: :data:`BATCH_ELEMENTS` float
 values (32 MiB) per device; a tensor of more than :data:`BATCH_MAX_ELEMENTS` elements
 takes the per-tensor kernels (its own work then dwarfs their launches). Amortised over
 a flush, a recorded tensor costs about one kernel (``benchmarks/device_ops.py``).
+
+**tensor.bench_path** (:class:`HeldCall`): a forward call whose CRC-32s are on the device is
+queued with its tensors' values held: a staged tensor's in its CRC-32 staging row (kept
+after the reduction, :attr:`~msprobe.pytorch.device_checksum.CrcBatch.keep_rows`), another
+tensor's as a host copy made when the call ended. At the flush point
+:meth:`DeferredStats.resolve` asks :attr:`DeferredStats.bench_decide` about each such call,
+in recording order, and stores the selected calls' tensors (one copy per device of the
+staged values); the rest is dropped.
 """
 from __future__ import annotations
 
@@ -383,9 +391,45 @@ def payload_copyable(t: torch.Tensor) -> bool:
     return not t.is_quantized and t.dtype not in OPAQUE_DTYPES
 
 
-#: task tensor: bytes of pending host copies at which the recorder resolves at once (the
-#: pinned host memory held between flush points)
+#: bytes of values held between flush points at which the recorder resolves at once: task
+#: tensor's pending host copies (pinned memory); with ``tensor.bench_path`` also the CRC-32
+#: staging matrices kept for the calls not yet decided and the copies of their tensors that
+#: were not staged (:class:`HeldCall`)
 PAYLOAD_BUDGET = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class HostCopy:
+    """A queued host copy (:func:`host_copy`) of a tensor of ``device``."""
+
+    host: torch.Tensor
+    device: torch.device
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCall:
+    """``tensor.bench_path``: a forward call whose selection waits for the flush point
+    (some of its CRC-32s are still on the device, or an earlier call waits too).
+
+    Attributes:
+        keys: ``(io, path)`` of the tensor leaves a selected call stores.
+        copies: ``{(io, path): value}`` of those tensors whose values are not in a CRC-32
+            staging row (their CRC-32 was computed on the host): a :class:`HostCopy`
+            queued when the call ended, or where no host copy applies (quantized, opaque
+            dtypes) a detached clone, stored through :attr:`DeferredStats.store`.
+        nbytes: bytes of the host copies in ``copies`` (counted against
+            :data:`PAYLOAD_BUDGET`; the rare clones are not).
+    """
+
+    keys: frozenset
+    copies: dict
+    nbytes: int = 0
+
+
+def _torch_dtype(text: str) -> "torch.dtype | None":
+    """The ``torch.dtype`` named ``text`` (``"torch.bfloat16"``), None for another name."""
+    dtype = getattr(torch, text[6:], None) if text.startswith("torch.") else None
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 class DeferredStats:
@@ -398,7 +442,7 @@ class DeferredStats:
     """
 
     def __init__(self, limit: int = 4096, batch: "StatsBatch | None" = None) -> None:
-        self._calls: list[tuple[Call, list]] = []
+        self._calls: list[tuple[Call, list, "HeldCall | None"]] = []
         self._pending = 0
         self.limit = limit
         self.batch = batch if batch is not None else StatsBatch()
@@ -409,26 +453,34 @@ class DeferredStats:
         self.put_payload = None
         self._payload_bytes = 0
         self.transfers = 0  # number of device→host copies made (tests read this)
+        # tensor.bench_path (the recorder sets both): decide(call, held) -> True when the
+        # call (its leaves final) is selected, and store(tensor) -> payload reference
+        self.bench_decide = None
+        self.store = None
 
     def __len__(self) -> int:
         return len(self._calls)
 
-    def add(self, call: Call, leaves: list) -> bool:
-        """Queue ``call`` whose ``leaves`` may hold :class:`PendingLeaf`; True if the queue
-        reached its limit and should be resolved now."""
-        self._calls.append((call, leaves))
+    def add(self, call: Call, leaves: list, held: "HeldCall | None" = None) -> bool:
+        """Queue ``call`` whose ``leaves`` may hold :class:`PendingLeaf`; ``held``:
+        tensor.bench_path, the call's tensors waiting for its selection. True if the queue
+        reached its limit or its memory budget and should be resolved now."""
+        self._calls.append((call, leaves, held))
         for x in leaves:
             if isinstance(x, PendingLeaf):
                 self._pending += 1
                 if x.payload is not None:
                     self._payload_bytes += x.payload[0].numel() * x.payload[0].element_size()
-        return self._pending >= self.limit or self._payload_bytes >= PAYLOAD_BUDGET
+        if held is not None:
+            self._payload_bytes += held.nbytes
+        return (self._pending >= self.limit
+                or self._payload_bytes + self.crc_batch.kept_bytes >= PAYLOAD_BUDGET)
 
     def resolve(self) -> list[Call]:
         """Gather every pending vector (one copy per device) and return the final calls,
         in the order they were queued."""
         calls, self._calls, self._pending, self._payload_bytes = self._calls, [], 0, 0
-        pending = [x for _, leaves in calls for x in leaves if isinstance(x, PendingLeaf)]
+        pending = [x for _, leaves, _ in calls for x in leaves if isinstance(x, PendingLeaf)]
         self.batch.reduce_all()
         self.xor_batch.fold_all()
         self.crc_batch.reduce_all()
@@ -469,8 +521,60 @@ class DeferredStats:
                 leaf = leaf.replace(payload=self._put(x.payload[0], leaf.dtype))
             finals.append(leaf)
         it = iter(finals)
-        return [replace(call, leaves=tuple(next(it) if isinstance(x, PendingLeaf) else x for x in leaves))
-                for call, leaves in calls]
+        out = [replace(call, leaves=tuple(next(it) if isinstance(x, PendingLeaf) else x for x in leaves))
+               for call, leaves, _ in calls]
+        if any(held is not None for _, _, held in calls):
+            self._held_payloads(calls, out)
+        return out
+
+    def _held_payloads(self, calls: list, out: list[Call]) -> None:
+        """tensor.bench_path: decide, in the order the calls were recorded, which held calls
+        are selected (:attr:`bench_decide`), and give the selected calls' tensor leaves
+        their payloads, in place in ``out``: a staged tensor's values are read from its
+        CRC-32 staging row (one copy per device for all of them), a held copy is stored as
+        it is. Nothing is copied when no call is selected."""
+        staged: list[tuple[int, int, CrcRow]] = []
+        kept: list[tuple[int, int, object]] = []
+        for i, ((_, leaves, held), call) in enumerate(zip(calls, out)):
+            if held is None or self.bench_decide is None or not self.bench_decide(call, held):
+                continue
+            for j, (x, leaf) in enumerate(zip(leaves, call.leaves)):
+                key = (leaf.io, tuple(leaf.path))
+                if leaf.leaf_kind != schema.LEAF_TENSOR or leaf.payload is not None or key not in held.keys:
+                    continue
+                if isinstance(x, PendingLeaf) and x.crc is not None:
+                    staged.append((i, j, x.crc))
+                elif key in held.copies:
+                    kept.append((i, j, held.copies[key]))
+        if not staged and not kept:
+            return
+        refs: dict[tuple[int, int], "str | None"] = {}
+        by_device: dict[torch.device, list] = {}
+        for i, j, row in staged:
+            by_device.setdefault(row.chunk.rows.device, []).append((i, j, row))
+        for rows in by_device.values():  # one device→host copy per device
+            flat = torch.cat([row.values() for _, _, row in rows]).to("cpu")
+            self.transfers += 1
+            start = 0
+            for i, j, row in rows:
+                leaf = out[i].leaves[j]
+                host = flat[start:start + row.nbytes].clone().view(row.dtype)
+                start += row.nbytes
+                dtype = _torch_dtype(leaf.dtype)
+                if dtype is not None and dtype != row.dtype:  # bfloat16/float8 staged as float32: exact
+                    host = host.to(dtype)
+                refs[(i, j)] = self._put(host.reshape(leaf.shape), leaf.dtype)
+        _wait_for_copies({c.device for _, _, c in kept if isinstance(c, HostCopy)})
+        for i, j, c in kept:
+            leaf = out[i].leaves[j]
+            if isinstance(c, HostCopy):
+                refs[(i, j)] = self._put(c.host, leaf.dtype)
+            elif self.store is not None:
+                refs[(i, j)] = self.store(c)
+        for i in {i for i, _ in refs}:
+            call = out[i]
+            out[i] = replace(call, leaves=tuple(
+                leaf.replace(payload=refs[(i, j)]) if (i, j) in refs else leaf for j, leaf in enumerate(call.leaves)))
 
 
     def _put(self, host: torch.Tensor, dtype: str) -> "str | None":

@@ -276,11 +276,22 @@ def _shifts(device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class CrcRow:
-    """A tensor staged in a :class:`CrcBatch`: row ``index`` of ``chunk``, ``nbytes`` long."""
+    """A tensor staged in a :class:`CrcBatch`: row ``index`` of ``chunk``, ``nbytes`` long,
+    its values as ``dtype`` (:func:`crc_dtype`)."""
 
     chunk: "_CrcChunk"
     index: int
     nbytes: int
+    dtype: torch.dtype
+
+    def values(self) -> torch.Tensor:
+        """The staged bytes (1-d uint8, ``nbytes`` long, on the device; a view of the
+        row): the tensor's values in C order as ``dtype``, as they were when staged. Only
+        while the rows are kept (:attr:`CrcBatch.keep_rows`)."""
+        rows = self.chunk.rows
+        if rows is None:
+            raise RuntimeError("the staging rows of this CRC-32 were freed (CrcBatch.keep_rows is False)")
+        return rows[self.index, rows.shape[1] - self.nbytes:]
 
 
 def crc_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
@@ -300,12 +311,14 @@ def crc_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
 
 class _CrcChunk:
     """Zeroed rows of ``width`` 4-byte words; a tensor's bytes end where its row ends.
-    ``result``: r of every row (int64 values below 2**32) once reduced."""
+    ``result``: r of every row (int64 values below 2**32) once reduced; ``keep``: the rows
+    stay after the reduction (:attr:`CrcBatch.keep_rows`)."""
 
-    __slots__ = ("rows", "width", "used", "result", "_typed")
+    __slots__ = ("rows", "width", "used", "result", "_typed", "keep")
 
-    def __init__(self, device: torch.device, width: int, capacity: int) -> None:
+    def __init__(self, device: torch.device, width: int, capacity: int, keep: bool = False) -> None:
         self.rows = torch.zeros((capacity, width * 4), dtype=torch.uint8, device=device)
+        self.keep = keep
         self.width = width
         self.used = 0
         self.result: Optional[torch.Tensor] = None
@@ -328,11 +341,11 @@ class _CrcChunk:
         end = (self.used + 1) * self.width * 4 // size
         typed.as_strided(shape, tuple(reversed(stride)), end - step).copy_(x)
         self.used += 1
-        return CrcRow(self, self.used - 1, step * size)
+        return CrcRow(self, self.used - 1, step * size, dtype)
 
     def reduce(self) -> None:
         """r of every row (module notes above): the words' r by table lookups, then tree
-        steps of :data:`RADIX` blocks; frees the rows."""
+        steps of :data:`RADIX` blocks; frees the rows unless :attr:`keep`."""
         if self.result is not None:
             return
         k, m = self.used, self.width
@@ -355,7 +368,8 @@ class _CrcChunk:
             s = v.view(k, m)
             block *= radix
         self.result = s.reshape(-1)
-        self.rows = None
+        if not self.keep:
+            self.rows = None
         self._typed.clear()
 
 
@@ -365,6 +379,14 @@ class CrcBatch:
     Args:
         chunk_words: 4-byte words of one staging matrix (a tensor of more words gets a
             matrix of its own).
+
+    Attributes:
+        keep_rows: the staging matrices made from now on keep their rows after their
+            reduction (``tensor.bench_path``: a selected call's tensor files are written
+            from them, :meth:`CrcRow.values`); they are freed with the last
+            :class:`CrcRow` referring to them.
+        kept_bytes: bytes of the matrices made with ``keep_rows`` since the last
+            :meth:`reduce_all` (the memory they may hold).
     """
 
     def __init__(self, chunk_words: int = CHUNK_WORDS * 2) -> None:
@@ -372,6 +394,8 @@ class CrcBatch:
             raise ValueError(f"chunk_words must be at least 4, got {chunk_words}")
         self.chunk_words = chunk_words
         self._open: dict[tuple, _CrcChunk] = {}
+        self.keep_rows = False
+        self.kept_bytes = 0
 
     def stage(self, t: torch.Tensor, dtype: torch.dtype) -> CrcRow:
         """Copy the C-order bytes of ``t`` as ``dtype`` (:func:`crc_dtype`) into a staging
@@ -384,7 +408,10 @@ class CrcBatch:
             key = (x.device, width)
             chunk = self._open.get(key)
             if chunk is None:
-                chunk = self._open[key] = _CrcChunk(x.device, width, max(1, self.chunk_words // width))
+                capacity = max(1, self.chunk_words // width)
+                chunk = self._open[key] = _CrcChunk(x.device, width, capacity, self.keep_rows)
+                if self.keep_rows:
+                    self.kept_bytes += capacity * width * 4
             row = chunk.put(x, dtype)
             if chunk.full:
                 chunk.reduce()
@@ -392,7 +419,9 @@ class CrcBatch:
             return row
 
     def reduce_all(self) -> None:
+        """Reduce every matrix still open (queued kernels only); resets :attr:`kept_bytes`."""
         open_, self._open = self._open, {}
+        self.kept_bytes = 0
         for chunk in open_.values():
             chunk.reduce()
 

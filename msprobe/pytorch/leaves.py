@@ -865,7 +865,10 @@ class HoldingLeafBuilder(LeafBuilder):
     stores no tensor while building leaves, and while :attr:`held` is a list it appends
     ``(io, path, tensor)`` of every tensor leaf it builds, so that the recorder can store
     the tensors of a call afterwards (:attr:`store`, the capture it was given), once the
-    call turns out to be selected. Arguments as for :class:`LeafBuilder`."""
+    call turns out to be selected. A tensor whose CRC-32 is staged on the device (a
+    :class:`~msprobe.pytorch.deferred.PendingLeaf` with a ``crc`` row) is appended as
+    ``(io, path, None)``: its staging row holds its values. Arguments as for
+    :class:`LeafBuilder`."""
 
     __slots__ = ("held", "store")
 
@@ -876,6 +879,8 @@ class HoldingLeafBuilder(LeafBuilder):
         self.capture = self._capture_all = self._snapshot = self._snapshot_all = None
 
     def tensor_leaf(self, io: str, path: tuple, t: torch.Tensor, keep: bool = False) -> "Leaf | PendingLeaf":
+        leaf = super().tensor_leaf(io, path, t, keep)
         if self.held is not None:
-            self.held.append((io, path, t))
-        return super().tensor_leaf(io, path, t, keep)
+            staged = isinstance(leaf, PendingLeaf) and leaf.crc is not None
+            self.held.append((io, path, None if staged else t))
+        return leaf

@@ -26,10 +26,11 @@ from msprobe.core.session import Session
 from msprobe.pytorch.async_dump import AsyncGatherer
 from msprobe.pytorch.backward import BackwardTaps, PendingBackward, graph_task_id
 from msprobe.pytorch.grad_hooks import FrozenParameters
-from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
+from msprobe.pytorch.deferred import DeferredStats, HeldCall, HostCopy, PendingLeaf, host_copy, payload_copyable
 from msprobe.pytorch.leaves import HoldingLeafBuilder, LeafBuilder, is_structseq
 from msprobe.pytorch.mutation import WRITES_ANY, WRITES_ARGS, WriteRule
 from msprobe.pytorch.payload import PayloadCapture
+from msprobe.pytorch.stats import PLAIN_TYPES, has_data
 from store import schema
 from store.records import Call, null_leaf
 
@@ -121,25 +122,40 @@ class Recorder(RecorderCore):
         self.deferred = DeferredStats()
         self.leaves.batch = self.deferred.batch  # the leaves' device statistics, resolved by self.deferred
         self.leaves.xor_batch = self.deferred.xor_batch  # and their xor checksums
-        if self.bench is None:  # (bench_path decides from each call's CRC-32 as it is recorded)
-            self.leaves.crc_batch = self.deferred.crc_batch  # and their CRC-32 (md5)
-            if self.capture is not None:  # task tensor: host copies stored at the flush point
-                self.deferred.put_payload = session.put_payload
-                self.leaves.defer_payloads = True
+        self.leaves.crc_batch = self.deferred.crc_batch  # and their CRC-32 (md5)
+        if self.capture is not None:  # task tensor: host copies stored at the flush point
+            self.deferred.put_payload = session.put_payload
+            self.leaves.defer_payloads = self.bench is None
+        if self.bench is not None:
+            # a call whose CRC-32s are on the device is selected at the flush point, its
+            # tensors' values kept in their CRC-32 staging rows until then
+            self.deferred.bench_decide = self._bench_decide
+            self.deferred.store = self.leaves.store
+            self.deferred.crc_batch.keep_rows = True
         self._write_rules: dict[str, WriteRule] = {}  # API key -> how its calls may write arguments
         session.add_flush_hook(self.flush_deferred)
 
-    def emit(self, call: Call) -> None:
+    def emit(self, call: Call, held: Optional[HeldCall] = None) -> None:
         """Hand ``call`` to the session; held back until :meth:`drain` with async_dump, or
-        queued while device statistics are pending (queued entries keep their order)."""
+        queued while device statistics are pending (queued entries keep their order).
+        ``held``: tensor.bench_path, the call's tensors waiting for its selection (only
+        where :meth:`_queues` is True for its leaves)."""
         if self.gatherer is not None:
             self.gatherer.add(call)
         elif self.leaves.pending_made and (len(self.deferred) or any(isinstance(x, PendingLeaf) for x in call.leaves)):
-            # (nothing is queued before the first PendingLeaf: pending_made is never reset)
-            if self.deferred.add(call, list(call.leaves)):
+            # (:meth:`_queues`, inlined: nothing is queued before the first PendingLeaf)
+            if self.deferred.add(call, list(call.leaves), held):
                 self.flush_deferred()
         else:
             self.session.emit(call)
+
+    def _queues(self, leaves) -> bool:
+        """Whether :meth:`emit` queues an entry with ``leaves`` until the flush point (the
+        test :meth:`emit` makes inline; keep the two alike): some device statistics are
+        pending, in it or in an entry queued before it (nothing is queued before the first
+        PendingLeaf: ``pending_made`` is never reset)."""
+        return (self.gatherer is None and self.leaves.pending_made
+                and (len(self.deferred) > 0 or any(isinstance(x, PendingLeaf) for x in leaves)))
 
     def drain(self) -> None:
         """async_dump: resolve and emit the held calls (at stop()/step())."""
@@ -247,9 +263,8 @@ class Recorder(RecorderCore):
             self._keep_pending(plan.pending)
 
         if plan.want_fwd:
-            if self._fwd_output:
-                self._output_leaves(plan.name, out, plan.leaves, plan.held)
-            self.emit(self.forward_call(plan, schema.API_FORWARD, plan.recompute))
+            held = self._output_leaves(plan.name, out, plan.leaves, plan.held) if self._fwd_output else None
+            self.emit(self.forward_call(plan, schema.API_FORWARD, plan.recompute), held)
         return out
 
     # --- module calls --------------------------------------------------------------------------
@@ -343,30 +358,43 @@ class Recorder(RecorderCore):
                 self.taps.tap_outputs(frame.pending, output, frame.tap, frame.hooks)
                 self._keep_pending(frame.pending)
             if frame.want_fwd:
+                held = None
                 if self._fwd_output:
-                    self._output_leaves(frame.name, output, frame.leaves, frame.held)
+                    held = self._output_leaves(frame.name, output, frame.leaves, frame.held)
                     frame.held = None
-                self.emit(self.forward_call(frame, schema.MODULE_FORWARD, frame.recompute))
+                self.emit(self.forward_call(frame, schema.MODULE_FORWARD, frame.recompute), held)
         return None
 
     # --- tensor.bench_path ---------------------------------------------------------------------
-    def _output_leaves(self, name: str, out: Any, leaves: list, held: Optional[list]) -> None:
+    #
+    # A call whose leaves are all final when it ends is decided then (its CRC-32s were
+    # computed on the host). A call with a CRC-32 still on the device (a PendingLeaf), or
+    # recorded while such a call waits, is decided at the flush point, in recording order
+    # (:meth:`_bench_decide`, called by DeferredStats.resolve): the values of its staged
+    # tensors are those its CRC-32 staging rows hold, copied at record time (inputs before
+    # the call runs, outputs after), and its other tensors are copied when the call ends
+    # (HeldCall), so a later in-place change never reaches a stored file.
+    def _output_leaves(self, name: str, out: Any, leaves: list, held: Optional[list]) -> Optional[HeldCall]:
         """Append the leaves of forward entry ``name``'s output ``out`` to ``leaves``.
         ``held``: tensor.bench_path, the input tensors held because the inputs matched the
-        baseline (None otherwise); the call is then selected if an output differs."""
+        baseline or are not known yet (None otherwise); the call is then selected if an
+        output differs. Returns the call's :class:`HeldCall` where the decision waits
+        for the flush point, else None."""
         self.leaves.for_entry(name)
         if held is None:
             self.leaves.sequence("output", _as_list(out), leaves)
-            return
+            return None
         start, held_out = len(leaves), self._hold()
         self.leaves.sequence("output", _as_list(out), leaves)
-        if held_out is not None:
-            self._bench_outputs(name, leaves, start, held + held_out)
+        if held_out is None:
+            return None
+        return self._bench_outputs(name, leaves, start, held + held_out)
 
     def _hold(self) -> Optional[list]:
         """tensor.bench_path (``self.bench`` is set), while calls may still be selected: a
         fresh list the leaf builder fills with ``(io, path, tensor)`` of the leaves built
-        next (until :meth:`_bench_inputs` or :meth:`_bench_outputs`); None otherwise."""
+        next (until :meth:`_bench_inputs` or :meth:`_bench_outputs`; a tensor staged on the
+        device for its CRC-32 as None: its staging row keeps its values); None otherwise."""
         if self.bench.exhausted:
             return None
         held = self.leaves.held = []
@@ -374,19 +402,28 @@ class Recorder(RecorderCore):
 
     def _bench_inputs(self, name: str, leaves: list, held: list) -> Optional[list]:
         """``held`` (the forward entry ``name``'s input tensors) if its input leaves equal
-        the baseline's, else None (the call cannot be selected and nothing is held)."""
+        the baseline's or some of their CRC-32s are still on the device, else None (the
+        call cannot be selected and nothing is held)."""
         self.leaves.held = None
+        if any(isinstance(x, PendingLeaf) for x in leaves):
+            return held  # decided at the flush point
         s = self.session
         return held if self.bench.inputs_match(s.rank or 0, s.step, name, leaves) else None
 
-    def _bench_outputs(self, name: str, leaves: list, start: int, held: list) -> None:
-        """The outputs of the forward entry ``name`` (``leaves[start:]``) are built: if one
-        differs from the baseline's (the inputs matched), the call is selected and every
-        tensor leaf in ``held`` gets its payload, in place in ``leaves``."""
+    def _bench_outputs(self, name: str, leaves: list, start: int, held: list) -> Optional[HeldCall]:
+        """The outputs of the forward entry ``name`` (``leaves[start:]``) are built. Where
+        the entry waits for the flush point (:meth:`_queues`), returns its
+        :class:`HeldCall`. Else, if an output differs from the baseline's (the inputs
+        matched), the call is selected and every tensor leaf in ``held`` gets its payload,
+        in place in ``leaves``."""
         self.leaves.held = None
+        if self.bench.exhausted:
+            return None
+        if self._queues(leaves):
+            return _held_call(held)
         s = self.session
-        if self.bench.exhausted or not self.bench.outputs_differ(s.rank or 0, s.step, name, leaves[start:]):
-            return
+        if not self.bench.outputs_differ(s.rank or 0, s.step, name, leaves[start:]):
+            return None
         tensors = {(io, tuple(path)): t for io, path, t in held}
         store = self.leaves.store
         for i, leaf in enumerate(leaves):
@@ -394,6 +431,20 @@ class Recorder(RecorderCore):
             if t is not None and leaf.leaf_kind == schema.LEAF_TENSOR and leaf.payload is None:
                 leaves[i] = leaf.replace(payload=store(t))
         self.bench.select(name)
+        return None
+
+    def _bench_decide(self, call: Call, held: HeldCall) -> bool:
+        """At the flush point: True (and the call counted as selected) when the forward
+        entry ``call`` (its leaves final) is selected: calls remain to select, its tensor
+        inputs equal the baseline's and an output differs (:class:`BenchSelector`)."""
+        if self.bench.exhausted:
+            return False
+        rank = self.session.rank or 0
+        if not (self.bench.inputs_match(rank, call.step, call.name, call.leaves)
+                and self.bench.outputs_differ(rank, call.step, call.name, call.leaves)):
+            return False
+        self.bench.select(call.name)
+        return True
 
     # --- parameter gradients ----------------------------------------------------------------
     def parameter_grad(self, prefix: str, pname: str, names: tuple[str, ...], param: torch.Tensor) -> None:
@@ -521,6 +572,8 @@ class Recorder(RecorderCore):
         with self.guarded():
             for call in self.deferred.resolve():
                 self.session.emit(call)
+            if self.bench is not None and self.bench.exhausted:
+                self.deferred.crc_batch.keep_rows = False  # no call is held any more
 
 
 def _forget(memo: Any, writes: int, args: tuple, kwargs: dict) -> None:
@@ -556,13 +609,38 @@ def _copies(held: list, keep_io: Optional[str] = None) -> list:
     out = []
     with torch.no_grad():
         for io, path, t in held:
-            if io != keep_io:
+            if t is not None and io != keep_io:
                 try:
                     t = t.detach().clone()
                 except (RuntimeError, TypeError, NotImplementedError):  # no values to copy: kept as is
                     pass
             out.append((io, path, t))
     return out
+
+
+def _held_call(held: list) -> HeldCall:
+    """The :class:`HeldCall` of a call's ``held`` triples ``(io, path, tensor or None)``
+    (None: staged for its CRC-32, whose row keeps its values): a host copy of every other
+    tensor, queued now (:func:`~msprobe.pytorch.deferred.host_copy`; pinned and
+    non-blocking on CUDA), or a detached clone where a host copy does not apply (the
+    capture stores it at the flush point)."""
+    copies, nbytes = {}, 0
+    with torch.no_grad():
+        for io, path, t in held:
+            if t is None:
+                continue
+            try:
+                if (type(t) in PLAIN_TYPES and t.layout is torch.strided and not t.is_nested
+                        and payload_copyable(t) and has_data(t)):
+                    host = host_copy(t)
+                    value = HostCopy(host, t.device)
+                    nbytes += host.numel() * host.element_size()
+                else:
+                    value = t.detach().clone()
+            except (RuntimeError, TypeError, NotImplementedError):  # no values to copy: stored as it is then
+                value = t
+            copies[(io, tuple(path))] = value
+    return HeldCall(frozenset((io, tuple(path)) for io, path, _ in held), copies, nbytes)
 
 
 def _as_list(out: Any) -> list:

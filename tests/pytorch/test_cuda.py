@@ -190,3 +190,53 @@ def test_cuda_tensor_task_files_hold_the_values(tmp_path):
         assert saved.device.type == "cpu" and saved.dtype == v.dtype
         assert torch.equal(saved.view(torch.uint8) if v.is_floating_point() else saved,
                            v.view(torch.uint8) if v.is_floating_point() else v), name
+
+
+def test_cuda_bench_path_decides_at_the_flush_point(tmp_path):
+    """tensor.bench_path on CUDA (CRC-32s on the device, calls decided at the flush point):
+    no synchronisation while the step records, and the calls that introduced the
+    difference keep the values they had at the call (the add's output before the later
+    ``mul_``), equal to an unrecorded run's on the same device."""
+    from test_bench_path_device import ADD, EPS, MUL, Net
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1)).cuda()
+
+    def run(name, eps, scale, bench=None):
+        tensor = {"summary_mode": "md5"}
+        if bench is not None:
+            tensor.update(bench_path=str(bench), diff_nums=-1)
+        torch.manual_seed(0)
+        net = Net().cuda()
+        net.eps, net.scale = eps, scale
+        dbg = debugger(tmp_path, name, task="tensor", tensor=tensor)
+        net(x)  # warm-up (lazy initialisations), not recorded
+        dbg.start(net)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            net(x).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert dbg.session.recording and not dbg.session.disabled and not dbg.session.failed
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        return tmp_path / name
+
+    base = run("base", 0.0, 1.0)
+    pert = run("pert", EPS, 2.0, bench=base)
+    data = load_dump(pert)[0]["data"]
+    root = pert / "step0" / "rank" / "dump_tensor_data"
+    names = sorted(f"{k}.{io}.{i}" for k, e in data.items() for io in ("input_args", "output")
+                   for i, r in enumerate(e.get(io) or []) if isinstance(r, dict) and "data_name" in r)
+    assert names == sorted(ADD + MUL)
+    torch.manual_seed(0)
+    ref = Net().cuda()
+    with torch.no_grad():
+        h = torch.relu(ref.fc1(x))
+        want = {"Torch.add.0.forward.input_args.0": h, "Torch.add.0.forward.output.0": h + EPS,
+                "Torch.mul.0.forward.input_args.0": x.to(torch.bfloat16),
+                "Torch.mul.0.forward.output.0": x.to(torch.bfloat16) * 2.0}
+    for name, value in want.items():
+        entry, io, i = name.rsplit(".", 2)
+        saved = torch.load(root / data[entry][io][int(i)]["data_name"], weights_only=True)
+        assert saved.dtype == value.dtype and torch.equal(saved, value.cpu()), name
