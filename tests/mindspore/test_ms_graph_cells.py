@@ -8,9 +8,6 @@ against numpy float64 over the same Cells run in PyNative on the same weights an
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,24 +17,15 @@ ms = pytest.importorskip("mindspore")
 from mindspore import Tensor, nn  # noqa: E402
 
 from graph_nets import BlockNet, Net  # noqa: E402
+from graph_run import train_in_graph_mode  # noqa: E402
 from msprobe.cli import main as cli_main  # noqa: E402
 from store import schema as S  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("graph_train.py")
 CELLS = ("Cell.d1.Dense", "Cell.relu.ReLU", "Cell.d2.Dense")
 
 
 def _run(tmp: Path, name: str, config: dict, *flags: str) -> tuple[Path, str]:
-    dump = tmp / name
-    cfg = tmp / f"{name}.json"
-    cfg.write_text(json.dumps({"dump_path": str(dump), "level": "L0", **config}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPT.parent)])}
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    res = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *flags], cwd=tmp, capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dump, res.stdout
+    return train_in_graph_mode(tmp, name, {"level": "L0", **config}, *flags)
 
 
 @pytest.fixture(scope="module")

@@ -15,25 +15,16 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from graph_run import ROOT, SCRIPT, train_in_graph_mode  # noqa: E402
 from msprobe.cli import main as cli_main  # noqa: E402
 from msprobe.kernel_dump.layout import execution_order, parse_file_name  # noqa: E402
 from store import schema as S  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("graph_train.py")
 D2_MATMUL = "Kernel.0.Default/network-WithLossCell/_backbone-Net/d2-Dense/MatMul-op0.0"
 
 
 def _train(tmp: Path, name: str, config: dict, *flags: str) -> tuple[Path, str]:
-    dump = tmp / name
-    cfg = tmp / f"{name}.json"
-    cfg.write_text(json.dumps({"dump_path": str(dump), "level": "L2", **config}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPT.parent)])}
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    res = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *flags], cwd=tmp, capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dump, res.stdout
+    return train_in_graph_mode(tmp, name, {"level": "L2", **config}, *flags)
 
 
 @pytest.fixture(scope="module")
