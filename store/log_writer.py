@@ -1,4 +1,4 @@
-"""Append-only event log writer: one Arrow IPC stream per writer (process and rank).
+"""Append-only event log writer: one Arrow IPC stream per writer (process and rank) and segment.
 
 The writer takes the typed records of :mod:`store.records` and appends them to
 ``{dump_path}/.msprobe/log/rank{rank}.{pid}.{time_ns}.arrows`` as record batches of
