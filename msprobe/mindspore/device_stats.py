@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from mindspore import Tensor, mint, ops
@@ -123,18 +123,21 @@ class DeviceStats:
 
     Args:
         limit: flush when this many tensors are pending (int > 0).
-        budget: flush when the pending device copies hold this many bytes (int > 0); one
-            call's tensors may go past it before the flush.
+        budget: flush when the pending device copies hold this many bytes (int > 0).
+        on_full: called (no arguments) by :meth:`add` when ``limit`` or ``budget`` is
+            reached; the recorder resolves and emits there. None: only explicit flushes.
 
     Attributes:
         transfers: device→host copies made by :meth:`resolve` so far (tests read it).
     """
 
-    def __init__(self, limit: int = LIMIT, budget: int = BUDGET) -> None:
+    def __init__(self, limit: int = LIMIT, budget: int = BUDGET,
+                 on_full: Optional[Callable[[], None]] = None) -> None:
         if limit <= 0 or budget <= 0:
             raise ValueError(f"DeviceStats: limit and budget must be positive, got {limit}, {budget}")
         self.limit = limit
         self.budget = budget
+        self.on_full = on_full
         self._items: list[Pending] = []
         self._bytes = 0
         self._calls: list[Call] = []
@@ -177,13 +180,13 @@ class DeviceStats:
         item = Pending(copy, wide, leaf.numel, leaf.shape, dt == mstype.bool_)
         self._items.append(item)
         self._bytes += leaf.numel * (8 if wide else 4)
+        if (len(self._items) >= self.limit or self._bytes >= self.budget) and self.on_full is not None:
+            self.on_full()  # resolves this tensor too: its PendingLeaf then holds the statistics
         return PendingLeaf(leaf, item)
 
-    def queue(self, call: Call) -> bool:
-        """Queue ``call`` (its leaves may be :class:`PendingLeaf`); True when the pending
-        tensors reached :attr:`limit` or :attr:`budget` and should be resolved now."""
+    def queue(self, call: Call) -> None:
+        """Queue ``call`` (its leaves may be :class:`PendingLeaf`) until :meth:`resolve`."""
         self._calls.append(call)
-        return len(self._items) >= self.limit or self._bytes >= self.budget
 
     def resolve(self) -> list[Call]:
         """Measure every pending tensor (one device→host copy, two when a tensor holds

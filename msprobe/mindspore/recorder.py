@@ -65,7 +65,7 @@ class Recorder(RecorderCore):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         cfg = session.config
-        self.device_stats = DeviceStats()
+        self.device_stats = DeviceStats(on_full=self.flush_stats)
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
                                   capture=self._capture if session.stores_tensors else None,
                                   device=self.device_stats)
@@ -79,15 +79,14 @@ class Recorder(RecorderCore):
         (:mod:`msprobe.mindspore.device_stats`; queued entries keep their order)."""
         ds = self.device_stats
         if len(ds) or any(isinstance(x, PendingLeaf) for x in call.leaves):
-            if ds.queue(call):
-                self.flush_stats()
+            ds.queue(call)
         else:
             self.session.emit(call)
 
     def flush_stats(self) -> None:
         """Resolve the pending device statistics (one host transfer) and emit the queued
-        entries; a session flush hook (stop(), step(), close()) and run when the pending
-        tensors reach their limit."""
+        entries: a session flush hook (stop(), step(), close()), and run by
+        :class:`DeviceStats` when the pending tensors reach its limit or memory budget."""
         ds = self.device_stats
         if not (len(ds) or ds.pending):
             return

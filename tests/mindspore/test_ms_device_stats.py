@@ -158,7 +158,7 @@ def test_flush_at_the_limit_keeps_order_and_values(tmp_path):
     rng = np.random.default_rng(4)
     xs = [Tensor(rng.standard_normal((2, 3)).astype(np.float32)) for _ in range(10)]
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    dbg.recorder.device_stats.limit = 3  # a flush every 3 pending tensors (after the call)
+    dbg.recorder.device_stats.limit = 3  # a flush every 3 pending tensors
     dbg.start()
     for x in xs:
         ops.neg(x)
@@ -172,7 +172,7 @@ def test_flush_at_the_limit_keeps_order_and_values(tmp_path):
         a = x.asnumpy().astype(np.float64)
         assert data[f"Functional.neg.{i}.forward"]["input_args"][0]["Min"] == a.min()
         assert data[f"Functional.neg.{i}.forward"]["output"][0]["Max"] == (-a).max()
-    assert transfers == 5  # 2 tensors per call: flushes after calls 2, 4, 6, 8, 10
+    assert transfers == 7  # 20 tensors: a flush after every 3rd, and the 2 left at stop()
 
 
 def test_inplace_write_comes_after_the_measurement(tmp_path):
@@ -220,3 +220,28 @@ def test_training_gradients_and_loss_unchanged_by_device_copies(tmp_path):
     data = load_dump(tmp_path / "d")[0]["data"]
     grads = [rec for k, v in data.items() if k.endswith("parameters_grad") for recs in v.values() for rec in recs]
     assert len(grads) == 4 and all(rec["Norm"] > 0 and not rec.get("Max_except_inf_nan") for rec in grads)
+
+
+def test_flush_at_the_memory_budget(tmp_path):
+    rng = np.random.default_rng(5)
+    xs = [Tensor(rng.standard_normal((2, 3)).astype(np.float32)) for _ in range(5)]
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.recorder.device_stats.budget = 48  # two float32 copies of 6 elements
+    dbg.start()
+    for x in xs:
+        ops.neg(x)
+    dbg.stop()
+    transfers = dbg.recorder.device_stats.transfers
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert [data[f"Functional.neg.{i}.forward"]["output"][0]["Min"] for i in range(5)] == [
+        float((-x.asnumpy()).min()) for x in xs]
+    assert transfers == 5  # one flush per call (input and output copies fill the budget)
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError, match="limit and budget must be positive"):
+        device_stats.DeviceStats(limit=0)
+    with pytest.raises(ValueError, match="limit and budget must be positive"):
+        device_stats.DeviceStats(budget=-1)
