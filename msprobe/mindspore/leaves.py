@@ -78,7 +78,7 @@ class LeafBuilder:
         dtype = str(dt)
         shape = tuple(int(d) for d in t.shape)
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        rg = bool(t.requires_grad) if isinstance(t, Parameter) else None
+        rg = _requires_grad(t) if isinstance(t, Parameter) else None
         if not self.with_data or (self.device is not None and not is_np):
             leaf = Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype,
                         shape=shape, numel=numel, requires_grad=rg)
@@ -115,6 +115,16 @@ class LeafBuilder:
         """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
         for k, v in values.items():
             self.leaves(entry, io, v, out, (str(k),))
+
+
+def _requires_grad(p: Parameter) -> bool:
+    """``p.requires_grad`` without the pipeline wait: the public property waits for
+    MindSpore's whole asynchronous op queue to drain before reading ``_param_info``; the
+    setter writes ``_param_info.requires_grad`` synchronously, so reading it directly gives
+    the same value."""
+    info = getattr(p, "_param_info", None)
+    value = getattr(info, "requires_grad", None)
+    return bool(p.requires_grad if value is None else value)
 
 
 def _leaf_kind(value: Any) -> Optional[str]:

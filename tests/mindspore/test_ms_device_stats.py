@@ -245,3 +245,19 @@ def test_bad_limits_are_refused():
         device_stats.DeviceStats(limit=0)
     with pytest.raises(ValueError, match="limit and budget must be positive"):
         device_stats.DeviceStats(budget=-1)
+
+
+def test_parameter_requires_grad_recorded_as_set(tmp_path):
+    p = ms.Parameter(Tensor(np.array([1.0, -3.0], np.float32)), name="frozen", requires_grad=True)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    dbg.start()
+    ops.abs(p)
+    p.requires_grad = False
+    ops.abs(p)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    data = load_dump(tmp_path / "d")[0]["data"]
+    assert data["Functional.abs.0.forward"]["input_args"][0]["requires_grad"] is True
+    assert data["Functional.abs.1.forward"]["input_args"][0]["requires_grad"] is False
+    assert data["Functional.abs.1.forward"]["input_args"][0]["Min"] == -3.0
