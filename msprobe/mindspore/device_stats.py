@@ -39,6 +39,14 @@ concatenation and brought back with one more ``asnumpy`` (only in a flush that h
 tensor), then :func:`array_stats` gives the NaN/Inf facts and ``Max_except_inf_nan`` /
 ``Min_except_inf_nan`` exactly as before.
 
+Where it is used (:func:`wanted`): on GPU and Ascend (``device_target``), where a host
+synchronisation stalls the device. On CPU the host path is used: there ``asnumpy`` is a
+drain of the op queue and a memory copy, and measured on ``benchmarks/ms_overhead.py``
+(MindSpore 2.10, L1) the queued copies and reductions cost more process CPU time than they
+save (docs/mindspore.md, "Statistics on the device"). The environment variable
+``MSPROBE_MS_DEVICE_STATS`` overrides the choice: ``1`` on every device (the tests use it on
+CPU), ``0`` nowhere.
+
 If a device op fails at a flush (a kernel the device lacks), every pending tensor of that
 flush is measured on the host from its copy (one ``asnumpy`` each) and a warning is logged
 once; recording goes on.
@@ -48,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -60,6 +69,22 @@ from msprobe.core.statistics import TensorStats, rescale_factor
 from store.records import Call, Leaf
 
 logger = logging.getLogger("msprobe")
+
+#: ``device_target`` values whose tensors are measured on the device by default
+DEVICE_TARGETS = frozenset({"GPU", "Ascend"})
+
+
+def wanted() -> bool:
+    """Whether recorders built now measure MindSpore tensors on their device: the
+    environment variable ``MSPROBE_MS_DEVICE_STATS`` (``1``: yes, ``0``: no), else True
+    when MindSpore's ``device_target`` is GPU or Ascend."""
+    forced = os.environ.get("MSPROBE_MS_DEVICE_STATS", "")
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"MSPROBE_MS_DEVICE_STATS: got {forced!r}; allowed: '0', '1' or unset")
+    if forced:
+        return forced == "1"
+    import mindspore as ms
+    return ms.get_context("device_target") in DEVICE_TARGETS
 
 _F32, _F64 = mstype.float32, mstype.float64
 _TO_F32 = frozenset({mstype.float16, mstype.bfloat16, mstype.bool_})

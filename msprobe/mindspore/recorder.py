@@ -28,6 +28,7 @@ from msprobe.core.values import object_items
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
 from msprobe.core.npy_payload import array_bytes
 from msprobe.mindspore.device_stats import DeviceStats, PendingLeaf
+from msprobe.mindspore.device_stats import wanted as device_stats_wanted
 from msprobe.mindspore.leaves import LeafBuilder
 from store import schema
 from store.records import Call, Leaf, null_leaf
@@ -68,7 +69,7 @@ class Recorder(RecorderCore):
         self.device_stats = DeviceStats(on_full=self.flush_stats)
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
                                   capture=self._capture if session.stores_tensors else None,
-                                  device=self.device_stats)
+                                  device=self.device_stats if device_stats_wanted() else None)
         session.add_flush_hook(self.flush_stats)
         self.taps = BackwardTaps(self._on_grad)
         self._fired = 0

@@ -21,6 +21,25 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, ops  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def device_path(monkeypatch):
+    """Every tensor takes the device path (on CPU it is off by default)."""
+    monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "1")
+
+
+def test_device_path_chosen_by_device_target_or_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("MSPROBE_MS_DEVICE_STATS")
+    assert ms.get_context("device_target") == "CPU"
+    assert PrecisionDebugger(dump_path=str(tmp_path / "a"), level="L1").recorder.leaves.device is None
+    monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "1")
+    assert PrecisionDebugger(dump_path=str(tmp_path / "b"), level="L1").recorder.leaves.device is not None
+    monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "0")
+    assert device_stats.wanted() is False
+    monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "yes")
+    with pytest.raises(ValueError, match="MSPROBE_MS_DEVICE_STATS: got 'yes'"):
+        device_stats.wanted()
+
+
 def _f32(values) -> Tensor:
     return Tensor(np.array(values, np.float32))
 

@@ -262,6 +262,7 @@ def test_internal_error_never_breaks_training(tmp_path, monkeypatch, caplog, whe
         cfg.write_text('{"dump_path": "%s", "level": "mix", "statistics": {"summary_mode": "md5"}}' % (tmp_path / "d"))
         dbg = PrecisionDebugger(config_path=str(cfg))
     else:
+        monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "1")
         monkeypatch.setattr(DeviceStats, "add" if where == "device_record" else "resolve", broken)
         dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
     with caplog.at_level("ERROR", logger="msprobe"):
