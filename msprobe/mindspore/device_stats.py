@@ -37,7 +37,9 @@ whose magnitudes need rescaling (:func:`msprobe.core.statistics.rescale_factor`)
 measured on the host instead, from its device copy: those copies are sliced out of the
 concatenation and brought back with one more ``asnumpy`` (only in a flush that has such a
 tensor), then :func:`array_stats` gives the NaN/Inf facts and ``Max_except_inf_nan`` /
-``Min_except_inf_nan`` exactly as before.
+``Min_except_inf_nan`` exactly as on the host path. (MindSpore 2.10 runs the
+``unsorted_segment_*`` ops as classic Primitives, synchronously on the calling thread: eight
+per flush.)
 
 Where it is used (:func:`wanted`): on GPU and Ascend (``device_target``), where a host
 synchronisation stalls the device. On CPU the host path is used: there ``asnumpy`` is a
