@@ -49,7 +49,11 @@ save (docs/mindspore.md, "Statistics on the device"). The environment variable
 ``MSPROBE_MS_DEVICE_STATS`` overrides the choice: ``1`` on every device (the tests use it on
 CPU), ``0`` nowhere.
 
-If a device op fails at a flush (a kernel the device lacks), every pending tensor of that
+The casts of the table keep every reduction on float64 and the Norm a ``Square`` and a
+segment sum, so none of the kernels MindSpore 2.10 lacks on CPU is called (no
+``LinalgVectorNorm``; no ``ReduceMax``/``ReduceMin``/``UnsortedSegment*``/``Square``/``Abs``
+on BFloat16 or Bool: docs/mindspore.md, "Kernels MindSpore lacks on CPU"). If a device op
+fails at a flush anyway (a kernel another backend lacks), every pending tensor of that
 flush is measured on the host from its copy (one ``asnumpy`` each) and a warning is logged
 once; recording goes on.
 """
