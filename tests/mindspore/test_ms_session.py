@@ -49,11 +49,14 @@ def test_debug_save_forward_and_grad(tmp_path):
 
 
 def test_save_bad_arguments(tmp_path):
-    PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug")
-    with pytest.raises(ConfigError, match="name"):
-        PrecisionDebugger.save(Tensor([1.0]), 3)
-    with pytest.raises(ConfigError, match="save_backward"):
-        PrecisionDebugger.save(Tensor([1.0]), "a", save_backward="yes")
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug")
+    try:
+        with pytest.raises(ConfigError, match="name"):
+            PrecisionDebugger.save(Tensor([1.0]), 3)
+        with pytest.raises(ConfigError, match="save_backward"):
+            PrecisionDebugger.save(Tensor([1.0]), "a", save_backward="yes")
+    finally:
+        dbg.close()  # its hooks (the grad-end wrapper of level debug) go with it
 
 
 def test_msprobe_step_with_model_train(tmp_path):
