@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
 
 from msprobe.core.recorder import PendingBackward as CorePendingBackward
 
@@ -55,9 +56,15 @@ class PendingBackward(CorePendingBackward):
         self.order: Optional[int] = None
 
 
+#: dtypes that carry gradients (floating and complex)
+_GRAD_DTYPES = frozenset(mstype.float_type) | frozenset(mstype.complex_type)
+
+
 def _is_float(t: Any) -> bool:
+    """True for a floating or complex tensor (one ``dtype`` read: on a tensor an op has just
+    made, it waits for that op's shape inference)."""
     try:
-        return t.is_floating_point() or t.is_complex()
+        return t.dtype in _GRAD_DTYPES
     except Exception:
         return False
 

@@ -24,6 +24,7 @@ from mindspore.common import dtype as mstype
 
 from msprobe.core.values import value_record as core_value_record
 from msprobe.core.values import walk
+from msprobe.mindspore.device_stats import DeviceStats, PendingLeaf
 from msprobe.mindspore.stats import array_stats, crc32_hex, host_array
 from store import schema
 from store.records import Leaf
@@ -50,30 +51,42 @@ class LeafBuilder:
         capture: task ``tensor``: stores each tensor's host values (a snapshot taken when
             the leaf is built: before the call runs for inputs) and returns the payload
             reference for the leaf's ``payload``.
+        device: statistics of MindSpore tensors are computed on their device and resolved
+            at flush points (:mod:`msprobe.mindspore.device_stats`): their leaves are
+            :class:`PendingLeaf` until then. Used only without ``md5`` and ``capture``
+            (CRC-32 and tensor files need the host copy, which then gives the statistics
+            too); numpy arrays are always measured at once.
     """
 
-    __slots__ = ("md5", "with_data", "capture")
+    __slots__ = ("md5", "with_data", "capture", "device")
 
-    def __init__(self, *, md5: bool, with_data: bool = True, capture: Optional[TensorCapture] = None) -> None:
+    def __init__(self, *, md5: bool, with_data: bool = True, capture: Optional[TensorCapture] = None,
+                 device: Optional[DeviceStats] = None) -> None:
         self.md5 = md5
         self.with_data = with_data
         self.capture = capture
+        self.device = device if (with_data and not md5 and capture is None) else None
 
-    def tensor_leaf(self, io: str, path: tuple, t: Any) -> Leaf:
-        """The leaf of one MindSpore tensor or numpy array. With ``capture``, the leaf's
-        ``payload`` is set; the session derives its ``data_name`` from the entry name,
-        ``io`` and ``path`` (:func:`msprobe.core.naming.tensor_file_name`, spec 2.2)."""
+    def tensor_leaf(self, io: str, path: tuple, t: Any) -> "Leaf | PendingLeaf":
+        """The leaf of one MindSpore tensor or numpy array (a :class:`PendingLeaf` while
+        its device statistics are pending). With ``capture``, the leaf's ``payload`` is
+        set; the session derives its ``data_name`` from the entry name, ``io`` and
+        ``path`` (:func:`msprobe.core.naming.tensor_file_name`, spec 2.2)."""
         is_np = isinstance(t, np.ndarray)
-        if is_np:
-            type_, dtype = "numpy.ndarray", str(t.dtype)
-        else:
-            type_, dtype = "mindspore.Tensor", str(t.dtype)
+        dt = t.dtype  # read once: on a tensor an op has just made, it waits for shape inference
+        type_ = "numpy.ndarray" if is_np else "mindspore.Tensor"
+        dtype = str(dt)
         shape = tuple(int(d) for d in t.shape)
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        rg = bool(t.requires_grad) if isinstance(t, Parameter) else None
-        if not self.with_data:
-            return Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype,
+        rg = _requires_grad(t) if isinstance(t, Parameter) else None
+        if not self.with_data or (self.device is not None and not is_np):
+            leaf = Leaf(io=io, path=path, leaf_kind=schema.LEAF_TENSOR, type=type_, dtype=dtype,
                         shape=shape, numel=numel, requires_grad=rg)
+            if not self.with_data or numel == 0:
+                return leaf  # empty: no statistics (null), as array_stats gives
+            pending = self.device.add(leaf, t, dt)
+            if pending is not None:
+                return pending
         a = host_array(t)
         st = array_stats(a)
         crc = crc32_hex(a) if self.md5 else None
@@ -102,6 +115,16 @@ class LeafBuilder:
         """Leaves of a top-level object (``input_kwargs``, ``parameters``)."""
         for k, v in values.items():
             self.leaves(entry, io, v, out, (str(k),))
+
+
+def _requires_grad(p: Parameter) -> bool:
+    """``p.requires_grad`` without the pipeline wait: the public property waits for
+    MindSpore's whole asynchronous op queue to drain before reading ``_param_info``; the
+    setter writes ``_param_info.requires_grad`` synchronously, so reading it directly gives
+    the same value."""
+    info = getattr(p, "_param_info", None)
+    value = getattr(info, "requires_grad", None)
+    return bool(p.requires_grad if value is None else value)
 
 
 def _leaf_kind(value: Any) -> Optional[str]:

@@ -27,6 +27,8 @@ from msprobe.core.session import Session
 from msprobe.core.values import object_items
 from msprobe.mindspore.backward import BackwardTaps, PendingBackward
 from msprobe.core.npy_payload import array_bytes
+from msprobe.mindspore.device_stats import DeviceStats, PendingLeaf
+from msprobe.mindspore.device_stats import wanted as device_stats_wanted
 from msprobe.mindspore.leaves import LeafBuilder
 from store import schema
 from store.records import Call, Leaf, null_leaf
@@ -64,11 +66,34 @@ class Recorder(RecorderCore):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         cfg = session.config
+        self.device_stats = DeviceStats(on_full=self.flush_stats)
         self.leaves = LeafBuilder(md5=cfg.summary_mode == "md5", with_data=cfg.task != "structure",
-                                  capture=self._capture if session.stores_tensors else None)
+                                  capture=self._capture if session.stores_tensors else None,
+                                  device=self.device_stats if device_stats_wanted() else None)
+        session.add_flush_hook(self.flush_stats)
         self.taps = BackwardTaps(self._on_grad)
         self._fired = 0
         self._tensor_hooks: list = []  # handles of the Cell-input hooks of this computation
+
+    def emit(self, call: Call) -> None:
+        """Hand ``call`` to the session, or queue it while device statistics are pending
+        (:mod:`msprobe.mindspore.device_stats`; queued entries keep their order)."""
+        ds = self.device_stats
+        if len(ds) or any(isinstance(x, PendingLeaf) for x in call.leaves):
+            ds.queue(call)
+        else:
+            self.session.emit(call)
+
+    def flush_stats(self) -> None:
+        """Resolve the pending device statistics (one host transfer) and emit the queued
+        entries: a session flush hook (stop(), step(), close()), and run by
+        :class:`DeviceStats` when the pending tensors reach its limit or memory budget."""
+        ds = self.device_stats
+        if not (len(ds) or ds.pending):
+            return
+        with self.guarded():
+            for call in ds.resolve():
+                self.session.emit(call)
 
     def _capture(self, a: Any) -> Optional[str]:
         """Task tensor: store the values of host array ``a`` now; the payload reference."""
@@ -142,7 +167,7 @@ class Recorder(RecorderCore):
         if plan.want_fwd:
             if self._fwd_output:
                 self.leaves.sequence(plan.name, "output", _as_list(out), plan.leaves)
-            self.session.emit(self.forward_call(plan, schema.API_FORWARD))
+            self.emit(self.forward_call(plan, schema.API_FORWARD))
         return result
 
     # --- Cells -------------------------------------------------------------------------------
@@ -213,7 +238,7 @@ class Recorder(RecorderCore):
             if frame.want_fwd:
                 if self._fwd_output:
                     self.leaves.sequence(frame.name, "output", _as_list(output), frame.leaves)
-                s.emit(self.forward_call(frame, schema.MODULE_FORWARD))
+                self.emit(self.forward_call(frame, schema.MODULE_FORWARD))
             return None if result is output else result
         except Exception as exc:
             self.internal_error(exc)
@@ -232,7 +257,7 @@ class Recorder(RecorderCore):
         with self.guarded():
             leaf = (self.leaves.tensor_leaf(pname, (0,), grad) if isinstance(grad, Tensor)
                     else null_leaf(pname, (0,)))
-            s.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type="Cell",
+            self.emit(Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name, api_type="Cell",
                         keys=names, leaves=(leaf,)))
 
     # --- backward ------------------------------------------------------------------------------
@@ -257,7 +282,7 @@ class Recorder(RecorderCore):
             for pending in fired:
                 pending.done = True
                 if pending.keys and self.session.open_step(pending.step):
-                    self.session.emit(pending.to_call())
+                    self.emit(pending.to_call())
         self.pending.clear()
         self._fired = 0
         hooks, self._tensor_hooks = self._tensor_hooks, []
@@ -289,13 +314,13 @@ class Recorder(RecorderCore):
                     tmp: list[Leaf] = []
                     self.leaves.leaves(entry, "", v, tmp, p)
                     leaves.extend(tmp)
-            s.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=entry, api_type="debug", leaves=tuple(leaves)))
+            self.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=entry, api_type="debug", leaves=tuple(leaves)))
             if not save_backward:
                 return variable
             gname = f"{name}_grad.{k}"
             structure = [Leaf(io="", path=p, leaf_kind=schema.LEAF_NONE) for p, _v, kind in _walk_for_save(variable)
                          if kind == schema.LEAF_TENSOR] or [Leaf(io="", path=(), leaf_kind=schema.LEAF_NONE)]
-            s.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=tuple(structure)))
+            self.emit(Call(step=s.step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=tuple(structure)))
             # file names of the gradients as the saved tensors', whatever order they arrive in
             s.reserve_file_names(gname, schema.DEBUG_SAVE, [("", leaf.path) for leaf in leaves
                                                             if leaf.leaf_kind == schema.LEAF_TENSOR])
@@ -314,7 +339,7 @@ class Recorder(RecorderCore):
                 return None
             with self.guarded():
                 leaf = self.leaves.tensor_leaf("", path, g)
-                s.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=(leaf,)))
+                self.emit(Call(step=step, kind=schema.DEBUG_SAVE, name=gname, api_type="debug", leaves=(leaf,)))
             return None
 
         return hook

@@ -1,8 +1,12 @@
 """Tensor statistics for MindSpore dump records (spec 3.4 with section 9 fixes 10-12, 31).
 
-Computed on the host with numpy from ``Tensor.asnumpy()`` (a snapshot copy), because many
-MindSpore reduction kernels are missing on CPU (``LinalgVectorNorm`` for every dtype,
-``Reduce`` for BFloat16 and Bool; spec fix 31). Every dtype works, bf16 included:
+The host path: numpy over ``Tensor.asnumpy()`` (a snapshot copy), used where the host copy
+is made anyway (summary_mode md5, task tensor), for numpy arguments, and for the tensors
+that :mod:`msprobe.mindspore.device_stats` hands back to the host (NaN/Inf, magnitudes that
+need rescaling, a device op that failed); other MindSpore tensors are measured on their
+device with the same results. MindSpore's CPU reduction kernels miss ``LinalgVectorNorm``
+and ``Reduce`` for BFloat16 and Bool (spec fix 31): neither path uses them. Every dtype
+works, bf16 included:
 
 =====================  =====================  ==================================
 tensor                 Max / Min              Mean / Norm

@@ -49,11 +49,14 @@ def test_debug_save_forward_and_grad(tmp_path):
 
 
 def test_save_bad_arguments(tmp_path):
-    PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug")
-    with pytest.raises(ConfigError, match="name"):
-        PrecisionDebugger.save(Tensor([1.0]), 3)
-    with pytest.raises(ConfigError, match="save_backward"):
-        PrecisionDebugger.save(Tensor([1.0]), "a", save_backward="yes")
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug")
+    try:
+        with pytest.raises(ConfigError, match="name"):
+            PrecisionDebugger.save(Tensor([1.0]), 3)
+        with pytest.raises(ConfigError, match="save_backward"):
+            PrecisionDebugger.save(Tensor([1.0]), "a", save_backward="yes")
+    finally:
+        dbg.close()  # its hooks (the grad-end wrapper of level debug) go with it
 
 
 def test_msprobe_step_with_model_train(tmp_path):
@@ -243,17 +246,28 @@ def test_debug_save_task_tensor_files(tmp_path):
     np.testing.assert_array_equal(np.load(tdir / data["y_grad.0"]["data_name"]), [4.0, -8.0, 12.0])
 
 
-def test_internal_error_never_breaks_training(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("where", ["host", "device_record", "device_flush"])
+def test_internal_error_never_breaks_training(tmp_path, monkeypatch, caplog, where):
+    """Statistics fail on the host path (summary_mode md5), when a tensor's device copy is
+    queued, or when the flush resolves the device statistics."""
     import msprobe.mindspore.leaves as leaves_mod
+    from msprobe.mindspore.device_stats import DeviceStats
 
     x = make_input()
     expected = train_loop(make_net(), x, None, steps=2)
 
-    def broken(_a):
+    def broken(*_a):
         raise RuntimeError("stats exploded")
 
-    monkeypatch.setattr(leaves_mod, "array_stats", broken)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    if where == "host":
+        monkeypatch.setattr(leaves_mod, "array_stats", broken)
+        cfg = tmp_path / "c.json"
+        cfg.write_text('{"dump_path": "%s", "level": "mix", "statistics": {"summary_mode": "md5"}}' % (tmp_path / "d"))
+        dbg = PrecisionDebugger(config_path=str(cfg))
+    else:
+        monkeypatch.setenv("MSPROBE_MS_DEVICE_STATS", "1")
+        monkeypatch.setattr(DeviceStats, "add" if where == "device_record" else "resolve", broken)
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
     with caplog.at_level("ERROR", logger="msprobe"):
         got = train_loop(make_net(), x, dbg, steps=2)
     dbg.close()
