@@ -4,6 +4,7 @@ the logs of other processes found there. Standard library only (the training pro
 checks for earlier runs' logs without loading pyarrow)."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -12,13 +13,15 @@ from typing import Optional, Union
 
 from store import schema as S
 
-__all__ = ["SEGMENT_ENV", "log_file_name", "other_process_logs", "parse_log_file_name", "segment_bytes"]
+__all__ = ["SEGMENT_ALLOWED", "SEGMENT_ENV", "log_file_name", "other_process_logs", "parse_log_file_name", "segment_bytes"]
 
 #: environment variable: the size (MiB) at which a log file is ended at the next step's end
 #: and a new one begun (see ``store.log_writer``, Segments); ``0``: one file per process
 SEGMENT_ENV = "MSPROBE_LOG_SEGMENT_MB"
 #: the segment size (MiB) when :data:`SEGMENT_ENV` is not set
 DEFAULT_SEGMENT_MB = 256
+#: what :data:`SEGMENT_ENV` accepts, for error messages
+SEGMENT_ALLOWED = f"a number of MiB >= 0 (0: one log file per process; unset: {DEFAULT_SEGMENT_MB})"
 
 
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
@@ -79,8 +82,8 @@ def other_process_logs(dump_path: Union[str, os.PathLike], rank: int, pid: Optio
 
 def segment_bytes(environ: Optional[dict] = None) -> int:
     """The log segment size in bytes from :data:`SEGMENT_ENV` in ``environ`` (default:
-    ``os.environ``): a number of MiB (fractions allowed), ``0`` for no segments; unset or
-    empty gives :data:`DEFAULT_SEGMENT_MB`.
+    ``os.environ``): a number of MiB (fractions allowed, rounded up to whole bytes), ``0``
+    for no segments; unset or empty gives :data:`DEFAULT_SEGMENT_MB`.
 
     >>> segment_bytes({"MSPROBE_LOG_SEGMENT_MB": "1"})
     1048576
@@ -98,6 +101,5 @@ def segment_bytes(environ: Optional[dict] = None) -> int:
     except ValueError:
         mib = -1.0
     if not 0 <= mib < float("inf"):
-        raise ValueError(f"{SEGMENT_ENV}={text!r}: expected a number of MiB >= 0 (0: one log file "
-                         f"per process; unset: {DEFAULT_SEGMENT_MB})")
-    return int(mib * (1 << 20))
+        raise ValueError(f"{SEGMENT_ENV}={text!r}: expected {SEGMENT_ALLOWED}")
+    return math.ceil(mib * (1 << 20))   # a size above 0 stays above 0 bytes

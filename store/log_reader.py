@@ -560,7 +560,9 @@ def expected_ranks(table: pa.Table) -> frozenset:
     return frozenset(range(world)) if world is not None else frozenset()
 
 
-def _file_order(path: Path) -> tuple:
+def log_file_order(path: Path) -> tuple:
+    """Sort key of log files: rank, then creation time (from the file name), then pid; files
+    with other names last."""
     parsed = parse_log_file_name(path.name)
     if parsed is None:
         return (1, 0, 0, 0, path.name)
@@ -580,7 +582,7 @@ def find_log_files(dump_path: Union[str, os.PathLike]) -> list[Path]:
         raise LogNotFoundError(f"dump path {str(root)!r} does not exist or is not a directory")
     log_dir = root / S.STORE_DIR / S.LOG_DIR
     files = sorted(
-        (p for p in log_dir.glob("*" + S.LOG_SUFFIX) if p.is_file()), key=_file_order
+        (p for p in log_dir.glob("*" + S.LOG_SUFFIX) if p.is_file()), key=log_file_order
     ) if log_dir.is_dir() else []
     if not files:
         raise LogNotFoundError(

@@ -366,7 +366,7 @@ class LogWriter:
     def append(self, call: Call) -> int:
         """Append one call and its leaves; returns the call's ``seq``.
 
-        ``seq`` counts from 0 per writer, shared with markers (stacks take none).
+        ``seq`` counts from 0 per log file (segment), shared with markers (stacks take none).
         Returns -1 (and records nothing) once the writer has failed or is closed.
 
         Raises:
@@ -396,7 +396,8 @@ class LogWriter:
 
     def append_stack(self, stack: Stack) -> None:
         """Append an interned stack (row ``stack``, ``step = seq = -1``) unless this
-        writer already wrote its ``stack_id``.
+        writer already has its ``stack_id`` (a new segment repeats every stack the writer
+        has, see Segments in the module docstring).
 
         Raises:
             StoreWriteError: a flush triggered by this append failed (once per writer).

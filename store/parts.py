@@ -39,7 +39,7 @@ from store.fileutil import FILE_MODE, make_dirs
 from store.log_reader import Skipped, find_log_files, shift_seq
 from store.manifest import (LOCK_NAME, LOG_FILE, META_DIR, SUMMARY_NAME, LogCoverage, Manifest, Part, load_manifest,
                             parquet_dir, save_manifest)
-from store.select import PART_SCHEMA, TAIL_SCHEMA, FileRows, read_log_file
+from store.select import PART_SCHEMA, TAIL_SCHEMA, FileRows, read_log_file, with_gone_logs
 
 __all__ = ["CompactReport", "Compactor", "SUMMARY_COLUMNS", "follow", "summary_sql"]
 
@@ -143,9 +143,11 @@ class Compactor:
         summaries: list[pa.Table] = []
         next_seq: dict = {}
         pending = 0
-        for path in files:
-            name = path.name
+        for name, path in with_gone_logs(files, self.manifest):
             coverage = self.manifest.logs.get(name)
+            if path is None:            # archived once wholly in parts: its seq still counts
+                next_seq.update(coverage.next_seq)
+                continue
             if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
                 next_seq.update(coverage.next_seq)
                 continue

@@ -37,12 +37,12 @@ import pyarrow as pa
 
 from store import schema as S
 from store.errors import LogNotFoundError
-from store.log_reader import LogReader, Skipped, find_log_files, shift_seq
+from store.log_reader import LogReader, Skipped, find_log_files, log_file_order, shift_seq
 from store.log_reader import notices as notice_lines
 from store.log_writer import parse_log_file_name
 from store.manifest import LOG_FILE, LogCoverage, Manifest, ManifestError, load_manifest, parquet_dir
 
-__all__ = ["PART_SCHEMA", "TAIL_SCHEMA", "FileRows", "StoreReader", "read_log_file"]
+__all__ = ["PART_SCHEMA", "TAIL_SCHEMA", "FileRows", "StoreReader", "read_log_file", "with_gone_logs"]
 
 #: columns of a Parquet part (``rank`` lives in the Hive path)
 PART_SCHEMA = pa.schema([f for f in S.LOG_SCHEMA if f.name != S.RANK] + [pa.field(LOG_FILE, pa.string())],
@@ -107,6 +107,19 @@ def _mask(table: pa.Table, ranks: Optional[frozenset], steps: Optional[frozenset
         row = table[S.ROW].to_numpy(zero_copy_only=False)
         keep &= np.isin(table[S.STEP].to_numpy(), list(steps)) | np.isin(row, _SIDE_ROWS)
     return keep
+
+
+def with_gone_logs(files: Iterable[Path], manifest: Manifest,
+                   ranks: Optional[frozenset] = None) -> list[tuple[str, Optional[Path]]]:
+    """``(name, path)`` of the log files ``files`` and, with ``path`` None, of the log files
+    the manifest covers that are no longer there (segments archived after compaction) of
+    ``ranks`` (None: all), in log file order (:func:`store.log_reader.log_file_order`). A
+    reader shifts ``seq`` across a rank's files in this order: a file that is gone still
+    shifts the files after it by its ``next_seq``."""
+    here = {path.name: path for path in files}
+    names = set(here) | {name for name in manifest.logs
+                         if name not in here and (ranks is None or _file_rank(Path(name)) in ranks)}
+    return [(name, here.get(name)) for name in sorted(names, key=lambda name: log_file_order(Path(name)))]
 
 
 def _file_rank(path: Path) -> Optional[int]:
@@ -254,8 +267,11 @@ class StoreReader:
 
     def _read_tail(self) -> pa.Table:
         tables, next_seq = [], {}
-        for path in self.files:
-            coverage = self.manifest.logs.get(path.name)
+        for name, path in with_gone_logs(self.files, self.manifest, self.ranks):
+            coverage = self.manifest.logs.get(name)
+            if path is None:            # moved away once wholly in parts: its seq still counts
+                next_seq.update(coverage.next_seq)
+                continue
             if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
                 next_seq.update(coverage.next_seq)
                 self.skipped += _stored_skips(path, coverage)

@@ -40,7 +40,7 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.log_names import SEGMENT_ENV, other_process_logs, segment_bytes
+from store.log_names import SEGMENT_ALLOWED, SEGMENT_ENV, other_process_logs, segment_bytes
 from store.records import Call, Marker, Stack
 from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
@@ -142,8 +142,8 @@ class Session:
         try:  # read once, before training starts: a bad value is a ConfigError here
             self._segment_bytes = segment_bytes()
         except ValueError as exc:
-            raise ConfigError(SEGMENT_ENV, os.environ.get(SEGMENT_ENV), "a number of MiB >= 0 (0: one log file "
-                              "per process; unset: 256)", "an environment variable (docs/query.md, Log segments)") from exc
+            raise ConfigError(SEGMENT_ENV, os.environ.get(SEGMENT_ENV), SEGMENT_ALLOWED,
+                              "an environment variable (docs/query.md, Log segments)") from exc
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         # tensor file names given out in the step (one dump_tensor_data directory): name ->

@@ -40,12 +40,12 @@ def _leaf(io: str, value: float):
                       value * 2.0, None, None, None, False, False, False, None, None, None))
 
 
-def _record(writer: LogWriter, files: StepFiles) -> None:
-    """STEPS steps of CALLS calls each (two call sites, stacks 1 and 2), each step exported
-    and ended as a session does."""
+def _record(writer: LogWriter, files: StepFiles, steps=range(STEPS), close: bool = True) -> None:
+    """``steps`` steps of CALLS calls each (two call sites, stacks 1 and 2), each step
+    exported and ended as a session does."""
     writer.append_stack(Stack(stack_id=1, frames=("File a.py, line 1, in f, \n x = y",)))
     writer.append_stack(Stack(stack_id=2, frames=("File b.py, line 9, in g, \n z = w",)))
-    for step in range(STEPS):
+    for step in steps:
         writer.append_marker(Marker(step=step, kind=S.MARKER_START, meta=META))
         for i in range(CALLS):
             writer.append(Call(step=step, kind="api_forward", name=f"Torch.add.{i}.forward", api_type="Torch",
@@ -54,7 +54,8 @@ def _record(writer: LogWriter, files: StepFiles) -> None:
         writer.append_marker(Marker(step=step, kind=S.MARKER_STEP_END, meta=META))
         files.export(step, META, True)
         files.end_step(step)
-    writer.close()
+    if close:
+        writer.close()
 
 
 def _write(dump: Path, segment: int) -> LogWriter:
@@ -132,6 +133,27 @@ def test_compacted_segments_can_be_archived(two_logs):
     assert notices == []
 
 
+def test_segments_archived_while_the_run_goes_on_keep_seq(two_logs, tmp_path):
+    whole, _, _ = two_logs
+    dump = tmp_path / "live"
+    writer = LogWriter(dump, 0, flush_rows=32, flush_interval_s=0, segment_bytes=16 * 1024)
+    files = StepFiles(writer, dump)
+    _record(writer, files, range(3), close=False)
+    report = compact(dump)
+    assert report.archivable                     # closed segments wholly in parts
+    for name in report.archivable:
+        path = dump / ".msprobe" / "log" / name
+        shutil.move(str(path), str(path.with_suffix(".archived")))
+    _record(writer, files, range(3, STEPS))
+    sql = "SELECT step, seq, name, kind FROM calls ORDER BY step, seq"
+    expected = query(whole, sql).to_pylist()
+    assert query(dump, sql).to_pylist() == expected          # parts of the archived, log of the rest
+    compact(dump)
+    assert query(dump, sql).to_pylist() == expected          # and once everything is in parts
+    seqs = [row["seq"] for row in expected]
+    assert len(set(seqs)) == len(seqs)
+
+
 def test_compact_names_the_files_that_may_be_archived(two_logs, capsys):
     from msprobe.cli import main
 
@@ -164,6 +186,7 @@ def test_segment_size_from_the_environment():
     assert segment_bytes({}) == 256 << 20
     assert segment_bytes({SEGMENT_ENV: "0"}) == 0
     assert segment_bytes({SEGMENT_ENV: " 2 "}) == 2 << 20
+    assert segment_bytes({SEGMENT_ENV: "1e-9"}) == 1          # above 0 stays above 0
     for bad in ("-1", "ten", "inf", "nan"):
         with pytest.raises(ValueError, match=SEGMENT_ENV):
             segment_bytes({SEGMENT_ENV: bad})
