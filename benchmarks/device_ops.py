@@ -35,8 +35,9 @@ tensor, every tensor stored). Usage::
 
     PYTHONPATH=. python benchmarks/device_ops.py [--layers 2] [--modes statistics md5 ...]
 
-Not collected by pytest (no ``test_`` prefix); tests/pytorch/test_device_ops_count.py
-loads it by path.
+Not collected by pytest (no ``test_`` prefix); tests/pytorch/test_device_batched_stats.py,
+test_device_checksums.py, test_device_tensor_task.py and test_bench_path_device.py load it by
+path.
 """
 from __future__ import annotations
 

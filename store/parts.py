@@ -91,7 +91,9 @@ class CompactReport:
         pending: rows left in the log (steps not finished yet), over all files.
         archivable: names of the log files (closed segments and logs of ended processes)
             whose every row is in parts: readers no longer open them, so they may be
-            moved away or deleted (docs/query.md, "Log segments").
+            moved away or deleted (docs/query.md, "Log segments"). Empty when the parts
+            were written elsewhere than ``{dump_path}/.msprobe/parquet`` (readers do not
+            look there).
     """
 
     written: tuple[Path, ...]
@@ -181,8 +183,11 @@ class Compactor:
             self._write_summary(summaries)
         save_manifest(self.directory, self.manifest)
         log_dir = self.dump_path / S.STORE_DIR / S.LOG_DIR
+        # readers look for parts in the default directory only: with parts elsewhere (-o),
+        # every log file stays needed
+        default = self.directory.resolve() == parquet_dir(self.dump_path).resolve()
         archivable = tuple(sorted(name for name, coverage in self.manifest.logs.items()
-                                  if coverage.complete and (log_dir / name).is_file()))
+                                  if default and coverage.complete and (log_dir / name).is_file()))
         return CompactReport(written=tuple(written), rows=tuple(rows), skipped=tuple(skipped), pending=pending,
                              archivable=archivable)
 

@@ -250,6 +250,12 @@ def noise_allowance_sql(profile: str, stat: str, side: str) -> str:
     return f"({own} + {eps32!r} * (2 + {n} / 1000.0))"
 
 
+def _rel_pct(stat: str) -> str:
+    """SQL of upstream's relative error of statistic ``stat`` in percent, ``|t - b| / |b| *
+    100``, and 0 where both sides hold the same value (two zeros included)."""
+    return f"CASE WHEN t_{stat} = b_{stat} THEN 0.0 ELSE abs(t_{stat} - b_{stat}) / abs(b_{stat}) * 100 END"
+
+
 def leaf_pairs_sql(mode: str, tol: dict[str, float], loss_scale: float, row_id: bool = False,
                    noise: Optional[tuple] = None) -> str:
     """SELECT over ``lp_wide`` (see :func:`build_leaf_pairs`) giving the leaf pairs (plus a
@@ -325,8 +331,8 @@ k AS (
   FROM j)
 SELECT k.* EXCLUDE (s_den, atol, watermark),
   t_max - b_max AS max_diff, t_min - b_min AS min_diff, t_mean - b_mean AS mean_diff, t_norm - b_norm AS norm_diff,
-  abs(t_max - b_max) / abs(b_max) * 100 AS max_rel_pct, abs(t_min - b_min) / abs(b_min) * 100 AS min_rel_pct,
-  abs(t_mean - b_mean) / abs(b_mean) * 100 AS mean_rel_pct, abs(t_norm - b_norm) / abs(b_norm) * 100 AS norm_rel_pct,
+  {_rel_pct('max')} AS max_rel_pct, {_rel_pct('min')} AS min_rel_pct, {_rel_pct('mean')} AS mean_rel_pct,
+  {_rel_pct('norm')} AS norm_rel_pct,
   CASE WHEN state IN ('structural', 'nonfinite') THEN 'inf'::DOUBLE
        WHEN state = 'identical' THEN 0.0
        WHEN state = 'unpaired' THEN NULL

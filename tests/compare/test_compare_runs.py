@@ -144,3 +144,13 @@ def test_mostly_unpaired_calls_get_a_note(tmp_path):
     assert "note: " + expected in console_summary(r.summary)
     same = C.compare(a, a)
     assert not any("found no partner" in n for n in same.summary["notes"])
+
+
+def test_relative_error_of_equal_zeros_is_zero(runs):
+    """LayerNorm's bias is 0 at step 0 on both sides: the relative errors are 0 %, not NaN."""
+    r = C.compare(runs["same"], runs["base"])
+    rows = r.con.sql("SELECT max_rel_pct, min_rel_pct, mean_rel_pct, norm_rel_pct FROM tensors "
+                     "WHERE t_max = 0 AND b_max = 0 AND t_norm = 0 AND b_norm = 0").fetchall()
+    assert rows and all(v == 0.0 for row in rows for v in row)
+    (n,), = r.con.sql("SELECT count(*) FROM tensors WHERE isnan(max_rel_pct) OR isnan(norm_rel_pct)").fetchall()
+    assert n == 0

@@ -163,6 +163,12 @@ def test_compact_names_the_files_that_may_be_archived(two_logs, capsys):
     assert line == ["log files wholly in parts (may be archived): " + ", ".join(sorted(p.name for p in writer.paths))]
 
 
+def test_parts_written_elsewhere_leave_every_log_file_needed(two_logs, tmp_path):
+    _, split, _ = two_logs
+    report = compact(split, tmp_path / "elsewhere")
+    assert report.written and report.archivable == ()      # readers do not look in -o OUT
+
+
 def test_no_segments_when_size_is_zero_or_steps_are_small(tmp_path):
     writer = _write(tmp_path / "a", 0)
     assert len(writer.paths) == 1
