@@ -16,7 +16,8 @@ first asks for that level and prints ``LEVELERR <message>`` (or ``LEVELOK``).
 (a Cell applied twice, a Cell returning a tuple, nested Cells) instead, ``--net tied``
 ``graph_nets.TiedNet`` (a weight shared by two Cells), ``--net twice`` ``graph_nets.TwiceNet``
 (a Cell called twice on the same input). ``--pynative`` runs the same in PyNative mode.
-``--compile-first`` trains one step before the first ``start(net)`` (the graph compiles
+``--fault`` makes the recorder fail on each Cell forward it assembles (a fault inside
+the running graph's callbacks). ``--compile-first`` trains one step before the first ``start(net)`` (the graph compiles
 without msprobe's hooks).
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--save-state")
     parser.add_argument("--net", choices=tuple(NETS), default="dense")
     parser.add_argument("--compile-first", action="store_true")
+    parser.add_argument("--fault", action="store_true")
     parser.add_argument("--pynative", action="store_true")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--live-steps", action="store_true")
@@ -60,6 +62,10 @@ def main() -> None:
         except ConfigError as exc:
             print("LEVELERR", exc, flush=True)
     debugger = None if args.no_debugger else PrecisionDebugger(config_path=args.config)
+    if args.fault and debugger is not None:   # every forward record fails inside the running graph
+        def fail(*_a):
+            raise RuntimeError("injected fault")
+        debugger.recorder._forward = fail
     net = NETS[args.net]()
     rng = np.random.default_rng(0)
     for p in net.get_parameters():

@@ -445,3 +445,45 @@ def test_parent_lookup_is_linear_in_the_number_of_cells():
     assert len(pairs) == 1 + 27 + 27 * 36
     assert parents["3.5"] == "Cell.3" and parents["3"] == "Cell." and parents[""] is None
     assert elapsed < 0.5
+
+
+def test_a_fault_inside_the_running_graph_stops_recording_not_training(tmp_path):
+    """The recorder fails in a pyfunc callback of the running graph: training completes with
+    the losses of the run without msprobe, the error is logged once and recording stops."""
+    _dump, out = _run(tmp_path, "fault", {"task": "statistics"}, "--start", "--fault", stderr=True)
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--no-debugger")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    assert out.count("msprobe: internal error, recording stopped: RuntimeError: injected fault") == 1
+
+
+def test_new_model_replaces_the_hooked_cells(tmp_path):
+    """``start()`` with another network removes the first one's hooks and forgets its Cells
+    (a graph compiled with them still calls back: ignored); the debugger holds the hooked
+    networks weakly."""
+    import gc
+    import weakref
+
+    from graph_nets import Net
+    from msprobe.mindspore import PrecisionDebugger
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0", task="statistics")
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    first, second = Net(), Net()
+    dbg.start(first)
+    assert [c.prefix for c in dbg.recorder.cells] == ["Cell.d1.Dense", "Cell.relu.ReLU", "Cell.d2.Dense"]
+    dbg.start(second)
+    cells = dbg.recorder.cells
+    assert cells[:3] == [None] * 3 and [c.prefix for c in cells[3:]] == ["Cell.d1.Dense", "Cell.relu.ReLU",
+                                                                          "Cell.d2.Dense"]
+    assert all(not c._forward_hook for _n, c in first.cells_and_names())
+    assert getattr(first.d1.weight, "__parameter_forward_hook__", None) is None
+    dbg.recorder.on_record(np.array([0, 2, 0, 1, 1]), np.zeros(3, np.float32))   # the first network's graph
+    assert not dbg.session.failed and not dbg.recorder.cells[3].queues
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None
+    dbg.close()
