@@ -487,3 +487,27 @@ def test_new_model_replaces_the_hooked_cells(tmp_path):
     gc.collect()
     assert ref() is None
     dbg.close()
+
+
+def test_a_non_tensor_last_input_is_a_none_leaf(tmp_path):
+    """A Cell called as ``cell(x, 2)``: its forward hook records ``x`` only, with the call's
+    two positional inputs in the tag; ``input_args`` holds ``x`` and a ``none`` leaf, as
+    PyNative's record of the same call."""
+    from msprobe.core.config import load_config
+    from msprobe.core.session import Session
+    from msprobe.mindspore.graph_cells import ROLE_INPUT, ROLE_OUTPUT, GraphCellRecorder
+
+    session = Session(load_config(None, dump_path=str(tmp_path / "d"), level="L0", framework="mindspore"),
+                      framework="mindspore")
+    recorder = GraphCellRecorder(session)
+    recorder.add_cell("Cell.scale.Scale", None, [])
+    calls = []
+    session.emit = calls.append
+    session.recording = True
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    recorder.on_record(np.array([0, ROLE_INPUT, 0, 2, 1]), x)
+    recorder.on_record(np.array([0, ROLE_OUTPUT, 0, 1, 1]), x * 2)
+    (call,) = calls
+    args = [leaf for leaf in call.leaves if leaf.io == "input_args"]
+    assert [(leaf.path, leaf.leaf_kind) for leaf in args] == [((0,), "tensor"), ((1,), "none")]
+    assert (args[0].max, args[0].min) == (3.0, -2.0)
