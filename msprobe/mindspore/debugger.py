@@ -170,7 +170,8 @@ class PrecisionDebugger:
                 the ``TrainOneStepCell`` around it); a graph compiled earlier records nothing.
 
         Raises:
-            ConfigError: level L0/mix without a model, or a model of the wrong type.
+            ConfigError: level L0/mix without a model, or a model of the wrong type; in
+                GRAPH_MODE (L0), a Parameter of the model that already holds a forward hook.
         """
         level = self.config.level
         if self.session is None or level == "debug":
