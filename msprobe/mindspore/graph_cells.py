@@ -20,7 +20,9 @@ puts such ops into the graph:
   ``mindspore.graph.api._set_parameter_forward_hook_enabled``): every read of the
   Parameter goes through an identity that hands out its value and, in backward, the
   gradient of that read. MindSpore compiles no such hook on a Parameter shared by several
-  Cells (tied weights): each holder records it through its forward hook, as above. A
+  Cells (tied weights): each holder records it through its forward hook, as above; so is a
+  Parameter that a ``construct`` reads through a sub-Cell (``self.emb.embedding_table``,
+  found in the source: such a read would bypass the hook and give a partial gradient). A
   Parameter that already holds a forward hook is a ConfigError (one hook per Parameter);
   :meth:`GraphCellHooks.remove` restores the previous state.
 
@@ -59,13 +61,16 @@ hands over (float64, spec 3.4); dtype names are MindSpore's (``Float32``).
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import re
 import threading
 from collections import Counter, deque
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.graph.api import _pynative_executor, _set_parameter_forward_hook_enabled
 from mindspore.common import dtype as mstype
@@ -467,13 +472,18 @@ class GraphCellHooks:
         # Parameter forward hook on them; each holder records them through its forward hook
         owners = Counter(id(p) for _prefix, c in cells for p in {id(p): p for p in c._params.values()
                                                                   if p is not None}.values())
+        # Parameters a construct reads through another Cell (self.emb.embedding_table): that read
+        # would bypass the Parameter hook (partial gradient), so they are treated as shared
+        for p_id in _foreign_reads([c for _p, c in cells] + [m for m in models if id(m) not in cells_of]):
+            owners[p_id] += 2
         taps_of = {}
         for _prefix, cell in cells:
             for _n, p in cell._params.items():
                 if p is not None and p.requires_grad and owners[id(p)] == 1:
                     previous = getattr(p, "__parameter_forward_hook__", None)
                     if previous is not None:
-                        raise ConfigError("model", type(models[0]).__name__, "Cells whose Parameters hold no forward hook",
+                        raise ConfigError("model", type(models[0]).__name__,
+                                          "Cells whose Parameters hold no forward hook",
                                           detail=f"Parameter {p.name} already has a forward hook ({previous!r}); "
                                                  "level L0 in GRAPH_MODE puts its own on each Parameter of a Cell "
                                                  "(one per Parameter in MindSpore): remove the other hook, or close "
@@ -542,6 +552,38 @@ def _parameter_hook(cid: int, slot: int, n_params: int, param_op):
         return param_op(ops.tuple_to_array((cid, ROLE_PARAMETER, slot, n_params, 0)), param)
 
     return hook
+
+
+_SELF_PATH = re.compile(r"\bself((?:\.\w+)+)")
+
+
+def _foreign_reads(cells: Sequence[nn.Cell]) -> set[int]:
+    """``id`` of each Parameter that the source of a Cell's ``construct`` in ``cells`` reads
+    as ``self.<sub>.<name>`` where ``<sub>`` is another Cell (a tied output projection
+    ``ops.matmul(h, self.emb.embedding_table.T)``). A heuristic on the source text: a read
+    through a local alias or ``getattr`` is not seen; a construct without source is skipped."""
+    found: set[int] = set()
+    paths_of: dict[type, list[str]] = {}   # the self.<path> texts of each Cell class's construct
+    for cell in cells:
+        paths = paths_of.get(type(cell))
+        if paths is None:
+            try:
+                src = inspect.getsource(type(cell).construct)
+            except (OSError, TypeError):
+                src = ""
+            paths = sorted({m.group(1) for m in _SELF_PATH.finditer(src) if m.group(1).count(".") > 1})
+            paths_of[type(cell)] = paths
+        for path in paths:
+            obj: Any = cell
+            for i, part in enumerate(path.split(".")[1:]):
+                obj = getattr(obj, part, None)
+                if obj is None or not isinstance(obj, (nn.Cell, ms.Parameter)):
+                    break
+                if isinstance(obj, ms.Parameter):
+                    if i:   # reached through a sub-Cell
+                        found.add(id(obj))
+                    break
+    return found
 
 
 class _ParentFinder:

@@ -2,7 +2,7 @@
 run them in PyNative for reference values). Importing this module sets no MindSpore mode."""
 from __future__ import annotations
 
-from mindspore import nn
+from mindspore import nn, ops
 
 
 class Net(nn.Cell):
@@ -80,3 +80,17 @@ class TwiceNet(nn.Cell):
     def construct(self, x):
         h = self.inp(x)
         return self.out(self.fc(h) * self.fc(h))
+
+
+class ProjectionNet(nn.Cell):
+    """``--net projection``: Dense(4→4) ``a``, whose weight the network also reads directly
+    (``h @ a.weight.T``, as a tied output projection does), → Dense(4→2) ``out``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Dense(4, 4)
+        self.out = nn.Dense(4, 2)
+
+    def construct(self, x):
+        h = self.a(x)
+        return self.out(ops.matmul(h, self.a.weight.T))

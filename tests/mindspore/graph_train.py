@@ -15,7 +15,8 @@ first asks for that level and prints ``LEVELERR <message>`` (or ``LEVELOK``).
 (``s{step}.{name}``) to an ``.npz`` file. ``--net block`` trains ``graph_nets.BlockNet``
 (a Cell applied twice, a Cell returning a tuple, nested Cells) instead, ``--net tied``
 ``graph_nets.TiedNet`` (a weight shared by two Cells), ``--net twice`` ``graph_nets.TwiceNet``
-(a Cell called twice on the same input). ``--pynative`` runs the same in PyNative mode.
+(a Cell called twice on the same input), ``--net projection`` ``graph_nets.ProjectionNet``
+(a weight also read outside its Cell). ``--pynative`` runs the same in PyNative mode.
 ``--fault`` makes the recorder fail on each Cell forward it assembles (a fault inside
 the running graph's callbacks). ``--compile-first`` trains one step before the first ``start(net)`` (the graph compiles
 without msprobe's hooks).
@@ -35,9 +36,9 @@ ms.set_device("CPU")
 
 from msprobe.core.errors import ConfigError  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
-from graph_nets import BlockNet, Net, TiedNet, TwiceNet  # noqa: E402
+from graph_nets import BlockNet, Net, ProjectionNet, TiedNet, TwiceNet  # noqa: E402
 
-NETS = {"dense": Net, "block": BlockNet, "tied": TiedNet, "twice": TwiceNet}
+NETS = {"dense": Net, "block": BlockNet, "tied": TiedNet, "twice": TwiceNet, "projection": ProjectionNet}
 
 
 def main() -> None:

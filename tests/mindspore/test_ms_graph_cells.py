@@ -337,6 +337,25 @@ def test_tied_weights_train_and_record_like_pynative(tmp_path):
         assert list(got["Cell.c.Dense.parameters_grad"]) == ["weight"]
 
 
+def test_weight_read_outside_its_cell_gets_no_partial_gradient(tmp_path):
+    """``out(a(x) @ a.weight.T)``: the network's own read of ``a.weight`` would bypass the
+    Parameter hook, so ``a.weight`` is recorded in ``parameters`` (as PyNative) and gets no
+    ``parameters_grad`` (its hooked reads alone would give a partial gradient); ``a.bias``'s
+    gradient equals PyNative's; the losses equal the run without msprobe."""
+    cfg = {"task": "statistics"}
+    graph, out = _run(tmp_path, "proj", cfg, "--net", "projection", "--start")
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--net", "projection", "--no-debugger")
+    pynative, _p = _run(tmp_path, "pyn", cfg, "--net", "projection", "--start", "--pynative")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    for step in (0, 1):
+        got, want = _dump_data(graph, step), _dump_data(pynative, step)
+        assert got["Cell.a.Dense.forward.0"]["parameters"] == want["Cell.a.Dense.forward.0"]["parameters"]
+        assert list(got["Cell.a.Dense.parameters_grad"]) == ["bias"]
+        g, w = got["Cell.a.Dense.parameters_grad"]["bias"][0], want["Cell.a.Dense.parameters_grad"]["bias"][0]
+        for stat in ("Max", "Min", "Mean", "Norm"):
+            assert g[stat] == pytest.approx(w[stat], rel=1e-6, abs=1e-7), stat
+
+
 def test_cell_called_twice_on_one_input_writes_no_wrong_parameter_gradient(tmp_path):
     """``fc(h) * fc(h)``: the graph computes ``fc(h)`` once and ``fc``'s Parameters get two
     gradient contributions of equal value. No ``Cell.fc.Dense.parameters_grad`` is written
