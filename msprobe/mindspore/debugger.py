@@ -110,7 +110,8 @@ class PrecisionDebugger:
         self._other_handles: Optional[HandleGroup] = None
         self._model_handles: Optional[CellHooks] = None
         self._prim_handles: Optional[PrimitiveHooks] = None
-        self._hooked_models: list[int] = []
+        self._hooked_models: list[weakref.ref] = []  # the Cells hooked (weak: a dropped Cell is not kept alive)
+        self._silent_warned = False
         self._deprecation_warned = False
         self._save_counts: dict[str, int] = {}
         self.last_model: Any = None  # the model of the latest start(model); start() reuses it
@@ -169,7 +170,8 @@ class PrecisionDebugger:
                 the ``TrainOneStepCell`` around it); a graph compiled earlier records nothing.
 
         Raises:
-            ConfigError: level L0/mix without a model, or a model of the wrong type.
+            ConfigError: level L0/mix without a model, or a model of the wrong type; in
+                GRAPH_MODE (L0), a Parameter of the model that already holds a forward hook.
         """
         level = self.config.level
         if self.session is None or level == "debug":
@@ -187,13 +189,13 @@ class PrecisionDebugger:
         rank, rank_dir = current_rank()
         if self.graph_cells:
             # the hooks must be in place when the graph compiles, whether or not this step is recorded
-            ids = [id(m) for m in models]
-            if ids != self._hooked_models and not self.session.finished:
+            if not _same_models(self._hooked_models, models) and not self.session.finished:
                 from msprobe.mindspore.graph_cells import GraphCellHooks
                 if self._model_handles is not None:
                     self._model_handles.remove()
+                    self._model_handles = None
                 self._model_handles = GraphCellHooks(models, indexed, self.recorder)
-                self._hooked_models = ids
+                self._hooked_models = [weakref.ref(m) for m in models]
             self.session.start(rank, rank_dir)
             return
         if not self.session.start(rank, rank_dir):
@@ -207,8 +209,7 @@ class PrecisionDebugger:
                 self._other_handles.add(install_jit_hook(self.recorder, _JitGuard(self)))
             self._other_handles.add(install_grad_end(self.recorder.backward_end))
         if models:
-            ids = [id(m) for m in models]
-            if ids != self._hooked_models:
+            if not _same_models(self._hooked_models, models):
                 for group in (self._model_handles, self._prim_handles):
                     if group is not None:
                         group.remove()
@@ -217,7 +218,7 @@ class PrecisionDebugger:
                     self._model_handles = install_cell_hooks(models, indexed, self.recorder)
                 if level in _API_LEVELS:
                     self._prim_handles = install_primitive_hooks(models, self.recorder)
-                self._hooked_models = ids
+                self._hooked_models = [weakref.ref(m) for m in models]
 
     def stop(self) -> None:
         """Stop recording forward calls; the step's files are written. Backward calls of
@@ -230,6 +231,13 @@ class PrecisionDebugger:
         """GRAPH_MODE L0: wait for the running graph's pyfunc ops before recording stops."""
         if self.graph_cells and self.session.recording:
             self.recorder.sync()
+            if not self.recorder.arrivals and not self._silent_warned:
+                self._silent_warned = True
+                logger.warning("msprobe: step %d recorded nothing: no Cell of the model ran through msprobe's hooks "
+                               "in GRAPH_MODE. The hooks are compiled into the graph: call debugger.start(net) "
+                               "before the first call that compiles the graph (the network, or the "
+                               "TrainOneStepCell around it); a graph compiled earlier records nothing",
+                               self.session.step)
 
     def forward_backward_dump_end(self) -> None:
         """Deprecated alias of :meth:`stop` (warns once)."""
@@ -331,6 +339,11 @@ class PrecisionDebugger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _same_models(refs: list, models: Sequence[nn.Cell]) -> bool:
+    """Whether ``refs`` (weak references) name exactly the Cells ``models``, in order."""
+    return len(refs) == len(models) and all(r() is m for r, m in zip(refs, models))
 
 
 class _JitGuard:

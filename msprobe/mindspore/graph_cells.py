@@ -15,11 +15,16 @@ puts such ops into the graph:
   on unchanged through another pyfunc identity that hands it out (the gradient w.r.t. that
   output). Each output gets one identity and every later use reads it, so no gradient sum
   is regrouped;
-* for each Parameter of a Cell that requires grad, a graph-mode Parameter forward hook
-  (``Parameter._register_forward_hook``, enabled per Cell with
+* for each Parameter that requires grad and is held by one hooked Cell only, a graph-mode
+  Parameter forward hook (``Parameter._register_forward_hook``, enabled per Cell with
   ``mindspore.graph.api._set_parameter_forward_hook_enabled``): every read of the
   Parameter goes through an identity that hands out its value and, in backward, the
-  gradient of that read.
+  gradient of that read. MindSpore compiles no such hook on a Parameter shared by several
+  Cells (tied weights): each holder records it through its forward hook, as above; so is a
+  Parameter that a ``construct`` reads through a sub-Cell (``self.emb.embedding_table``,
+  found in the source: such a read would bypass the hook and give a partial gradient). A
+  Parameter that already holds a forward hook is a ConfigError (one hook per Parameter);
+  :meth:`GraphCellHooks.remove` restores the previous state.
 
 Each op gets a small int64 tag ``[cell, role, slot, count, tensor inputs]`` built from
 constants in the hook (``ops.tuple_to_array``), so a few ops of fixed arity serve every
@@ -32,15 +37,19 @@ level L0 (:mod:`msprobe.mindspore.recorder`):
   GRAPH_MODE forward hook sees positional inputs only), ``parameters`` (the Cell's own
   ``_params``) and ``output``, emitted when the last output tensor arrives; ``N`` counts
   the Cell's recorded forwards in the step and restarts at 0 each step. A non-tensor
-  input or output slot is a ``none`` leaf.
+  positional input, or a non-tensor element of a tuple output, is a ``none`` leaf; a Cell
+  whose output is neither a tensor nor a tuple holding one gets no entry.
 * ``Cell.{path}.{Class}.backward.{N}``: ``input`` only (the gradient w.r.t. each output
   tensor). The gradient w.r.t. the Cell's inputs is not recorded: it would need a node on
   the inputs, which can regroup gradient sums. A gradient of output slot ``k`` belongs to
   the latest forward ``N`` of that Cell whose slot ``k`` has none yet (backward runs in
   reverse order).
-* ``Cell.{path}.{Class}.parameters_grad``: the gradient of each Parameter that the step's
-  graph read exactly once; a Parameter read more than once (a Cell the graph calls twice,
-  tied weights) has no entry, as its gradient is a sum formed inside the graph.
+* ``Cell.{path}.{Class}.parameters_grad``: the gradient of each Parameter with a Parameter
+  hook that the step's graph read exactly once; a Parameter read more than once (a Cell
+  the graph calls twice: one warning) has no entry, as its gradient is a sum formed inside
+  the graph, nor has a Parameter shared by several Cells. The gradient ops are marked
+  ``side_effect_hidden`` so that the graph's common-subexpression pass cannot merge two
+  equal gradient contributions into one callback.
 * backward and ``parameters_grad`` entries are emitted when the step's files are exported
   (``stop()``, ``step()``, ``close()``), in the order of their first gradient.
 * ``parent`` (construct.json): the forward (backward) of the nearest hooked enclosing Cell
@@ -52,16 +61,21 @@ hands over (float64, spec 3.4); dtype names are MindSpore's (``Float32``).
 """
 from __future__ import annotations
 
+import inspect
+import logging
+import re
 import threading
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.graph.api import _pynative_executor, _set_parameter_forward_hook_enabled
 from mindspore.common import dtype as mstype
 
+from msprobe.core.errors import ConfigError
 from msprobe.core.naming import to_backward
 from msprobe.core.recorder import RecorderCore
 from msprobe.mindspore.backward import PendingBackward
@@ -74,6 +88,8 @@ __all__ = ["GraphCellHooks", "GraphCellRecorder", "ROLE_INPUT", "ROLE_PARAMETER"
            "ROLE_PARAMETER_GRAD"]
 
 ROLE_INPUT, ROLE_PARAMETER, ROLE_OUTPUT, ROLE_PARAMETER_GRAD = 0, 1, 2, 3
+_UNSET = object()
+logger = logging.getLogger("msprobe")
 
 
 def _second(_tag, x):
@@ -86,9 +102,10 @@ class _CellInfo:
     ``requires_grad`` flags of its ``_params`` (None values included, as ``none`` leaves)."""
 
     __slots__ = ("prefix", "parent", "param_names", "param_grad", "queues", "pending", "last_params", "copies",
-                 "latest", "grad_names", "param_grads")
+                 "latest", "grad_names", "param_grads", "n_args")
 
-    def __init__(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]]) -> None:
+    def __init__(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]],
+                 grad_slots: Sequence[int]) -> None:
         self.prefix = prefix
         self.parent = parent
         self.param_names = tuple(name for name, _p in params)
@@ -104,10 +121,12 @@ class _CellInfo:
         self.last_params: list[Optional[np.ndarray]] = [None] * len(self.param_names)
         # output slot -> copies seen of the latest forward's output (on_record)
         self.copies: dict[int, int] = {}
-        # the keys of the parameters_grad entry (Parameters that require grad) and, per
+        # the keys of the parameters_grad entry (the Parameters with a Parameter hook) and, per
         # _params slot, the step's gradient contributions as (arrival rank, leaf)
-        self.grad_names = tuple(n for n, p in params if p is not None and p.requires_grad)
+        self.grad_names = tuple(params[slot][0] for slot in grad_slots)
         self.param_grads: dict[int, list[tuple[int, Leaf]]] = {}
+        # the number of positional inputs of the call being assembled (tag of its input records)
+        self.n_args: Optional[int] = None
 
 
 class _GraphPending(PendingBackward):
@@ -143,6 +162,10 @@ class GraphCellRecorder(RecorderCore):
         self.cells: list[_CellInfo] = []
         self._lock = threading.RLock()
         self._fired = 0
+        self._warned_reads: set[str] = set()
+        #: callbacks that arrived in this step (recorded or not; the debugger warns when a
+        #: recorded step had none: a graph compiled before start(model))
+        self.arrivals = 0
         # a graph-mode backward entry holds the gradients w.r.t. the outputs only
         self.graph_bwd_keys = tuple(k for k in self.bwd_keys if k == "input")
         session.add_flush_hook(self.flush)
@@ -156,10 +179,26 @@ class GraphCellRecorder(RecorderCore):
         from msprobe.core.npy_payload import array_bytes
         return self.session.put_payload(*array_bytes(a))
 
-    def add_cell(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]]) -> int:
-        """Register one hooked Cell; returns its index (the first element of its tags)."""
-        self.cells.append(_CellInfo(prefix, parent, params))
-        return len(self.cells) - 1
+    def add_cell(self, prefix: str, parent: Optional[str], params: Sequence[tuple[str, Any]],
+                 grad_slots: Sequence[int] = ()) -> int:
+        """Register one hooked Cell; returns its index (the first element of its tags).
+
+        Args:
+            prefix: its dump prefix (``Cell.{path}.{Class}``); parent: the enclosing hooked Cell's.
+            params: its ``_params`` items (name, Parameter or None).
+            grad_slots: the ``params`` positions whose reads go through a Parameter hook
+                (their gradients make the ``parameters_grad`` entry).
+        """
+        with self._lock:
+            self.cells.append(_CellInfo(prefix, parent, params, grad_slots))
+            return len(self.cells) - 1
+
+    def drop_cells(self) -> None:
+        """Forget every registered Cell (hooks removed or re-installed): the ops of a graph
+        compiled with the old hooks still run and are ignored (their indices stay unused)."""
+        with self._lock:
+            self.cells = [None] * len(self.cells)
+            self._warned_reads.clear()
 
     # --- pyfunc callbacks ---------------------------------------------------------------------
     def on_record(self, tag: np.ndarray, a: np.ndarray) -> None:
@@ -175,12 +214,15 @@ class GraphCellRecorder(RecorderCore):
         Cell's latest forward (its backward then receives ``m`` copies of each gradient)
         and is not recorded again. A Cell without tensor inputs cannot tell copies apart.
         """
+        self.arrivals += 1
         s = self.session
         if not s.recording or s.failed or s.disabled:
             return
         with self._lock, self.guarded():
             cid, role, slot, count, n_inputs = (int(v) for v in tag)
             info = self.cells[cid]
+            if info is None:
+                return
             if role == ROLE_OUTPUT and n_inputs and not any(
                     q for (r, _k), q in info.queues.items() if r == ROLE_OUTPUT) and sum(
                     1 for (r, _k), q in info.queues.items() if r == ROLE_INPUT and q) < n_inputs:
@@ -189,6 +231,8 @@ class GraphCellRecorder(RecorderCore):
                     info.latest.copies = max(info.latest.copies, info.copies[slot])
                 return
             info.queues.setdefault((role, slot), deque()).append(a)
+            if role == ROLE_INPUT:
+                info.n_args = count
             if role == ROLE_OUTPUT:
                 ready = [k for (r, k), q in info.queues.items() if r == ROLE_OUTPUT and q]
                 if len(ready) >= count:
@@ -203,7 +247,8 @@ class GraphCellRecorder(RecorderCore):
         prefix = info.prefix
         n = s.module_counter.next(prefix)
         fwd, bwd = f"{prefix}.forward.{n}", f"{prefix}.backward.{n}"
-        ins = self._take(info, ROLE_INPUT)
+        ins = self._take(info, ROLE_INPUT, info.n_args)
+        info.n_args = None
         params = self._take(info, ROLE_PARAMETER, len(info.param_names))
         params = [a if a is not None else last for a, last in zip(params, info.last_params)]
         info.last_params = params
@@ -260,6 +305,8 @@ class GraphCellRecorder(RecorderCore):
             return
         with self._lock, self.guarded():
             info = self.cells[int(tag[0])]
+            if info is None:
+                return
             path = (int(tag[2]),)
             for pending in reversed(info.pending):
                 seen = pending.received.get(path, 0)
@@ -281,6 +328,8 @@ class GraphCellRecorder(RecorderCore):
             return
         with self._lock, self.guarded():
             info = self.cells[int(tag[0])]
+            if info is None:
+                return
             slot = int(tag[2])
             if self.parameters_grad_entry(info.prefix) is None or not s.module_counter.peek(info.prefix):
                 return
@@ -308,6 +357,8 @@ class GraphCellRecorder(RecorderCore):
         with self._lock, self.guarded():
             calls: list[tuple[int, Call]] = []
             for info in self.cells:
+                if info is None:
+                    continue
                 for pending in info.pending:
                     if pending.order is not None and not pending.done:
                         pending.done = True
@@ -315,6 +366,11 @@ class GraphCellRecorder(RecorderCore):
                 name = self.parameters_grad_entry(info.prefix)
                 for slot, got in sorted(info.param_grads.items()):
                     # a Parameter read more than once: its gradient is a sum formed inside the graph
+                    if len(got) > 1 and name is not None and name not in self._warned_reads:
+                        self._warned_reads.add(name)
+                        logger.warning("msprobe: %s not recorded: GRAPH_MODE read the Cell's Parameters %d times "
+                                       "in step %d (a Cell called more than once); the gradient is a sum formed "
+                                       "inside the graph", name, len(got), s.step)
                     if len(got) == 1 and name is not None:
                         calls.append((got[0][0], Call(step=s.step, kind=schema.PARAMETERS_GRAD, name=name,
                                                       api_type="Cell", keys=info.grad_names, leaves=(got[0][1],))))
@@ -334,12 +390,16 @@ class GraphCellRecorder(RecorderCore):
         super().step_reset()
         with self._lock:
             for info in self.cells:
+                if info is None:
+                    continue
                 info.queues.clear()
                 info.pending.clear()
                 info.latest = None
                 info.copies = {}
                 info.param_grads.clear()
+                info.n_args = None
             self._fired = 0
+            self.arrivals = 0
 
 
 def _ms_dtype(a: np.ndarray) -> str:
@@ -365,6 +425,7 @@ class GraphCellHooks:
 
     def __init__(self, models: Sequence[nn.Cell], indexed: bool, recorder: GraphCellRecorder) -> None:
         rec = recorder
+        self._recorder = recorder
 
         def on_record(tag, a):
             rec.on_record(tag, a)
@@ -374,7 +435,7 @@ class GraphCellHooks:
             rec.on_grad(tag, g)
             return g
 
-        grad_op = ops.Custom(on_grad, out_shape=_second, out_dtype=_second, func_type="pyfunc")
+        grad_op = _unmerged(ops.Custom(on_grad, out_shape=_second, out_dtype=_second, func_type="pyfunc"))
 
         def bprop(tag, x, out, dout):
             return ops.zeros_like(tag), grad_op(tag, dout)
@@ -383,7 +444,8 @@ class GraphCellHooks:
             rec.on_param_grad(tag, g)
             return g
 
-        param_grad_op = ops.Custom(on_param_grad, out_shape=_second, out_dtype=_second, func_type="pyfunc")
+        param_grad_op = _unmerged(ops.Custom(on_param_grad, out_shape=_second, out_dtype=_second,
+                                             func_type="pyfunc"))
 
         def param_bprop(tag, x, out, dout):
             return ops.zeros_like(tag), param_grad_op(tag, dout)
@@ -400,41 +462,69 @@ class GraphCellHooks:
         record_op = ops.Custom(on_input, out_shape=_second, out_dtype=_second, func_type="pyfunc")
         output_op = ops.Custom(on_record, out_shape=_second, out_dtype=_second, func_type="pyfunc", bprop=bprop)
         self._handles: list = []
-        self._param_cells: list[tuple[nn.Cell, list]] = []
-        tapped: set[int] = set()
-        seen: dict[int, str] = {}
+        # (cell, its previous __no_parameter_forward_hook__) and (Parameter, its previous hook)
+        self._param_cells: list[tuple[nn.Cell, Any]] = []
+        self._param_hooks: list[tuple[Any, Any]] = []
         prefixes = cell_prefixes(models, indexed)
-        cells_of = {id(c): p for p, c in prefixes}
-        for prefix, cell in prefixes:
-            if id(cell) in seen:   # a Cell shared under two names is recorded under the first
-                continue
-            seen[id(cell)] = prefix
-            params = list(cell._params.items())
-            cid = recorder.add_cell(prefix, _parent_prefix(cell, models, cells_of, prefix), params)
-            # Parameters that require grad: each read goes through param_op (value and gradient);
-            # the others are recorded by the Cell's forward hook
-            taps = [(slot, p) for slot, (_n, p) in enumerate(params)
-                    if p is not None and p.requires_grad and id(p) not in tapped]   # tied weights: the first Cell's
-            tapped.update(id(p) for _slot, p in taps)
-            rest = [(slot, p) for slot, (_n, p) in enumerate(params) if p is not None and id(p) not in tapped]
-            hook = _forward_hook(cid, tuple(p for _s, p in rest), tuple(slot for slot, _p in rest), len(params),
-                                 record_op, output_op)
-            self._handles.append(cell.register_forward_hook(hook))
-            for slot, p in taps:
-                p._register_forward_hook(_parameter_hook(cid, slot, len(params), param_op))
-            if taps:
-                _set_parameter_forward_hook_enabled(cell, True)
-                self._param_cells.append((cell, [p for _s, p in taps]))
+        cells_of = {id(c): p for p, c in reversed(prefixes)}   # a Cell shared under two names: the first
+        cells: list[tuple[str, nn.Cell]] = [(p, c) for p, c in prefixes if cells_of[id(c)] == p]
+        # Parameters held by more than one Cell (tied weights): MindSpore refuses to compile a
+        # Parameter forward hook on them; each holder records them through its forward hook
+        owners = Counter(id(p) for _prefix, c in cells for p in {id(p): p for p in c._params.values()
+                                                                  if p is not None}.values())
+        # Parameters a construct reads through another Cell (self.emb.embedding_table): that read
+        # would bypass the Parameter hook (partial gradient), so they are treated as shared
+        for p_id in _foreign_reads([c for _p, c in cells] + [m for m in models if id(m) not in cells_of]):
+            owners[p_id] += 2
+        taps_of = {}
+        for _prefix, cell in cells:
+            for _n, p in cell._params.items():
+                if p is not None and p.requires_grad and owners[id(p)] == 1:
+                    previous = getattr(p, "__parameter_forward_hook__", None)
+                    if previous is not None:
+                        raise ConfigError("model", type(models[0]).__name__,
+                                          "Cells whose Parameters hold no forward hook",
+                                          detail=f"Parameter {p.name} already has a forward hook ({previous!r}); "
+                                                 "level L0 in GRAPH_MODE puts its own on each Parameter of a Cell "
+                                                 "(one per Parameter in MindSpore): remove the other hook, or close "
+                                                 "the other PrecisionDebugger, before start(model)")
+                    taps_of[id(p)] = p
+        parents = _ParentFinder(models, cells_of)
+        try:
+            for prefix, cell in cells:
+                params = list(cell._params.items())
+                taps = [(slot, p) for slot, (_n, p) in enumerate(params) if p is not None and id(p) in taps_of]
+                rest = [(slot, p) for slot, (_n, p) in enumerate(params) if p is not None and id(p) not in taps_of]
+                cid = recorder.add_cell(prefix, parents.parent(cell, prefix), params,
+                                        grad_slots=tuple(slot for slot, _p in taps))
+                hook = _forward_hook(cid, tuple(p for _s, p in rest), tuple(slot for slot, _p in rest), len(params),
+                                     record_op, output_op)
+                self._handles.append(cell.register_forward_hook(hook))
+                for slot, p in taps:
+                    self._param_hooks.append((p, getattr(p, "__parameter_forward_hook__", None)))
+                    p._register_forward_hook(_parameter_hook(cid, slot, len(params), param_op))
+                if taps:
+                    self._param_cells.append((cell, getattr(cell, "__no_parameter_forward_hook__", _UNSET)))
+                    _set_parameter_forward_hook_enabled(cell, True)
+        except BaseException:
+            self.remove()
+            raise
 
     def remove(self) -> None:
-        """Remove every hook (idempotent). A graph compiled with them keeps them."""
+        """Remove every hook (idempotent) and restore each Parameter's previous forward hook
+        and each Cell's previous Parameter-hook switch. A graph compiled with them keeps them."""
+        self._recorder.drop_cells()
         while self._handles:
             self._handles.pop().remove()
+        while self._param_hooks:
+            p, previous = self._param_hooks.pop()
+            p._register_forward_hook(previous)
         while self._param_cells:
-            cell, taps = self._param_cells.pop()
-            _set_parameter_forward_hook_enabled(cell, False)
-            for p in taps:
-                p._register_forward_hook(None)
+            cell, previous = self._param_cells.pop()
+            if previous is _UNSET:
+                _set_parameter_forward_hook_enabled(cell, False)
+            else:
+                setattr(cell, "__no_parameter_forward_hook__", previous)
 
     # the JIT guard of PyNative (debugger._JitGuard) has nothing to suspend here
     def suspend(self, owner: Any = None) -> None:  # pragma: no cover - GRAPH_MODE has no @jit calls to guard
@@ -442,6 +532,14 @@ class GraphCellHooks:
 
     def resume(self) -> None:  # pragma: no cover
         return None
+
+
+def _unmerged(op):
+    """``op`` marked ``side_effect_hidden`` (as MindSpore marks its random ops): the graph's
+    common-subexpression pass keeps two such ops on equal inputs apart. Two gradient
+    contributions of equal value (``fc(h) * fc(h)``) then arrive as two callbacks."""
+    op.add_prim_attr("side_effect_hidden", True)
+    return op
 
 
 def _parameter_hook(cid: int, slot: int, n_params: int, param_op):
@@ -456,22 +554,71 @@ def _parameter_hook(cid: int, slot: int, n_params: int, param_op):
     return hook
 
 
-def _parent_prefix(cell: nn.Cell, models: Sequence[nn.Cell], cells_of: dict, prefix: str) -> Optional[str]:
-    """The dump prefix of the nearest hooked Cell that holds ``cell`` (None at the top)."""
-    for model in models:
-        names = dict((id(c), n) for n, c in model.cells_and_names())
-        name = names.get(id(cell))
-        if name is None:
-            continue
-        parts = name.split(".") if name else []
-        lookup = {n: c for n, c in model.cells_and_names()}
-        while parts:
-            parts.pop()
-            holder = lookup.get(".".join(parts))
-            if holder is not None and id(holder) in cells_of and cells_of[id(holder)] != prefix:
-                return cells_of[id(holder)]
+_SELF_PATH = re.compile(r"\bself((?:\.\w+)+)")
+
+
+def _foreign_reads(cells: Sequence[nn.Cell]) -> set[int]:
+    """``id`` of each Parameter that the source of a Cell's ``construct`` in ``cells`` reads
+    as ``self.<sub>.<name>`` where ``<sub>`` is another Cell (a tied output projection
+    ``ops.matmul(h, self.emb.embedding_table.T)``). A heuristic on the source text: a read
+    through a local alias or ``getattr`` is not seen; a construct without source is skipped."""
+    found: set[int] = set()
+    paths_of: dict[type, list[str]] = {}   # the self.<path> texts of each Cell class's construct
+    for cell in cells:
+        paths = paths_of.get(type(cell))
+        if paths is None:
+            try:
+                src = inspect.getsource(type(cell).construct)
+            except (OSError, TypeError):
+                src = ""
+            paths = sorted({m.group(1) for m in _SELF_PATH.finditer(src) if m.group(1).count(".") > 1})
+            paths_of[type(cell)] = paths
+        for path in paths:
+            obj: Any = cell
+            for i, part in enumerate(path.split(".")[1:]):
+                obj = getattr(obj, part, None)
+                if obj is None or not isinstance(obj, (nn.Cell, ms.Parameter)):
+                    break
+                if isinstance(obj, ms.Parameter):
+                    if i:   # reached through a sub-Cell
+                        found.add(id(obj))
+                    break
+    return found
+
+
+class _ParentFinder:
+    """The dump prefix of the nearest hooked Cell that holds a Cell, from each model's
+    ``cells_and_names()`` (read once per model: linear in the number of Cells).
+
+    Args:
+        models: the Cells passed to ``start(model)``.
+        cells_of: ``id(cell) -> dump prefix`` of every hooked Cell.
+    """
+
+    def __init__(self, models: Sequence[nn.Cell], cells_of: dict) -> None:
+        self._cells_of = cells_of
+        self._maps = []
+        for model in models:
+            by_name = dict(model.cells_and_names())
+            names: dict[int, str] = {}
+            for n, c in by_name.items():
+                names.setdefault(id(c), n)
+            self._maps.append((names, by_name))
+
+    def parent(self, cell: nn.Cell, prefix: str) -> Optional[str]:
+        """The prefix of the nearest hooked Cell holding ``cell`` (dump prefix ``prefix``), or None."""
+        for names, by_name in self._maps:
+            name = names.get(id(cell))
+            if name is None:
+                continue
+            parts = name.split(".") if name else []
+            while parts:
+                parts.pop()
+                holder = by_name.get(".".join(parts))
+                if holder is not None and id(holder) in self._cells_of and self._cells_of[id(holder)] != prefix:
+                    return self._cells_of[id(holder)]
+            return None
         return None
-    return None
 
 
 def _forward_hook(cid: int, params: tuple, param_slots: tuple, n_params: int, record_op, output_op):
@@ -486,15 +633,15 @@ def _forward_hook(cid: int, params: tuple, param_slots: tuple, n_params: int, re
         deps = ()
         for i in range(len(inputs)):
             if isinstance(inputs[i], Tensor):
-                deps = deps + (record_op(ops.tuple_to_array((cid, 0, i, len(inputs), n_in)),
+                deps = deps + (record_op(ops.tuple_to_array((cid, ROLE_INPUT, i, len(inputs), n_in)),
                                          ops.stop_gradient(inputs[i])),)
         for j in range(len(params)):
-            deps = deps + (record_op(ops.tuple_to_array((cid, 1, param_slots[j], n_params, n_in)),
+            deps = deps + (record_op(ops.tuple_to_array((cid, ROLE_PARAMETER, param_slots[j], n_params, n_in)),
                                      ops.stop_gradient(params[j])),)
         if isinstance(output, Tensor):
             if deps:
                 output = ops.depend(output, deps)
-            return output_op(ops.tuple_to_array((cid, 2, 0, 1, n_in)), output)
+            return output_op(ops.tuple_to_array((cid, ROLE_OUTPUT, 0, 1, n_in)), output)
         if isinstance(output, tuple):
             n_out = 0
             for k in range(len(output)):
@@ -506,7 +653,7 @@ def _forward_hook(cid: int, params: tuple, param_slots: tuple, n_params: int, re
                 if isinstance(o, Tensor):
                     if deps:
                         o = ops.depend(o, deps)
-                    o = output_op(ops.tuple_to_array((cid, 2, k, n_out, n_in)), o)
+                    o = output_op(ops.tuple_to_array((cid, ROLE_OUTPUT, k, n_out, n_in)), o)
                 outs = outs + (o,)
             return outs
         return output

@@ -37,7 +37,8 @@ from mindspore import Tensor, nn, ops
 
 from msprobe.core.errors import ConfigError
 
-__all__ = ["GRAPH_LEVELS", "graph_levels", "tensor_dump_missing", "check_graph_mode_level"]
+__all__ = ["GRAPH_LEVELS", "graph_levels", "tensor_dump_missing", "check_graph_mode_level", "CELL_APIS",
+           "missing_cell_apis"]
 
 #: levels msprobe records in GRAPH_MODE on every backend
 GRAPH_LEVELS = ("L2",)
@@ -49,6 +50,30 @@ def graph_levels(device_target: str) -> tuple[str, ...]:
     """The levels msprobe records in GRAPH_MODE on ``device_target`` (``"CPU"``, ``"GPU"``,
     ``"Ascend"``): ``("L0", "L2")`` on CPU, ``("L2",)`` elsewhere."""
     return ("L0",) + GRAPH_LEVELS if device_target in CELL_BACKENDS else GRAPH_LEVELS
+#: the MindSpore APIs (private ones of MindSpore 2.10 included) that level L0 in GRAPH_MODE
+#: uses (msprobe.mindspore.graph_cells): (module, attribute path)
+CELL_APIS = (("mindspore.graph.api", "_pynative_executor"),
+             ("mindspore.graph.api", "_set_parameter_forward_hook_enabled"),
+             ("mindspore.common.parameter", "Parameter._register_forward_hook"),
+             ("mindspore.nn", "Cell.register_forward_hook"),
+             ("mindspore.ops", "Custom"))
+
+
+def missing_cell_apis() -> list[str]:
+    """The entries of :data:`CELL_APIS` this MindSpore lacks, as ``module.attribute`` names."""
+    import importlib
+
+    missing = []
+    for module, path in CELL_APIS:
+        try:
+            obj = importlib.import_module(module)
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            missing.append(f"{module}.{path}")
+    return missing
+
+
 _PYNATIVE = "mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
 _MARK = "msprobe-tensordump-probe:"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds msprobe/
@@ -109,11 +134,19 @@ def check_graph_mode_level(level: str, device_target: Optional[str] = None) -> N
         ConfigError: ``L0`` on a backend other than CPU, naming the missing ``TensorDump``
             op where the backend lacks it, or saying Cell-level graph records are not
             implemented there where it has it; ``mix`` (API calls are not Python calls in a
-            graph; L0 on CPU); ``L1``/``debug`` (no Python calls inside a graph). Nothing
-            for ``L2``, nor for ``L0`` on CPU.
+            graph; L0 on CPU); ``L1``/``debug`` (no Python calls inside a graph); ``L0`` on
+            CPU when this MindSpore lacks an API of :data:`CELL_APIS` (naming the version and
+            the API). Nothing for ``L2``, nor for ``L0`` on CPU with those APIs.
     """
     device = device_target or ms.get_context("device_target")
     allowed = graph_levels(device)
+    if level == "L0" and level in allowed:
+        missing = missing_cell_apis()
+        if missing:
+            raise ConfigError("level", level, [x for x in allowed if x != "L0"],
+                              detail=f"level L0 in GRAPH_MODE on {device} uses MindSpore APIs that MindSpore "
+                                     f"{ms.__version__} lacks ({', '.join(missing)}; present in MindSpore 2.10); use "
+                                     f"level L2 (kernels) in GRAPH_MODE, or {_PYNATIVE} for level L0")
     if level in allowed:
         return
     if level == "L0":

@@ -2,7 +2,7 @@
 run them in PyNative for reference values). Importing this module sets no MindSpore mode."""
 from __future__ import annotations
 
-from mindspore import nn
+from mindspore import nn, ops
 
 
 class Net(nn.Cell):
@@ -49,3 +49,48 @@ class BlockNet(nn.Cell):
 
     def construct(self, x):
         return self.out(self.block(self.inp(x)))
+
+
+class TiedNet(nn.Cell):
+    """``--net tied``: Dense(4→4) ``a`` → Dense(4→4) ``b`` sharing ``a.weight`` (tied
+    weights) → Dense(4→2) ``c``, whose bias does not require grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Dense(4, 4)
+        self.b = nn.Dense(4, 4)
+        self.b.weight = self.a.weight
+        self.c = nn.Dense(4, 2)
+        self.c.bias.requires_grad = False
+
+    def construct(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+class TwiceNet(nn.Cell):
+    """``--net twice``: Dense(4→3) → ``fc(h) * fc(h)`` (one Cell called twice on the same
+    input) → Dense(3→2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Dense(4, 3)
+        self.fc = nn.Dense(3, 3)
+        self.out = nn.Dense(3, 2)
+
+    def construct(self, x):
+        h = self.inp(x)
+        return self.out(self.fc(h) * self.fc(h))
+
+
+class ProjectionNet(nn.Cell):
+    """``--net projection``: Dense(4→4) ``a``, whose weight the network also reads directly
+    (``h @ a.weight.T``, as a tied output projection does), → Dense(4→2) ``out``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Dense(4, 4)
+        self.out = nn.Dense(4, 2)
+
+    def construct(self, x):
+        h = self.a(x)
+        return self.out(ops.matmul(h, self.a.weight.T))

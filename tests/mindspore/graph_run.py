@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("graph_train.py")
 
 
-def train_in_graph_mode(tmp: Path, name: str, config: dict, *flags: str) -> tuple[Path, str]:
+def train_in_graph_mode(tmp: Path, name: str, config: dict, *flags: str, stderr: bool = False) -> tuple[Path, str]:
     """Train with the msprobe config ``config`` (its ``dump_path`` is ``tmp / name``) and
-    graph_train.py's ``flags``; returns (dump path, the script's stdout).
+    graph_train.py's ``flags``; returns (dump path, the script's stdout, followed by its
+    stderr when ``stderr``).
 
     Raises:
         AssertionError: the script failed (the end of its stderr in the message).
@@ -27,4 +28,4 @@ def train_in_graph_mode(tmp: Path, name: str, config: dict, *flags: str) -> tupl
     res = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *flags], cwd=tmp, capture_output=True, text=True,
                          timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    return dump, res.stdout
+    return dump, res.stdout + (res.stderr if stderr else "")

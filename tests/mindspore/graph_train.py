@@ -13,8 +13,13 @@ without msprobe. ``--live-steps`` prints ``LIVE_STEPS [..]``, the steps in the l
 first asks for that level and prints ``LEVELERR <message>`` (or ``LEVELOK``).
 ``--save-state`` writes ``x``, ``y`` and each parameter before step ``s``
 (``s{step}.{name}``) to an ``.npz`` file. ``--net block`` trains ``graph_nets.BlockNet``
-(a Cell applied twice, a Cell returning a tuple, nested Cells) instead. ``--pynative``
-runs the same in PyNative mode.
+(a Cell applied twice, a Cell returning a tuple, nested Cells) instead, ``--net tied``
+``graph_nets.TiedNet`` (a weight shared by two Cells), ``--net twice`` ``graph_nets.TwiceNet``
+(a Cell called twice on the same input), ``--net projection`` ``graph_nets.ProjectionNet``
+(a weight also read outside its Cell). ``--pynative`` runs the same in PyNative mode.
+``--fault`` makes the recorder fail on each Cell forward it assembles (a fault inside
+the running graph's callbacks). ``--compile-first`` trains one step before the first ``start(net)`` (the graph compiles
+without msprobe's hooks).
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ ms.set_device("CPU")
 
 from msprobe.core.errors import ConfigError  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
-from graph_nets import BlockNet, Net  # noqa: E402
+from graph_nets import BlockNet, Net, ProjectionNet, TiedNet, TwiceNet  # noqa: E402
+
+NETS = {"dense": Net, "block": BlockNet, "tied": TiedNet, "twice": TwiceNet, "projection": ProjectionNet}
 
 
 def main() -> None:
@@ -42,7 +49,9 @@ def main() -> None:
     parser.add_argument("--start", action="store_true")
     parser.add_argument("--no-debugger", action="store_true")
     parser.add_argument("--save-state")
-    parser.add_argument("--net", choices=("dense", "block"), default="dense")
+    parser.add_argument("--net", choices=tuple(NETS), default="dense")
+    parser.add_argument("--compile-first", action="store_true")
+    parser.add_argument("--fault", action="store_true")
     parser.add_argument("--pynative", action="store_true")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--live-steps", action="store_true")
@@ -54,9 +63,13 @@ def main() -> None:
         except ConfigError as exc:
             print("LEVELERR", exc, flush=True)
     debugger = None if args.no_debugger else PrecisionDebugger(config_path=args.config)
-    net = BlockNet() if args.net == "block" else Net()
+    if args.fault and debugger is not None:   # every forward record fails inside the running graph
+        def fail(*_a):
+            raise RuntimeError("injected fault")
+        debugger.recorder._forward = fail
+    net = NETS[args.net]()
     rng = np.random.default_rng(0)
-    for p in net.trainable_params():
+    for p in net.get_parameters():
         p.set_data(Tensor(rng.standard_normal(p.shape).astype(np.float32)))
     if args.perturb:   # --net dense
         net.d2.weight.set_data(Tensor(net.d2.weight.asnumpy() + np.float32(1e-3)))
@@ -64,6 +77,8 @@ def main() -> None:
     x = Tensor(rng.standard_normal((5, 4)).astype(np.float32))
     y = Tensor(rng.standard_normal((5, 2)).astype(np.float32))
     state = {"x": x.asnumpy(), "y": y.asnumpy()}
+    if args.compile_first:   # the graph compiles before start(net): it runs without msprobe's hooks
+        print("LOSS", np.float32(train(x, y).asnumpy()).tobytes().hex(), flush=True)
     for step in range(args.steps):
         state.update({f"s{step}.{p.name}": p.asnumpy().copy() for p in net.trainable_params()})
         if args.start and debugger is not None:

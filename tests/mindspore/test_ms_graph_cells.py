@@ -24,8 +24,8 @@ from store import schema as S  # noqa: E402
 CELLS = ("Cell.d1.Dense", "Cell.relu.ReLU", "Cell.d2.Dense")
 
 
-def _run(tmp: Path, name: str, config: dict, *flags: str) -> tuple[Path, str]:
-    return train_in_graph_mode(tmp, name, {"level": "L0", **config}, *flags)
+def _run(tmp: Path, name: str, config: dict, *flags: str, stderr: bool = False) -> tuple[Path, str]:
+    return train_in_graph_mode(tmp, name, {"level": "L0", **config}, *flags, stderr=stderr)
 
 
 @pytest.fixture(scope="module")
@@ -286,8 +286,9 @@ def test_task_tensor_and_step_filter_in_graph_mode(runs, tmp_path):
 
 
 def test_a_fault_in_a_pyfunc_callback_stops_recording_without_raising(tmp_path, caplog):
-    """A callback that fails inside the running graph (here: a tag naming no hooked Cell)
-    logs the error once and stops recording; nothing is raised into MindSpore's runtime."""
+    """The pyfunc callbacks (called here directly, as MindSpore calls them from a running
+    graph) with a tag naming no hooked Cell: the error is logged once and recording stops;
+    nothing is raised to the caller (MindSpore's runtime)."""
     from msprobe.core.config import load_config
     from msprobe.core.session import Session
     from msprobe.mindspore.graph_cells import GraphCellRecorder
@@ -303,3 +304,229 @@ def test_a_fault_in_a_pyfunc_callback_stops_recording_without_raising(tmp_path, 
     assert session.disabled and not session.recording
     assert [r.getMessage() for r in caplog.records].count(
         "msprobe: internal error, recording stopped: IndexError: list index out of range") == 1
+
+
+def _dump_data(dump: Path, step: int) -> dict:
+    return json.loads((dump / f"step{step}" / "rank" / "dump.json").read_text())["data"]
+
+
+def test_tied_weights_train_and_record_like_pynative(tmp_path):
+    """A weight shared by two Cells (``b.weight = a.weight``): MindSpore compiles no
+    Parameter hook on it, so msprobe records it through each holder's forward hook. The
+    losses equal the run without msprobe; every ``forward`` entry (both Cells' ``parameters``
+    included) equals the PyNative L0 record; ``parameters_grad`` holds the unshared
+    Parameters with PyNative's values and no shared weight."""
+    cfg = {"task": "statistics"}
+    graph, out = _run(tmp_path, "tied", cfg, "--net", "tied", "--start")
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--net", "tied", "--no-debugger")
+    pynative, _p = _run(tmp_path, "pyn", cfg, "--net", "tied", "--start", "--pynative")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    for step in (0, 1):
+        got, want = _dump_data(graph, step), _dump_data(pynative, step)
+        for cell in ("Cell.a.Dense", "Cell.b.Dense"):
+            params = got[f"{cell}.forward.0"]["parameters"]
+            assert set(params) == {"weight", "bias"} and params == want[f"{cell}.forward.0"]["parameters"]
+            assert params["weight"]["requires_grad"] is True
+            assert list(got[f"{cell}.parameters_grad"]) == ["bias"]
+            g, w = got[f"{cell}.parameters_grad"]["bias"][0], want[f"{cell}.parameters_grad"]["bias"][0]
+            for stat in ("Max", "Min", "Mean", "Norm"):
+                assert g[stat] == pytest.approx(w[stat], rel=1e-6, abs=1e-7), (cell, stat)
+        assert got["Cell.a.Dense.forward.0"]["parameters"]["weight"] == got["Cell.b.Dense.forward.0"]["parameters"][
+            "weight"]
+        assert got["Cell.c.Dense.forward.0"]["parameters"] == want["Cell.c.Dense.forward.0"]["parameters"]
+        assert list(got["Cell.c.Dense.parameters_grad"]) == ["weight"]
+
+
+def test_weight_read_outside_its_cell_gets_no_partial_gradient(tmp_path):
+    """``out(a(x) @ a.weight.T)``: the network's own read of ``a.weight`` would bypass the
+    Parameter hook, so ``a.weight`` is recorded in ``parameters`` (as PyNative) and gets no
+    ``parameters_grad`` (its hooked reads alone would give a partial gradient); ``a.bias``'s
+    gradient equals PyNative's; the losses equal the run without msprobe."""
+    cfg = {"task": "statistics"}
+    graph, out = _run(tmp_path, "proj", cfg, "--net", "projection", "--start")
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--net", "projection", "--no-debugger")
+    pynative, _p = _run(tmp_path, "pyn", cfg, "--net", "projection", "--start", "--pynative")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    for step in (0, 1):
+        got, want = _dump_data(graph, step), _dump_data(pynative, step)
+        assert got["Cell.a.Dense.forward.0"]["parameters"] == want["Cell.a.Dense.forward.0"]["parameters"]
+        assert list(got["Cell.a.Dense.parameters_grad"]) == ["bias"]
+        g, w = got["Cell.a.Dense.parameters_grad"]["bias"][0], want["Cell.a.Dense.parameters_grad"]["bias"][0]
+        for stat in ("Max", "Min", "Mean", "Norm"):
+            assert g[stat] == pytest.approx(w[stat], rel=1e-6, abs=1e-7), stat
+
+
+def test_cell_called_twice_on_one_input_writes_no_wrong_parameter_gradient(tmp_path):
+    """``fc(h) * fc(h)``: the graph computes ``fc(h)`` once and ``fc``'s Parameters get two
+    gradient contributions of equal value. No ``Cell.fc.Dense.parameters_grad`` is written
+    (one warning says why), the other Cells' gradients equal ``mindspore.grad``'s, and the
+    losses equal the run without msprobe."""
+    state_path = tmp_path / "state.npz"
+    dump, out = _run(tmp_path, "twice", {"task": "statistics"}, "--net", "twice", "--start", "--save-state",
+                     str(state_path), stderr=True)
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--net", "twice", "--no-debugger")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    assert out.count("msprobe: Cell.fc.Dense.parameters_grad not recorded") == 1
+    state = dict(np.load(state_path))
+    from graph_nets import TwiceNet
+
+    for step in (0, 1):
+        data = _dump_data(dump, step)
+        grads = {k for k in data if k.endswith(".parameters_grad")}
+        assert grads == {"Cell.inp.Dense.parameters_grad", "Cell.out.Dense.parameters_grad"}
+        net, x, y, loss = _pynative(TwiceNet(), state, step)
+        ref = _parameter_grads(net, x, y, loss, {"Cell.inp.Dense": "inp", "Cell.out.Dense": "out"})
+        for (name, pname, _i), want in ref.items():
+            got = data[name][pname][0]
+            _mx, _mn, _mean, norm = _np_stats(want)
+            assert got["Norm"] == pytest.approx(norm, rel=1e-6), (step, name, pname)
+
+
+def test_start_after_the_graph_compiled_warns_once(tmp_path):
+    """``start(net)`` after the first call compiled the graph: nothing can be recorded, and
+    one warning names the cause; training goes on with the same losses."""
+    dump, out = _run(tmp_path, "late", {"task": "statistics"}, "--start", "--compile-first", stderr=True)
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--compile-first", "--no-debugger")
+    assert len(_losses(out)) == 3 and _losses(out) == _losses(plain_out)
+    assert out.count("recorded nothing: no Cell of the model ran through msprobe's hooks") == 1
+    assert "call debugger.start(net) before the first call that compiles the graph" in out
+    assert not any(_dump_data(dump, step) for step in (0, 1) if (dump / f"step{step}" / "rank").exists())
+
+
+def _hook_net():
+    from graph_nets import Net
+    from msprobe.core.config import load_config
+    from msprobe.core.session import Session
+    from msprobe.mindspore.graph_cells import GraphCellRecorder
+
+    session = Session(load_config(None, dump_path="unused", level="L0", framework="mindspore"), framework="mindspore")
+    return Net(), GraphCellRecorder(session)
+
+
+def test_parameter_hooks_are_restored_and_a_users_hook_is_not_overwritten():
+    """``remove()`` leaves each Parameter's forward hook and each Cell's Parameter-hook
+    switch as before; a Parameter already holding a forward hook (the user's, another
+    debugger's) is a ConfigError before anything is installed."""
+    from msprobe.core.errors import ConfigError
+    from msprobe.mindspore.graph_cells import GraphCellHooks
+
+    net, rec = _hook_net()
+    hooks = GraphCellHooks([net], False, rec)
+    assert net.d1.weight.__parameter_forward_hook__ is not None and net.d1._forward_hook
+    hooks.remove()
+    params = list(net.get_parameters())
+    assert all(getattr(p, "__parameter_forward_hook__", None) is None for p in params)
+    assert net.d1.__no_parameter_forward_hook__ is True and rec.cells == [None] * 3
+
+    def user_hook(p):
+        return p
+
+    net.d2.bias._register_forward_hook(user_hook)
+    with pytest.raises(ConfigError) as info:
+        GraphCellHooks([net], False, rec)
+    assert "Parameter d2.bias already has a forward hook" in str(info.value)
+    assert net.d2.bias.__parameter_forward_hook__ is user_hook
+    assert all(getattr(p, "__parameter_forward_hook__", None) is None for p in params if p is not net.d2.bias)
+    assert all(not c._forward_hook for _n, c in net.cells_and_names())
+
+
+def test_l0_on_a_mindspore_without_its_private_apis_is_a_config_error(monkeypatch):
+    """Level L0 in GRAPH_MODE on CPU uses MindSpore 2.10's private graph APIs: without one,
+    the ConfigError (at PrecisionDebugger construction) names the MindSpore version and the API."""
+    import mindspore.graph.api as graph_api
+
+    from msprobe.core.errors import ConfigError
+    from msprobe.mindspore import graph_levels
+
+    monkeypatch.delattr(graph_api, "_set_parameter_forward_hook_enabled")
+    with pytest.raises(ConfigError) as info:
+        graph_levels.check_graph_mode_level("L0", "CPU")
+    text = str(info.value)
+    assert text.startswith("config field `level`: got 'L0'; allowed: L2")
+    assert f"MindSpore {ms.__version__} lacks (mindspore.graph.api._set_parameter_forward_hook_enabled;" in text
+
+
+def test_parent_lookup_is_linear_in_the_number_of_cells():
+    """999 nested Cells get their parents from maps built once per model: hooking them
+    takes well under a second (a lookup per Cell over every Cell took seconds)."""
+    import time
+
+    from msprobe.mindspore.graph_cells import _ParentFinder
+    from mindspore import nn as msnn
+
+    top = msnn.SequentialCell([msnn.SequentialCell([msnn.ReLU() for _ in range(36)]) for _ in range(27)])
+    pairs = list(top.cells_and_names())
+    cells_of = {id(c): f"Cell.{n}" for n, c in pairs}
+    t0 = time.process_time()
+    finder = _ParentFinder([top], cells_of)
+    parents = {n: finder.parent(c, cells_of[id(c)]) for n, c in pairs}
+    elapsed = time.process_time() - t0
+    assert len(pairs) == 1 + 27 + 27 * 36
+    assert parents["3.5"] == "Cell.3" and parents["3"] == "Cell." and parents[""] is None
+    assert elapsed < 0.5
+
+
+def test_a_fault_inside_the_running_graph_stops_recording_not_training(tmp_path):
+    """The recorder fails in a pyfunc callback of the running graph: training completes with
+    the losses of the run without msprobe, the error is logged once and recording stops."""
+    _dump, out = _run(tmp_path, "fault", {"task": "statistics"}, "--start", "--fault", stderr=True)
+    _plain, plain_out = _run(tmp_path, "plain", {}, "--no-debugger")
+    assert len(_losses(out)) == 2 and _losses(out) == _losses(plain_out)
+    assert out.count("msprobe: internal error, recording stopped: RuntimeError: injected fault") == 1
+
+
+def test_new_model_replaces_the_hooked_cells(tmp_path):
+    """``start()`` with another network removes the first one's hooks and forgets its Cells
+    (a graph compiled with them still calls back: ignored); the debugger holds the hooked
+    networks weakly."""
+    import gc
+    import weakref
+
+    from graph_nets import Net
+    from msprobe.mindspore import PrecisionDebugger
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0", task="statistics")
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    first, second = Net(), Net()
+    dbg.start(first)
+    assert [c.prefix for c in dbg.recorder.cells] == ["Cell.d1.Dense", "Cell.relu.ReLU", "Cell.d2.Dense"]
+    dbg.start(second)
+    cells = dbg.recorder.cells
+    assert cells[:3] == [None] * 3 and [c.prefix for c in cells[3:]] == ["Cell.d1.Dense", "Cell.relu.ReLU",
+                                                                          "Cell.d2.Dense"]
+    assert all(not c._forward_hook for _n, c in first.cells_and_names())
+    assert getattr(first.d1.weight, "__parameter_forward_hook__", None) is None
+    dbg.recorder.on_record(np.array([0, 2, 0, 1, 1]), np.zeros(3, np.float32))   # the first network's graph
+    assert not dbg.session.failed and not dbg.recorder.cells[3].queues
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None
+    dbg.close()
+
+
+def test_a_non_tensor_last_input_is_a_none_leaf(tmp_path):
+    """A Cell called as ``cell(x, 2)``: its forward hook records ``x`` only, with the call's
+    two positional inputs in the tag; ``input_args`` holds ``x`` and a ``none`` leaf, as
+    PyNative's record of the same call."""
+    from msprobe.core.config import load_config
+    from msprobe.core.session import Session
+    from msprobe.mindspore.graph_cells import ROLE_INPUT, ROLE_OUTPUT, GraphCellRecorder
+
+    session = Session(load_config(None, dump_path=str(tmp_path / "d"), level="L0", framework="mindspore"),
+                      framework="mindspore")
+    recorder = GraphCellRecorder(session)
+    recorder.add_cell("Cell.scale.Scale", None, [])
+    calls = []
+    session.emit = calls.append
+    session.recording = True
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    recorder.on_record(np.array([0, ROLE_INPUT, 0, 2, 1]), x)
+    recorder.on_record(np.array([0, ROLE_OUTPUT, 0, 1, 1]), x * 2)
+    (call,) = calls
+    args = [leaf for leaf in call.leaves if leaf.io == "input_args"]
+    assert [(leaf.path, leaf.leaf_kind) for leaf in args] == [((0,), "tensor"), ((1,), "none")]
+    assert (args[0].max, args[0].min) == (3.0, -2.0)
