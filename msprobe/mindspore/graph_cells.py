@@ -73,11 +73,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.graph.api import _pynative_executor, _set_parameter_forward_hook_enabled
-from mindspore.common import dtype as mstype
 
 from msprobe.core.errors import ConfigError
 from msprobe.core.naming import to_backward
 from msprobe.core.recorder import RecorderCore
+from msprobe.kernel_dump.statistic_csv import ms_dtype_name
 from msprobe.mindspore.backward import PendingBackward
 from msprobe.mindspore.cell_hooks import cell_prefixes
 from msprobe.mindspore.leaves import LeafBuilder
@@ -403,11 +403,10 @@ class GraphCellRecorder(RecorderCore):
 
 
 def _ms_dtype(a: np.ndarray) -> str:
-    """MindSpore's name of the dtype of ``a`` (``Float32``)."""
-    try:
-        return str(mstype.pytype_to_dtype(a.dtype))
-    except Exception:  # noqa: BLE001 - a numpy dtype MindSpore has no name for
-        return str(a.dtype)
+    """MindSpore's name of the dtype of ``a`` (``Float32``; a numpy dtype MindSpore has no
+    name for keeps numpy's). A table, not ``mstype.pytype_to_dtype``, which MindSpore
+    2.10 reports as deprecated in a log line per call."""
+    return ms_dtype_name(a.dtype.name)
 
 
 class GraphCellHooks:

@@ -530,3 +530,14 @@ def test_a_non_tensor_last_input_is_a_none_leaf(tmp_path):
     args = [leaf for leaf in call.leaves if leaf.io == "input_args"]
     assert [(leaf.path, leaf.leaf_kind) for leaf in args] == [((0,), "tensor"), ((1,), "none")]
     assert (args[0].max, args[0].min) == (3.0, -2.0)
+
+
+def test_dtype_names_come_without_a_deprecation_line(capfd):
+    """Every recorded array's dtype is named as MindSpore names it, without the log line
+    ``mstype.pytype_to_dtype`` writes per call in MindSpore 2.10."""
+    from msprobe.mindspore.graph_cells import _ms_dtype
+
+    names = {"float16": "Float16", "float32": "Float32", "float64": "Float64", "int8": "Int8",
+             "int32": "Int32", "int64": "Int64", "uint8": "UInt8", "bool": "Bool", "complex64": "Complex64"}
+    assert {d: _ms_dtype(np.zeros(2, d)) for d in names} == names
+    assert "deprecated" not in capfd.readouterr().err
