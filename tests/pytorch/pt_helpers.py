@@ -133,3 +133,31 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, dbg, steps: int, m
     if dbg:
         dbg.close()
     return losses
+
+
+def tensor_records(data: dict):
+    """``(record path, tensor record)`` of every tensor record in a dump.json ``data``
+    object (``"Functional.linear.0.forward.input_args.0"``, the record's dict), nested
+    lists and dicts walked."""
+    for name, entry in data.items():
+        stack = [(name, entry)]
+        while stack:
+            path, v = stack.pop()
+            if isinstance(v, dict) and v.get("type") == "torch.Tensor":
+                yield path, v
+            elif isinstance(v, dict):
+                stack.extend((f"{path}.{k}", x) for k, x in v.items())
+            elif isinstance(v, list):
+                stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
+
+
+#: value lists with every combination of NaN and the infinities (and a finite one)
+NONFINITE = {
+    "nan_and_inf": [1.0, float("nan"), float("inf"), -2.0],
+    "inf_only_positive": [1.0, float("inf")],
+    "neg_inf_only": [float("-inf"), float("-inf")],
+    "nan_and_neg_inf": [float("nan"), float("-inf")],
+    "both_infinities": [float("inf"), float("-inf"), float("nan")],
+    "all_nan": [float("nan")] * 3,
+    "finite": [0.5, -0.25, 3.0],
+}

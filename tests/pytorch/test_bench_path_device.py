@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from msprobe.pytorch import PrecisionDebugger
-from pt_helpers import load_dump
+from pt_helpers import load_dump, tensor_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-3
@@ -92,24 +92,11 @@ def _run(tmp_path, name, *, eps=0.0, scale=1.0, bench=None, diff_nums=-1, defer=
     return dump, losses
 
 
-def _records(data):
-    for name, entry in data.items():
-        stack = [(name, entry)]
-        while stack:
-            path, v = stack.pop()
-            if isinstance(v, dict) and v.get("type") == "torch.Tensor":
-                yield path, v
-            elif isinstance(v, dict):
-                stack.extend((f"{path}.{k}", x) for k, x in v.items())
-            elif isinstance(v, list):
-                stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
-
-
 def _step(dump, step):
     """``({record path: record}, {record path: tensor file})`` of one step."""
     data = load_dump(dump, step)[0]["data"]
     tdir = dump / f"step{step}" / "rank" / "dump_tensor_data"
-    recs = dict(_records(data))
+    recs = dict(tensor_records(data))
     files = {k: torch.load(tdir / r["data_name"], weights_only=True) for k, r in recs.items() if "data_name" in r}
     return recs, files
 

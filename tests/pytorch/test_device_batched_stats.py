@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from pt_helpers import NONFINITE
+
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf, Row, StatsBatch, device_stats
 from msprobe.pytorch.stats import tensor_stats
 from store import schema
@@ -111,17 +113,6 @@ def test_float64_magnitudes_that_overflow_or_underflow_squares(scale):
     ref_norm = m * math.sqrt(float(np.sum((a / m) ** 2)))
     assert leaf.norm == pytest.approx(ref_norm, rel=1e-12)
     assert leaf.mean == pytest.approx(float(np.sum(a / m)) * m / a.size, rel=1e-12)
-
-
-NONFINITE = {
-    "nan_and_inf": [1.0, float("nan"), float("inf"), -2.0],
-    "inf_only_positive": [1.0, float("inf")],
-    "neg_inf_only": [float("-inf"), float("-inf")],
-    "nan_and_neg_inf": [float("nan"), float("-inf")],
-    "both_infinities": [float("inf"), float("-inf"), float("nan")],
-    "all_nan": [float("nan")] * 3,
-    "finite": [0.5, -0.25, 3.0],
-}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64])

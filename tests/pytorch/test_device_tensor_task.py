@@ -13,22 +13,9 @@ from pathlib import Path
 import torch
 
 from msprobe.pytorch import PrecisionDebugger
-from pt_helpers import ModuleOP, load_dump
+from pt_helpers import ModuleOP, load_dump, tensor_records
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _records(data):
-    for name, entry in data.items():
-        stack = [(name, entry)]
-        while stack:
-            path, v = stack.pop()
-            if isinstance(v, dict) and v.get("type") == "torch.Tensor":
-                yield path, v
-            elif isinstance(v, dict):
-                stack.extend((f"{path}.{k}", x) for k, x in v.items())
-            elif isinstance(v, list):
-                stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
 
 
 def _run(tmp_path, defer):
@@ -49,8 +36,8 @@ def _run(tmp_path, defer):
     dbg.close()
     dump = load_dump(path)[0]
     tdir = path / "step0" / "rank" / "dump_tensor_data"
-    files = {k: torch.load(tdir / v["data_name"], weights_only=True) for k, v in _records(dump["data"])}
-    return dict(_records(dump["data"])), files
+    files = {k: torch.load(tdir / v["data_name"], weights_only=True) for k, v in tensor_records(dump["data"])}
+    return dict(tensor_records(dump["data"])), files
 
 
 def test_device_path_tensor_files_equal_host_path(tmp_path):

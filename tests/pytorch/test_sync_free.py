@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pt_helpers import ModuleOP, load_dump
+from pt_helpers import NONFINITE, ModuleOP, load_dump, tensor_records
 from msprobe.pytorch import PrecisionDebugger
 
 
@@ -77,19 +77,6 @@ def test_sync_count_does_not_grow(tmp_path):
     assert transfers8 == transfers2 and transfers2 <= 3  # one per flush point (stop, step)
 
 
-def _records(data):
-    for name, entry in data.items():
-        stack = [(name, entry)]
-        while stack:
-            path, v = stack.pop()
-            if isinstance(v, dict) and v.get("type") == "torch.Tensor":
-                yield path, v
-            elif isinstance(v, dict):
-                stack.extend((f"{path}.{k}", x) for k, x in v.items())
-            elif isinstance(v, list):
-                stack.extend((f"{path}.{i}", x) for i, x in enumerate(v))
-
-
 def test_deferred_values_equal_host_values(tmp_path):
     def run(defer):
         torch.manual_seed(0)
@@ -104,7 +91,7 @@ def test_deferred_values_equal_host_values(tmp_path):
         torch.tensor([True, False]).logical_not()
         dbg.stop()
         dbg.close()
-        return dict(_records(load_dump(tmp_path / f"d{defer}")[0]["data"]))
+        return dict(tensor_records(load_dump(tmp_path / f"d{defer}")[0]["data"]))
 
     host, dev = run(False), run(True)
     assert host.keys() == dev.keys() and len(host) > 20
@@ -120,17 +107,6 @@ def test_deferred_values_equal_host_values(tmp_path):
                     assert math.isnan(b), (k, stat)
                 else:
                     assert b == pytest.approx(a, rel=1e-6, abs=1e-12), (k, stat, a, b)
-
-
-NONFINITE = {
-    "nan_and_inf": [1.0, float("nan"), float("inf"), -2.0],
-    "inf_only_positive": [1.0, float("inf")],
-    "neg_inf_only": [float("-inf"), float("-inf")],
-    "nan_and_neg_inf": [float("nan"), float("-inf")],
-    "both_infinities": [float("inf"), float("-inf"), float("nan")],
-    "all_nan": [float("nan")] * 3,
-    "finite": [0.5, -0.25, 3.0],
-}
 
 
 @pytest.mark.parametrize("values", NONFINITE.values(), ids=NONFINITE.keys())
