@@ -231,22 +231,12 @@ class _Source:
 
 def _world_size(reader) -> Optional[int]:
     """The recorded world size (:func:`store.replicas.recorded_world_size`) from the marker
-    rows of the selection: the ``_meta`` parts and the log tail, never the step parts."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
+    rows of the selection (:meth:`store.select.StoreReader.markers`)."""
     from store.replicas import recorded_world_size
 
-    tables = []
-    meta = reader.dataset(meta=True)
-    if meta is not None:
-        tables.append(meta.to_table(columns=[S.ROW, S.META], filter=ds.field(S.ROW) == S.ROW_MARKER))
-    tail = reader.tail.select([S.ROW, S.META])
-    tables.append(tail.filter(pc.equal(tail[S.ROW], S.ROW_MARKER)))
     con = duckdb.connect(":memory:")
     try:
-        con.register("msprobe_markers", pa.concat_tables([t.cast(tables[-1].schema) for t in tables]))
+        con.register("msprobe_markers", reader.markers())
         return recorded_world_size(con, "msprobe_markers")
     finally:
         con.close()

@@ -201,15 +201,11 @@ class StoreReader:
         return (self.recovered + notice_lines(self.skipped, self.unverified, self.missing_ranks(), self.unfinished)
                 + self.unmatched())
 
-    def missing_ranks(self) -> tuple[int, ...]:
-        """The selected ranks the run recorded (:func:`store.log_reader.expected_ranks` of
-        the marker rows in the ``_meta`` parts and the tail) that have no readable row: their
-        log file is gone, empty or wholly damaged. A selected rank with no file at all is
-        left out (:attr:`recovered` names it)."""
+    def markers(self) -> pa.Table:
+        """The marker rows of the selection (columns ``row`` and ``meta``): those of the
+        ``_meta`` parts and of the tail; the step parts are not read."""
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
-
-        from store.log_reader import expected_ranks
 
         tables = []
         meta = self.dataset(meta=True)
@@ -217,7 +213,16 @@ class StoreReader:
             tables.append(meta.to_table(columns=[S.ROW, S.META], filter=ds.field(S.ROW) == S.ROW_MARKER))
         tail = self.tail.select([S.ROW, S.META])
         tables.append(tail.filter(pc.equal(tail[S.ROW], S.scalar(S.ROW_MARKER, S.ROW))))
-        expected = expected_ranks(pa.concat_tables([t.cast(tables[-1].schema) for t in tables]))
+        return pa.concat_tables([t.cast(tables[-1].schema) for t in tables])
+
+    def missing_ranks(self) -> tuple[int, ...]:
+        """The selected ranks the run recorded (:func:`store.log_reader.expected_ranks` of
+        the marker rows in the ``_meta`` parts and the tail) that have no readable row: their
+        log file is gone, empty or wholly damaged. A selected rank with no file at all is
+        left out (:attr:`recovered` names it)."""
+        from store.log_reader import expected_ranks
+
+        expected = expected_ranks(self.markers())
         if self.ranks is not None:
             expected &= self.ranks
         return tuple(sorted(expected - set(self.rank_values()) - self._absent))
