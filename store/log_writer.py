@@ -545,15 +545,7 @@ class LogWriter:
                     or os.getpid() != self._pid):
                 return False
             self._join_sync()
-            try:
-                self._file.write(END_OF_STREAM)
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
-            except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
-                raise self._fail(exc, "ending the segment") from exc
-            self._file = None
-            self._sealer = None
+            self._end_file("ending the segment", fsync=True)
             self._file_bytes = 0
             self._seq = 0
             # the next segment repeats every stack (written with its first batch)
@@ -596,17 +588,28 @@ class LogWriter:
             finally:
                 self._syncer.stop()
             self._flush_locked(True)
-            try:
-                if self._sealer is not None:
-                    self._file.write(END_OF_STREAM)
-                if self._file is not None:
-                    self._file.flush()
-                    self._file.close()
-            except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
-                raise self._fail(exc, "closing") from exc
-            finally:
-                self._sealer = None
-                self._file = None
+            self._end_file("closing", fsync=False)   # the flush fsynced the rows
+
+    def _end_file(self, doing: str, *, fsync: bool) -> None:
+        """Write the end-of-stream marker (when a stream was opened), flush, fsync with
+        ``fsync``, and close the current log file; under ``_lock``.
+
+        Raises:
+            StoreWriteError: any of it failed (``doing`` names the operation).
+        """
+        try:
+            if self._sealer is not None:
+                self._file.write(END_OF_STREAM)
+            if self._file is not None:
+                self._file.flush()
+                if fsync:
+                    os.fsync(self._file.fileno())
+                self._file.close()
+        except Exception as exc:  # noqa: BLE001 - any fault becomes one StoreWriteError
+            raise self._fail(exc, doing) from exc
+        finally:
+            self._sealer = None
+            self._file = None
 
     def __enter__(self) -> "LogWriter":
         return self

@@ -161,3 +161,16 @@ NONFINITE = {
     "all_nan": [float("nan")] * 3,
     "finite": [0.5, -0.25, 3.0],
 }
+
+
+def device_ops():
+    """``benchmarks/device_ops.py`` loaded as a module (the counter of msprobe's operations
+    and synchronisations per recorded tensor on the device path)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "device_ops.py"
+    spec = importlib.util.spec_from_file_location("msprobe_device_ops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

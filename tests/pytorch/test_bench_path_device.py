@@ -8,10 +8,8 @@ computes the same bits as without msprobe. Counted over the dispatch workload, t
 makes no host synchronisation per tensor."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +17,8 @@ import torch
 import torch.nn as nn
 
 from msprobe.pytorch import PrecisionDebugger
-from pt_helpers import load_dump, tensor_records
+from pt_helpers import device_ops, load_dump, tensor_records
 
-ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-3
 STEPS = 2
 
@@ -181,9 +178,7 @@ def test_recording_changes_no_bit_of_the_training(tmp_path, baseline):
 
 
 def test_bench_path_syncs_per_flush(tmp_path):
-    spec = importlib.util.spec_from_file_location("msprobe_device_ops", ROOT / "benchmarks" / "device_ops.py")
-    ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ops)
+    ops = device_ops()
     small = ops.count_mode("bench_path", layers=1, work=str(tmp_path / "l1"))
     large = ops.count_mode("bench_path", layers=3, work=str(tmp_path / "l3"))
     assert large["tensors"] > 2 * small["tensors"] > 0

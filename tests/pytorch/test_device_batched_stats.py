@@ -8,22 +8,19 @@ forced through the device path) stay within the amortised budget of 2 launches w
 the number of recorded tensors."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from pt_helpers import NONFINITE
+from pt_helpers import NONFINITE, device_ops
 
 from msprobe.pytorch.deferred import DeferredStats, PendingLeaf, Row, StatsBatch, device_stats
 from msprobe.pytorch.stats import tensor_stats
 from store import schema
 from store.records import Call, Leaf
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _leaf(t: torch.Tensor) -> Leaf:
@@ -188,15 +185,8 @@ def test_bad_batch_sizes_are_refused():
         StatsBatch(capacity=10, largest=11)
 
 
-def _device_ops():
-    spec = importlib.util.spec_from_file_location("msprobe_device_ops", ROOT / "benchmarks" / "device_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_launches_per_tensor_stay_within_budget_as_tensors_grow(tmp_path):
-    ops = _device_ops()
+    ops = device_ops()
     small = ops.count_mode("statistics", layers=1, work=str(tmp_path / "l1"))
     large = ops.count_mode("statistics", layers=4, work=str(tmp_path / "l4"))
     assert large["tensors"] > 3 * small["tensors"] > 0

@@ -6,10 +6,8 @@ dtype and layout; a recorded step with every tensor forced through the device pa
 the same dump.json checksums as the host path, with no host synchronisation per tensor."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,11 +18,10 @@ from msprobe.pytorch.deferred import DeferredStats, PendingLeaf
 from msprobe.pytorch.device_checksum import CrcBatch, XorBatch, crc32_of_zeros, crc_dtype, crc_hex, stageable
 from msprobe.pytorch.stats import crc32_hex
 from msprobe.pytorch.payload import tensor_bytes
-from pt_helpers import load_dump
+from pt_helpers import device_ops, load_dump
 from store import schema
 from store.records import Call, Leaf
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def device_xor(tensors: list, chunk_words: int = 1 << 10) -> list[str]:
@@ -162,9 +159,7 @@ def test_recorded_checksums_equal_host_path(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["xor", "md5"])
 def test_checksum_syncs_per_flush(tmp_path, mode):
-    spec = importlib.util.spec_from_file_location("msprobe_device_ops", ROOT / "benchmarks" / "device_ops.py")
-    ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ops)
+    ops = device_ops()
     small = ops.count_mode(mode, layers=1, work=str(tmp_path / "l1"))
     large = ops.count_mode(mode, layers=3, work=str(tmp_path / "l3"))
     assert large["tensors"] > 2 * small["tensors"] > 0

@@ -6,16 +6,13 @@ dump.json records as the host path, and a tensor changed in place after its call
 values it had at the call."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import torch
 
 from msprobe.pytorch import PrecisionDebugger
-from pt_helpers import ModuleOP, load_dump, tensor_records
+from pt_helpers import ModuleOP, device_ops, load_dump, tensor_records
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, defer):
@@ -56,9 +53,7 @@ def test_device_path_tensor_files_equal_host_path(tmp_path):
 
 
 def test_tensor_task_syncs_per_flush(tmp_path):
-    spec = importlib.util.spec_from_file_location("msprobe_device_ops", ROOT / "benchmarks" / "device_ops.py")
-    ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ops)
+    ops = device_ops()
     small = ops.count_mode("tensor", layers=1, work=str(tmp_path / "l1"))
     large = ops.count_mode("tensor", layers=3, work=str(tmp_path / "l3"))
     assert large["tensors"] > 2 * small["tensors"] > 0
