@@ -28,7 +28,8 @@ from typing import Optional, Sequence, Union
 import duckdb
 
 from store import schema as S
-from store.replicas import CATEGORIES, create_replicas_view, default_groups, group_text
+from store.manifest import LOG_FILE
+from store.replicas import CATEGORIES, VIEW_REPLICAS, create_replicas_view, default_groups, group_text
 
 __all__ = ["Disagreement", "GroupResult", "RankCheck", "check_ranks", "format_report"]
 
@@ -140,8 +141,16 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-#: the temporary table holding the ``replicas`` rows of the step being checked
+#: the temporary table holding the ``replicas`` rows of the step being checked, without the
+#: per-rank lists (``create_replicas_view(lists=False)``); the ``replicas`` view with the
+#: lists is queried only for rows whose values are needed (a disagreement and what follows)
 _STEP_TABLE = "msprobe_step_replicas"
+_FLAGS_VIEW = "msprobe_replica_flags"
+#: the log columns a step's source relation is built from (store.replicas.log_source_sql
+#: over the step's rows and their ``calls``), and those read dictionary-encoded
+_SOURCE_COLUMNS = (S.RANK, S.STEP, S.SEQ, S.ROW, S.NAME, S.KIND, S.PARENT, S.IO, S.ARG, S.LEAF_KIND, S.DTYPE,
+                   S.SHAPE, S.MAX, S.MIN, S.MEAN, S.NORM, S.CRC32, S.REQUIRES_GRAD, S.VALUE_JSON, LOG_FILE)
+_DICTIONARY_COLUMNS = (S.ROW, S.NAME, S.KIND, S.PARENT, S.IO, S.ARG, S.LEAF_KIND, S.DTYPE, LOG_FILE)
 
 
 class _Source:
@@ -150,8 +159,9 @@ class _Source:
 
     Our store is read one step of one rank group at a time
     (:meth:`store.select.StoreReader.narrowed`: that step's Parquet parts, or that step's
-    rows of the log tail), so memory is that of one step of the group's ranks. An upstream
-    layout is loaded whole (:func:`msprobe.compare.load.load_side`) into one connection.
+    rows of the log tail; only :data:`_SOURCE_COLUMNS`, no stack or marker parts), so
+    memory is that of one step of the group's ranks. An upstream layout is loaded whole
+    (:func:`msprobe.compare.load.load_side`) into one connection.
     """
 
     def __init__(self, path: Path, ranks: Optional[Sequence[int]] = None,
@@ -195,7 +205,7 @@ class _Source:
         """Check ``groups`` with the statistics tolerance ``tol``."""
         self.groups, self.tol = groups, tol
         if self.con is not None:
-            create_replicas_view(self.con, self.source, groups, tol=tol)
+            _replica_views(self.con, self.source, groups, tol)
 
     @contextlib.contextmanager
     def step(self, g: int, step: int):
@@ -204,18 +214,23 @@ class _Source:
         if self.con is not None:
             con, grp = self.con, g
         else:
-            from store.query import _LOG_TABLE, VIEW_CALLS, connect
+            from store.query import calls_sql
             from store.replicas import log_source_sql
 
             members = self.groups[g]
-            con, grp = connect(self.path, reader=self.reader.narrowed(ranks=members, steps=[step]),
-                               groups=[members]), 0
+            rows = self.reader.narrowed(ranks=members, steps=[step]).table(
+                columns=_SOURCE_COLUMNS, side_rows=False, dictionary=_DICTIONARY_COLUMNS)
+            con, grp = duckdb.connect(":memory:"), 0
         try:
             if self.con is None:
-                # the view reads its source three times: read the step's leaves once
-                con.execute(f"CREATE TEMP TABLE msprobe_step_source AS {log_source_sql(_LOG_TABLE, VIEW_CALLS)}")
-                create_replicas_view(con, "SELECT * FROM msprobe_step_source", [members], tol=self.tol)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM replicas "
+                # the views read their source several times: read the step's leaves once
+                con.register("msprobe_step_rows", rows)
+                con.execute("CREATE TEMP TABLE msprobe_step_source AS " + log_source_sql(
+                    "msprobe_step_rows", f"({calls_sql('msprobe_step_rows', (S.PARENT,))})"))
+                con.unregister("msprobe_step_rows")
+                del rows
+                _replica_views(con, "SELECT * FROM msprobe_step_source", [members], self.tol)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM {_FLAGS_VIEW} "
                         f"WHERE grp = ? AND step = ?", [grp, step])
             yield con, grp
         finally:
@@ -227,6 +242,12 @@ class _Source:
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
+
+
+def _replica_views(con: duckdb.DuckDBPyConnection, source_sql: str, groups, tol: float) -> None:
+    """The ``replicas`` view and its list-less twin :data:`_FLAGS_VIEW` over ``source_sql``."""
+    create_replicas_view(con, source_sql, groups, tol=tol, lists=False, name=_FLAGS_VIEW)
+    create_replicas_view(con, source_sql, groups, tol=tol)
 
 
 def _world_size(reader) -> Optional[int]:
@@ -348,7 +369,7 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
     Causal order: later steps, or the origin's step from the origin entry's start
     ``start`` (:func:`_entry_start`) on, never the origin entry's own inputs.
     """
-    rows = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND step = ? "
+    rows = _rows(con, f"SELECT * FROM {VIEW_REPLICAS} WHERE grp = ? AND n_ranks > 1 AND step = ? "
                       "ORDER BY pos, io_order, io, arg, process_group", [g, step])
     inputs: dict[str, bool] = {}       # entry name -> its inputs agree among the majority
     for r in rows:                     # every entry of the step: a backward's forward may precede the origin
@@ -394,14 +415,15 @@ def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: b
     downstream, spread = None, {}
     for step in source.steps:
         with source.step(g, step) as (con, grp):
-            n, n_exact = con.execute(f"SELECT count(*), count(*) FILTER (WHERE exact) FROM {_STEP_TABLE} "
-                                     f"WHERE grp = ? AND n_ranks > 1{checked} AND step = ?", [grp, step]).fetchall()[0]
+            n, n_exact, n_odd = con.execute(
+                f"SELECT count(*), count(*) FILTER (WHERE exact), count(*) FILTER (WHERE NOT agree) "
+                f"FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1{checked} AND step = ?", [grp, step]).fetchall()[0]
             if n:
                 seen.append(step)
                 compared += n
                 exact += n_exact
-            if row is None and n:
-                found = _rows(con, f"SELECT * FROM {_STEP_TABLE} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
+            if row is None and n_odd:
+                found = _rows(con, f"SELECT * FROM {VIEW_REPLICAS} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
                                    f"AND step = ? ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [grp, step])
                 if found:
                     row = found[0]

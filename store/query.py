@@ -42,7 +42,7 @@ read nor write files (``COPY ... TO``, ``ATTACH``, ``read_csv`` fail).
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import duckdb
 import numpy as np
@@ -78,6 +78,15 @@ def _sql_list(values) -> str:
     return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
 
 
+def calls_sql(log: str, attributes: Sequence[str] = (S.KIND, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE)) -> str:
+    """The SELECT of the ``calls`` view over the relation ``log`` (log columns): one row per
+    (rank, step, name, log file) with the entry's first ``seq`` and ``attributes``, each
+    from the first call row where it is set (``arg_min`` skips NULL arguments)."""
+    picked = "".join(f"arg_min({a}, {S.SEQ}) AS {a}, " for a in attributes)
+    return (f"SELECT {S.RANK}, {S.STEP}, min({S.SEQ}) AS {S.SEQ}, {S.NAME}, {picked.rstrip(', ')} "
+            f"FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}' GROUP BY {S.RANK}, {S.STEP}, {S.NAME}, {LOG_FILE}")
+
+
 def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=None, groups=None) -> None:
     """The views over ``sources`` (registered relations of :data:`_SOURCES`); ``ranks``:
     the ranks present when known without a scan (default: read from the call rows);
@@ -105,16 +114,7 @@ def _create_views(con: duckdb.DuckDBPyConnection, sources: list, steps, ranks=No
         f"CREATE VIEW {VIEW_TENSORS} AS SELECT {tensor_columns} FROM {log} "
         f"WHERE {S.ROW} = '{S.ROW_LEAF}' AND {S.LEAF_KIND} = '{S.LEAF_TENSOR}'"
     )
-    # arg_min skips NULL arguments: each attribute comes from the first row where it is set
-    con.execute(
-        f"CREATE VIEW {VIEW_CALLS} AS SELECT {S.RANK}, {S.STEP}, min({S.SEQ}) AS {S.SEQ}, "
-        f"{S.NAME}, arg_min({S.KIND}, {S.SEQ}) AS {S.KIND}, "
-        f"arg_min({S.PARENT}, {S.SEQ}) AS {S.PARENT}, "
-        f"arg_min({S.STACK_ID}, {S.SEQ}) AS {S.STACK_ID}, "
-        f"arg_min({S.IS_RECOMPUTE}, {S.SEQ}) AS {S.IS_RECOMPUTE} "
-        f"FROM {log} WHERE {S.ROW} = '{S.ROW_CALL}' "
-        f"GROUP BY {S.RANK}, {S.STEP}, {S.NAME}, {LOG_FILE}"
-    )
+    con.execute(f"CREATE VIEW {VIEW_CALLS} AS {calls_sql(log)}")
     # a stack id names the same frames wherever it is interned (store.records.Stack)
     con.execute(
         f"CREATE VIEW {VIEW_STACKS} AS SELECT {S.STACK_ID}, "

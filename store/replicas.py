@@ -152,8 +152,8 @@ def default_groups(world_size: Optional[int], ranks: Sequence[int]) -> list[list
 
 
 def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups: Sequence[Sequence[int]],
-                         *, tol: float = 0.0) -> None:
-    """Create (or replace) the view ``replicas`` on ``con``.
+                         *, tol: float = 0.0, lists: bool = True, name: str = VIEW_REPLICAS) -> None:
+    """Create (or replace) the view ``replicas`` (or ``name``) on ``con``.
 
     Args:
         con: a DuckDB connection holding the relations ``source_sql`` reads.
@@ -161,6 +161,10 @@ def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups
         groups: rank groups whose members are replicas of each other, e.g.
             ``[[0, 1, 2, 3]]``; a rank may belong to several groups.
         tol: relative tolerance on statistics where no CRC-32 is recorded (>= 0).
+        lists: False leaves out the per-rank lists (``ranks``, ``crc32``, ``max``, ``min``,
+            ``mean``, ``norm``, ``dtype``, ``shape``); every other column is the same.
+            Building the lists is most of the view's cost (about two thirds at 512 ranks).
+        name: the view's name.
     Raises:
         ValueError: ``tol`` negative or not finite, a group empty, or a rank negative.
     """
@@ -188,8 +192,10 @@ def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups
                 f"greatest(abs(max({col})), abs(min({col})))))")
 
     stats_agree = " AND ".join(spread_ok(c) for c in (S.MAX, S.MIN, S.MEAN, S.NORM))
+    lists_sql = "".join(f"list({c} ORDER BY {S.RANK}) AS {'ranks' if c == S.RANK else c}, " for c in
+                        (S.RANK, S.CRC32, S.MAX, S.MIN, S.MEAN, S.NORM, S.DTYPE, S.SHAPE)) if lists else ""
     con.execute(f"""
-CREATE OR REPLACE VIEW {VIEW_REPLICAS} AS
+CREATE OR REPLACE VIEW {name} AS
 WITH RECURSIVE src AS ({source_sql}),
 pg AS (
     SELECT {S.RANK}, {S.STEP}, {S.NAME}, min(json_extract(CAST({S.VALUE_JSON} AS JSON), '$.value')::VARCHAR)
@@ -212,10 +218,7 @@ t AS (
 rows AS (
 SELECT grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group, min(pos) AS pos,
        CASE WHEN {S.IO} IN ({_sql_list(_INPUT_IOS)}) THEN 0 ELSE 1 END AS io_order,
-       list({S.RANK} ORDER BY {S.RANK}) AS ranks, list({S.CRC32} ORDER BY {S.RANK}) AS {S.CRC32},
-       list({S.MAX} ORDER BY {S.RANK}) AS {S.MAX}, list({S.MIN} ORDER BY {S.RANK}) AS {S.MIN},
-       list({S.MEAN} ORDER BY {S.RANK}) AS {S.MEAN}, list({S.NORM} ORDER BY {S.RANK}) AS {S.NORM},
-       list({S.DTYPE} ORDER BY {S.RANK}) AS {S.DTYPE}, list({S.SHAPE} ORDER BY {S.RANK}) AS {S.SHAPE},
+       {lists_sql}
        count(*) AS n_ranks, bool_and(coalesce({S.REQUIRES_GRAD}, false)) AS {S.REQUIRES_GRAD},
        count({S.CRC32}) = count(*) AS exact,
        count(DISTINCT {S.DTYPE}) <= 1 AND count(DISTINCT {S.SHAPE}) <= 1 AND

@@ -2,14 +2,16 @@
 one the whole run gives (the exported dump.json layout is loaded whole)."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-import store.query as query_module
 from msprobe.check_ranks import CORRUPTION, check_ranks
 from store.compact import compact
 from store.export import export_log
 from store.log_writer import LogWriter
 from store.records import Call, Leaf, Marker
+from store.select import StoreReader
 
 STEPS = 4
 LINEAR = "Module.fc.Linear.forward.0"
@@ -47,20 +49,18 @@ def _run(root):
 
 @pytest.fixture
 def connections(monkeypatch):
-    """Per connection check-ranks opens: (steps selected, call/leaf rows per step its views
-    can read)."""
+    """Per step check-ranks reads: (steps selected, call/leaf rows per step it read)."""
     seen: list[tuple] = []
-    original = query_module.connect
+    original = StoreReader.table
 
-    def recording(*args, **kwargs):
-        con = original(*args, **kwargs)
-        reader = kwargs.get("reader")
-        held = con.execute("SELECT step, count(*) FROM msprobe_log WHERE row IN ('call', 'leaf') "
-                           "GROUP BY step ORDER BY step").fetchall()
-        seen.append((sorted(reader.steps) if reader.steps is not None else None, held))
-        return con
+    def recording(self, *args, **kwargs):
+        table = original(self, *args, **kwargs)
+        rows = table.to_pydict()
+        held = Counter(s for s, r in zip(rows["step"], rows["row"]) if r in ("call", "leaf"))
+        seen.append((sorted(self.steps) if self.steps is not None else None, sorted(held.items())))
+        return table
 
-    monkeypatch.setattr(query_module, "connect", recording)
+    monkeypatch.setattr(StoreReader, "table", recording)
     return seen
 
 
@@ -71,8 +71,7 @@ def test_every_step_is_read_alone_and_the_answer_is_the_whole_runs(tmp_path, con
         compact(dump)
     export_log(dump, tmp_path / "upstream")
     result = check_ranks(dump)
-    # one connection per step, in step order; each can read only its step: 3 ranks x
-    # (2 call rows + 4 leaf rows)
+    # one read per step, in step order, of that step only: 3 ranks x (2 call rows + 4 leaf rows)
     assert connections == [([s], [(s, 18)]) for s in range(STEPS)]
     (g,) = result.groups
     # compared (must agree): step 0 the weight and both outputs (inputs agree); steps 1-3
@@ -94,7 +93,7 @@ def test_a_group_reads_only_its_ranks(tmp_path, connections):
     dump = _run(tmp_path / "d")
     compact(dump)
     result = check_ranks(dump, groups=[[0, 1], [1, 2]], steps=[2, 3])
-    # per group, per selected step: one connection holding 2 ranks x 6 rows of that step
+    # per group, per selected step: one read of 2 ranks x 6 rows of that step
     assert connections == [([s], [(s, 12)]) for s in (2, 3)] * 2
     agree, odd = result.groups
     # ranks 0 and 1 agree on the weight and both outputs of each step

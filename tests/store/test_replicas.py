@@ -149,3 +149,29 @@ def test_default_groups_and_group_text():
     assert default_groups(4, [0, 2]) == [[0, 1, 2, 3]]
     assert default_groups(None, [3, 1, 3]) == [[1, 3]]
     assert group_text([6, 0, 1, 2, 3]) == "0-3,6"
+
+
+def test_the_view_without_lists_is_the_view_less_its_lists():
+    rows = []
+    for r in range(4):
+        rows.append(leaf(r, "Module.fc.Linear.forward.0", "parameters", "weight", kind="module_forward",
+                         crc="aaaaaaaa" if r != 3 else "bbbbbbbb"))
+        rows.append(leaf(r, "Functional.linear.0.forward", "input_args", "0", pos=2,
+                         stats=(1.0, 0.0, 0.5, 2.0 + (r == 2) * 1e-3)))
+        rows.append(leaf(r, "Functional.linear.0.forward", "output", "0", pos=2, stats=(3.0, -1.0, 0.5, 4.0)))
+        rows.append(leaf(r, "Functional.dropout.0.forward", "output", "0", pos=3, parent="Module.fc.Linear.forward.0"))
+    lists = ("ranks", "crc32", "max", "min", "mean", "norm", "dtype", "shape")
+    for tol in (0.0, 1e-2):
+        con = duckdb.connect()
+        con.register("src", pa.Table.from_pylist(rows))
+        create_replicas_view(con, "SELECT * FROM src", [[0, 1, 2, 3], [0, 1]], tol=tol)
+        create_replicas_view(con, "SELECT * FROM src", [[0, 1, 2, 3], [0, 1]], tol=tol, lists=False, name="flags")
+        order = " ORDER BY grp, step, pos, io_order, name, io, arg"
+        full, flags = (con.sql(f"SELECT * FROM {v}{order}").to_arrow_table() for v in ("replicas", "flags"))
+        assert flags.column_names == [c for c in full.column_names if c not in lists]
+        assert flags.to_pylist() == full.select(flags.column_names).to_pylist()
+        # the rows differ in what they say: the weight (rank 3), the linear input within tol 1e-2 only
+        agree = {(r["grp"], r["name"], r["io"]): r["agree"] for r in flags.to_pylist()}
+        assert agree[(0, "Module.fc.Linear.forward.0", "parameters")] is False
+        assert agree[(1, "Module.fc.Linear.forward.0", "parameters")] is True
+        assert agree[(0, "Functional.linear.0.forward", "input_args")] is (tol > 0)

@@ -221,3 +221,22 @@ def test_table_of_chosen_columns_reads_only_those(tmp_path, sample, compacted):
     assert set(some["rank"].to_pylist()) == {0, 2}
     with pytest.raises(KeyError, match="nosuch"):
         reader.table(columns=["max", "nosuch"])
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_table_without_side_rows_and_with_dictionary_columns(tmp_path, sample, compacted):
+    dump = _three_ranks(tmp_path / "d", sample)
+    if compacted:
+        compact(dump)
+    reader = StoreReader(dump, ranks=[0, 2], steps=[1])
+    whole = reader.table(columns=["rank", "row", "name", "io", "max"])
+    lean = reader.table(columns=["rank", "row", "name", "io", "max"], side_rows=False, dictionary=["row", "name"])
+    import pyarrow as pa
+    assert pa.types.is_dictionary(lean.schema.field("name").type)
+    assert not pa.types.is_dictionary(lean.schema.field("io").type)
+    kept = [r for r in whole.to_pylist() if r["row"] in ("call", "leaf")]
+    assert len(kept) < whole.num_rows and kept           # the sample has stack and marker rows
+    key = lambda r: (r["rank"], r["row"], r["name"] or "", r["io"] or "", repr(r["max"]))  # noqa: E731
+    assert sorted(lean.to_pylist(), key=key) == sorted(kept, key=key)
+    with pytest.raises(KeyError, match="nosuch"):
+        reader.table(columns=["max"], dictionary=["nosuch"])
