@@ -346,6 +346,11 @@ def _compare_json(args: argparse.Namespace) -> None:
     args.target, args.baseline = spec["npu_path"], spec["bench_path"]
 
 
+#: ``--nan-origin`` prints one line per rank without an origin up to this many such ranks,
+#: else one line naming them as ranges
+_RANK_LINES = 8
+
+
 def _run_compare(args: argparse.Namespace) -> int:
     from msprobe.compare import CompareInputError, compare
     from msprobe.compare.outputs import console_summary
@@ -353,7 +358,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     try:
         _upstream_args(args)
         if args.nan_origin:
-            from msprobe.compare.engine import nan_origin
+            from msprobe.compare.nan_origin import nan_origin
 
             if args.baseline is not None:
                 raise CompareInputError("--nan-origin takes one dump; got a BASELINE too")
@@ -361,14 +366,26 @@ def _run_compare(args: argparse.Namespace) -> int:
             if args.out:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "summary.json").write_text(json.dumps(result, indent=1))
+            clean = [r["rank"] for r in result["ranks"] if not r["first_origin"]]
             for r in result["ranks"]:
                 f = r["first_origin"]
-                print(f"rank {r['rank']}: " + (f"first NaN/Inf origin {f['name']} (step {f['step']}, "
-                                               f"{f['direction']}) in {f['module'] or '(top level)'}"
-                                               if f else "no NaN/Inf origin"))
+                if f:
+                    print(f"rank {r['rank']}: first NaN/Inf origin {f['name']} (step {f['step']}, "
+                          f"{f['direction']}) in {f['module'] or '(top level)'}")
+                elif len(clean) <= _RANK_LINES:
+                    print(f"rank {r['rank']}: no NaN/Inf origin")
+            if len(clean) > _RANK_LINES:
+                from store.replicas import group_text
+
+                print(f"ranks {group_text(clean)}: no NaN/Inf origin")
+            for line in result["notices"]:
+                print(line, file=sys.stderr)
             # 1 when an origin was found; infinities that never come from finite inputs (a
-            # causal mask built with float("-inf")) are intended and leave the status 0
-            return 1 if any(r["first_origin"] for r in result["ranks"]) else 0
+            # causal mask built with float("-inf")) are intended and leave the status 0;
+            # 3 when none was found but part of the dump was not read
+            if any(r["first_origin"] for r in result["ranks"]):
+                return 1
+            return 3 if result["notices"] else 0
         if args.baseline is None:
             raise CompareInputError("BASELINE missing: msprobe compare TARGET BASELINE (or TARGET --nan-origin)")
         from msprobe.progress import Progress

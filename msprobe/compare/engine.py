@@ -24,7 +24,7 @@ from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 from store import schema as S
 
-__all__ = ["CompareResult", "run_compare", "nan_origin"]
+__all__ = ["CompareResult", "run_compare"]
 
 # APIs with a ``leaf`` mapping: their inputs differ by construction, so only outputs sign them,
 # and without the leaves a map left out (``*.unmapped.*``: upstream api_mapping's "abandoned"
@@ -520,49 +520,3 @@ def _global_origin(out_ranks: list[dict]) -> Optional[dict]:
         if r["first_origin"]:
             return {"rank": r["rank"], **r["first_origin"]}
     return None
-
-
-def nan_origin(dump: Union[str, os.PathLike], *, ranks=None, steps=None) -> dict:
-    """First call per rank whose inputs are all finite and whose outputs hold NaN/Inf.
-
-    Returns:
-        ``{"verdict": "nonfinite"|"finite", "ranks": [{"rank", "first_origin", "counts"}]}``
-        where ``counts`` gives ``{"nonfinite_calls": n}``.
-    Raises:
-        CompareInputError: the dump is missing or empty.
-    """
-    import pyarrow.compute as pc
-
-    opts = CompareOptions.build(rank=ranks, step=steps)
-    side = _filter(load_side(dump, "TARGET", ranks=opts.ranks, steps=opts.steps), opts)
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("calls_t", side.calls)
-        con.register("leaves_t", side.leaves)
-        con.register("stacks_t", side.stacks)
-        table = _arrow(con.sql("""
-            SELECT c.rank, c.step, c.seq, c.name, c.kind, c.parent, c.stack_id,
-              coalesce(bool_or((l.has_nan OR l.has_inf) AND (l.io IN ('input_args','input_kwargs','parameters','input')
-                                AND c.kind <> 'parameters_grad')), FALSE) AS bad_in,
-              coalesce(bool_or((l.has_nan OR l.has_inf) AND NOT (l.io IN ('input_args','input_kwargs','parameters','input')
-                                AND c.kind <> 'parameters_grad')), FALSE) AS bad_out
-            FROM calls_t c LEFT JOIN leaves_t l ON l.rank = c.rank AND l.step = c.step AND l.name = c.name
-            GROUP BY ALL ORDER BY c.rank, c.step, c.seq"""))
-        out = []
-        for rank in sorted(set(table["rank"].to_pylist())):
-            first, n_bad = None, 0
-            for r in table.filter(pc.equal(table["rank"], rank)).to_pylist():
-                if r["bad_out"] or r["bad_in"]:
-                    n_bad += 1
-                if first is None and r["bad_out"] and not r["bad_in"]:
-                    frames = [f for (f,) in con.execute(
-                        "SELECT frame FROM stacks_t WHERE stack_id = ? ORDER BY depth", [r["stack_id"]]).fetchall()] \
-                        if r["stack_id"] is not None else []
-                    first = {"name": r["name"], "step": r["step"], "kind": r["kind"],
-                             "direction": "backward" if "backward" in r["kind"] or r["kind"] == "parameters_grad" else "forward",
-                             "module": r["parent"], "reason": "finite inputs, non-finite output", "stack": frames}
-            out.append({"rank": rank, "first_origin": first, "counts": {"nonfinite_calls": n_bad}})
-    finally:
-        con.close()
-    return {"verdict": "nonfinite" if any(r["first_origin"] or r["counts"]["nonfinite_calls"] for r in out) else "finite",
-            "ranks": out}

@@ -233,7 +233,7 @@ def test_nan_origin_exit_status_ignores_intended_infinities(tmp_path, capsys):
     torch.softmax(torch.ones(4, 4) + mask, dim=-1)
     dbg.stop()
     dbg.close()
-    from msprobe.compare.engine import nan_origin
+    from msprobe.compare.nan_origin import nan_origin
 
     assert nan_origin(str(tmp_path / "d"))["verdict"] == "nonfinite"
     assert main(["compare", str(tmp_path / "d"), "--nan-origin"]) == 0
