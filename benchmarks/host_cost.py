@@ -49,8 +49,8 @@ COMPONENTS = collections.OrderedDict([
     ("  Arrow batch building (flushes: 512 rows, stop(), step(), start())", ["store.log_writer:LogWriter._flush_locked"]),
     ("backward taps at call time (tap_inputs, tap_outputs)", ["msprobe.pytorch.backward:BackwardTaps.tap_inputs",
                                                              "msprobe.pytorch.backward:BackwardTaps.tap_outputs"]),
-    ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_posthook",
-                                                                  "msprobe.pytorch.backward:_weak_prehook"]),
+    ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_NodeHook.run",
+                                                                  "msprobe.pytorch.backward:_LeafHook.__call__"]),
     ("parameter-gradient hooks", ["msprobe.pytorch.recorder:Recorder.parameter_grad"]),
     ("start()", ["msprobe.pytorch.debugger:PrecisionDebugger.start"]),
     ("stop()", ["msprobe.pytorch.debugger:PrecisionDebugger.stop"]),
@@ -173,6 +173,7 @@ def main(argv=None):
             base.append(plain())
             rec.append(recorded())
         diff = statistics.median(rec) - statistics.median(base)
+        dbg.wait_files()          # the writer process writes the step files after step()
 
         last = max(int(d[4:]) for d in os.listdir(os.path.join(scratch, "dump")) if d.startswith("step"))
         with open(os.path.join(scratch, "dump", "step%d" % last, "rank", "dump.json")) as f:
