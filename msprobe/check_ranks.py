@@ -142,10 +142,13 @@ def parse_ranks(field_name: str, text: str) -> tuple[int, ...]:
 
 
 #: the temporary table holding the ``replicas`` rows of the step being checked, without the
-#: per-rank lists (``create_replicas_view(lists=False)``); the ``replicas`` view with the
-#: lists is queried only for rows whose values are needed (a disagreement and what follows)
+#: per-rank lists (``lists=False`` in store.replicas); the ``replicas`` view with the lists
+#: is built only for a step whose values are needed (a disagreement and what follows it)
 _STEP_TABLE = "msprobe_step_replicas"
 _FLAGS_VIEW = "msprobe_replica_flags"
+#: ranks of a group read at once within a step: the partial ``replicas`` rows of each such
+#: batch (store.replicas.partial_sql) are merged, so memory is that of this many rank-steps
+RANKS_PER_READ = 64
 #: the log columns a step's source relation is built from (store.replicas.log_source_sql
 #: over the step's rows and their ``calls``), and those read dictionary-encoded
 _SOURCE_COLUMNS = (S.RANK, S.STEP, S.SEQ, S.ROW, S.NAME, S.KIND, S.PARENT, S.IO, S.ARG, S.LEAF_KIND, S.DTYPE,
@@ -157,11 +160,13 @@ class _Source:
     """What :func:`check_ranks` reads: the ranks and steps present, the recorded world size,
     notices, and per (group, step) a connection whose ``replicas`` view covers that step.
 
-    Our store is read one step of one rank group at a time
-    (:meth:`store.select.StoreReader.narrowed`: that step's Parquet parts, or that step's
-    rows of the log tail; only :data:`_SOURCE_COLUMNS`, no stack or marker parts), so
-    memory is that of one step of the group's ranks. An upstream layout is loaded whole
-    (:func:`msprobe.compare.load.load_side`) into one connection.
+    Our store is read one step of one rank group at a time, :data:`RANKS_PER_READ` ranks
+    at a time (:meth:`store.select.StoreReader.narrowed`: those ranks' Parquet parts of that
+    step, or that step's rows of the log tail; only :data:`_SOURCE_COLUMNS`, no stack or
+    marker parts), whose partial ``replicas`` rows are merged: memory is that of a few
+    rank-steps whatever the number of ranks and steps. Only for a step whose per-rank values
+    are shown (:meth:`lists`) is the whole step of the group read at once. An upstream
+    layout is loaded whole (:func:`msprobe.compare.load.load_side`) into one connection.
     """
 
     def __init__(self, path: Path, ranks: Optional[Sequence[int]] = None,
@@ -210,27 +215,30 @@ class _Source:
     @contextlib.contextmanager
     def step(self, g: int, step: int):
         """(connection, group index) where table :data:`_STEP_TABLE` holds the ``replicas``
-        rows of step ``step`` of group ``g`` (computed once; dropped on exit)."""
-        if self.con is not None:
-            con, grp = self.con, g
-        else:
-            from store.query import calls_sql
-            from store.replicas import log_source_sql
+        rows (without the per-rank lists) of step ``step`` of group ``g`` (computed once;
+        dropped on exit)."""
+        from store.replicas import merged_sql, partial_sql, set_groups
 
-            members = self.groups[g]
-            rows = self.reader.narrowed(ranks=members, steps=[step]).table(
-                columns=_SOURCE_COLUMNS, side_rows=False, dictionary=_DICTIONARY_COLUMNS)
+        if self.con is not None:
+            con, grp, flags = self.con, g, f"SELECT * FROM {_FLAGS_VIEW}"
+        else:
+            members = list(self.groups[g])
             con, grp = duckdb.connect(":memory:"), 0
         try:
             if self.con is None:
-                # the views read their source several times: read the step's leaves once
-                con.register("msprobe_step_rows", rows)
-                con.execute("CREATE TEMP TABLE msprobe_step_source AS " + log_source_sql(
-                    "msprobe_step_rows", f"({calls_sql('msprobe_step_rows', (S.PARENT,))})"))
-                con.unregister("msprobe_step_rows")
-                del rows
-                _replica_views(con, "SELECT * FROM msprobe_step_source", [members], self.tol)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM {_FLAGS_VIEW} "
+                set_groups(con, [members])
+                for i in range(0, len(members), RANKS_PER_READ):
+                    self._read(con, members[i:i + RANKS_PER_READ], step, "msprobe_batch_source")
+                    verb = "CREATE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
+                    for table, sql in zip(("msprobe_partial_tensors", "msprobe_partial_values"),
+                                          partial_sql("SELECT * FROM msprobe_batch_source")):
+                        con.execute(verb.format(table) + sql)
+                    if len(members) > RANKS_PER_READ:
+                        con.execute("DROP TABLE msprobe_batch_source")
+                    else:        # the whole step: kept for lists()
+                        con.execute("ALTER TABLE msprobe_batch_source RENAME TO msprobe_step_source")
+                flags = merged_sql("msprobe_partial_tensors", "msprobe_partial_values", tol=self.tol)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {_STEP_TABLE} AS SELECT * FROM ({flags}) "
                         f"WHERE grp = ? AND step = ?", [grp, step])
             yield con, grp
         finally:
@@ -239,9 +247,38 @@ class _Source:
             else:
                 con.execute(f"DROP TABLE IF EXISTS {_STEP_TABLE}")
 
+    def lists(self, con: duckdb.DuckDBPyConnection, g: int, step: int) -> None:
+        """Make the ``replicas`` view (with the per-rank lists) of step ``step`` of group
+        ``g`` available on ``con``, a connection of :meth:`step`: our store's step is read
+        whole (every rank of the group) once per connection."""
+        if self.con is not None or _has_view(con, VIEW_REPLICAS):
+            return
+        if not con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'msprobe_step_source'").fetchall():
+            self._read(con, list(self.groups[g]), step, "msprobe_step_source")
+        create_replicas_view(con, "SELECT * FROM msprobe_step_source", [list(self.groups[g])], tol=self.tol)
+
+    def _read(self, con: duckdb.DuckDBPyConnection, ranks: list, step: int, table: str) -> None:
+        """Table ``table`` on ``con``: the source relation (store.replicas) of ``ranks`` at
+        ``step``, read from our store."""
+        from store.query import calls_sql
+        from store.replicas import log_source_sql
+
+        rows = self.reader.narrowed(ranks=ranks, steps=[step]).table(
+            columns=_SOURCE_COLUMNS, side_rows=False, dictionary=_DICTIONARY_COLUMNS)
+        con.register("msprobe_step_rows", rows)
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS " + log_source_sql(
+                "msprobe_step_rows", f"({calls_sql('msprobe_step_rows', (S.PARENT,))})"))
+        finally:
+            con.unregister("msprobe_step_rows")
+
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
+
+
+def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT 1 FROM duckdb_views() WHERE view_name = ?", [name]).fetchall())
 
 
 def _replica_views(con: duckdb.DuckDBPyConnection, source_sql: str, groups, tol: float) -> None:
@@ -423,6 +460,7 @@ def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: b
                 compared += n
                 exact += n_exact
             if row is None and n_odd:
+                source.lists(con, g, step)
                 found = _rows(con, f"SELECT * FROM {VIEW_REPLICAS} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
                                    f"AND step = ? ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [grp, step])
                 if found:
@@ -430,6 +468,7 @@ def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: b
                     majority, odd = _majority(_clusters(row, tol)[0])
                     start = _entry_start(con, grp, row)
             if row is not None and majority:
+                source.lists(con, g, step)
                 first, counted = _downstream(con, grp, row, odd, majority, step, start, tol)
                 downstream = downstream or first
                 spread.update(counted)

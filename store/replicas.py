@@ -82,7 +82,7 @@ import pyarrow as pa
 from store import schema as S
 
 __all__ = ["REPLICATED_COLLECTIVES", "VIEW_REPLICAS", "create_replicas_view", "default_groups",
-           "group_text", "log_source_sql", "recorded_world_size"]
+           "group_text", "log_source_sql", "merged_sql", "partial_sql", "recorded_world_size", "set_groups"]
 
 VIEW_REPLICAS = "replicas"
 #: Distributed APIs whose output buffers hold the same values on every member of the group
@@ -168,8 +168,17 @@ def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups
     Raises:
         ValueError: ``tol`` negative or not finite, a group empty, or a rank negative.
     """
-    if not (isinstance(tol, (int, float)) and 0 <= tol < float("inf")):
-        raise ValueError(f"tol: got {tol!r}; allowed: a finite number >= 0")
+    set_groups(con, groups)
+    tensors, values = partial_sql(source_sql, lists=lists)
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {merged_sql(f'({tensors})', f'({values})', tol=tol, lists=lists)}")
+
+
+def set_groups(con: duckdb.DuckDBPyConnection, groups: Sequence[Sequence[int]]) -> None:
+    """Hold ``groups`` (see :func:`create_replicas_view`) in ``con`` for :func:`partial_sql`.
+
+    Raises:
+        ValueError: a group empty, or a rank negative or not an integer.
+    """
     pairs_rank, pairs_grp = [], []
     for g, members in enumerate(groups):
         members = list(members)
@@ -184,19 +193,26 @@ def create_replicas_view(con: duckdb.DuckDBPyConnection, source_sql: str, groups
                                                    "grp": pa.array(pairs_grp, pa.int32())}))
     con.execute(f"CREATE OR REPLACE TABLE {_GROUP_TABLE} AS SELECT * FROM msprobe_groups_source")
     con.unregister("msprobe_groups_source")
-    tol_sql = repr(float(tol))
+
+
+#: the per-tensor columns a partial row carries: (column of the source, its partial columns'
+#: stem); statistics keep their largest and smallest value, strings and shapes too
+_SPREAD = ((S.MAX, "max"), (S.MIN, "min"), (S.MEAN, "mean"), (S.NORM, "norm"),
+           (S.CRC32, "crc32"), (S.DTYPE, "dtype"), (S.SHAPE, "shape"))
+_LISTED = (S.RANK, S.CRC32, S.MAX, S.MIN, S.MEAN, S.NORM, S.DTYPE, S.SHAPE)
+_KEY = f"grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group"
+
+
+def partial_sql(source_sql: str, *, lists: bool = False) -> tuple[str, str]:
+    """Two SELECTs over the source relation ``source_sql`` that hold all :func:`merged_sql`
+    needs of those ranks: per tensor key (grp, step, name, io, arg, category,
+    process_group) its smallest ``pos`` and rank, the counts, the smallest and largest of
+    each statistic, CRC-32, dtype and shape, and (``lists``) the per-rank lists; per
+    non-tensor input key the smallest and largest JSON text. Partial rows of disjoint rank
+    sets merge into the rows of their union, so a step can be read a few ranks at a time.
+    The group table of :func:`set_groups` must be in the connection."""
     collective = _sql_list(REPLICATED_COLLECTIVES)
-
-    def spread_ok(col: str) -> str:
-        return (f"(max({col}) IS NOT DISTINCT FROM min({col}) OR (max({col}) - min({col}) <= {tol_sql} * "
-                f"greatest(abs(max({col})), abs(min({col})))))")
-
-    stats_agree = " AND ".join(spread_ok(c) for c in (S.MAX, S.MIN, S.MEAN, S.NORM))
-    lists_sql = "".join(f"list({c} ORDER BY {S.RANK}) AS {'ranks' if c == S.RANK else c}, " for c in
-                        (S.RANK, S.CRC32, S.MAX, S.MIN, S.MEAN, S.NORM, S.DTYPE, S.SHAPE)) if lists else ""
-    con.execute(f"""
-CREATE OR REPLACE VIEW {name} AS
-WITH RECURSIVE src AS ({source_sql}),
+    head = f"""WITH src AS ({source_sql}),
 pg AS (
     SELECT {S.RANK}, {S.STEP}, {S.NAME}, min(json_extract(CAST({S.VALUE_JSON} AS JSON), '$.value')::VARCHAR)
            AS process_group
@@ -214,25 +230,59 @@ t AS (
                 ELSE 'call' END AS category,
            CASE WHEN s.{S.NAME} LIKE 'Distributed.%' THEN pg.process_group END AS process_group
     FROM src s JOIN {_GROUP_TABLE} g USING ({S.RANK}) LEFT JOIN pg USING ({S.RANK}, {S.STEP}, {S.NAME})
-    WHERE s.{S.LEAF_KIND} = '{S.LEAF_TENSOR}'),
-rows AS (
-SELECT grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group, min(pos) AS pos,
+    WHERE s.{S.LEAF_KIND} = '{S.LEAF_TENSOR}')"""
+    spread = "".join(f"min({c}) AS {stem}_lo, max({c}) AS {stem}_hi, " for c, stem in _SPREAD)
+    listed = "".join(f"list({c} ORDER BY {S.RANK}) AS list_{c}, " for c in _LISTED) if lists else ""
+    tensors = (f"{head}\nSELECT {_KEY}, min(pos) AS pos, min({S.RANK}) AS first_rank, {listed}"
+               f"count(*) AS n_ranks, count({S.CRC32}) AS n_crc32, "
+               f"bool_and(coalesce({S.REQUIRES_GRAD}, false)) AS {S.REQUIRES_GRAD}, {spread}"
+               f"min({S.PARENT}) AS {S.PARENT} FROM t GROUP BY {_KEY}")
+    values = (f"WITH src AS ({source_sql})\n"
+              f"SELECT g.grp, v.{S.STEP}, v.{S.NAME}, v.{S.IO}, v.{S.ARG}, "
+              f"min(coalesce(CAST(v.{S.VALUE_JSON} AS VARCHAR), 'null')) AS value_lo, "
+              f"max(coalesce(CAST(v.{S.VALUE_JSON} AS VARCHAR), 'null')) AS value_hi "
+              f"FROM src v JOIN {_GROUP_TABLE} g USING ({S.RANK}) "
+              f"WHERE v.{S.LEAF_KIND} <> '{S.LEAF_TENSOR}' AND v.{S.IO} IN ({_sql_list(_INPUT_IOS)}) "
+              f"GROUP BY g.grp, v.{S.STEP}, v.{S.NAME}, v.{S.IO}, v.{S.ARG}")
+    return tensors, values
+
+
+def merged_sql(tensors: str, values: str, *, tol: float = 0.0, lists: bool = False) -> str:
+    """The ``replicas`` rows (module docstring) from the partial rows of :func:`partial_sql`
+    in the relations ``tensors`` and ``values`` (table names or parenthesised SELECTs),
+    whatever the split of ranks they were computed over; ``lists`` needs partial rows made
+    with lists.
+
+    Raises:
+        ValueError: ``tol`` negative or not finite.
+    """
+    if not (isinstance(tol, (int, float)) and 0 <= tol < float("inf")):
+        raise ValueError(f"tol: got {tol!r}; allowed: a finite number >= 0")
+    tol_sql = repr(float(tol))
+    collective = _sql_list(REPLICATED_COLLECTIVES)
+
+    def spread_ok(stem: str) -> str:
+        hi, lo = f"max({stem}_hi)", f"min({stem}_lo)"
+        return f"({hi} IS NOT DISTINCT FROM {lo} OR ({hi} - {lo} <= {tol_sql} * greatest(abs({hi}), abs({lo}))))"
+
+    stats_agree = " AND ".join(spread_ok(stem) for stem in ("max", "min", "mean", "norm"))
+    listed = "".join(f"flatten(list(list_{c} ORDER BY first_rank)) AS {'ranks' if c == S.RANK else c}, "
+                     for c in _LISTED) if lists else ""
+    return f"""
+WITH RECURSIVE rows AS (
+SELECT {_KEY}, min(pos) AS pos,
        CASE WHEN {S.IO} IN ({_sql_list(_INPUT_IOS)}) THEN 0 ELSE 1 END AS io_order,
-       {lists_sql}
-       count(*) AS n_ranks, bool_and(coalesce({S.REQUIRES_GRAD}, false)) AS {S.REQUIRES_GRAD},
-       count({S.CRC32}) = count(*) AS exact,
-       count(DISTINCT {S.DTYPE}) <= 1 AND count(DISTINCT {S.SHAPE}) <= 1 AND
-       CASE WHEN count({S.CRC32}) = count(*) THEN count(DISTINCT {S.CRC32}) = 1
+       {listed}
+       sum(n_ranks)::BIGINT AS n_ranks, bool_and({S.REQUIRES_GRAD}) AS {S.REQUIRES_GRAD},
+       sum(n_crc32) = sum(n_ranks) AS exact,
+       min(dtype_lo) IS NOT DISTINCT FROM max(dtype_hi) AND min(shape_lo) IS NOT DISTINCT FROM max(shape_hi) AND
+       CASE WHEN sum(n_crc32) = sum(n_ranks) THEN min(crc32_lo) = max(crc32_hi)
             ELSE {stats_agree} END AS agree,
        min({S.PARENT}) AS {S.PARENT}
-FROM t
-GROUP BY grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}, category, process_group),
+FROM {tensors} GROUP BY {_KEY}),
 vals AS (
-    SELECT g.grp, v.{S.STEP}, v.{S.NAME},
-           count(DISTINCT coalesce(CAST(v.{S.VALUE_JSON} AS VARCHAR), 'null')) <= 1 AS agree
-    FROM src v JOIN {_GROUP_TABLE} g USING ({S.RANK})
-    WHERE v.{S.LEAF_KIND} <> '{S.LEAF_TENSOR}' AND v.{S.IO} IN ({_sql_list(_INPUT_IOS)})
-    GROUP BY g.grp, v.{S.STEP}, v.{S.NAME}, v.{S.IO}, v.{S.ARG}),
+    SELECT grp, {S.STEP}, {S.NAME}, min(value_lo) = max(value_hi) AS agree
+    FROM {values} GROUP BY grp, {S.STEP}, {S.NAME}, {S.IO}, {S.ARG}),
 own AS (
     SELECT grp, {S.STEP}, {S.NAME}, bool_and(agree) AS ok, count(*) FILTER (WHERE tensor) AS n_tensors
     FROM (SELECT grp, {S.STEP}, {S.NAME}, agree, true AS tensor FROM rows WHERE io_order = 0
@@ -268,7 +318,7 @@ SELECT r.*, i.inputs_agree,
                  AND NOT EXISTS (SELECT 1 FROM random_calls c WHERE c.grp = r.grp AND c.{S.STEP} = r.{S.STEP}
                                  AND c.{S.NAME} = r.{S.NAME}) END AS must_agree
 FROM rows r LEFT JOIN inputs i ON i.grp = r.grp AND i.{S.STEP} = r.{S.STEP} AND i.{S.NAME} = r.{S.NAME}
-""")
+"""
 
 
 def group_text(members: Sequence[int]) -> str:

@@ -100,3 +100,62 @@ def test_a_group_reads_only_its_ranks(tmp_path, connections):
     assert agree.first is None and (agree.steps, agree.compared) == ((2, 3), 6)
     # ranks 1 and 2: one against one, no majority
     assert (odd.first.step, odd.first.name, odd.first.majority, odd.first.odd) == (2, LINEAR, (), (1, 2))
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+@pytest.mark.parametrize("per_read", [1, 2])
+def test_a_step_is_read_a_few_ranks_at_a_time(tmp_path, monkeypatch, compacted, per_read):
+    """With fewer ranks per read than the group has, each step's replicas rows are merged
+    from partial rows of disjoint rank batches: the answer is the one-read answer; the whole
+    step is read only where values are shown (from the disagreement's step on)."""
+    import msprobe.check_ranks as check_ranks_module
+
+    dump = _run(tmp_path / "d")
+    if compacted:
+        compact(dump)
+    whole = check_ranks(dump)
+    reads: list[tuple] = []
+    original = StoreReader.table
+
+    def recording(self, *args, **kwargs):
+        reads.append((sorted(self.ranks), sorted(self.steps)))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StoreReader, "table", recording)
+    monkeypatch.setattr(check_ranks_module, "RANKS_PER_READ", per_read)
+    batched = check_ranks(dump)
+    assert batched.groups == whole.groups and batched.groups[0].first.spread == {1: 4, 2: 4, 3: 4}
+    batches = [[0], [1], [2]] if per_read == 1 else [[0, 1], [2]]
+    expected = []
+    for step in range(STEPS):
+        expected += [(b, [step]) for b in batches]
+        if step >= 1:                    # the disagreement at step 1 and its spread after it
+            expected.append(([0, 1, 2], [step]))
+    assert reads == expected
+
+
+@pytest.mark.parametrize("per_read", [1, 2, 64])
+def test_statistics_and_tolerance_merge_over_rank_batches(tmp_path, monkeypatch, per_read):
+    """Without CRC-32s agreement is by statistics: the spread over every rank of the group,
+    wherever the batches split it."""
+    import msprobe.check_ranks as check_ranks_module
+
+    monkeypatch.setattr(check_ranks_module, "RANKS_PER_READ", per_read)
+    root = tmp_path / "d"
+    for rank in range(4):
+        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": 4}
+        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            norm = 1.0 + (1e-3 if rank == 3 else 0.0)       # rank 3's weight: Norm 0.1 % larger
+            writer.append(Call(step=0, kind="module_forward", name=LINEAR, api_type="Module",
+                               keys=("input_args", "input_kwargs", "output", "parameters"),
+                               leaves=(_tensor("parameters", ("weight",), None).replace(norm=norm),)))
+            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+    (g,) = check_ranks(root).groups
+    assert (g.compared, g.exact, g.first.by, g.first.majority, g.first.odd) == (1, 0, "statistics", (0, 1, 2), (3,))
+    assert g.first.values[3] == (1.0, 0.0, 0.5, 1.001) and g.first.values[0] == (1.0, 0.0, 0.5, 1.0)
+    (g,) = check_ranks(root, tol=2e-3).groups              # 1e-3 / 1.001 of spread is within 2e-3
+    assert g.first is None and g.compared == 1
+    (g,) = check_ranks(root, tol=5e-4).groups
+    assert g.first is not None and g.first.odd == (3,)
