@@ -24,10 +24,8 @@ _PG_SUFFIX = "." + S.PARAMETERS_GRAD
 _FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
 #: the columns of the leaf rows and of the call rows that :class:`EntryBuilder` reads, in
 #: the order :meth:`EntryBuilder.add_columns` takes them (``seq`` first)
-LEAF_COLUMNS = (
-    S.SEQ, S.IO, S.PATH, S.LEAF_KIND, S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN,
-    S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE, S.MIN_FINITE, S.CRC32, S.DATA_NAME, S.VALUE_JSON,
-)
+LEAF_COLUMNS = (S.SEQ, S.IO, S.PATH, S.LEAF_KIND) + tuple(column for column, _ in S.TENSOR_RECORD_KEYS) + (
+    S.VALUE_JSON,)
 CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
 _CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
@@ -55,10 +53,10 @@ class _Entry:
 #: directly. A value leaf is kept as the 1-tuple ``(value_json,)`` (parsed by
 #: :func:`_leaf_value`). No other tuple is ever stored in entry values (parsed JSON holds
 #: lists, never tuples); :func:`_plain` turns both kinds into plain JSON.
-RECORD_FIELDS = (
-    S.TYPE, S.DTYPE, S.SHAPE, S.MAX, S.MIN, S.MEAN, S.NORM, S.REQUIRES_GRAD, S.MAX_FINITE,
-    S.MIN_FINITE, S.CRC32, S.DATA_NAME,
-)
+RECORD_FIELDS = tuple(column for column, _ in S.TENSOR_RECORD_KEYS)
+#: where the record fields lie in :data:`LEAF_COLUMNS`, and ``crc32`` in a record
+_RECORD_SLICE = slice(LEAF_COLUMNS.index(RECORD_FIELDS[0]), LEAF_COLUMNS.index(RECORD_FIELDS[-1]) + 1)
+_CRC32_AT = RECORD_FIELDS.index(S.CRC32)
 
 
 def _tensor_record(
@@ -374,11 +372,11 @@ class EntryBuilder:
                     self.max_seq = seq  # a later part holding this seq's call row is out of order
                 break
         path_cache = self._path_cache
-        records = zip(*leaves[4:16])  # RECORD_FIELDS: one exact tuple per row, built by zip
+        records = zip(*leaves[_RECORD_SLICE])  # RECORD_FIELDS: one exact tuple per row, built by zip
         last_seq = entry = values = None
         tensor_kind = S.LEAF_TENSOR
         for seq, io, path_text, leaf_kind, record, value_json in zip(
-            seqs, leaves[1], leaves[2], leaves[3], records, leaves[16],
+            seqs, leaves[1], leaves[2], leaves[3], records, leaves[-1],
         ):
             if seq != last_seq or entry is None:
                 last_seq = seq
@@ -390,7 +388,7 @@ class EntryBuilder:
             if leaf_kind == tensor_kind:
                 # a tensor leaf's value_json holds extra keys of its record ("alias_of")
                 value = record if value_json is None else {**_tensor_record(*record), **json.loads(value_json)}
-                if value is record and S.is_xor_checksum(record[10]):
+                if value is record and S.is_xor_checksum(record[_CRC32_AT]):
                     value = _tensor_record(*record)  # no statistics keys: a dict, for every encoder
             elif leaf_kind == S.LEAF_VALUE:
                 value = self._value(value_json)
