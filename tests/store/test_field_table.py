@@ -1,9 +1,11 @@
 """The one field table (store.schema.LEAF_FIELDS, TENSOR_RECORD_KEYS, CALL_FIELDS): the log
-schema, the Leaf tuple, the exporter's record tuples and their JSON text, and the native
-small_leaf all take their field order from it."""
+schema, the Leaf tuple, the exporter's record tuples and their JSON text, the native
+small_leaf and the writer process's CALL message all take their field order from it."""
 from __future__ import annotations
 
 import json
+import pickle
+import threading
 
 import pytest
 
@@ -11,7 +13,9 @@ from store import log_writer
 from store import schema as S
 from store.entries import LEAF_COLUMNS, RECORD_FIELDS, _tensor_record
 from store.record_text import records_encoder
-from store.records import Leaf, make_leaf
+from store.records import Call, Leaf, make_leaf, null_leaf
+from store.writer_client import WriterClient
+from store.writer_process import CALL, CALL_FIELDS, message_record
 
 
 def test_log_schema_columns_follow_the_table():
@@ -91,3 +95,28 @@ def test_small_leaf_takes_its_field_places_from_the_table():
     with pytest.raises(ValueError, match="slot"):
         leaves_mod._small_leaf(t, "output", (1,), (plain, strided, dtypes, max_bytes, tuple, template,
                                                    (0,) * len(slots)))
+
+
+class _Capture:
+    """Stands in for a WriterClient's frame buffer: keeps the message ``append`` builds."""
+
+    _lock = threading.Lock()
+    _rows = 0
+    _flush_rows = 1 << 30
+
+    def _add(self, message: tuple, rows: int) -> None:
+        self.message = message
+
+
+def test_call_message_round_trips_through_the_call_fields():
+    leaf = Leaf(io="output", path=(0,), leaf_kind="tensor", type="torch.Tensor", dtype="torch.float32", max=2.5)
+    call = Call(step=7, kind=S.API_FORWARD, name="Functional.relu.3.forward", api_type="Functional",
+                parent="Module.fc.Linear.forward.0", stack_id=11, is_recompute=False,
+                keys=("input_args", "output"), leaves=(leaf, null_leaf("input_args", (0,))))
+    capture = _Capture()
+    WriterClient.append(capture, call)
+    message = capture.message
+    assert message[0] == CALL and len(message) == 1 + len(CALL_FIELDS)
+    assert dict(zip(CALL_FIELDS, message[1:-1])) == {f: getattr(call, f) for f in CALL_FIELDS[:-1]}
+    assert all(type(x) is tuple for x in message[-1])  # plain tuples on the pipe
+    assert message_record(pickle.loads(pickle.dumps(message))) == call
