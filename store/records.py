@@ -1,7 +1,7 @@
 """Typed records the log writer accepts: one immutable record type per row kind (:class:`Leaf`
 a tuple, the others frozen, slotted dataclasses).
 
-Adapters build these (through ``msprobe.core.recorder``), the writer turns them into
+The recorders (``msprobe.core.recorder`` and the adapters) build these, the writer turns them into
 columns of :data:`store.schema.LOG_SCHEMA`. Nothing here knows a deep-learning framework:
 dtypes and types are plain strings (``"torch.float32"``, ``"Float16"``).
 """
