@@ -46,10 +46,10 @@ COMPONENTS = collections.OrderedDict([
     ("  statistics: TensorStats from the reduction", ["msprobe.pytorch.leaves:native_stats"]),
     ("  leaf tuple", ["msprobe.pytorch.leaves:_stats_leaf"]),
     ("emit: Session.emit, log row append, Arrow batches", ["msprobe.pytorch.recorder:Recorder.emit"]),
-    ("hand-over to the writer process (plain tuples; one pickle and pipe write per frame: 512 rows, "
-     "stop(), step())", ["store.writer_client:WriterClient.append", "store.writer_client:WriterClient._send"]),
     ("  Arrow batch building in this process (task tensor, MSPROBE_WRITER=inprocess)",
      ["store.log_writer:LogWriter._flush_locked"]),
+    ("hand-over to the writer process (plain tuples; one pickle and pipe write per frame: 512 rows, "
+     "stop(), step())", ["store.writer_client:WriterClient.append", "store.writer_client:WriterClient._send"]),
     ("backward taps at call time (tap_inputs, tap_outputs)", ["msprobe.pytorch.backward:BackwardTaps.tap_inputs",
                                                              "msprobe.pytorch.backward:BackwardTaps.tap_outputs"]),
     ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_NodeHook.__call__",
