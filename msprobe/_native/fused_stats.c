@@ -896,5 +896,11 @@ PyMODINIT_FUNC PyInit_fused_stats(void) {
     INTERN(S_requires_grad, "requires_grad");
     INTERN(S_stride, "stride");
 #undef INTERN
-    return PyModule_Create(&MODULE);
+    PyObject *module = PyModule_Create(&MODULE);
+    /* the form of small_leaf's table: 2 = (..., leaf_type, template, slots) */
+    if (module != NULL && PyModule_AddIntConstant(module, "SMALL_LEAF_TABLE", 2) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

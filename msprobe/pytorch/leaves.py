@@ -628,13 +628,13 @@ MEMO_MIN_BYTES = 16 << 10
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}
 
 #: ``NATIVE.small_leaf(t, io, path, table)`` (``fused_stats.c``), None without the
-#: extension: the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
+#: extension or with one whose ``SMALL_LEAF_TABLE`` is not 2 (the form of :func:`_small_table`): the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
 #: (at most :data:`MEMO_MIN_BYTES` bytes, no CRC-32, no payload) and whose values are all finite
 #: and need no rescaling, built in one call (the same tests, reduction, statistics and leaf
 #: fields, bit for bit); None for any other tensor, which then takes the Python paths. One
 #: native call instead of ~15 Python-level attribute reads and three Python frames saves
 #: ~1.5 us per tensor warm, more inside a training step (benchmarks/host_cost.py)
-_small_leaf = getattr(NATIVE, "small_leaf", None)
+_small_leaf = getattr(NATIVE, "small_leaf", None) if getattr(NATIVE, "SMALL_LEAF_TABLE", None) == 2 else None
 _SMALL_DTYPES = {dtype: (kind, _ITEMSIZE[kind], str(dtype)) for dtype, kind in NATIVE_KIND.items()}
 
 
