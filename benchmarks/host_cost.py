@@ -46,10 +46,13 @@ COMPONENTS = collections.OrderedDict([
     ("  statistics: TensorStats from the reduction", ["msprobe.pytorch.leaves:native_stats"]),
     ("  leaf tuple", ["msprobe.pytorch.leaves:_stats_leaf"]),
     ("emit: Session.emit, log row append, Arrow batches", ["msprobe.pytorch.recorder:Recorder.emit"]),
-    ("  Arrow batch building (flushes: 512 rows, stop(), step(), start())", ["store.log_writer:LogWriter._flush_locked"]),
+    ("  Arrow batch building in this process (task tensor, MSPROBE_WRITER=inprocess)",
+     ["store.log_writer:LogWriter._flush_locked"]),
+    ("hand-over to the writer process (plain tuples; one pickle and pipe write per frame: 512 rows, "
+     "stop(), step())", ["store.writer_client:WriterClient.append", "store.writer_client:WriterClient._send"]),
     ("backward taps at call time (tap_inputs, tap_outputs)", ["msprobe.pytorch.backward:BackwardTaps.tap_inputs",
                                                              "msprobe.pytorch.backward:BackwardTaps.tap_outputs"]),
-    ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_NodeHook.run",
+    ("backward node hooks (all inside: gradient leaves, emit)", ["msprobe.pytorch.backward:_NodeHook.__call__",
                                                                   "msprobe.pytorch.backward:_LeafHook.__call__"]),
     ("parameter-gradient hooks", ["msprobe.pytorch.recorder:Recorder.parameter_grad"]),
     ("start()", ["msprobe.pytorch.debugger:PrecisionDebugger.start"]),
@@ -173,8 +176,8 @@ def main(argv=None):
             base.append(plain())
             rec.append(recorded())
         diff = statistics.median(rec) - statistics.median(base)
-        dbg.wait_files()          # the writer process writes the step files after step()
 
+        dbg.wait_files()  # the writer process writes the step files after step() returns
         last = max(int(d[4:]) for d in os.listdir(os.path.join(scratch, "dump")) if d.startswith("step"))
         with open(os.path.join(scratch, "dump", "step%d" % last, "rank", "dump.json")) as f:
             data = json.load(f)["data"]

@@ -98,33 +98,11 @@ __all__ = ["COMPRESSIONS", "LogWriter", "log_file_name", "parse_log_file_name", 
 
 COMPRESSIONS = (None, "lz4", "zstd")
 
-# (column, Leaf attribute) for leaf columns copied verbatim; PATH/ARG are derived.
-_LEAF_COLUMNS: tuple[tuple[str, str], ...] = (
-    (S.IO, "io"),
-    (S.LEAF_KIND, "leaf_kind"),
-    (S.TYPE, "type"),
-    (S.DTYPE, "dtype"),
-    (S.SHAPE, "shape"),
-    (S.NUMEL, "numel"),
-    (S.MAX, "max"),
-    (S.MIN, "min"),
-    (S.MEAN, "mean"),
-    (S.NORM, "norm"),
-    (S.MAX_FINITE, "max_finite"),
-    (S.MIN_FINITE, "min_finite"),
-    (S.CRC32, "crc32"),
-    (S.REQUIRES_GRAD, "requires_grad"),
-    (S.HAS_NAN, "has_nan"),
-    (S.HAS_INF, "has_inf"),
-    (S.DATA_NAME, "data_name"),
-    (S.PAYLOAD, "payload"),
-    (S.VALUE_JSON, "value_json"),
-)
-_LEAF_COLUMN_NAMES = tuple(column for column, _ in _LEAF_COLUMNS)
-
-
-_LEAF_COLUMN_INDEX = tuple(LEAF_FIELDS.index(attr) for _, attr in _LEAF_COLUMNS)
-_PATH_INDEX = LEAF_FIELDS.index("path")
+#: the leaf columns copied verbatim from the Leaf fields (all but ``path``: its columns
+#: PATH and ARG are derived), in :data:`store.schema.LEAF_FIELDS` order
+_LEAF_COLUMN_NAMES = tuple(name for name in LEAF_FIELDS if name != S.PATH)
+_LEAF_COLUMN_INDEX = tuple(LEAF_FIELDS.index(name) for name in _LEAF_COLUMN_NAMES)
+_PATH_INDEX = LEAF_FIELDS.index(S.PATH)
 
 
 #: leaves transposed per ``zip`` in :func:`_leaf_values`
@@ -133,7 +111,7 @@ _TRANSPOSE_CHUNK = 32
 
 def _leaf_values(leaves: list[Leaf]) -> tuple[list, list]:
     """``(paths, columns)``: the ``path`` of every leaf, and the values of the
-    :data:`_LEAF_COLUMNS` fields of ``leaves``, one new list per column in that order.
+    :data:`_LEAF_COLUMN_NAMES` fields of ``leaves``, one new list per column in that order.
 
     ``zip`` transposes the leaf tuples (about four times as fast as reading the
     attributes), :data:`_TRANSPOSE_CHUNK` leaves at a time: ``zip(*leaves)`` holds one

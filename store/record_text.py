@@ -54,12 +54,8 @@ class _Frame:
         sep = ",\n" + inner
         self.indent = indent
         #: what precedes each field of RECORD_FIELDS (in that order) and its JSON key
-        self.labels = ("{\n" + inner + '"type": ',) + tuple(
-            sep + '"' + key + '": ' for key in (
-                "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "Max_except_inf_nan",
-                "Min_except_inf_nan", "md5", "data_name",
-            )
-        )
+        self.labels = tuple(("{\n" + inner if i == 0 else sep) + '"' + key + '": '
+                            for i, (_, key) in enumerate(S.TENSOR_RECORD_KEYS))
         self.close = "\n" + indent + "}"
         self.deeper = (inner + " ", "\n" + inner + "]")
         self.shapes: dict = {None: "null", (): "[]"}  # shape tuple -> text (ints only)

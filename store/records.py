@@ -1,7 +1,7 @@
 """Typed records the log writer accepts: one immutable record type per row kind (:class:`Leaf`
 a tuple, the others frozen, slotted dataclasses).
 
-Adapters build these (through ``msprobe.core.events``), the writer turns them into
+The recorders (``msprobe.core.recorder`` and the adapters) build these, the writer turns them into
 columns of :data:`store.schema.LOG_SCHEMA`. Nothing here knows a deep-learning framework:
 dtypes and types are plain strings (``"torch.float32"``, ``"Float16"``).
 """
@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Optional, Union
+
+from store.schema import LEAF_FIELDS  # the fields of a Leaf, in the order of its tuple
 
 PathComponent = Union[int, str]
 
@@ -48,13 +50,6 @@ def _fast_init(cls: type) -> type:
     return cls
 
 
-LEAF_FIELDS: tuple[str, ...] = (
-    "io", "path", "leaf_kind", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm",
-    "max_finite", "min_finite", "crc32", "requires_grad", "has_nan", "has_inf", "data_name", "payload",
-    "value_json",
-)
-"""The fields of a :class:`Leaf`, in the order of its tuple."""
-
 _new_tuple = tuple.__new__
 
 
@@ -91,17 +86,6 @@ class Leaf(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, *, io: str, path: tuple[PathComponent, ...], leaf_kind: str, type: Optional[str] = None,
-                dtype: Optional[str] = None, shape: Optional[tuple[int, ...]] = None, numel: Optional[int] = None,
-                max: Optional[float] = None, min: Optional[float] = None, mean: Optional[float] = None,
-                norm: Optional[float] = None, max_finite: Optional[float] = None,
-                min_finite: Optional[float] = None, crc32: Optional[str] = None,
-                requires_grad: Optional[bool] = None, has_nan: Optional[bool] = None,
-                has_inf: Optional[bool] = None, data_name: Optional[str] = None, payload: Optional[str] = None,
-                value_json: Optional[str] = None) -> "Leaf":
-        return _new_tuple(cls, (io, path, leaf_kind, type, dtype, shape, numel, max, min, mean, norm, max_finite,
-                                min_finite, crc32, requires_grad, has_nan, has_inf, data_name, payload, value_json))
-
     def replace(self, **changes: Any) -> "Leaf":
         """A copy with the fields named in ``changes`` set to their values.
 
@@ -123,6 +107,21 @@ class Leaf(tuple):
         return make_leaf, (tuple(self),)
 
 
+def _leaf_new() -> Any:
+    """``Leaf.__new__``: keyword-only arguments ``io``, ``path``, ``leaf_kind`` (required)
+    and the other :data:`LEAF_FIELDS` (default None), stored in that order. Generated from
+    the table, so that the tuple order is spelled once; as fast as a written-out one."""
+    params = ", ".join(name if i < 3 else f"{name}=None" for i, name in enumerate(LEAF_FIELDS))
+    names = {"_new_tuple": _new_tuple}
+    exec(f"def __new__(cls, *, {params}):\n    return _new_tuple(cls, ({', '.join(LEAF_FIELDS)},))\n",  # noqa: S102
+         names)
+    new = names["__new__"]
+    new.__qualname__ = "Leaf.__new__"
+    new.__module__ = __name__
+    return new
+
+
+Leaf.__new__ = _leaf_new()
 _LEAF_INDEX = {name: i for i, name in enumerate(LEAF_FIELDS)}
 for _i, _name in enumerate(LEAF_FIELDS):
     setattr(Leaf, _name, property(itemgetter(_i), doc=f"Field {_i} of the leaf tuple ({_name})."))

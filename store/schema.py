@@ -81,57 +81,53 @@ FRAMES = "frames"
 META = "meta"
 
 
+# --- the field table: every column order is taken from here ---------------------------
+#: The fields of a leaf, in the order of a :class:`store.records.Leaf` tuple (what the
+#: recorders build and the writer process receives). The log's leaf columns are these,
+#: in this order, with :data:`ARG` (``path`` joined with ``.``) after :data:`PATH`.
+LEAF_FIELDS = (
+    IO, PATH, LEAF_KIND, TYPE, DTYPE, SHAPE, NUMEL, MAX, MIN, MEAN, NORM, MAX_FINITE, MIN_FINITE, CRC32,
+    REQUIRES_GRAD, HAS_NAN, HAS_INF, DATA_NAME, PAYLOAD, VALUE_JSON,
+)
+#: ``(column, dump.json key)`` of each field of a tensor record (spec 3.3), in upstream
+#: key order: the order of :data:`store.entries.RECORD_FIELDS` and of its encoders
+TENSOR_RECORD_KEYS = (
+    (TYPE, "type"), (DTYPE, "dtype"), (SHAPE, "shape"), (MAX, "Max"), (MIN, "Min"), (MEAN, "Mean"),
+    (NORM, "Norm"), (REQUIRES_GRAD, "requires_grad"), (MAX_FINITE, "Max_except_inf_nan"),
+    (MIN_FINITE, "Min_except_inf_nan"), (CRC32, "md5"), (DATA_NAME, "data_name"),
+)
+#: the columns of a call row (after :data:`RANK`, :data:`STEP`, :data:`SEQ`, :data:`ROW`)
+CALL_FIELDS = (KIND, NAME, API_TYPE, PARENT, STACK_ID, IS_RECOMPUTE, KEYS)
+#: every column of the log, in :data:`LOG_SCHEMA` order (a plain tuple: no pyarrow)
+COLUMNS = (
+    (RANK, STEP, SEQ, ROW) + CALL_FIELDS
+    + tuple(column for field in LEAF_FIELDS for column in ((PATH, ARG) if field == PATH else (field,)))
+    + (FRAMES, META)
+)
+#: columns every row sets (the others are nullable)
+_NOT_NULL = (RANK, STEP, SEQ, ROW)
+
+
 def _log_schema():
     import pyarrow as pa
 
+    types = {
+        RANK: pa.int32(), STEP: pa.int32(), SEQ: pa.int64(), STACK_ID: pa.int64(), IS_RECOMPUTE: pa.bool_(),
+        SHAPE: pa.list_(pa.int64()), NUMEL: pa.int64(), MAX: pa.float64(), MIN: pa.float64(),
+        MEAN: pa.float64(), NORM: pa.float64(), MAX_FINITE: pa.float64(), MIN_FINITE: pa.float64(),
+        REQUIRES_GRAD: pa.bool_(), HAS_NAN: pa.bool_(), HAS_INF: pa.bool_(), FRAMES: pa.list_(pa.string()),
+    }  # every other column: string
     return pa.schema(
-        [
-            pa.field(RANK, pa.int32(), nullable=False),
-            pa.field(STEP, pa.int32(), nullable=False),
-            pa.field(SEQ, pa.int64(), nullable=False),
-            pa.field(ROW, pa.string(), nullable=False),
-            pa.field(KIND, pa.string()),
-            pa.field(NAME, pa.string()),
-            pa.field(API_TYPE, pa.string()),
-            pa.field(PARENT, pa.string()),
-            pa.field(STACK_ID, pa.int64()),
-            pa.field(IS_RECOMPUTE, pa.bool_()),
-            pa.field(KEYS, pa.string()),
-            pa.field(IO, pa.string()),
-            pa.field(PATH, pa.string()),
-            pa.field(ARG, pa.string()),
-            pa.field(LEAF_KIND, pa.string()),
-            pa.field(TYPE, pa.string()),
-            pa.field(DTYPE, pa.string()),
-            pa.field(SHAPE, pa.list_(pa.int64())),
-            pa.field(NUMEL, pa.int64()),
-            pa.field(MAX, pa.float64()),
-            pa.field(MIN, pa.float64()),
-            pa.field(MEAN, pa.float64()),
-            pa.field(NORM, pa.float64()),
-            pa.field(MAX_FINITE, pa.float64()),
-            pa.field(MIN_FINITE, pa.float64()),
-            pa.field(CRC32, pa.string()),
-            pa.field(REQUIRES_GRAD, pa.bool_()),
-            pa.field(HAS_NAN, pa.bool_()),
-            pa.field(HAS_INF, pa.bool_()),
-            pa.field(DATA_NAME, pa.string()),
-            pa.field(PAYLOAD, pa.string()),
-            pa.field(VALUE_JSON, pa.string()),
-            pa.field(FRAMES, pa.list_(pa.string())),
-            pa.field(META, pa.string()),
-        ],
+        [pa.field(name, types.get(name, pa.string()), nullable=name not in _NOT_NULL) for name in COLUMNS],
         metadata={FORMAT_KEY: FORMAT_VERSION.encode(), CHECKSUM_ALGORITHM_KEY: CHECKSUM_ALGORITHM.encode()},
     )
 
 
 def __getattr__(name: str):
-    """``LOG_SCHEMA`` (the Arrow schema of the log) and ``COLUMNS`` (its column names),
-    built at first use: importing the constants of this module loads no pyarrow."""
+    """``LOG_SCHEMA`` (the Arrow schema of the log, :data:`COLUMNS` typed), built at first
+    use: importing the constants of this module loads no pyarrow."""
     if name == "LOG_SCHEMA":
         value = _log_schema()
-    elif name == "COLUMNS":
-        value = tuple(__getattr__("LOG_SCHEMA").names)
     else:
         raise AttributeError(f"module 'store.schema' has no attribute {name!r}")
     globals()[name] = value

@@ -13,9 +13,9 @@ Protocol (version :data:`PROTOCOL`; both ends are the same installation, started
 same interpreter). Standard input carries frames: a 4-byte little-endian length, then a
 pickle (protocol 5) of a list of messages, each a tuple whose first item says what it is:
 
-* ``(CALL, step, kind, name, api_type, parent, stack_id, is_recompute, keys, leaves)``
-  (the fields of :class:`store.records.Call`; each leaf a plain tuple of
-  :data:`store.records.LEAF_FIELDS`);
+* ``(CALL, *fields)``: the fields of :class:`store.records.Call` in their order
+  (:data:`CALL_FIELDS`: ``step, kind, name, api_type, parent, stack_id, is_recompute, keys,
+  leaves``), each leaf a plain tuple of :data:`store.schema.LEAF_FIELDS`;
 * ``(STACK, stack_id, frames)``, ``(MARKER, step, kind, meta)``;
 * ``(EXPORT, step, meta, emitted)``: write step ``step``'s files (:meth:`StepFiles.export`);
 * ``(END_STEP, step)``: the step is over (:meth:`StepFiles.end_step`);
@@ -43,6 +43,7 @@ import signal
 import struct
 import sys
 import threading
+from dataclasses import fields
 from typing import BinaryIO, TextIO
 
 from store.records import Call, Marker, Stack, make_leaf
@@ -50,10 +51,12 @@ from store.records import Call, Marker, Stack, make_leaf
 PROTOCOL = 1
 HELLO, CALL, STACK, MARKER, EXPORT, END_STEP, SYNC, QUIT = range(8)
 HEADER = struct.Struct("<I")
+#: the fields a CALL message carries after its tag: those of :class:`store.records.Call`, in order
+CALL_FIELDS = tuple(field.name for field in fields(Call))
 #: frames read ahead of the one being written (bounded: back-pressure beyond)
 FRAMES_AHEAD = 32
 
-__all__ = ["PROTOCOL", "HELLO", "CALL", "STACK", "MARKER", "EXPORT", "END_STEP", "SYNC", "QUIT", "HEADER",
+__all__ = ["PROTOCOL", "HELLO", "CALL", "CALL_FIELDS", "STACK", "MARKER", "EXPORT", "END_STEP", "SYNC", "QUIT", "HEADER",
            "encode_frame", "message_record", "serve"]
 
 
@@ -62,9 +65,9 @@ def message_record(message: tuple):
     ``MARKER`` message carries; None for the other messages."""
     tag = message[0]
     if tag == CALL:
-        return Call(step=message[1], kind=message[2], name=message[3], api_type=message[4], parent=message[5],
-                    stack_id=message[6], is_recompute=message[7], keys=message[8],
-                    leaves=tuple(map(make_leaf, message[9])))
+        values = dict(zip(CALL_FIELDS, message[1:]))
+        values["leaves"] = tuple(map(make_leaf, values["leaves"]))
+        return Call(**values)
     if tag == STACK:
         return Stack(stack_id=message[1], frames=message[2])
     if tag == MARKER:

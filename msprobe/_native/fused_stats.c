@@ -605,21 +605,31 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
  * small_leaf(t, io, path, table) -> Leaf or None
  * table = (plain_types: tuple of types, strided: the torch.strided object, dtypes: dict
  *          dtype -> (kind, itemsize, dtype_text), max_bytes: int, leaf_type: a tuple subclass,
- *          leaf_kind: str, type_text: str)
+ *          template: a tuple of the leaf's fields with the constant ones set, slots: a tuple of
+ *          NSLOTS ints, where in the leaf io, path, dtype_text, shape, numel, max, min, mean,
+ *          norm and requires_grad go)
+ * The field order is the caller's (store.schema.LEAF_FIELDS): this code knows none.
  * For a tensor whose exact type is in plain_types, on the CPU, strided, not nested, not a
  * negative-bit view, C-contiguous or dense in another order of its dimensions (reduced in
  * memory order, as msprobe.pytorch.stats.tensor_stats reduces such views), of a dtype in dtypes, with 1 to max_bytes bytes of elements
  * that lie inside its storage's allocation, whose elements are all finite and need no
- * rescaling (msprobe.core.statistics.rescale_factor): the leaf tuple
- *   (io, path, leaf_kind, type_text, dtype_text, tuple(t.shape), n, max, min, mean, norm,
- *    None, None, None, t.requires_grad, False, False, None, None, None)
- * with Max and Min exact, Mean = sum / n and Norm = sqrt(sum of squares) from the same float64
+ * rescaling (msprobe.core.statistics.rescale_factor): a leaf_type tuple holding template's
+ * items with those at `slots` replaced by io, path, dtype_text, tuple(t.shape), n, max, min,
+ * mean, norm and t.requires_grad, with Max and Min exact, Mean = sum / n and Norm = sqrt(sum of squares) from the same float64
  * reduction as reduce_at (a 0-dim tensor: Mean = its value, Norm = |value|), bit-identical to
  * msprobe.pytorch.stats.native_stats over reduce_at's tuple. Any other tensor, and any error
  * while reading its attributes (cleared), gives None: the caller then takes its own path. */
 static PyObject *S_is_cpu, *S_layout, *S_is_nested, *S_is_neg, *S_is_contiguous, *S_dtype, *S_numel,
     *S_untyped_storage, *S_data_ptr, *S_nbytes, *S_dim, *S_shape, *S_requires_grad, *S_stride;
 
+#define NSLOTS 10 /* the fields small_leaf sets: io, path, dtype, shape, numel, max, min, mean, norm, requires_grad */
+#define NSLOTS_TEXT "10"
+#define MAX_FIELDS 64
+/* the last slots tuple read (a strong reference) and, per field of the template, the index
+ * in small_leaf's items of the value it takes, -1 for the template's own */
+static PyObject *slots_seen = NULL;
+static signed char field_source[MAX_FIELDS];
+static Py_ssize_t source_len = -1;
 #define RESCALE_BIG 0x1p400
 #define RESCALE_SMALL 0x1p-400
 
@@ -693,16 +703,41 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
     (void)self;
     if (nargs != 4 || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 7) {
         PyErr_SetString(PyExc_TypeError, "small_leaf(tensor, io, path, table) takes 4 arguments; table: "
-                                         "(plain_types, strided, dtypes, max_bytes, leaf_type, leaf_kind, type_text)");
+                                         "(plain_types, strided, dtypes, max_bytes, leaf_type, template, slots)");
         return NULL;
     }
     PyObject *t = args[0], *table = args[3];
     PyObject *plain = PyTuple_GET_ITEM(table, 0), *strided = PyTuple_GET_ITEM(table, 1);
     PyObject *dtypes = PyTuple_GET_ITEM(table, 2), *leaf_type = PyTuple_GET_ITEM(table, 4);
+    PyObject *template = PyTuple_GET_ITEM(table, 5), *slots = PyTuple_GET_ITEM(table, 6);
     if (!PyTuple_Check(plain) || !PyDict_Check(dtypes) || !PyType_Check(leaf_type)
-        || !PyType_IsSubtype((PyTypeObject *)leaf_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "small_leaf: table needs a tuple of types, a dict and a tuple subclass");
+        || !PyType_IsSubtype((PyTypeObject *)leaf_type, &PyTuple_Type) || !PyTuple_Check(template)
+        || !PyTuple_Check(slots) || PyTuple_GET_SIZE(slots) != NSLOTS) {
+        PyErr_SetString(PyExc_TypeError, "small_leaf: table needs a tuple of types, a dict, a tuple subclass, "
+                                         "a template tuple and a tuple of " NSLOTS_TEXT " slots");
         return NULL;
+    }
+    Py_ssize_t nfields = PyTuple_GET_SIZE(template);
+    if (slots != slots_seen || nfields != source_len) { /* read once per slots tuple (held) */
+        if (nfields > MAX_FIELDS) {
+            PyErr_SetString(PyExc_ValueError, "small_leaf: the template has too many fields");
+            return NULL;
+        }
+        signed char source[MAX_FIELDS];
+        memset(source, -1, sizeof source);
+        for (int i = 0; i < NSLOTS; i++) {
+            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(slots, i));
+            if (at == -1 && PyErr_Occurred()) return NULL;
+            if (at < 0 || at >= nfields || source[at] != -1) {
+                PyErr_SetString(PyExc_ValueError, "small_leaf: a slot lies outside the template or twice in slots");
+                return NULL;
+            }
+            source[at] = (signed char)i;
+        }
+        memcpy(field_source, source, sizeof source);
+        source_len = nfields;
+        Py_INCREF(slots);
+        Py_XSETREF(slots_seen, slots);
     }
     long long max_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(table, 3));
     if (max_bytes == -1 && PyErr_Occurred()) return NULL;
@@ -761,23 +796,21 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
     int requires_grad = PyObject_IsTrue(rg);
     Py_DECREF(rg);
     if (requires_grad < 0) goto none;
-    PyObject *items[20] = {args[1], args[2], PyTuple_GET_ITEM(table, 5), PyTuple_GET_ITEM(table, 6), dtype_text,
-                           shape, NULL, NULL, NULL, NULL, NULL, Py_None, Py_None, Py_None,
-                           requires_grad ? Py_True : Py_False, Py_False, Py_False, Py_None, Py_None, Py_None};
-    items[6] = PyLong_FromLongLong(n);
-    items[7] = PyFloat_FromDouble(acc.max);
-    items[8] = PyFloat_FromDouble(acc.min);
-    items[9] = PyFloat_FromDouble(mean);
-    items[10] = PyFloat_FromDouble(norm);
-    int built = items[6] && items[7] && items[8] && items[9] && items[10];
-    if (built) leaf = ((PyTypeObject *)leaf_type)->tp_alloc((PyTypeObject *)leaf_type, 20);
+    /* in the order of `slots`: io, path, dtype_text, shape (borrowed), then new references */
+    PyObject *items[NSLOTS] = {args[1], args[2], dtype_text, shape, PyLong_FromLongLong(n),
+                               PyFloat_FromDouble(acc.max), PyFloat_FromDouble(acc.min), PyFloat_FromDouble(mean),
+                               PyFloat_FromDouble(norm), requires_grad ? Py_True : Py_False};
+    int built = items[4] && items[5] && items[6] && items[7] && items[8];
+    if (built) leaf = ((PyTypeObject *)leaf_type)->tp_alloc((PyTypeObject *)leaf_type, nfields);
     if (leaf != NULL) {
-        for (int i = 0; i < 20; i++) {
-            if (i < 6 || i > 10) Py_INCREF(items[i]);
-            PyTuple_SET_ITEM(leaf, i, items[i]); /* items 6-10: the new references move in */
+        for (Py_ssize_t i = 0; i < nfields; i++) {
+            int k = field_source[i];
+            PyObject *item = k < 0 ? PyTuple_GET_ITEM(template, i) : items[k];
+            if (k < 4 || k == 9) Py_INCREF(item); /* items 4-8: the new references move in */
+            PyTuple_SET_ITEM(leaf, i, item);
         }
     } else {
-        for (int i = 6; i <= 10; i++) Py_XDECREF(items[i]);
+        for (int i = 4; i <= 8; i++) Py_XDECREF(items[i]);
     }
     Py_DECREF(shape);
     Py_DECREF(storage);
@@ -863,5 +896,11 @@ PyMODINIT_FUNC PyInit_fused_stats(void) {
     INTERN(S_requires_grad, "requires_grad");
     INTERN(S_stride, "stride");
 #undef INTERN
-    return PyModule_Create(&MODULE);
+    PyObject *module = PyModule_Create(&MODULE);
+    /* the form of small_leaf's table: 2 = (..., leaf_type, template, slots) */
+    if (module != NULL && PyModule_AddIntConstant(module, "SMALL_LEAF_TABLE", 2) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -196,11 +196,6 @@ class NameList:
     def names(self) -> tuple[str, ...]:
         return self._names
 
-    @property
-    def is_empty(self) -> bool:
-        """True when no name is configured (everything matches)."""
-        return not self._names
-
     def matches(self, name: str) -> bool:
         """True if ``name`` contains any configured string, or the list is empty."""
         if not self._names:
@@ -245,11 +240,6 @@ class ScopeRange:
         if len(scope) != 2:
             raise ValueError(f"scope: got {list(scope)!r}; allowed: 0 or 2 names")
         return cls(scope[0], scope[1])
-
-    @property
-    def unbounded(self) -> bool:
-        """True when no scope is configured (everything is in range)."""
-        return self.first is None
 
     @property
     def in_range(self) -> bool:

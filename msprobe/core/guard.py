@@ -24,11 +24,6 @@ class _Inside(threading.local):
 INSIDE = _Inside()
 
 
-def is_busy() -> bool:
-    """True while this thread runs msprobe's own code or a recorded call."""
-    return getattr(INSIDE, "busy", False)
-
-
 class Guarded:
     """Context manager for msprobe's own code: sets this thread's ``busy`` flag (the
     previous value comes back on exit), and hands an ``Exception`` raised inside to

@@ -92,6 +92,28 @@ def finish_wrapper(wrapper: Callable, original: Any, session: Any = None) -> Cal
     return wrapper
 
 
+def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:
+    """Undo one wrapping (``wrapper`` made by :func:`finish_wrapper`). If another debugger
+    wrapped on top of ours meanwhile, our wrapper stays in that chain but becomes a
+    pass-through; wrappers already disabled are skipped when restoring, so chains never grow.
+
+    ``original`` None means the name was inherited (``torch.Tensor`` from ``TensorBase``)
+    and is deleted from ``owner`` instead of set (nothing happens where it is gone already).
+    """
+    wrapper.__msprobe_disabled__ = True
+    if getattr(owner, name, None) is not wrapper:
+        return
+    while original is not None and getattr(original, "__msprobe_disabled__", False):
+        original = original.__msprobe_original__
+    if original is None:
+        try:
+            delattr(owner, name)
+        except AttributeError:
+            pass
+    else:
+        setattr(owner, name, original)
+
+
 def records_inside(fn: Any) -> bool:
     """True if ``fn`` is another debugger's API wrapper, or a chain of them, in which a wrapper
     is enabled and its session is recording now: that debugger records the call too. A chain

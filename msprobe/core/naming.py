@@ -40,21 +40,6 @@ class CallCounter:
         self._counts.clear()
 
 
-def api_name(family: str, api: str, n: int, direction: str) -> str:
-    """``api_name("Functional", "linear", 0, "forward")`` → ``"Functional.linear.0.forward"``."""
-    return f"{family}.{api}.{n}.{direction}"
-
-
-def module_prefix(kind: str, path: str, class_name: str) -> str:
-    """``module_prefix("Module", "inner.fc", "Linear")`` → ``"Module.inner.fc.Linear"``."""
-    return f"{kind}.{path}.{class_name}"
-
-
-def module_name(prefix: str, direction: str, n: int) -> str:
-    """``module_name("Module.fc.Linear", "forward", 1)`` → ``"Module.fc.Linear.forward.1"``."""
-    return f"{prefix}.{direction}.{n}"
-
-
 def to_backward(name: str | None) -> str | None:
     """The backward twin of a forward entry name, or None.
 

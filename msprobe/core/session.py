@@ -134,7 +134,7 @@ class Session:
         self._tls = INSIDE  # the "busy" flag, shared by all sessions (msprobe.core.guard)
         self.local = threading.local()  # this session's per-thread state (module stacks)
         self.disabled = False
-        self._last_step = max(config.step) if config.step else None
+        self._last_step = config.last_step
         self._pid = os.getpid()
         os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
         self._write_tensor = write_tensor
@@ -173,7 +173,7 @@ class Session:
         self.config = config
         self.data_mode = DataMode.from_config(config.data_mode)
         self.name_list = NameList(config.list)
-        self._last_step = max(config.step) if config.step else None
+        self._last_step = config.last_step
         self.finished = self._last_step is not None and self.step > self._last_step
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
         self._write_tensor = write_tensor

@@ -22,7 +22,7 @@ from mindspore.mint.nn import functional as mint_functional
 
 from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
-from msprobe.core.handles import finish_wrapper
+from msprobe.core.handles import finish_wrapper, restore_attribute
 
 DEFAULT_API_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -122,23 +122,6 @@ class ApiHooks:
         entries, self._entries = self._entries, []
         for owner, name, wrapper, original, own in reversed(entries):
             restore_attribute(owner, name, wrapper, original if own else None)
-
-
-def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:
-    """Undo one wrapping. A wrapper that another tool wrapped again stays in that chain as
-    a pass-through. ``original`` None: the name was inherited and is deleted from ``owner``."""
-    wrapper.__msprobe_disabled__ = True
-    if getattr(owner, name, None) is not wrapper:
-        return
-    while original is not None and getattr(original, "__msprobe_disabled__", False):
-        original = original.__msprobe_original__
-    if original is None:
-        try:
-            delattr(owner, name)
-        except AttributeError:
-            pass
-    else:
-        setattr(owner, name, original)
 
 
 def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: Any) -> Callable:

@@ -47,13 +47,13 @@ from msprobe.mindspore.grad_end import install_grad_end
 from msprobe.mindspore.jit_hooks import install_jit_hook
 from msprobe.mindspore.primitive_hooks import PrimitiveHooks, install_primitive_hooks
 from msprobe.mindspore.recorder import Recorder
+from store.schema import TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 
 _MS_DIR = os.path.dirname(ms.__file__)
 _MODEL_LEVELS = ("L0", "mix")
 _API_LEVELS = ("L1", "mix")
-TENSOR_DIR = "dump_tensor_data"
 
 
 def current_rank() -> tuple[Optional[int], str]:

@@ -24,7 +24,7 @@ import torch
 
 from msprobe.core.api_list import ApiSpec
 from msprobe.core.api_list import load_api_list as read_api_list
-from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
+from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper, restore_attribute
 from msprobe.pytorch.aten_hooks import FAMILY as ATEN_FAMILY, aten_namespace, make_aten_proxy
 from msprobe.pytorch import compiled_record
 from msprobe.pytorch.compiled import COMPILER_PACKAGES, is_compiling
@@ -214,25 +214,6 @@ def _make_release_wrapper(original: Any, memo: StatsMemo) -> Callable:
         return out
 
     return finish_wrapper(wrapper, original)
-
-
-def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> None:
-    """Undo one wrapping. If another debugger wrapped on top of ours meanwhile, our wrapper
-    stays in that chain but becomes a pass-through; wrappers already disabled are skipped
-    when restoring, so chains never grow.
-
-    ``original`` None means the name was inherited (``torch.Tensor`` from ``TensorBase``)
-    and is deleted from ``owner`` instead of set.
-    """
-    wrapper.__msprobe_disabled__ = True
-    if getattr(owner, name, None) is not wrapper:
-        return
-    while original is not None and getattr(original, "__msprobe_disabled__", False):
-        original = original.__msprobe_original__
-    if original is None:
-        delattr(owner, name)
-    else:
-        setattr(owner, name, original)
 
 
 def _make_wrapper(original: Any, family: str, api: str, record: Callable, session: Any,

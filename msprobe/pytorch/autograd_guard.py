@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe.core.handles import CallbackHandle, HandleGroup, finish_wrapper
-from msprobe.pytorch.api_hooks import restore_attribute, with_script_original
+from msprobe.core.handles import restore_attribute
+from msprobe.pytorch.api_hooks import with_script_original
 from msprobe.pytorch.backward import retaining
 from msprobe.pytorch.jit_compat import prepare_builtin_table
 

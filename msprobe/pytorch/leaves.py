@@ -628,20 +628,26 @@ MEMO_MIN_BYTES = 16 << 10
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}
 
 #: ``NATIVE.small_leaf(t, io, path, table)`` (``fused_stats.c``), None without the
-#: extension: the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
+#: extension or with one whose ``SMALL_LEAF_TABLE`` is not 2 (the form of :func:`_small_table`): the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
 #: (at most :data:`MEMO_MIN_BYTES` bytes, no CRC-32, no payload) and whose values are all finite
 #: and need no rescaling, built in one call (the same tests, reduction, statistics and leaf
 #: fields, bit for bit); None for any other tensor, which then takes the Python paths. One
 #: native call instead of ~15 Python-level attribute reads and three Python frames saves
 #: ~1.5 us per tensor warm, more inside a training step (benchmarks/host_cost.py)
-_small_leaf = getattr(NATIVE, "small_leaf", None)
+_small_leaf = getattr(NATIVE, "small_leaf", None) if getattr(NATIVE, "SMALL_LEAF_TABLE", None) == 2 else None
 _SMALL_DTYPES = {dtype: (kind, _ITEMSIZE[kind], str(dtype)) for dtype, kind in NATIVE_KIND.items()}
 
 
 def _small_table(max_bytes: int) -> tuple:
     """The ``table`` argument of ``NATIVE.small_leaf`` for tensors of at most ``max_bytes``
     bytes (:data:`MEMO_MIN_BYTES`, read when a :class:`LeafBuilder` is made)."""
-    return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, _TENSOR, "torch.Tensor")
+    template = Leaf(io="", path=(), leaf_kind=_TENSOR, type="torch.Tensor", has_nan=False, has_inf=False)
+    slots = tuple(LEAF_FIELDS.index(name) for name in _SMALL_SLOTS)
+    return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, tuple(template), slots)
+
+
+#: the fields ``small_leaf`` sets, in the order it takes their places (``slots``)
+_SMALL_SLOTS = ("io", "path", "dtype", "shape", "numel", "max", "min", "mean", "norm", "requires_grad")
 
 
 #: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking
@@ -714,7 +720,16 @@ def _value_tail(value: Any) -> tuple[tuple, bool]:
     except Exception:  # noqa: BLE001 - recorded as such, like the walk does
         record, described = {"type": qualname(value), "value": "<unrecordable>"}, False
     # (a value whose JSON text fails, an int beyond Python's digit limit, is never remembered)
-    return (record.get("type"),) + (None,) * (len(LEAF_FIELDS) - 5) + (record_text(record),), described
+    tail = [None] * (len(LEAF_FIELDS) - _TAIL_START)
+    tail[_TYPE_AT] = record.get("type")
+    tail[_VALUE_JSON_AT] = record_text(record)
+    return tuple(tail), described
+
+
+#: where the fields after ``leaf_kind`` start in a leaf, and ``type``/``value_json`` among them
+_TAIL_START = LEAF_FIELDS.index("leaf_kind") + 1
+_TYPE_AT = LEAF_FIELDS.index("type") - _TAIL_START
+_VALUE_JSON_AT = LEAF_FIELDS.index("value_json") - _TAIL_START
 
 
 def record_text(record: dict) -> str:

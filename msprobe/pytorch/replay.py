@@ -33,12 +33,11 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.handles import HandleGroup
 from msprobe.core.naming import tensor_file_name
 from msprobe.pytorch.module_hooks import module_prefixes
+from store.schema import TENSOR_DIR as _TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 
 __all__ = ["InputReplay"]
-
-_TENSOR_DIR = "dump_tensor_data"
 
 
 class InputReplay:

@@ -23,8 +23,8 @@ def test_columns_equal_attributes(n):
     leaves = _leaves(n)
     paths, columns = log_writer._leaf_values(leaves)
     assert paths == [leaf.path for leaf in leaves]
-    assert len(columns) == len(log_writer._LEAF_COLUMNS)
-    for (_, attr), values in zip(log_writer._LEAF_COLUMNS, columns):
+    assert len(columns) == len(log_writer._LEAF_COLUMN_NAMES)
+    for attr, values in zip(log_writer._LEAF_COLUMN_NAMES, columns):
         assert values == [getattr(leaf, attr) for leaf in leaves]
     assert len({id(c) for c in columns}) == len(columns)  # one list per column
 

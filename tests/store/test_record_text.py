@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from store import schema as S
 from store.entries import _plain, _put, _tensor_record, build_entries, entry_values
-from store.export import StepExporter, _dump_text, export_debug, export_step
+from store.export import _dump_text, export_debug, export_step
 from store.json_text import _NotPlainJson, dumps_indent1
 from store.record_text import records_encoder
 
@@ -73,10 +73,8 @@ def _has_tuple(value) -> bool:
 
 
 def _live_text(parts: list[pa.Table], tmp_path) -> str:
-    live = StepExporter()
-    for part in parts:
-        live.add(part)
-        live.write({}, META, tmp_path)
+    """dump.json as the live export writes it from the step's rows taken in ``parts``."""
+    export_step(pa.concat_tables(parts), {}, META, tmp_path)
     return (tmp_path / "dump.json").read_text()
 
 
@@ -224,15 +222,11 @@ def test_entries_touched_again_by_a_later_part(tmp_path):
     assert (tmp_path / "offline/dump.json").read_text() == _reference(all_rows)
 
 
-def test_dump_text_without_chunks_and_top_level_structure():
+def test_dump_text_and_top_level_structure():
     rows = [_call(0, S.API_FORWARD, "Torch.add.0.forward"), _tensor(0, "output", [0])]
     order, entries = build_entries(_table(rows))
     expected = _reference(_table(rows))
-    assert _dump_text(META, "mix", order, entries, None) == expected
-    chunks: dict = {}
-    assert _dump_text(META, "mix", order, entries, chunks) == expected
-    assert _dump_text(META, "mix", order, entries, chunks) == expected  # from the cached pieces
-    assert set(chunks) == {"Torch.add.0.forward"}
+    assert _dump_text(META, "mix", order, entries) == expected
 
 
 def test_encoder_refuses_what_is_not_a_record_or_plain_json():
@@ -370,7 +364,7 @@ def test_live_text_equals_json_dumps_of_entry_values(tmp_path_factory, step):
     out = tmp_path_factory.mktemp("live")
     assert _live_text([_table(part) for part in parts if part], out) == expected if rows else True
     order, entries = build_entries(table)
-    assert _dump_text(META, "mix", order, entries, None) == expected
+    assert _dump_text(META, "mix", order, entries) == expected
     values = entry_values(order, entries)
     assert not _has_tuple(values)
     plain = _expected_values(rows)  # what entry_values gave before records were tuples
