@@ -1,16 +1,33 @@
-"""What IPC buffer compression of the event log costs the training process, and what it saves.
+"""What IPC buffer compression of the event log costs, where the log is written, and what it saves.
 
-Runs the dispatch workload of ``benchmarks/overhead.py`` (the encoder shrunk to d_model 32,
-one thread: host time per call decides the step time; level mix, statistics) in fresh
-processes, alternating the log writer's compression (``None``, ``"zstd"``) run by run, and
-prints per setting the median step time, the median CPU time per step (process time: every
-thread of the training process, where the log writer runs), and the bytes of log per step.
+The log is written by the rank's writer process (store/writer_process.py), not by the
+training process: the setting (``MSPROBE_LOG_COMPRESSION``: ``none``, ``lz4``, ``zstd``) is
+given to the training process's environment, which hands it to its writer process, as a
+user would set it. Each run is a fresh training process with the dispatch workload of
+``benchmarks/workloads.py`` (the encoder shrunk to d_model 32, one thread: host time per
+call decides the step time; level mix, statistics): one warm-up step, then ``--steps``
+timed steps. Settings alternate run by run (the order rotates each round).
 
-The setting is applied in the child before the workload starts by giving
-:class:`store.log_writer.LogWriter` a different default ``compression`` (benchmark only;
-the recorder has no switch for it).
+Per run it measures, over the timed steps (after the writer process caught up with the
+warm-up, and again after it caught up with the last step):
 
-Usage: ``python benchmarks/ipc_compression.py [--runs 6] [--steps 40] [--layers 4]``
+* the training process's step time (wall, median over the steps) and CPU time per step
+  (``time.process_time``: every thread of the training process, median over the steps);
+* the writer process's CPU time per step (user + system from ``/proc/{pid}/stat``, whole
+  timed span divided by the steps; the clock tick is 10 ms, about 0.1 ms per step at 100
+  steps);
+* the log's bytes per step (growth of the rank's log files over the timed span).
+
+Then the read side, on the log of the last run of each setting (settings alternating,
+``--read-repeats`` times, each on a fresh copy of the dump): ``msprobe query`` over the
+uncompacted log and ``msprobe compact``, each a fresh process: wall time, CPU time
+(user + system of the child) and peak RSS.
+
+Per setting it prints the median and the spread (min–max over the runs), and the change
+of the medians against ``none``. ``--json FILE`` keeps every run.
+
+Usage: ``python benchmarks/ipc_compression.py [--runs 8] [--steps 100] [--layers 4]
+[--modes none,lz4,zstd] [--read-repeats 3] [--json FILE]``
 """
 from __future__ import annotations
 
@@ -22,64 +39,165 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MODES = ("none", "lz4", "zstd")
+QUERY = "SELECT step, count(*) AS tensors, max(norm) AS norm FROM tensors GROUP BY step ORDER BY step"
+_CLI = "import sys; from msprobe.cli import main; sys.argv[0] = 'msprobe'; sys.exit(main())"
 
-_CHILD = """
-import functools, runpy, sys
-import store.log_writer as lw
-mode = sys.argv[1]
-if mode != "none":
-    lw.LogWriter.__init__ = functools.partialmethod(lw.LogWriter.__init__, compression=mode)
-sys.argv = [sys.argv[2]] + sys.argv[3:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU time (s) of process ``pid`` so far (``/proc/{pid}/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _log_bytes(dump: Path) -> int:
+    return sum(f.stat().st_size for f in (dump / ".msprobe" / "log").glob("*.arrows"))
+
+
+def child(args) -> None:
+    """One training process (the setting comes from the environment); writes its result
+    as JSON to ``args.result``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT))
+    import torch._dynamo  # noqa: F401  (as workloads.py does)
+    import torch
+
+    from workloads import build_encoder, config_json
+    from msprobe.pytorch import PrecisionDebugger
+
+    torch.set_num_threads(1)
+    model, train_step = build_encoder(args.layers, size="dispatch")
+    dump = Path(args.dump)
+    config = Path(args.dump).with_suffix(".json")
+    config.write_text(json.dumps(config_json("mix_stats", str(dump))))
+    dbg = PrecisionDebugger(config_path=str(config), dump_path=str(dump))
+
+    def one_step() -> tuple[float, float]:
+        c0, t0 = time.process_time(), time.perf_counter()
+        dbg.start(model)
+        train_step()
+        dbg.stop()
+        dbg.step()
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    one_step()  # warm-up, recorded
+    client = dbg.session._client
+    if client is None:
+        raise SystemExit("the log is not written by a writer process (MSPROBE_WRITER=inprocess?)")
+    client.wait(300)
+    writer0, bytes0 = _proc_cpu(client.pid), _log_bytes(dump)
+    steps = [one_step() for _ in range(args.steps)]
+    client.wait(300)
+    writer1, bytes1 = _proc_cpu(client.pid), _log_bytes(dump)
+    dbg.close()
+    Path(args.result).write_text(json.dumps({
+        "step_s": statistics.median(s for s, _ in steps),
+        "cpu_s": statistics.median(c for _, c in steps),
+        "writer_cpu_s": (writer1 - writer0) / args.steps,
+        "log_bytes": (bytes1 - bytes0) / args.steps,
+    }))
 
 
 def one_run(mode: str, work: Path, steps: int, layers: int) -> dict:
     dump = work / f"dump-{mode}"
     shutil.rmtree(dump, ignore_errors=True)
     result = work / f"result-{mode}.json"
-    argv = [sys.executable, "-c", _CHILD, mode, str(ROOT / "benchmarks" / "workloads.py"),
-            "--workload", "dispatch", "--layers", str(layers), "--config", "mix_stats", "--steps", str(steps),
-            "--threads", "1", "--dump-path", str(dump), "--config-path", str(work / f"config-{mode}.json"),
-            "--result", str(result)]
-    subprocess.run(argv, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
-    data = json.loads(result.read_text())
-    log_bytes = sum(f.stat().st_size for f in (dump / ".msprobe" / "log").glob("*.arrows"))
-    shutil.rmtree(dump, ignore_errors=True)
-    return {"step": statistics.median(data["step_times"]), "cpu": statistics.median(data["cpu_times"]),
-            "log_per_step": log_bytes / (steps + 1)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MSPROBE_LOG_COMPRESSION": mode}
+    env.pop("MSPROBE_WRITER", None)
+    subprocess.run([sys.executable, __file__, "--child", "--steps", str(steps), "--layers", str(layers),
+                    "--dump", str(dump), "--result", str(result)], check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads(result.read_text())
+
+
+def timed_command(argv: list[str]) -> dict:
+    """Run ``argv`` to its end: wall time (s), CPU time (s, user + system) and peak RSS (MB)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{argv[3:]} failed with status {proc.returncode}")
+    return {"wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "rss_mb": usage.ru_maxrss / 1024}
+
+
+def read_side(mode: str, work: Path) -> dict:
+    copy = work / f"read-{mode}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(work / f"dump-{mode}", copy)
+    cli = [sys.executable, "-c", _CLI]
+    found = {"query": timed_command(cli + ["query", str(copy), QUERY]),
+             "compact": timed_command(cli + ["compact", str(copy)])}
+    shutil.rmtree(copy, ignore_errors=True)
+    return found
+
+
+def _summary(values: list[float], scale: float) -> str:
+    med = statistics.median(values) * scale
+    return f"{med:8.2f} ({min(values) * scale:.2f}-{max(values) * scale:.2f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=6, help="processes per setting (alternating)")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=8, help="training processes per setting (alternating)")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per process")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--modes", default="none,zstd")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, the first is the baseline")
+    parser.add_argument("--read-repeats", type=int, default=3, help="query and compact runs per setting")
+    parser.add_argument("--json", help="write every run's numbers here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dump", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
     modes = args.modes.split(",")
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: got {args.modes!r}; allowed: a comma-separated subset of {', '.join(MODES)}")
     work = Path(tempfile.mkdtemp(prefix="msprobe-ipc-compression-"))
-    found: dict[str, list] = {m: [] for m in modes}
+    runs: dict[str, list] = {m: [] for m in modes}
+    reads: dict[str, list] = {m: [] for m in modes}
     try:
-        for _ in range(args.runs):
-            for mode in modes:
-                found[mode].append(one_run(mode, work, args.steps, args.layers))
+        for r in range(args.runs):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+                runs[mode].append(one_run(mode, work, args.steps, args.layers))
+        for r in range(args.read_repeats):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+                reads[mode].append(read_side(mode, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    base = found[modes[0]]
-    base_step = statistics.median(r["step"] for r in base)
-    base_cpu = statistics.median(r["cpu"] for r in base)
-    print(f"dispatch workload, mix statistics, {args.layers} layers, {args.steps} steps, {args.runs} runs each")
-    print(f"{'compression':<12} {'step ms':>8} {'vs none':>8} {'cpu ms':>8} {'vs none':>8} {'log KB/step':>12}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "reads": reads}, indent=1))
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[mode])
+
+    base = modes[0]
+    print(f"dispatch workload, mix statistics, {args.layers} layers, {args.steps} timed steps, "
+          f"{args.runs} processes per setting (alternating); median (min-max over the processes)")
+    print(f"{'setting':<8} {'step ms':>22} {'vs ' + base:>8} {'train CPU ms/step':>22} {'vs ' + base:>8} "
+          f"{'writer CPU ms/step':>22} {'log KB/step':>10}")
     for mode in modes:
-        step = statistics.median(r["step"] for r in found[mode])
-        cpu = statistics.median(r["cpu"] for r in found[mode])
-        size = statistics.median(r["log_per_step"] for r in found[mode])
-        print(f"{mode:<12} {step * 1e3:>8.2f} {100 * (step / base_step - 1):>+7.1f}% {cpu * 1e3:>8.2f} "
-              f"{100 * (cpu / base_cpu - 1):>+7.1f}% {size / 1024:>12.1f}")
+        print(f"{mode:<8} {_summary([r['step_s'] for r in runs[mode]], 1e3):>22} "
+              f"{100 * (med(mode, 'step_s') / med(base, 'step_s') - 1):>+7.1f}% "
+              f"{_summary([r['cpu_s'] for r in runs[mode]], 1e3):>22} "
+              f"{100 * (med(mode, 'cpu_s') / med(base, 'cpu_s') - 1):>+7.1f}% "
+              f"{_summary([r['writer_cpu_s'] for r in runs[mode]], 1e3):>22} "
+              f"{med(mode, 'log_bytes') / 1024:>10.1f}")
+    if args.read_repeats:
+        print(f"read side, {args.read_repeats} runs per setting (alternating), on a log of {args.steps + 1} steps: "
+              "median (min-max)")
+        print(f"{'setting':<8} {'command':<8} {'wall s':>20} {'CPU s':>20} {'peak RSS MB':>22}")
+        for mode in modes:
+            for command in ("query", "compact"):
+                rows = [r[command] for r in reads[mode]]
+                print(f"{mode:<8} {command:<8} {_summary([x['wall_s'] for x in rows], 1):>20} "
+                      f"{_summary([x['cpu_s'] for x in rows], 1):>20} {_summary([x['rss_mb'] for x in rows], 1):>22}")
 
 
 if __name__ == "__main__":
