@@ -23,11 +23,15 @@ Then the read side, on the log of the last run of each setting (settings alterna
 uncompacted log and ``msprobe compact``, each a fresh process: wall time, CPU time
 (user + system of the child) and peak RSS.
 
+``--pin CPU`` runs each training process and its writer process on that one CPU (no free
+core: the writer's work then adds to the step), as on a host with fewer cores than busy
+processes.
+
 Per setting it prints the median and the spread (min–max over the runs), and the change
 of the medians against ``none``. ``--json FILE`` keeps every run.
 
 Usage: ``python benchmarks/ipc_compression.py [--runs 8] [--steps 100] [--layers 4]
-[--modes none,lz4,zstd] [--read-repeats 3] [--json FILE]``
+[--modes none,lz4,zstd] [--read-repeats 3] [--pin CPU] [--json FILE]``
 """
 from __future__ import annotations
 
@@ -102,14 +106,15 @@ def child(args) -> None:
     }))
 
 
-def one_run(mode: str, work: Path, steps: int, layers: int) -> dict:
+def one_run(mode: str, work: Path, steps: int, layers: int, pin=None) -> dict:
     dump = work / f"dump-{mode}"
     shutil.rmtree(dump, ignore_errors=True)
     result = work / f"result-{mode}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MSPROBE_LOG_COMPRESSION": mode}
     env.pop("MSPROBE_WRITER", None)
     subprocess.run([sys.executable, __file__, "--child", "--steps", str(steps), "--layers", str(layers),
-                    "--dump", str(dump), "--result", str(result)], check=True, env=env, stdout=subprocess.DEVNULL)
+                    "--dump", str(dump), "--result", str(result)], check=True, env=env, stdout=subprocess.DEVNULL,
+                   preexec_fn=None if pin is None else (lambda: os.sched_setaffinity(0, {pin})))
     return json.loads(result.read_text())
 
 
@@ -148,6 +153,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, the first is the baseline")
     parser.add_argument("--read-repeats", type=int, default=3, help="query and compact runs per setting")
+    parser.add_argument("--pin", type=int, help="run each training process and its writer process on this one CPU")
     parser.add_argument("--json", help="write every run's numbers here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
@@ -165,7 +171,7 @@ def main() -> None:
     try:
         for r in range(args.runs):
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-                runs[mode].append(one_run(mode, work, args.steps, args.layers))
+                runs[mode].append(one_run(mode, work, args.steps, args.layers, args.pin))
         for r in range(args.read_repeats):
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
                 reads[mode].append(read_side(mode, work))
@@ -178,8 +184,9 @@ def main() -> None:
         return statistics.median(r[key] for r in runs[mode])
 
     base = modes[0]
+    pinned = "" if args.pin is None else f", training and writer process pinned to CPU {args.pin}"
     print(f"dispatch workload, mix statistics, {args.layers} layers, {args.steps} timed steps, "
-          f"{args.runs} processes per setting (alternating); median (min-max over the processes)")
+          f"{args.runs} processes per setting (alternating){pinned}; median (min-max over the processes)")
     print(f"{'setting':<8} {'step ms':>22} {'vs ' + base:>8} {'train CPU ms/step':>22} {'vs ' + base:>8} "
           f"{'writer CPU ms/step':>22} {'log KB/step':>10}")
     for mode in modes:

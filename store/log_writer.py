@@ -241,7 +241,9 @@ class LogWriter:
             >= 0.
         compression: IPC buffer compression, None (default), ``"lz4"`` or ``"zstd"``.
             Statistics rows take about 265 bytes uncompressed, 68 with lz4, 36 with zstd
-            (which costs about 3 us more per row at flush). Readers need no option.
+            (which costs about 3 us more per row at flush). Readers need no option. The
+            recorder passes the ``MSPROBE_LOG_COMPRESSION`` setting
+            (:func:`store.log_names.log_compression`, default ``"lz4"``).
         owner_pid: the process whose records these are, written into the log file's name
             (default: this process; the writer process of :mod:`store.writer_process`
             names its log after the training process it serves).
