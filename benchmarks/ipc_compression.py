@@ -13,9 +13,14 @@ warm-up, and again after it caught up with the last step):
 
 * the training process's step time (wall, median over the steps) and CPU time per step
   (``time.process_time``: every thread of the training process, median over the steps);
+* the training thread's CPU time per step (``time.thread_time``, median over the steps);
 * the writer process's CPU time per step (user + system from ``/proc/{pid}/stat``, whole
   timed span divided by the steps; the clock tick is 10 ms, about 0.1 ms per step at 100
   steps);
+* the catch-up time: how long the writer process still took, after the last timed step,
+  to write everything handed over (near the time of one frame when it keeps up; a writer
+  that falls behind the training shows here first, then as back-pressure in the step
+  time);
 * the log's bytes per step (growth of the rank's log files over the timed span).
 
 Then the read side, on the log of the last run of each setting (settings alternating,
@@ -80,13 +85,13 @@ def child(args) -> None:
     config.write_text(json.dumps(config_json("mix_stats", str(dump))))
     dbg = PrecisionDebugger(config_path=str(config), dump_path=str(dump))
 
-    def one_step() -> tuple[float, float]:
-        c0, t0 = time.process_time(), time.perf_counter()
+    def one_step() -> tuple[float, float, float]:
+        c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         dbg.start(model)
         train_step()
         dbg.stop()
         dbg.step()
-        return time.perf_counter() - t0, time.process_time() - c0
+        return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
 
     one_step()  # warm-up, recorded
     client = dbg.session._client
@@ -95,12 +100,16 @@ def child(args) -> None:
     client.wait(300)
     writer0, bytes0 = _proc_cpu(client.pid), _log_bytes(dump)
     steps = [one_step() for _ in range(args.steps)]
+    t0 = time.perf_counter()
     client.wait(300)
+    catch_up = time.perf_counter() - t0
     writer1, bytes1 = _proc_cpu(client.pid), _log_bytes(dump)
     dbg.close()
     Path(args.result).write_text(json.dumps({
-        "step_s": statistics.median(s for s, _ in steps),
-        "cpu_s": statistics.median(c for _, c in steps),
+        "step_s": statistics.median(s for s, _, _ in steps),
+        "cpu_s": statistics.median(c for _, c, _ in steps),
+        "thread_cpu_s": statistics.median(h for _, _, h in steps),
+        "catch_up_s": catch_up,
         "writer_cpu_s": (writer1 - writer0) / args.steps,
         "log_bytes": (bytes1 - bytes0) / args.steps,
     }))
@@ -187,15 +196,20 @@ def main() -> None:
     pinned = "" if args.pin is None else f", training and writer process pinned to CPU {args.pin}"
     print(f"dispatch workload, mix statistics, {args.layers} layers, {args.steps} timed steps, "
           f"{args.runs} processes per setting (alternating){pinned}; median (min-max over the processes)")
-    print(f"{'setting':<8} {'step ms':>22} {'vs ' + base:>8} {'train CPU ms/step':>22} {'vs ' + base:>8} "
-          f"{'writer CPU ms/step':>22} {'log KB/step':>10}")
+    columns = [("step_s", "step ms"), ("cpu_s", "train CPU ms/step"), ("thread_cpu_s", "train thread CPU ms"),
+               ("writer_cpu_s", "writer CPU ms/step"), ("catch_up_s", "catch-up ms")]
+    print(f"{'setting':<8} " + " ".join(f"{title:>22} {'vs ' + base:>8}" for _, title in columns)
+          + f" {'log KB/step':>11}")
     for mode in modes:
-        print(f"{mode:<8} {_summary([r['step_s'] for r in runs[mode]], 1e3):>22} "
-              f"{100 * (med(mode, 'step_s') / med(base, 'step_s') - 1):>+7.1f}% "
-              f"{_summary([r['cpu_s'] for r in runs[mode]], 1e3):>22} "
-              f"{100 * (med(mode, 'cpu_s') / med(base, 'cpu_s') - 1):>+7.1f}% "
-              f"{_summary([r['writer_cpu_s'] for r in runs[mode]], 1e3):>22} "
-              f"{med(mode, 'log_bytes') / 1024:>10.1f}")
+        print(f"{mode:<8} " + " ".join(
+            f"{_summary([r[key] for r in runs[mode]], 1e3):>22} {100 * (med(mode, key) / med(base, key) - 1):>+7.1f}%"
+            for key, _ in columns) + f" {med(mode, 'log_bytes') / 1024:>11.1f}")
+    # settings alternate run by run: the ratio within a round cancels drift between rounds
+    print(f"within-round ratios to {base}, median (min-max over the rounds):")
+    for mode in modes[1:]:
+        print(f"{mode:<8} " + "  ".join(
+            f"{key} {_summary([a[key] / b[key] for a, b in zip(runs[mode], runs[base])], 1).strip()}"
+            for key in ("step_s", "cpu_s", "thread_cpu_s", "writer_cpu_s")))
     if args.read_repeats:
         print(f"read side, {args.read_repeats} runs per setting (alternating), on a log of {args.steps + 1} steps: "
               "median (min-max)")
