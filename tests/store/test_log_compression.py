@@ -267,3 +267,35 @@ def test_a_torn_compressed_tail_is_truncated_and_read_once_complete(tmp_path, lo
     path.write_bytes(data)  # the write completes, the end-of-stream marker follows
     assert flat(b.to_pylist() for b in reader.read_new()) == batches[-1]
     assert not reader.skipped and reader.finished
+
+
+SEGMENT = 40 * 1024  # two steps of the calls below, before compression
+
+
+def test_a_compressed_segment_holds_the_rows_of_an_uncompressed_one(tmp_path):
+    """Segments are sized before compression: the same steps end the same files."""
+    from store.records import Marker
+    from store.step_files import StepFiles
+
+    rows = {}
+    for compression in (None, "lz4", "zstd"):
+        dump = tmp_path / str(compression)
+        writer = LogWriter(dump, 0, flush_rows=10**6, flush_interval_s=3600, segment_bytes=SEGMENT,
+                           compression=compression)
+        files = StepFiles(writer, dump)
+        meta = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank0"}
+        for step in range(6):
+            writer.append_marker(Marker(step=step, kind=S.MARKER_START, meta=meta))
+            for i in range(40):
+                writer.append(make_call(i, step))
+            writer.append_marker(Marker(step=step, kind=S.MARKER_STEP_END, meta=meta))
+            files.export(step, meta, True)
+            files.end_step(step)
+        writer.close()
+        paths = find_log_files(dump)
+        assert len(paths) >= 3
+        rows[compression] = []
+        for path in paths:  # (first step, last step, rows) of each file
+            steps = pa.Table.from_batches(LogReader(path).read_new()).column(S.STEP).to_pylist()
+            rows[compression].append((min(s for s in steps if s >= 0), max(steps), len(steps)))
+    assert rows["lz4"] == rows[None] and rows["zstd"] == rows[None]
