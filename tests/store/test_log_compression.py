@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pytest
 
 from store import log_frame as F
@@ -299,3 +300,15 @@ def test_a_compressed_segment_holds_the_rows_of_an_uncompressed_one(tmp_path):
             steps = pa.Table.from_batches(LogReader(path).read_new()).column(S.STEP).to_pylist()
             rows[compression].append((min(s for s in steps if s >= 0), max(steps), len(steps)))
     assert rows["lz4"] == rows[None] and rows["zstd"] == rows[None]
+
+
+def test_ranks_written_with_different_settings_read_as_one_log(tmp_path):
+    for rank, compression in enumerate((None, "lz4", "zstd")):
+        with LogWriter(tmp_path, rank, compression=compression) as writer:
+            for i in range(64):
+                writer.append(make_call(i, step=0))
+    table = read_log(tmp_path).table
+    assert sorted(set(table.column(S.RANK).to_pylist())) == [0, 1, 2]
+    per_rank = [table.filter(pa.compute.equal(table.column(S.RANK), r)).drop_columns([S.RANK]).to_pylist()
+                for r in range(3)]
+    assert per_rank[1] == per_rank[0] and per_rank[2] == per_rank[0] and len(per_rank[0]) == 64 * 3
