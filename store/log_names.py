@@ -1,7 +1,8 @@
 """Names of the log files: ``rank{rank}.{pid}.{time_ns}.arrows`` under
-``{dump_path}/.msprobe/log/`` (pid: the training process whose records a file holds), and
-the logs of other processes found there. Standard library only (the training process
-checks for earlier runs' logs without loading pyarrow)."""
+``{dump_path}/.msprobe/log/`` (pid: the training process whose records a file holds), the
+logs of other processes found there, and the log's settings from the environment (segment
+size, IPC compression). Standard library only (the training process reads them and checks
+for earlier runs' logs without loading pyarrow)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,8 @@ from typing import Optional, Union
 
 from store import schema as S
 
-__all__ = ["SEGMENT_ALLOWED", "SEGMENT_ENV", "log_file_name", "other_process_logs", "parse_log_file_name", "segment_bytes"]
+__all__ = ["COMPRESSION_ALLOWED", "COMPRESSION_ENV", "DEFAULT_COMPRESSION", "SEGMENT_ALLOWED", "SEGMENT_ENV",
+           "log_compression", "log_file_name", "other_process_logs", "parse_log_file_name", "segment_bytes"]
 
 #: environment variable: the size (MiB) at which a log file is ended at the next step's end
 #: and a new one begun (see ``store.log_writer``, Segments); ``0``: one file per process
@@ -22,6 +24,16 @@ SEGMENT_ENV = "MSPROBE_LOG_SEGMENT_MB"
 DEFAULT_SEGMENT_MB = 256
 #: what :data:`SEGMENT_ENV` accepts, for error messages
 SEGMENT_ALLOWED = f"a number of MiB >= 0 (0: one log file per process; unset: {DEFAULT_SEGMENT_MB})"
+
+#: environment variable: the Arrow IPC buffer compression of the log's record batches,
+#: ``none``, ``lz4`` (LZ4 frame) or ``zstd`` (see ``store.log_writer``, ``compression``);
+#: readers need no setting (each batch message says how its buffers are compressed)
+COMPRESSION_ENV = "MSPROBE_LOG_COMPRESSION"
+#: the compression when :data:`COMPRESSION_ENV` is not set (docs/performance.md, IPC
+#: compression of the log: what it costs and saves)
+DEFAULT_COMPRESSION: Optional[str] = "lz4"
+#: the values :data:`COMPRESSION_ENV` accepts, for error messages
+COMPRESSION_ALLOWED = ("none", "lz4", "zstd")
 
 
 def log_file_name(rank: int, pid: int, time_ns: int) -> str:
@@ -103,3 +115,26 @@ def segment_bytes(environ: Optional[dict] = None) -> int:
     if not 0 <= mib < float("inf"):
         raise ValueError(f"{SEGMENT_ENV}={text!r}: expected {SEGMENT_ALLOWED}")
     return math.ceil(mib * (1 << 20))   # a size above 0 stays above 0 bytes
+
+
+def log_compression(environ: Optional[dict] = None) -> Optional[str]:
+    """The log's IPC buffer compression from :data:`COMPRESSION_ENV` in ``environ``
+    (default: ``os.environ``), as :class:`store.log_writer.LogWriter` takes it: None for
+    ``none``, else ``"lz4"`` or ``"zstd"`` (case and surrounding blanks ignored); unset or
+    empty gives :data:`DEFAULT_COMPRESSION`.
+
+    >>> log_compression({"MSPROBE_LOG_COMPRESSION": "ZSTD"})
+    'zstd'
+    >>> log_compression({"MSPROBE_LOG_COMPRESSION": "none"}) is None
+    True
+
+    Raises:
+        ValueError: any other value.
+    """
+    text = (os.environ if environ is None else environ).get(COMPRESSION_ENV, "")
+    value = text.strip().lower()
+    if not value:
+        return DEFAULT_COMPRESSION
+    if value not in COMPRESSION_ALLOWED:
+        raise ValueError(f"{COMPRESSION_ENV}={text!r}: expected one of {', '.join(COMPRESSION_ALLOWED)}")
+    return None if value == "none" else value

@@ -390,9 +390,15 @@ class LogReader:
 
     @staticmethod
     def _claimed_rows(message) -> Optional[int]:
-        """The row count a (damaged) record batch message's header claims, or None."""
+        """The row count a (damaged) record batch message's header claims, or None: from
+        the decoded batch, else (a damaged body, which a compressed batch cannot be
+        decoded without) from the header alone (:func:`_header_rows`)."""
         try:
             return pa.ipc.read_record_batch(message, S.LOG_SCHEMA).num_rows
+        except Exception:  # noqa: BLE001 - a damaged header or body: read the header alone
+            pass
+        try:
+            return _header_rows(message.metadata)
         except Exception:  # noqa: BLE001 - a damaged header: no count
             return None
 
@@ -452,6 +458,53 @@ class LogReader:
         if problems:
             raise _Damage("unsupported: incompatible schema: " + "; ".join(problems))
         return found
+
+
+_U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+_RECORD_BATCH_HEADER = 3  # MessageHeader union: NONE, Schema, DictionaryBatch, RecordBatch, ...
+
+
+def _header_rows(metadata: pa.Buffer) -> Optional[int]:
+    """The ``length`` (rows) of the ``RecordBatch`` header in an IPC message's metadata
+    flatbuffer, read without the body; None when the metadata holds another header or
+    says nothing or its length differs from its first column's (a damaged header). Layout
+    from the Arrow format's ``Message.fbs`` (table ``Message``: field 1 ``header_type``,
+    field 2 ``header``; table ``RecordBatch``: field 0 ``length``, default 0, field 1
+    ``nodes``, a vector of 16-byte ``FieldNode`` structs ``(length, null_count)``) and the
+    FlatBuffers binary format (root table offset, then per table a
+    signed offset back to its vtable of 16-bit field offsets).
+
+    Raises:
+        struct.error: an offset points outside ``metadata``.
+    """
+    buf = memoryview(metadata)
+
+    def field(table: int, index: int) -> Optional[int]:
+        vtable = table - _I32.unpack_from(buf, table)[0]
+        if 4 + 2 * index >= _U16.unpack_from(buf, vtable)[0]:
+            return None
+        offset = _U16.unpack_from(buf, vtable + 4 + 2 * index)[0]
+        return table + offset if offset else None
+
+    root = _I32.unpack_from(buf, 0)[0]
+    kind = field(root, 1)
+    if kind is None or buf[kind] != _RECORD_BATCH_HEADER:
+        return None
+    header = field(root, 2)
+    if header is None:
+        return None
+    batch = header + _I32.unpack_from(buf, header)[0]
+    length = field(batch, 0)
+    rows = 0 if length is None else _I64.unpack_from(buf, length)[0]
+    nodes = field(batch, 1)  # the field nodes: (length, null_count) per array, the first a column
+    if nodes is None:
+        return None
+    nodes += _I32.unpack_from(buf, nodes)[0]
+    if _I32.unpack_from(buf, nodes)[0] < 1 or _I64.unpack_from(buf, nodes + 4)[0] != rows:
+        return None  # a top-level column has the batch's length: a damaged length field
+    return rows if rows >= 0 else None
 
 
 def _step_bounds(batch: pa.RecordBatch, largest: Optional[int]) -> tuple[Optional[int], Optional[int]]:

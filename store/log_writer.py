@@ -34,7 +34,7 @@ step's files (:class:`store.step_files.StepFiles`).
 
 Segments. With ``segment_bytes`` set, :meth:`LogWriter.end_segment_if_due` (called at a
 step's end, once the step's rows were taken) ends the file once it holds at least that many
-bytes: the stream gets its end-of-stream marker and is closed, and the next flush opens a
+bytes (counted before IPC compression, see ``LogWriter``): the stream gets its end-of-stream marker and is closed, and the next flush opens a
 new file (a new ``time_ns`` in its name). Each segment is a log file like any other: its
 ``seq`` counts from 0, and it repeats every stack row the writer wrote before (written with
 its first batch), so a segment can be read, compacted and archived on its own. Readers
@@ -219,13 +219,17 @@ class LogWriter:
             >= 0.
         compression: IPC buffer compression, None (default), ``"lz4"`` or ``"zstd"``.
             Statistics rows take about 265 bytes uncompressed, 68 with lz4, 36 with zstd
-            (which costs about 3 us more per row at flush). Readers need no option.
+            (which costs about 3 us more per row at flush). Readers need no option. The
+            recorder passes the ``MSPROBE_LOG_COMPRESSION`` setting
+            (:func:`store.log_names.log_compression`, default ``"lz4"``).
         owner_pid: the process whose records these are, written into the log file's name
             (default: this process; the writer process of :mod:`store.writer_process`
             names its log after the training process it serves).
         segment_bytes: end the log file at a step's end once it holds at least this many
-            bytes (unit: bytes; see Segments in the module docstring; None or 0: one file
-            for the writer's life). Must be >= 0.
+            bytes (unit: bytes; with ``compression``, the bytes of its batches before
+            compression, so a segment holds the same rows, and a reader decompresses it
+            into about as much memory, as an uncompressed one; see Segments in the module
+            docstring; None or 0: one file for the writer's life). Must be >= 0.
         _open: test seam; ``_open(path) -> binary file object`` creates the log file.
 
     Raises:
@@ -263,7 +267,7 @@ class LogWriter:
         if segment_bytes is not None and not int(segment_bytes) >= 0:
             raise ValueError(f"segment_bytes: got {segment_bytes!r}; allowed: None or an int >= 0")
         self._segment_bytes = int(segment_bytes or 0)
-        self._file_bytes = 0  # bytes written to the current log file
+        self._file_bytes = 0  # bytes of the current log file (its batches before IPC compression)
         self._paths: list[Path] = []  # every log file (segment) this writer opened, in order
         self._repeated_stacks = 0  # pending stack rows that only repeat stacks for a new segment
         self._log_dir = Path(dump_path) / S.STORE_DIR / S.LOG_DIR
@@ -664,7 +668,9 @@ class LogWriter:
                 message = self._sealer.seal(part.batch)
                 try:
                     self._file.write(message)
-                    self._file_bytes += message.nbytes
+                    # segments are sized by the rows' bytes before compression (the
+                    # memory a reader decompresses a file into)
+                    self._file_bytes += message.nbytes if self._compression is None else part.batch.nbytes
                 finally:
                     message.release()
             if self._file is not None:

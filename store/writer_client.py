@@ -99,6 +99,8 @@ class WriterClient:
             beyond). Must be >= 1.
         segment_bytes: the writer process's log segment size (unit: bytes; 0: one log file;
             :class:`store.log_writer.LogWriter`). Must be >= 0.
+        compression: the writer process's log IPC compression: None, ``"lz4"`` or
+            ``"zstd"`` (:class:`store.log_writer.LogWriter`).
         command: the writer process's command line (default: :func:`writer_command`; a
             test seam).
 
@@ -109,13 +111,15 @@ class WriterClient:
 
     def __init__(self, dump_path: Union[str, os.PathLike], rank: int, *, flush_rows: int = 512,
                  flush_interval_s: float = 0.5, max_unacked: int = 64, segment_bytes: int = 0,
-                 command: Optional[list] = None) -> None:
+                 compression: Optional[str] = None, command: Optional[list] = None) -> None:
         if (int(flush_rows) < 1 or not float(flush_interval_s) > 0 or int(max_unacked) < 1
-                or int(segment_bytes) < 0):
+                or int(segment_bytes) < 0 or compression not in (None, "lz4", "zstd")):
             raise ValueError(f"WriterClient: flush_rows={flush_rows!r} (>= 1), flush_interval_s="
                              f"{flush_interval_s!r} (> 0), max_unacked={max_unacked!r} (>= 1), "
-                             f"segment_bytes={segment_bytes!r} (>= 0)")
+                             f"segment_bytes={segment_bytes!r} (>= 0), compression={compression!r} "
+                             f"(None, 'lz4', 'zstd')")
         self._segment_bytes = int(segment_bytes)
+        self._compression = compression
         self._flush_rows = int(flush_rows)
         self._interval = float(flush_interval_s)
         self._max_unacked = int(max_unacked)
@@ -138,7 +142,8 @@ class WriterClient:
             self._proc = subprocess.Popen(command or writer_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._proc.stdin.write(encode_frame([(HELLO, PROTOCOL, {
                 "dump_path": os.fspath(dump_path), "rank": int(rank), "owner_pid": os.getpid(),
-                "flush_interval_s": self._interval, "segment_bytes": self._segment_bytes})]))
+                "flush_interval_s": self._interval, "segment_bytes": self._segment_bytes,
+                "compression": self._compression})]))
             self._proc.stdin.flush()
         except (OSError, ValueError) as exc:
             raise WriterGone([], None) from exc

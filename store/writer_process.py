@@ -23,7 +23,8 @@ pickle (protocol 5) of a list of messages, each a tuple whose first item says wh
 * ``(QUIT,)``: close the log (fsync) and exit.
 
 The first frame holds one message, ``(HELLO, PROTOCOL, options)`` with ``options`` a dict:
-``dump_path``, ``rank``, ``owner_pid``, ``flush_interval_s``. Every frame is one Arrow
+``dump_path``, ``rank``, ``owner_pid``, ``flush_interval_s``, ``segment_bytes`` (0 when
+absent), ``compression`` (the log's IPC compression, None when absent). Every frame is one Arrow
 batch of the log (the client cuts frames at ``flush_rows`` rows or ``flush_interval_s``).
 
 Standard output carries one line per answer: ``A {n}`` when frame ``n`` (counted from 1
@@ -117,7 +118,7 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
     options = hello[0][2]
     writer = LogWriter(options["dump_path"], options["rank"], owner_pid=options["owner_pid"],
                        flush_rows=1 << 62, flush_interval_s=float("inf"),
-                       segment_bytes=options.get("segment_bytes", 0))
+                       segment_bytes=options.get("segment_bytes", 0), compression=options.get("compression"))
     files = StepFiles(writer, options["dump_path"])
     failed = False
     count = 0

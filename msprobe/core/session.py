@@ -40,7 +40,8 @@ from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
 from store import schema
-from store.log_names import SEGMENT_ALLOWED, SEGMENT_ENV, other_process_logs, segment_bytes
+from store.log_names import (COMPRESSION_ALLOWED, COMPRESSION_ENV, SEGMENT_ALLOWED, SEGMENT_ENV, log_compression,
+                             other_process_logs, segment_bytes)
 from store.records import Call, Marker, Stack
 from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
@@ -144,6 +145,11 @@ class Session:
         except ValueError as exc:
             raise ConfigError(SEGMENT_ENV, os.environ.get(SEGMENT_ENV), SEGMENT_ALLOWED,
                               "an environment variable (docs/query.md, Log segments)") from exc
+        try:
+            self._compression = log_compression()
+        except ValueError as exc:
+            raise ConfigError(COMPRESSION_ENV, os.environ.get(COMPRESSION_ENV), COMPRESSION_ALLOWED,
+                              "an environment variable (docs/query.md, Log compression)") from exc
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         # tensor file names given out in the step (one dump_tensor_data directory): name ->
@@ -491,12 +497,14 @@ class Session:
         a writer process that cannot start)."""
         if self._write_tensor is None and os.environ.get(WRITER_ENV, "process") != "inprocess":
             try:
-                self._client = WriterClient(self.config.dump_path, self.rank or 0, segment_bytes=self._segment_bytes)
+                self._client = WriterClient(self.config.dump_path, self.rank or 0, segment_bytes=self._segment_bytes,
+                                            compression=self._compression)
                 return
             except WriterGone as exc:
                 logger.warning("msprobe: the writer process could not start (%s); the log and the step "
                                "files are written in the training process", exc.__cause__ or exc)
-        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes,
+                                              self._compression)
 
     def _store_open(self) -> bool:
         return self._client is not None or self._writer is not None
@@ -541,7 +549,8 @@ class Session:
         logger.error("msprobe: the writer process ended (exit status %s); the log and the step files are "
                      "written in the training process from now on; nothing recorded is lost", gone.status)
         self._client = None
-        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes)
+        self._writer, self._files = _log_here(self.config.dump_path, self.rank or 0, self._segment_bytes,
+                                              self._compression)
         for sid, frames in self._stacks.items():
             self._guard(self._writer.append_stack, Stack(stack_id=sid, frames=frames))
         exported = set()  # steps whose files the writer process was asked for
@@ -622,16 +631,17 @@ class Session:
         )
 
 
-def _log_here(dump_path, rank: int, segment: int = 0) -> tuple:
+def _log_here(dump_path, rank: int, segment: int = 0, compression: Optional[str] = None) -> tuple:
     """``(LogWriter, StepFiles)`` writing the log (segments of ``segment`` bytes, 0: one
-    file) and the step files in this process (imported here: they load pyarrow, which a process handing its records to a writer
+    file; IPC ``compression`` None, ``"lz4"`` or ``"zstd"``) and the step files in this
+    process (imported here: they load pyarrow, which a process handing its records to a writer
     process never needs; Arrow's pool is the system allocator when still open,
     msprobe.core.arrow_pool)."""
     prefer_system_pool()
     from store.log_writer import LogWriter
     from store.step_files import StepFiles
 
-    writer = LogWriter(dump_path, rank, segment_bytes=segment)
+    writer = LogWriter(dump_path, rank, segment_bytes=segment, compression=compression)
     return writer, StepFiles(writer, dump_path)
 
 
