@@ -83,11 +83,24 @@ def _first_meta(con) -> dict:
     return {}
 
 
+#: every stack of the selection, one row per stack id (built on first use: the ``stacks``
+#: view scans every stack part of every rank, so it is read once, not per lookup)
+_STACKS = "msprobe_report_stacks"
+
+
+def _frames(con, stack_ids: list) -> dict:
+    """``{stack id: [frame, outermost first]}`` of ``stack_ids`` (ids without frames absent)."""
+    if not con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ?", [_STACKS]).fetchall():
+        con.execute(f"CREATE TEMP TABLE {_STACKS} AS SELECT stack_id, list(frame ORDER BY depth) AS frames "
+                    f"FROM stacks GROUP BY stack_id")
+    return dict(con.execute(f"SELECT stack_id, frames FROM {_STACKS} WHERE list_contains(?, stack_id)",
+                            [list(stack_ids)]).fetchall())
+
+
 def _stack(con, stack_id) -> list[str]:
     if stack_id is None:
         return []
-    return [r["frame"] for r in _rows(con, "SELECT frame FROM stacks WHERE stack_id = ? ORDER BY depth",
-                                      [stack_id])]
+    return _frames(con, [stack_id]).get(stack_id, [])
 
 
 def _module_path(con, rank: int, step: int, name: Optional[str]) -> list[str]:
@@ -238,11 +251,7 @@ def _graph(con, rank: int, max_tree: int, max_steps: int, max_stacks: int = 2000
     for node in nodes:
         node[1] = index.get(node[1], -1) if node[1] is not None else -1
     stack_ids = sorted({int(n[3]) for n in nodes if n[3] is not None})[:max_stacks]
-    stacks = {}
-    if stack_ids:
-        for sid, frames in con.execute("SELECT stack_id, list(frame ORDER BY depth) FROM stacks "
-                                       "WHERE list_contains(?, stack_id) GROUP BY stack_id", [stack_ids]).fetchall():
-            stacks[str(sid)] = frames
+    stacks = {str(sid): frames for sid, frames in sorted(_frames(con, stack_ids).items())} if stack_ids else {}
     return {"nodes": nodes, "steps": steps, "stats": stats, "stacks": stacks, "total": total["n"],
             "modules_total": total["m"], "steps_total": steps_total}
 
