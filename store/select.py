@@ -380,11 +380,13 @@ class StoreReader:
             found &= self.steps
         return sorted(int(s) for s in found)
 
-    def table(self, columns: Optional[Iterable[str]] = None) -> pa.Table:
+    def table(self, columns: Optional[Iterable[str]] = None, *, side_rows: bool = True) -> pa.Table:
         """Every selected row (parts, then the tail; chunked, not sorted), with the columns
         of :data:`TAIL_SCHEMA`, or only ``columns`` (names of :data:`TAIL_SCHEMA`, in its
-        order; the parts read nothing else). Memory: the whole selection; prefer
-        :meth:`rank_table` or SQL over the views.
+        order; the parts read nothing else). ``side_rows=False`` leaves out the stack and
+        marker rows (the ``_meta`` parts are not read): the call and leaf rows of the
+        selected steps only, e.g. of one step of a reader :meth:`narrowed` to it. Memory:
+        the whole selection; prefer :meth:`rank_table` or SQL over the views.
 
         Raises:
             KeyError: a name in ``columns`` is not a column of :data:`TAIL_SCHEMA`.
@@ -399,7 +401,7 @@ class StoreReader:
                 raise KeyError(f"columns: {sorted(unknown)} not in the log's columns {TAIL_SCHEMA.names}")
             schema = pa.schema([f for f in TAIL_SCHEMA if f.name in wanted], metadata=TAIL_SCHEMA.metadata)
         tables = []
-        for meta in (True, False):
+        for meta in (True, False) if side_rows else (False,):
             dataset = self.dataset(meta=meta)
             if dataset is None:
                 continue
@@ -407,7 +409,11 @@ class StoreReader:
             if self.steps is not None and not meta:
                 condition = ds.field(S.STEP).isin(sorted(self.steps))
             tables.append(dataset.to_table(columns=schema.names, filter=condition).cast(schema))
-        tables.append(self.tail.select(schema.names))
+        tail = self.tail
+        if not side_rows and tail.num_rows:
+            row = tail[S.ROW].to_numpy(zero_copy_only=False)
+            tail = tail.filter(pa.array(~np.isin(row, _SIDE_ROWS)))
+        tables.append(tail.select(schema.names))
         return pa.concat_tables(tables)
 
     def rank_table(self, rank: int) -> pa.Table:

@@ -59,7 +59,7 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
                                 workers=workers)
     early = EarlyTables(out, opts) if out is not None else None
     try:
-        result = run_compare(target, baseline, opts, on_table=early, progress=progress)
+        result = run_compare(target, baseline, opts, on_table=early, progress=progress, out=out)
         if out is not None:
             write_outputs(result, out, opts, early=early)
             if progress is not None:
