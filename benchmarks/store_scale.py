@@ -127,7 +127,9 @@ def run(args: list[str], root: Path = ROOT) -> dict:
     rc, wall/cpu seconds, peak RSS (KiB)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], env=env, capture_output=True, text=True)
+    # cwd=root: ``python -c`` puts the working directory first on sys.path
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], env=env, capture_output=True, text=True,
+                          cwd=str(root))
     elapsed = time.perf_counter() - t
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("@@")]
     if not lines:
@@ -185,7 +187,7 @@ def main() -> None:
     parser.add_argument("--uncompacted", action="store_true",
                         help="also run the queries before compaction (the whole log is read)")
     args = parser.parse_args()
-    work = Path(args.out or tempfile.mkdtemp(prefix="msprobe-store-scale-"))
+    work = Path(args.out or tempfile.mkdtemp(prefix="msprobe-store-scale-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     only = {s.strip() for s in args.only.split(",") if s.strip()}

@@ -46,7 +46,11 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
         progress: None or ``f(stage)``, called as each stage ends (``"outputs"`` last
             when ``out`` is given).
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
-    ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
+    ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``. Two of our dump paths
+    with several steps are compared one step (or group of steps) at a time
+    (:mod:`msprobe.compare.stepwise`): the relations then read the Parquet files written
+    step by step (under OUT with format ``parquet``, else in a temporary directory); with
+    ``out`` and ``formats=["summary"]`` no table is kept and the relations are absent.
     Raises:
         CompareInputError: bad input (missing path, empty or malformed dump, bad option).
     """

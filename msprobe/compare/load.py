@@ -37,7 +37,7 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.producers import OURS, detect
 from store import schema as S
 
-__all__ = ["Side", "load_side", "side_of_rows", "stack_table", "log_stacks", "log_meta", "load_log_step", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
+__all__ = ["Side", "load_side", "side_of_rows", "stack_table", "log_stacks", "log_meta", "load_log_steps", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
 
 CALL_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("step", pa.int32()), ("seq", pa.int64()), ("name", pa.string()),
@@ -187,14 +187,14 @@ def log_meta(reader) -> dict:
     return json.loads(markers[S.META][0].as_py()) if markers.num_rows else {}
 
 
-def load_log_step(reader, step: int, stacks: pa.Table, meta: dict) -> Side:
-    """One step of our log as a :class:`Side`: the call and leaf rows of ``step`` of the
-    :class:`store.select.StoreReader` ``reader`` (its parts' row groups of that step and its
-    tail's rows; the ``_meta`` parts are not read again), with the side's ``stacks``
+def load_log_steps(reader, steps: Sequence[int], stacks: pa.Table, meta: dict) -> Side:
+    """Some steps of our log as a :class:`Side`: the call and leaf rows of ``steps`` of the
+    :class:`store.select.StoreReader` ``reader`` (its parts' row groups of those steps and
+    its tail's rows; the ``_meta`` parts are not read again), with the side's ``stacks``
     (:func:`log_stacks`) and ``meta`` (:func:`log_meta`) read once for every step. The
-    tables equal that step's rows of :func:`load_side` over every step. A step without
-    calls gives empty tables. The reader's notices are not copied (they are the run's)."""
-    table = reader.narrowed(steps=[step]).table(columns=_LOAD_COLUMNS, side_rows=False)
+    tables equal those steps' rows of :func:`load_side` over every step. Steps without
+    calls give empty tables. The reader's notices are not copied (they are the run's)."""
+    table = reader.narrowed(steps=steps).table(columns=_LOAD_COLUMNS, side_rows=False)
     return side_of_rows(reader.dump_path, table, stacks, meta)
 
 

@@ -134,10 +134,11 @@ class TableSink:
 
     The files are written under hidden temporary names in ``out`` and moved into place by
     :meth:`finish` (called by :func:`write_outputs`), so a comparison that fails leaves no
-    new table beside an older summary.json. The Parquet files are written in any case
-    (they back the result's DuckDB views ``tensors``, ``calls``, ``alignment``, which the
-    report and the xlsx workbook read): without format ``parquet`` or without ``out`` they
-    go to a temporary directory, removed with this object.
+    new table beside an older summary.json. The Parquet files back the result's DuckDB
+    views ``tensors``, ``calls``, ``alignment`` (which the report and the xlsx workbook
+    read): without format ``parquet`` or without ``out`` they go to a temporary directory,
+    removed with this object. With ``out`` and only format ``summary`` nothing is written
+    (no output needs a table; the result has no such views).
 
     Args:
         out: the OUT directory (created), or None.
@@ -151,13 +152,15 @@ class TableSink:
 
         self.out = Path(out) if out is not None else None
         keep = self.out is not None and "parquet" in opts.formats
+        #: whether the tables are written at all
+        self.kept = self.out is None or bool({"csv", "parquet", "html", "xlsx"} & set(opts.formats))
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
-        self._spill = None if keep else tempfile.mkdtemp(prefix="msprobe-compare-")
+        self._spill = None if keep or not self.kept else tempfile.mkdtemp(prefix="msprobe-compare-")
         if self._spill is not None:
             weakref.finalize(self, shutil.rmtree, self._spill, True)
         self.parquet = {name: (self.out / f".{name}.parquet.tmp" if keep else Path(self._spill) / f"{name}.parquet")
-                        for name in TABLES}
+                        for name in TABLES} if self.kept else {}
         self.csv = {name: self.out / f".{name}.csv.tmp" for name in TABLES} \
             if self.out is not None and "csv" in opts.formats else {}
         self._final = {name: self.out / f"{name}.parquet" for name in TABLES} if keep else {}
@@ -170,6 +173,8 @@ class TableSink:
 
         Raises:
             pyarrow.ArrowInvalid: a later step's table cannot be cast to the first schema."""
+        if not self.kept:
+            return
         schema = self._schemas.setdefault(name, table.schema)
         if not table.schema.equals(schema):
             table = table.cast(schema)
@@ -192,8 +197,8 @@ class TableSink:
 
     def views(self, con) -> None:
         """(Re)define views ``tensors``, ``calls``, ``alignment`` on the DuckDB connection
-        ``con`` over the Parquet files where they now are."""
-        for name in TABLES:
+        ``con`` over the Parquet files where they now are (none when nothing is kept)."""
+        for name in TABLES if self.kept else ():
             path = self._final.get(name) if self._final.get(name, Path()).is_file() else self.parquet[name]
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('"
                         + str(path).replace("'", "''") + "')")
@@ -206,7 +211,7 @@ class TableSink:
         """Move the files into place in OUT (after :meth:`close`) and, with ``con``, point
         its views at them; returns the files now in OUT."""
         moved = []
-        for name in TABLES:
+        for name in TABLES if self.kept else ():
             for tmp, final in ((self.parquet[name], self._final.get(name)),
                                (self.csv.get(name), self.out / f"{name}.csv" if name in self.csv else None)):
                 if final is not None and tmp is not None and tmp.is_file():

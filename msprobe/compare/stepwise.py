@@ -9,14 +9,19 @@ comparison of every step at once (:func:`msprobe.compare.engine.measure`, on one
 connection kept for every step), the step's ``tensors``, ``calls`` and ``alignment`` are
 appended to the output files (:class:`msprobe.compare.outputs.TableSink`), and only small
 aggregates are kept for ``summary.json`` (:class:`msprobe.compare.engine.Tally`: counts per
-rank and verdict, each rank's first origin and first diverged call). Memory: one step of
-both sides, its results, the sides' stacks and the log tail not yet compacted (the whole
-log, memory-mapped, when ``msprobe compact`` never ran).
+rank and verdict, each rank's first origin and first diverged call). Memory: one group of
+steps of both sides (:data:`GROUP_ROWS`), its results, the sides' stacks and the log tail
+not yet compacted (the whole log, memory-mapped, when ``msprobe compact`` never ran).
+
+Consecutive steps are taken together while they hold at most :data:`GROUP_ROWS` rows (a
+larger step alone): small steps then cost no more than at once (each pass has a fixed cost
+in DuckDB), and memory stays bounded by that budget or by the largest step.
 
 The results equal those of the comparison of every step at once (the same rows, summary,
-notes and exit status). One thing differs: the rows of the output tables come step by step,
-ranks in order within a step ((step, rank, ord) order) instead of rank by rank ((rank, step,
-ord)); within one (rank, step) the rows and their order are the same.
+notes and exit status). One thing differs: the rows of the output tables come group of
+steps by group of steps, each group in the whole-run order (rank, step, ord); with one step
+per group that is (step, rank, ord) instead of (rank, step, ord). Within one (rank, step)
+the rows and their order are the same.
 
 Used when both sides are our dump paths (an ``.msprobe`` log or compacted parts) holding two
 steps or more; the comparison of every step at once is kept for: upstream ``dump.json``
@@ -43,14 +48,63 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.options import CompareOptions
 from store import schema as S
 
-__all__ = ["plan", "run_stepwise"]
+__all__ = ["GROUP_ROWS", "plan", "run_stepwise"]
+
+#: consecutive steps are compared together while their rows (call rows and tensor leaves
+#: of both sides, as the compaction's summary and the log tail count them) stay within
+#: this many; a step larger than that alone. About 1 KB of memory per row at the peak.
+GROUP_ROWS = 400_000
 
 
 class _Plan:
-    """Both sides' readers, stacks and meta, and the steps to compare."""
+    """Both sides' readers, stacks and meta, and the groups of steps to compare."""
 
-    def __init__(self, readers, stacks, metas, steps) -> None:
-        self.readers, self.stacks, self.metas, self.steps = readers, stacks, metas, steps
+    def __init__(self, readers, stacks, metas, groups) -> None:
+        self.readers, self.stacks, self.metas, self.groups = readers, stacks, metas, groups
+
+
+def _step_rows(reader) -> dict:
+    """``{step: rows}`` of a :class:`store.select.StoreReader`'s selection: its call rows
+    and tensor leaves, in the parts (from the compaction's summary; no part is read) and in
+    the tail."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from store.manifest import SUMMARY_NAME
+
+    rows: dict = {}
+    summary = reader.directory / SUMMARY_NAME
+    if reader.manifest.parts and summary.exists():
+        table = pq.read_table(summary, columns=[S.RANK, S.STEP, "call_rows", "tensors"])
+        keep = np.ones(table.num_rows, bool) if reader.ranks is None else \
+            np.isin(table[S.RANK].to_numpy(), list(reader.ranks))
+        counts = table["call_rows"].to_numpy()[keep] + table["tensors"].to_numpy()[keep]
+        for step, n in zip(table[S.STEP].to_numpy()[keep].tolist(), counts.tolist()):
+            rows[step] = rows.get(step, 0) + n
+    if reader.tail.num_rows:
+        row = reader.tail[S.ROW].to_numpy(zero_copy_only=False)
+        kind = reader.tail[S.LEAF_KIND].to_numpy(zero_copy_only=False)
+        data = (row == S.ROW_CALL) | ((row == S.ROW_LEAF) & (kind == S.LEAF_TENSOR))
+        steps, counts = np.unique(reader.tail[S.STEP].to_numpy()[data], return_counts=True)
+        for step, n in zip(steps.tolist(), counts.tolist()):
+            rows[step] = rows.get(step, 0) + n
+    return rows
+
+
+def _groups(steps: list, rows: dict, budget: int) -> list:
+    """``steps`` (sorted) cut into runs of consecutive steps whose ``rows`` add up to at
+    most ``budget`` (a step over it alone)."""
+    groups: list = []
+    total = 0
+    for step in steps:
+        n = rows.get(step, 0)
+        if groups and total + n <= budget:
+            groups[-1].append(step)
+            total += n
+        else:
+            groups.append([step])
+            total = n
+    return groups
 
 
 def _ours(path: Path) -> bool:
@@ -86,7 +140,11 @@ def plan(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], opt
     steps = sorted(per_side[0] | per_side[1])
     if len(steps) < 2 or not per_side[0] or not per_side[1]:
         return None
-    return _Plan(readers, [log_stacks(r) for r in readers], metas, steps)
+    rows: dict = {}
+    for reader in readers:
+        for step, n in _step_rows(reader).items():
+            rows[step] = rows.get(step, 0) + n
+    return _Plan(readers, [log_stacks(r) for r in readers], metas, _groups(steps, rows, GROUP_ROWS))
 
 
 def _run_notices(plan_: _Plan, opts: CompareOptions, incomplete: list, log_skipped: list, notices: list) -> dict:
@@ -150,7 +208,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) ->
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from msprobe.compare.load import load_log_step
+    from msprobe.compare.load import load_log_steps
     from msprobe.compare.outputs import TableSink
     from msprobe.compare.producers import noise_profiles, reconcile, skip_notes
 
@@ -179,9 +237,9 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) ->
     con = duckdb.connect(":memory:")
     try:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
-            for step in plan_.steps:
+            for steps in plan_.groups:
                 # the two sides' steps load in parallel (Arrow and DuckDB release the GIL)
-                t, b = (f.result() for f in [pool.submit(load_log_step, reader, step, stacks, meta)
+                t, b = (f.result() for f in [pool.submit(load_log_steps, reader, steps, stacks, meta)
                                              for reader, stacks, meta in zip(plan_.readers, plan_.stacks,
                                                                              plan_.metas)])
                 t.path, b.path = (str(r.dump_path) for r in plan_.readers)
@@ -224,7 +282,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) ->
                     con.unregister(name)
                 del t, b
                 if progress is not None:
-                    progress(f"step {step}")
+                    progress(f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}")
         sink.close()
         if tally is None or not (t_keys & b_keys):
             raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, "

@@ -1,8 +1,9 @@
-"""``msprobe compare`` of two of our stores with several steps works one step at a time
-(msprobe/compare/stepwise.py): each side is read one step at a time, the tables are
-appended to the output files step by step, and the summary, notes, exit status and table
-rows equal those of the comparison of every step at once (``engine.STEP_AT_A_TIME = False``);
-only the row order of the tables is (step, rank) instead of (rank, step)."""
+"""``msprobe compare`` of two of our stores with several steps works one step (or group of
+steps) at a time (msprobe/compare/stepwise.py): each side is read one group at a time, the
+tables are appended to the output files group by group, and the summary, notes, exit status
+and table rows equal those of the comparison of every step at once
+(``engine.STEP_AT_A_TIME = False``); with one step per group the tables' row order is
+(step, rank) instead of (rank, step)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import msprobe.compare as C
-from msprobe.compare import engine, load
+from msprobe.compare import engine, load, stepwise
 from store import schema as S
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -110,17 +111,23 @@ def stores(tmp_path_factory, record_run):
     return out
 
 
+@pytest.fixture(autouse=True)
+def one_step_per_group(monkeypatch):
+    """Every step is a group of its own (the test runs are far below the default budget)."""
+    monkeypatch.setattr(stepwise, "GROUP_ROWS", 1)
+
+
 def _compare_both(monkeypatch, tmp_path, target, baseline, **options):
-    """(result one step at a time, the steps loaded, whole-run result); outputs under
-    tmp_path/streamed and tmp_path/whole."""
+    """(result one step at a time, the groups of steps loaded, whole-run result); outputs
+    under tmp_path/streamed and tmp_path/whole."""
     loaded, whole_loads = [], []
-    real_step, real_side = load.load_log_step, load.load_side
+    real_steps, real_side = load.load_log_steps, load.load_side
 
-    def spy_step(reader, step, stacks, meta):
-        loaded.append((str(reader.dump_path), step))
-        return real_step(reader, step, stacks, meta)
+    def spy_steps(reader, steps, stacks, meta):
+        loaded.append((str(reader.dump_path), tuple(steps)))
+        return real_steps(reader, steps, stacks, meta)
 
-    monkeypatch.setattr(load, "load_log_step", spy_step)
+    monkeypatch.setattr(load, "load_log_steps", spy_steps)
     monkeypatch.setattr(engine, "load_side", lambda *a, **k: whole_loads.append(k.get("steps")) or real_side(*a, **k))
     streamed = C.compare(target, baseline, out=tmp_path / "streamed", **options)
     assert whole_loads == []            # no side was loaded whole
@@ -139,7 +146,7 @@ def _values(column: pa.ChunkedArray) -> list:
     return ["NaN" if isinstance(v, float) and v != v else v for v in column.to_pylist()]
 
 
-def _assert_same(streamed, whole, tmp_path: Path) -> None:
+def _assert_same(streamed, whole, tmp_path: Path, one_step_groups: bool = True) -> None:
     s, w = json.loads((tmp_path / "streamed" / "summary.json").read_text()), \
         json.loads((tmp_path / "whole" / "summary.json").read_text())
     assert s == w
@@ -150,8 +157,9 @@ def _assert_same(streamed, whole, tmp_path: Path) -> None:
         theirs = pq.read_table(tmp_path / "whole" / f"{name}.parquet")
         assert mine.num_rows == theirs.num_rows > 0 and mine.schema.names == theirs.schema.names
         # step by step: (step, rank) order, each (rank, step)'s rows in the whole run's order
-        keys = list(zip(mine["step"].to_pylist(), mine["rank"].to_pylist()))
-        assert keys == sorted(keys)
+        if one_step_groups:
+            keys = list(zip(mine["step"].to_pylist(), mine["rank"].to_pylist()))
+            assert keys == sorted(keys)
         mine = _by_rank_step(mine)
         for column in theirs.schema.names:
             assert _values(mine[column]) == _values(theirs[column]), (name, column)
@@ -169,7 +177,7 @@ def test_differences_in_several_steps_and_a_nan_origin(stores, monkeypatch, tmp_
     streamed, loaded, whole = _compare_both(monkeypatch, tmp_path, stores["diff"], stores["base"])
     # each side read one step at a time, every step once
     for side in (stores["diff"], stores["base"]):
-        assert sorted(step for path, step in loaded if path == str(side)) == list(range(STEPS))
+        assert sorted(steps for path, steps in loaded if path == str(side)) == [(s,) for s in range(STEPS)]
     _assert_same(streamed, whole, tmp_path)
     assert streamed.verdict == "diverged" and streamed.exit_code == 1
     names = stores["names"]
@@ -272,3 +280,31 @@ def test_report_and_workbook_read_the_step_files(stores, monkeypatch, tmp_path):
     page_w = (tmp_path / "w" / "report.html").read_text()
     assert len(page_s) == pytest.approx(len(page_w), rel=0.02)
     assert streamed.summary == whole.summary
+
+
+def test_groups_of_steps_give_the_same_answer(stores, monkeypatch, tmp_path):
+    # a budget of two steps' rows (call rows and tensor leaves of both sides, as counted
+    # from the template): steps 0-1 and 2-3 are read together
+    calls = stores["template"][0]
+    per_step = 2 * RANKS * (len(calls) + sum(1 for c in calls for v in c["leaves"] if v[S.LEAF_KIND] == S.LEAF_TENSOR))
+    monkeypatch.setattr(stepwise, "GROUP_ROWS", 2 * per_step)
+    streamed, loaded, whole = _compare_both(monkeypatch, tmp_path, stores["diff_parts"], stores["base"])
+    assert sorted({steps for _, steps in loaded}) == [(0, 1), (2, 3)]
+    _assert_same(streamed, whole, tmp_path, one_step_groups=False)
+    assert streamed.verdict == "diverged"
+
+
+def test_group_cutting():
+    assert stepwise._groups([0, 1, 2, 3, 5], {0: 5, 1: 5, 2: 20, 3: 1, 5: 2}, 10) == [[0, 1], [2], [3, 5]]
+    assert stepwise._groups([0, 1], {}, 0) == [[0, 1]]          # steps of no rows join the group
+    assert stepwise._groups([4], {4: 99}, 10) == [[4]]
+
+
+def test_summary_only_keeps_no_table(stores, tmp_path):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("msprobe-compare-*"))
+    result = C.compare(stores["diff"], stores["base"], out=tmp_path, formats=["summary"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    assert set(Path(tempfile.gettempdir()).glob("msprobe-compare-*")) == before
+    assert json.loads((tmp_path / "summary.json").read_text())["verdict"] == result.verdict == "diverged"
