@@ -180,7 +180,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep each size's dump")
     parser.add_argument("--skip", default="", help="commands to leave out, e.g. report,compare")
     parser.add_argument("--verbose", action="store_true", help="print each command's output")
-    parser.add_argument("--only", default="", help="run only these commands (first word), e.g. compact,compare")
+    parser.add_argument("--only", default="",
+                        help="run only these commands (first word or whole name), e.g. compact,compare")
     parser.add_argument("--roots", default="", help="NAME=DIR,...: msprobe source trees to run each command with "
                                                     "(default: this one)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each command (per source tree)")
@@ -210,7 +211,7 @@ def main() -> None:
         print(f"{head} {'(write log)':<48} {written:>7.1f}", flush=True)
         plan = commands(dump, ranks, steps, work, skip)
         if only:
-            plan = [(n, a) for n, a in plan if n.split()[0] in only]
+            plan = [(n, a) for n, a in plan if n.split()[0] in only or n in only]
         if args.uncompacted:
             plan = [(f"{n} (log only)", a) for n, a in plan if n.startswith("query")] + plan
         runs = [(f"{name} [{label}]" if label else name, argv, root)
