@@ -242,7 +242,6 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) ->
                 t, b = (f.result() for f in [pool.submit(load_log_steps, reader, steps, stacks, meta)
                                              for reader, stacks, meta in zip(plan_.readers, plan_.stacks,
                                                                              plan_.metas)])
-                t.path, b.path = (str(r.dump_path) for r in plan_.readers)
                 producers = {"TARGET": t.producer, "BASELINE": b.producer}
                 step_notes: list[str] = []
                 if t.calls.num_rows == 0 or b.calls.num_rows == 0:

@@ -308,3 +308,14 @@ def test_summary_only_keeps_no_table(stores, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
     assert set(Path(tempfile.gettempdir()).glob("msprobe-compare-*")) == before
     assert json.loads((tmp_path / "summary.json").read_text())["verdict"] == result.verdict == "diverged"
+
+
+def test_tensor_mode_step_by_step(tmp_path_factory, record_run, scaled_fn, monkeypatch, tmp_path):
+    d = tmp_path_factory.mktemp("stepwise_tensor")
+    target = record_run(d / "t", task="tensor", steps=3, perturb={"F.gelu": scaled_fn(1 + 1e-3)})
+    baseline = record_run(d / "b", task="tensor", steps=3)
+    streamed, loaded, whole = _compare_both(monkeypatch, tmp_path, target, baseline)
+    assert sorted(steps for _, steps in loaded) == [(0,), (0,), (1,), (1,), (2,), (2,)]
+    assert streamed.summary["mode"] == "tensor" and streamed.stats["tensor_pairs"] == whole.stats["tensor_pairs"] > 0
+    _assert_same(streamed, whole, tmp_path)
+    assert streamed.verdict == "diverged" and streamed.first[0]["name"] == "Functional.gelu.0.forward"
