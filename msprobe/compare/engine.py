@@ -202,12 +202,15 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     None) and ``on_table`` is not called; the results are the same."""
     import time
 
+    readers = (None, None)
     if STEP_AT_A_TIME:
         from msprobe.compare.stepwise import plan, run_stepwise
 
         steps = plan(target, baseline, opts)
-        if steps is not None:
+        if steps is not None and steps.groups is not None:
             return run_stepwise(steps, opts, out=out, progress=progress)
+        if steps is not None:
+            readers = steps.readers
 
     notes: list[str] = []
     timings: dict[str, float] = {}
@@ -228,8 +231,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         # the two sides load in parallel (Arrow and DuckDB release the GIL)
         # --rank/--step select the files to read; with --rank-map the baseline's ranks differ
         base_ranks = None if opts.rank_map else opts.ranks
-        futures = (pool.submit(load_side, target, "TARGET", ranks=opts.ranks, steps=opts.steps),
-                   pool.submit(load_side, baseline, "BASELINE", ranks=base_ranks, steps=opts.steps))
+        futures = (pool.submit(load_side, target, "TARGET", ranks=opts.ranks, steps=opts.steps, reader=readers[0]),
+                   pool.submit(load_side, baseline, "BASELINE", ranks=base_ranks, steps=opts.steps,
+                               reader=readers[1]))
         t, b = (f.result() for f in futures)
     if opts.rank_map:
         from msprobe.compare.distributed import apply_rank_map

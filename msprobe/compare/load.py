@@ -80,7 +80,7 @@ class Side:
 
 
 def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequence[int]] = None,
-              steps: Optional[Sequence[int]] = None) -> Side:
+              steps: Optional[Sequence[int]] = None, reader=None) -> Side:
     """Load ``path`` (see module docstring).
 
     Args:
@@ -89,6 +89,8 @@ def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequ
         ranks, steps: load only these ranks and steps (None: all). Files of other ranks
             and steps are not read (our log: :class:`store.select.StoreReader`; upstream
             layouts: the ``step{N}/rank{R}`` directories).
+        reader: our log: the :class:`store.select.StoreReader` of ``path``, ``ranks`` and
+            ``steps`` when one is already open (its tail is not read again); None: opened here.
     Raises:
         CompareInputError: the path is missing, holds neither an msprobe log nor a
             dump.json, is empty (no entries), or a dump.json is malformed or truncated.
@@ -98,7 +100,7 @@ def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequ
         raise CompareInputError(f"{label} {str(p)!r}: path does not exist; expected a dump path, "
                                 f"an upstream step*/rank*/ directory or a dump.json")
     if p.is_dir() and ((p / S.STORE_DIR / S.LOG_DIR).is_dir() or (p / S.STORE_DIR / "parquet").is_dir()):
-        side = _load_log(p, ranks, steps)
+        side = _load_log(p, ranks, steps, reader)
     elif p.is_dir() and _is_kernel_dump(p):
         side = _load_kernel_dump(p)
     else:
@@ -125,7 +127,7 @@ _LOAD_COLUMNS = (S.ROW, S.RANK, S.STEP, S.SEQ, S.NAME, S.KIND, S.PARENT, S.STACK
                  *(c for c in LEAF_SCHEMA.names if c not in ("cseq", "lord")))
 
 
-def _read_log_chunks(p: Path, ranks=None, steps=None):
+def _read_log_chunks(p: Path, ranks=None, steps=None, reader=None):
     """The selected rows of our store (``table``, ``stacks``, ``skipped``), as
     :class:`store.select.StoreReader` gives them: Parquet parts plus the log not yet
     compacted, ``seq`` shifted per rank across files as :func:`store.log_reader.read_log`
@@ -135,7 +137,8 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
     from store.log_reader import add_stacks, missing_ranks
     from store.select import StoreReader
 
-    reader = StoreReader(p, ranks=ranks, steps=steps)
+    if reader is None:
+        reader = StoreReader(p, ranks=ranks, steps=steps)
     table = reader.table(columns=_LOAD_COLUMNS)
     stacks = add_stacks({}, table)
     missing = tuple(r for r in missing_ranks(table) if ranks is None or r in ranks)
@@ -144,10 +147,10 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
                            unfinished=tuple(reader.unfinished))
 
 
-def _load_log(p: Path, ranks=None, steps=None) -> Side:
+def _load_log(p: Path, ranks=None, steps=None, reader=None) -> Side:
     import pyarrow.compute as pc
 
-    contents = _read_log_chunks(p, ranks, steps)
+    contents = _read_log_chunks(p, ranks, steps, reader)
     table = contents.table
     markers = table.filter(pc.and_(pc.equal(table[S.ROW], S.scalar(S.ROW_MARKER, S.ROW)), pc.is_valid(table[S.META])))
     meta = json.loads(markers[S.META][0].as_py()) if markers.num_rows else {}

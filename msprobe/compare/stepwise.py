@@ -57,9 +57,10 @@ GROUP_ROWS = 400_000
 
 
 class _Plan:
-    """Both sides' readers, stacks and meta, and the groups of steps to compare."""
+    """Both sides' readers, stacks and meta, and the groups of steps to compare; ``groups``
+    None: compare every step at once, with these ``readers`` (not read again)."""
 
-    def __init__(self, readers, stacks, metas, groups) -> None:
+    def __init__(self, readers, stacks=None, metas=None, groups=None) -> None:
         self.readers, self.stacks, self.metas, self.groups = readers, stacks, metas, groups
 
 
@@ -112,11 +113,12 @@ def _ours(path: Path) -> bool:
 
 
 def plan(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], opts: CompareOptions) -> Optional[_Plan]:
-    """The plan of a comparison one step at a time, or None where it is compared whole
-    (see module docstring: a side not our store, ``--mapping``, ``--rank-map``,
-    ``--first-only``, frameworks that differ, fewer than two steps, a side without calls
-    in the selection, an unreadable store; the whole-run comparison then reports what is
-    wrong). Reads each side's log tail once, and its stacks and markers."""
+    """The plan of a comparison one step at a time; None where it is compared whole
+    without opening the sides here (a side not our store, an unreadable store,
+    ``--mapping``, ``--rank-map``, ``--first-only``), or a plan without ``groups`` whose
+    ``readers`` the whole-run comparison reuses (frameworks that differ, fewer than two
+    steps, a side without calls in the selection; it then reports what is wrong). Reads
+    each side's log tail once, and its stacks and markers."""
     from store.errors import LogNotFoundError
     from store.manifest import ManifestError
     from store.select import StoreReader
@@ -135,11 +137,11 @@ def plan(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], opt
     metas = [log_meta(r) for r in readers]
     frameworks = [m.get("framework") for m in metas]
     if frameworks[0] and frameworks[1] and frameworks[0] != frameworks[1]:
-        return None
+        return _Plan(readers)
     per_side = [set(r.step_values()) for r in readers]
     steps = sorted(per_side[0] | per_side[1])
     if len(steps) < 2 or not per_side[0] or not per_side[1]:
-        return None
+        return _Plan(readers)
     rows: dict = {}
     for reader in readers:
         for step, n in _step_rows(reader).items():

@@ -252,8 +252,13 @@ def test_options_that_need_every_step_load_the_run_whole(stores, monkeypatch, tm
     C.compare(stores["diff"], stores["base"], step="1-2")      # two steps selected: one at a time
     assert seen == []
     seen.clear()
+    from store.select import StoreReader
+    opened = []
+    real_init = StoreReader.__init__
+    monkeypatch.setattr(StoreReader, "__init__", lambda self, *a, **k: opened.append(a[0]) or real_init(self, *a, **k))
     C.compare(stores["diff"], stores["base"], step="2")        # one step: loaded as selected
     assert seen == [frozenset({2})] * 2
+    assert sorted(map(str, opened)) == sorted([str(stores["diff"]), str(stores["base"])])   # each log read once
 
 
 def test_without_out_the_tables_are_still_queryable(stores, monkeypatch, tmp_path):
