@@ -189,7 +189,8 @@ STEP_AT_A_TIME = True
 
 
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
-                opts: CompareOptions, on_table=None, progress=None, out=None) -> CompareResult:
+                opts: CompareOptions, on_table=None, progress=None, out=None,
+                keep_tables: bool = True) -> CompareResult:
     """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
     ``on_table``: None or ``f(name, arrow_table)``, called once tables ``alignment`` and
     ``tensors`` are final (while the later stages still run;
@@ -199,7 +200,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     Two of our stores holding two steps or more (without ``--mapping``, ``--rank-map``,
     ``--first-only``) are compared one step at a time (:mod:`msprobe.compare.stepwise`):
     the tables are then appended step by step to files for ``out`` (the OUT directory, or
-    None) and ``on_table`` is not called; the results are the same."""
+    None; with ``keep_tables`` False and no ``out``, nowhere) and ``on_table`` is not
+    called; the results are the same."""
     import time
 
     readers = (None, None)
@@ -208,7 +210,7 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
 
         steps = plan(target, baseline, opts)
         if steps is not None and steps.groups is not None:
-            return run_stepwise(steps, opts, out=out, progress=progress)
+            return run_stepwise(steps, opts, out=out, progress=progress, keep_tables=keep_tables)
         if steps is not None:
             readers = steps.readers
 

@@ -143,17 +143,18 @@ class TableSink:
     Args:
         out: the OUT directory (created), or None.
         opts: :class:`msprobe.compare.options.CompareOptions` (its ``formats``).
+        keep: False: without ``out`` nothing is written either (no result tables wanted).
     """
 
-    def __init__(self, out: "Union[str, os.PathLike, None]", opts) -> None:
+    def __init__(self, out: "Union[str, os.PathLike, None]", opts, keep: bool = True) -> None:
         import shutil
         import tempfile
         import weakref
 
         self.out = Path(out) if out is not None else None
-        keep = self.out is not None and "parquet" in opts.formats
         #: whether the tables are written at all
-        self.kept = self.out is None or bool({"csv", "parquet", "html", "xlsx"} & set(opts.formats))
+        self.kept = keep if self.out is None else bool({"csv", "parquet", "html", "xlsx"} & set(opts.formats))
+        keep = self.out is not None and "parquet" in opts.formats     # in OUT, else in a temporary directory
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self._spill = None if keep or not self.kept else tempfile.mkdtemp(prefix="msprobe-compare-")

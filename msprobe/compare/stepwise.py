@@ -196,10 +196,11 @@ def _merge_notes(notes: list, step_notes: list, skipped: dict, step_skipped: dic
         total["BASELINE"] += counts["BASELINE"]
 
 
-def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) -> CompareResult:
+def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
+                 keep_tables: bool = True) -> CompareResult:
     """Compare the steps of ``plan_`` one at a time (module docstring), appending the
     tables to a :class:`msprobe.compare.outputs.TableSink` for ``out`` (None: a temporary
-    directory backing the result's views). Returns the :class:`CompareResult` whose
+    directory backing the result's views; with ``keep_tables`` False, nowhere). Returns the :class:`CompareResult` whose
     ``con`` holds views ``tensors``, ``calls``, ``alignment`` over the Parquet files and
     table ``t_stacks``; :func:`msprobe.compare.outputs.write_outputs` moves the files
     into place.
@@ -235,7 +236,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None) ->
         timings[stage] = round(timings.get(stage, 0.0) + now - clock[0], 3)
         clock[0] = now
 
-    sink = TableSink(out, opts)
+    sink = TableSink(out, opts, keep=keep_tables)
     con = duckdb.connect(":memory:")
     try:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:

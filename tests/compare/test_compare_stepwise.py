@@ -324,3 +324,15 @@ def test_tensor_mode_step_by_step(tmp_path_factory, record_run, scaled_fn, monke
     assert streamed.summary["mode"] == "tensor" and streamed.stats["tensor_pairs"] == whole.stats["tensor_pairs"] > 0
     _assert_same(streamed, whole, tmp_path)
     assert streamed.verdict == "diverged" and streamed.first[0]["name"] == "Functional.gelu.0.forward"
+
+
+def test_cli_without_out_writes_no_table(stores, capsys):
+    import tempfile
+
+    from msprobe.cli import main
+
+    before = set(Path(tempfile.gettempdir()).glob("msprobe-compare-*"))
+    assert main(["compare", str(stores["diff"]), str(stores["base"])]) == 1
+    assert set(Path(tempfile.gettempdir()).glob("msprobe-compare-*")) == before
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: diverged") and f"first origin: {stores['names'][ORIGIN_A]} (step 1" in out
