@@ -305,7 +305,7 @@ class StoreReader:
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
 
     def narrowed(self, *, ranks: Optional[Iterable[int]] = None,
-                 steps: Optional[Iterable[int]] = None) -> "StoreReader":
+                 steps: Optional[Iterable[int]] = None, tail: bool = True) -> "StoreReader":
         """This selection narrowed to ``ranks`` and ``steps`` (each intersected with this
         reader's own; None: unchanged), without reading anything again.
 
@@ -314,6 +314,8 @@ class StoreReader:
         :meth:`dataset` the parts of the narrower selection. A reader that steps through a
         run one step (or rank group) at a time narrows one reader per step: memory is one
         step's rows plus this reader's tail (empty once the run is compacted).
+        ``tail=False``: the result's tail is empty (not filtered: for a caller that takes
+        the tail's rows of each step itself, from an index built once).
         """
         import copy
 
@@ -326,6 +328,9 @@ class StoreReader:
             sub.steps = chosen if self.steps is None else self.steps & chosen
         sub.files = tuple(f for f in self.files if sub.ranks is None or _file_rank(f) is None
                           or _file_rank(f) in sub.ranks)
+        if not tail:
+            sub.tail = TAIL_SCHEMA.empty_table()
+            return sub
         keep = _mask(self.tail, sub.ranks, sub.steps)
         sub.tail = self.tail if keep is None else self.tail.filter(pa.array(keep))
         return sub

@@ -37,7 +37,7 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.producers import OURS, detect
 from store import schema as S
 
-__all__ = ["Side", "load_side", "side_of_rows", "stack_table", "log_stacks", "log_meta", "load_log_steps", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
+__all__ = ["Side", "load_side", "side_of_rows", "stack_table", "log_stacks", "log_meta", "load_log_steps", "TailSteps", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
 
 CALL_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("step", pa.int32()), ("seq", pa.int64()), ("name", pa.string()),
@@ -190,14 +190,50 @@ def log_meta(reader) -> dict:
     return json.loads(markers[S.META][0].as_py()) if markers.num_rows else {}
 
 
-def load_log_steps(reader, steps: Sequence[int], stacks: pa.Table, meta: dict) -> Side:
+class TailSteps:
+    """The call and leaf rows of a :class:`store.select.StoreReader`'s tail (the log not
+    yet compacted) indexed by step once, so that the rows of a few steps are taken without
+    scanning the whole tail again.
+
+    Args:
+        reader: the side's reader.
+    """
+
+    def __init__(self, reader) -> None:
+        tail = reader.tail
+        wanted = set(_LOAD_COLUMNS)         # in the columns' order, as StoreReader.table gives them
+        self.table = tail.select([name for name in tail.schema.names if name in wanted])
+        if tail.num_rows:
+            row = tail[S.ROW].to_numpy(zero_copy_only=False)
+            index = np.nonzero((row == S.ROW_CALL) | (row == S.ROW_LEAF))[0]
+            steps = tail[S.STEP].to_numpy()[index]
+            order = np.argsort(steps, kind="stable")
+            self.index, self.steps = index[order], steps[order]
+        else:
+            self.index = self.steps = np.zeros(0, np.int64)
+
+    def rows(self, steps: Sequence[int]) -> pa.Table:
+        """The tail's call and leaf rows of ``steps``, in tail order."""
+        picked = [self.index[np.searchsorted(self.steps, s):np.searchsorted(self.steps, s, side="right")]
+                  for s in steps]
+        picked = np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+        return self.table.take(pa.array(picked, pa.int64()))
+
+
+def load_log_steps(reader, steps: Sequence[int], stacks: pa.Table, meta: dict,
+                   tail: Optional[TailSteps] = None) -> Side:
     """Some steps of our log as a :class:`Side`: the call and leaf rows of ``steps`` of the
     :class:`store.select.StoreReader` ``reader`` (its parts' row groups of those steps and
-    its tail's rows; the ``_meta`` parts are not read again), with the side's ``stacks``
-    (:func:`log_stacks`) and ``meta`` (:func:`log_meta`) read once for every step. The
-    tables equal those steps' rows of :func:`load_side` over every step. Steps without
-    calls give empty tables. The reader's notices are not copied (they are the run's)."""
-    table = reader.narrowed(steps=steps).table(columns=_LOAD_COLUMNS, side_rows=False)
+    its tail's rows, from ``tail`` when given; the ``_meta`` parts are not read again),
+    with the side's ``stacks`` (:func:`log_stacks`) and ``meta`` (:func:`log_meta`) read
+    once for every step. The tables equal those steps' rows of :func:`load_side` over every
+    step. Steps without calls give empty tables. The reader's notices are not copied (they
+    are the run's)."""
+    if tail is None:
+        table = reader.narrowed(steps=steps).table(columns=_LOAD_COLUMNS, side_rows=False)
+    else:
+        parts = reader.narrowed(steps=steps, tail=False).table(columns=_LOAD_COLUMNS, side_rows=False)
+        table = pa.concat_tables([parts, tail.rows(steps).select(parts.schema.names).cast(parts.schema)])
     return side_of_rows(reader.dump_path, table, stacks, meta)
 
 

@@ -62,6 +62,7 @@ class _Plan:
 
     def __init__(self, readers, stacks=None, metas=None, groups=None) -> None:
         self.readers, self.stacks, self.metas, self.groups = readers, stacks, metas, groups
+        self.tails = [None, None]
 
 
 def _step_rows(reader) -> dict:
@@ -123,7 +124,7 @@ def plan(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], opt
     from store.manifest import ManifestError
     from store.select import StoreReader
 
-    from msprobe.compare.load import log_meta, log_stacks
+    from msprobe.compare.load import TailSteps, log_meta, log_stacks
 
     if opts.mapping is not None or opts.rank_map or opts.first_only:
         return None
@@ -146,7 +147,9 @@ def plan(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], opt
     for reader in readers:
         for step, n in _step_rows(reader).items():
             rows[step] = rows.get(step, 0) + n
-    return _Plan(readers, [log_stacks(r) for r in readers], metas, _groups(steps, rows, GROUP_ROWS))
+    out = _Plan(readers, [log_stacks(r) for r in readers], metas, _groups(steps, rows, GROUP_ROWS))
+    out.tails = [TailSteps(r) if r.tail.num_rows else None for r in readers]
+    return out
 
 
 def _run_notices(plan_: _Plan, opts: CompareOptions, incomplete: list, log_skipped: list, notices: list) -> dict:
@@ -242,9 +245,9 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-load") as pool:
             for steps in plan_.groups:
                 # the two sides' steps load in parallel (Arrow and DuckDB release the GIL)
-                t, b = (f.result() for f in [pool.submit(load_log_steps, reader, steps, stacks, meta)
-                                             for reader, stacks, meta in zip(plan_.readers, plan_.stacks,
-                                                                             plan_.metas)])
+                t, b = (f.result() for f in [pool.submit(load_log_steps, reader, steps, stacks, meta, tail)
+                                             for reader, stacks, meta, tail in zip(plan_.readers, plan_.stacks,
+                                                                                   plan_.metas, plan_.tails)])
                 producers = {"TARGET": t.producer, "BASELINE": b.producer}
                 step_notes: list[str] = []
                 if t.calls.num_rows == 0 or b.calls.num_rows == 0:

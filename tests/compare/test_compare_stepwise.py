@@ -123,9 +123,9 @@ def _compare_both(monkeypatch, tmp_path, target, baseline, **options):
     loaded, whole_loads = [], []
     real_steps, real_side = load.load_log_steps, load.load_side
 
-    def spy_steps(reader, steps, stacks, meta):
+    def spy_steps(reader, steps, stacks, meta, tail=None):
         loaded.append((str(reader.dump_path), tuple(steps)))
-        return real_steps(reader, steps, stacks, meta)
+        return real_steps(reader, steps, stacks, meta, tail)
 
     monkeypatch.setattr(load, "load_log_steps", spy_steps)
     monkeypatch.setattr(engine, "load_side", lambda *a, **k: whole_loads.append(k.get("steps")) or real_side(*a, **k))
