@@ -4,7 +4,7 @@ Each (rank, step) is aligned and judged on its own (:mod:`msprobe.compare.align`
 :mod:`msprobe.compare.verdicts`; collectives are attributed among the ranks of one step),
 so a comparison of many steps can load one step of both sides at a time: per step, the
 call and leaf rows of that step (the parts' row groups of that step plus the log tail's
-rows, :func:`msprobe.compare.load.load_log_step`) go through the same pipeline as a
+rows, :func:`msprobe.compare.load.load_log_steps`) go through the same pipeline as a
 comparison of every step at once (:func:`msprobe.compare.engine.measure`, on one DuckDB
 connection kept for every step), the step's ``tensors``, ``calls`` and ``alignment`` are
 appended to the output files (:class:`msprobe.compare.outputs.TableSink`), and only small
@@ -28,9 +28,9 @@ steps or more; the comparison of every step at once is kept for: upstream ``dump
 layouts and MindSpore kernel dumps (their importers read whole files), ``--mapping`` and
 sides of different frameworks (a mapping's renames and unmatched names are worked out over
 every step), ``--rank-map``, and ``--first-only`` (its cut needs each rank's first origin
-before anything is written). Mode ``auto`` is decided on the first step both sides hold
-(the whole-run comparison decides it on every step at once; the two differ only for runs
-whose steps were recorded with different tasks or summary modes).
+before anything is written). Mode ``auto`` is decided on the first group of steps both
+sides hold (the whole-run comparison decides it on every step at once; the two differ only
+for runs whose steps were recorded with different tasks or summary modes).
 """
 from __future__ import annotations
 
