@@ -11,13 +11,16 @@ per command at N ranks x S steps.
    the child reports its own peak RSS and CPU time; wall time is the whole child's,
    interpreter start included) and prints one table row per command:
    ``compact``, point/aggregate/first-NaN queries (over the parts and with ``--rank/--step``),
-   ``check-ranks``, ``export --step``, ``compare --step``, ``report``, and up to
-   :data:`ALL_STEPS_COMPARE_MAX` rank-steps ``compare`` of every step.
+   ``check-ranks``, ``export --step``, ``compare --step``, ``report``, and ``compare`` of
+   every step (summary only, and with its Parquet tables).
 
 Usage::
 
     python benchmarks/store_scale.py --sizes 16x10,64x20,256x20 [--layers 4] [--out DIR] [--keep]
-        [--skip report,compare]
+        [--skip report,compare] [--only compact,compare] [--roots main=/path/to/main,this=.] [--repeat 3]
+
+``--roots`` runs every command with each msprobe source tree in turn (same dump, same
+load; the rows are labelled by name), ``--repeat`` runs each command that many times.
 
 Each size's dump is deleted after its commands ran (``--keep`` keeps them). Disk: about
 the log (``size`` column) plus its Parquet copy (~1/8 of it) per size.
@@ -119,11 +122,14 @@ def write_run(dump: Path, ranks: int, steps: int, template) -> None:
                 writer.append_marker(Marker(step=step, kind=S.MARKER_STEP_END, meta=rank_meta))
 
 
-def run(args: list[str]) -> dict:
-    """One CLI command in a fresh interpreter: rc, wall/cpu seconds, peak RSS (KiB)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run(args: list[str], root: Path = ROOT) -> dict:
+    """One CLI command in a fresh interpreter running msprobe from the source tree ``root``:
+    rc, wall/cpu seconds, peak RSS (KiB)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], env=env, capture_output=True, text=True)
+    # cwd=root: ``python -c`` puts the working directory first on sys.path
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], env=env, capture_output=True, text=True,
+                          cwd=str(root))
     elapsed = time.perf_counter() - t
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("@@")]
     if not lines:
@@ -132,10 +138,6 @@ def run(args: list[str]) -> dict:
     result["wall"] = elapsed          # the whole child, interpreter start and imports included
     result["out"] = proc.stdout
     return result
-
-
-#: largest run (rank-steps) on which ``compare`` without ``--step`` is measured
-ALL_STEPS_COMPARE_MAX = 1280
 
 
 def du(path: Path) -> int:
@@ -162,10 +164,11 @@ def commands(dump: Path, ranks: int, steps: int, work: Path, skip: set) -> list[
                             "--format", "summary"]),
         ("report", ["report", str(dump), "-o", str(work / "report.html")]),
     ]
-    if ranks * steps <= ALL_STEPS_COMPARE_MAX:
-        # compare without --step loads every step of both sides: only at small sizes
-        out.append(("compare (all steps)", ["compare", str(dump), str(dump), "-o", str(work / "cmp"),
-                                            "--format", "summary"]))
+    # without --step: one step of both sides at a time (msprobe.compare.stepwise)
+    out.append(("compare (all steps)", ["compare", str(dump), str(dump), "-o", str(work / "cmp"),
+                                        "--format", "summary"]))
+    out.append(("compare (all steps) --format parquet", ["compare", str(dump), str(dump), "-o", str(work / "cmp"),
+                                                         "--format", "summary,parquet"]))
     return [(n, a) for n, a in out if n.split()[0] not in skip]
 
 
@@ -177,16 +180,24 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep each size's dump")
     parser.add_argument("--skip", default="", help="commands to leave out, e.g. report,compare")
     parser.add_argument("--verbose", action="store_true", help="print each command's output")
+    parser.add_argument("--only", default="",
+                        help="run only these commands (first word or whole name), e.g. compact,compare")
+    parser.add_argument("--roots", default="", help="NAME=DIR,...: msprobe source trees to run each command with "
+                                                    "(default: this one)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each command (per source tree)")
     parser.add_argument("--uncompacted", action="store_true",
                         help="also run the queries before compaction (the whole log is read)")
     args = parser.parse_args()
-    work = Path(args.out or tempfile.mkdtemp(prefix="msprobe-store-scale-"))
+    work = Path(args.out or tempfile.mkdtemp(prefix="msprobe-store-scale-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    roots = [(n, Path(d).resolve()) for n, d in (r.split("=", 1) for r in args.roots.split(",") if r.strip())] \
+        or [("", ROOT)]
     template = template_step(record_template(work, args.layers))
     n_tensors = sum(1 for c in template[0] for v in c["leaves"] if v[S.LEAF_KIND] == S.LEAF_TENSOR)
     print(f"template step: {len(template[0])} entries, {n_tensors} tensors (encoder, {args.layers} layers, mix, md5)")
-    print(f"{'rank-steps':>10} {'ranks x steps':>13} {'log':>9} {'command':<40} {'wall s':>7} {'cpu s':>7} "
+    print(f"{'rank-steps':>10} {'ranks x steps':>13} {'log':>9} {'command':<48} {'wall s':>7} {'cpu s':>7} "
           f"{'peak RSS':>9}  notes")
     for size in args.sizes.split(","):
         ranks, steps = (int(x) for x in size.lower().split("x"))
@@ -197,22 +208,27 @@ def main() -> None:
         written = time.perf_counter() - t
         log_bytes = du(dump / S.STORE_DIR / S.LOG_DIR)
         head = f"{ranks * steps:>10} {f'{ranks}x{steps}':>13} {log_bytes / 2**20:>7.0f}MB"
-        print(f"{head} {'(write log)':<40} {written:>7.1f}", flush=True)
+        print(f"{head} {'(write log)':<48} {written:>7.1f}", flush=True)
         plan = commands(dump, ranks, steps, work, skip)
+        if only:
+            plan = [(n, a) for n, a in plan if n.split()[0] in only or n in only]
         if args.uncompacted:
             plan = [(f"{n} (log only)", a) for n, a in plan if n.startswith("query")] + plan
-        for name, argv in plan:
-            res = run(argv)
+        runs = [(f"{name} [{label}]" if label else name, argv, root)
+                for name, argv in plan for _ in range(args.repeat if name != "compact" else 1)
+                for label, root in (roots if name != "compact" else roots[-1:])]
+        for name, argv, root in runs:
+            res = run(argv, root)
             note = ""
-            if name == "compact":
+            if name.startswith("compact"):
                 note = f"parquet {du(dump / S.STORE_DIR / 'parquet') / 2**20:.0f}MB"
-            elif name == "report" and (work / "report.html").exists():
+            elif name.startswith("report") and (work / "report.html").exists():
                 note = f"page {(work / 'report.html').stat().st_size / 2**20:.1f}MB"
             if res["rc"] not in (0, 1):
                 note += f" exit {res['rc']}"
             if args.verbose:
                 print(res["out"].rstrip()[-1500:])
-            print(f"{head} {name:<40} {res['wall']:>7.1f} {res['cpu']:>7.1f} {res['rss_kib'] / 2**20:>7.2f}GB  {note}",
+            print(f"{head} {name:<48} {res['wall']:>7.1f} {res['cpu']:>7.1f} {res['rss_kib'] / 2**20:>7.2f}GB  {note}",
                   flush=True)
         for extra in ("export", "cmp"):
             shutil.rmtree(work / extra, ignore_errors=True)

@@ -394,7 +394,8 @@ def _run_compare(args: argparse.Namespace) -> int:
             result = compare(args.target, args.baseline, out=args.out, mode=args.mode, tol=args.tol,
                              loss_scale=args.loss_scale, rank=args.rank, step=args.step,
                              first_only=args.first_only, formats=args.format, mapping=args.mapping,
-                             rank_map=args.rank_map, workers=args.workers, progress=bar.advance)
+                             rank_map=args.rank_map, workers=args.workers, progress=bar.advance,
+                             keep_tables=args.out is not None)
     except CompareInputError as exc:
         print(f"msprobe compare: error: {exc}", file=sys.stderr)
         return 2

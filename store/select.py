@@ -309,7 +309,7 @@ class StoreReader:
         return pa.concat_tables(tables) if tables else TAIL_SCHEMA.empty_table()
 
     def narrowed(self, *, ranks: Optional[Iterable[int]] = None,
-                 steps: Optional[Iterable[int]] = None) -> "StoreReader":
+                 steps: Optional[Iterable[int]] = None, tail: bool = True) -> "StoreReader":
         """This selection narrowed to ``ranks`` and ``steps`` (each intersected with this
         reader's own; None: unchanged), without reading anything again.
 
@@ -318,6 +318,8 @@ class StoreReader:
         :meth:`dataset` the parts of the narrower selection. A reader that steps through a
         run one step (or rank group) at a time narrows one reader per step: memory is one
         step's rows plus this reader's tail (empty once the run is compacted).
+        ``tail=False``: the result's tail is empty (not filtered: for a caller that takes
+        the tail's rows of each step itself, from an index built once).
         """
         import copy
 
@@ -331,6 +333,9 @@ class StoreReader:
             sub.steps = chosen if self.steps is None else self.steps & chosen
         sub.files = tuple(f for f in self.files if sub.ranks is None or _file_rank(f) is None
                           or _file_rank(f) in sub.ranks)
+        if not tail:
+            sub.tail = TAIL_SCHEMA.empty_table()
+            return sub
         keep = _mask(self.tail, sub.ranks, sub.steps)
         sub.tail = self.tail if keep is None else self.tail.filter(pa.array(keep))
         return sub
@@ -397,8 +402,9 @@ class StoreReader:
 
         Args:
             columns: the columns to read (None: all).
-            side_rows: False leaves out the stack and marker rows (their parts are not
-                opened): call and leaf rows only.
+            side_rows: False leaves out the stack and marker rows (the ``_meta`` parts are
+                not read): the call and leaf rows of the selected steps only, e.g. of one
+                step of a reader :meth:`narrowed` to it.
             dictionary: string columns returned dictionary-encoded (see :meth:`dataset`).
         Raises:
             KeyError: a name in ``columns`` or ``dictionary`` is not a column of

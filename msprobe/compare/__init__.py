@@ -21,7 +21,7 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
             out: Optional[Union[str, os.PathLike]] = None, mode: str = "auto", tol="strict",
             loss_scale: float = 1.0, rank=None, step=None, first_only: bool = False,
             formats: Optional[Sequence[str]] = None, mapping=None, rank_map=None, workers: int = 1,
-            progress=None):
+            progress=None, keep_tables: bool = True):
     """Compare two dumps; returns a :class:`msprobe.compare.engine.CompareResult`.
 
     Args:
@@ -45,8 +45,15 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
             that many pairs are in memory, and the results are the same for any value.
         progress: None or ``f(stage)``, called as each stage ends (``"outputs"`` last
             when ``out`` is given).
+        keep_tables: False: a comparison made one step at a time keeps no table for the
+            result when ``out`` is None (only ``summary``; ``msprobe compare`` without
+            ``-o``); the comparison of every step at once keeps its tables in any case.
     Result attributes: ``.summary``, ``.first`` ({rank: first origin}), ``.tensors``,
-    ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``.
+    ``.calls``, ``.alignment`` (DuckDB relations), ``.exit_code``. Two of our dump paths
+    with several steps are compared one step (or group of steps) at a time
+    (:mod:`msprobe.compare.stepwise`): the relations then read the Parquet files written
+    step by step (under OUT with format ``parquet``, else in a temporary directory); with
+    ``out`` and ``formats=["summary"]`` no table is kept and the relations are absent.
     Raises:
         CompareInputError: bad input (missing path, empty or malformed dump, bad option).
     """
@@ -59,7 +66,8 @@ def compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike], 
                                 workers=workers)
     early = EarlyTables(out, opts) if out is not None else None
     try:
-        result = run_compare(target, baseline, opts, on_table=early, progress=progress)
+        result = run_compare(target, baseline, opts, on_table=early, progress=progress, out=out,
+                             keep_tables=keep_tables)
         if out is not None:
             write_outputs(result, out, opts, early=early)
             if progress is not None:

@@ -76,6 +76,9 @@ class CompareResult:
     original: dict = field(default_factory=dict)
     #: lines for stderr: the parts of either side's logs not read as data, unverified logs
     notices: list = field(default_factory=list)
+    #: a comparison made one step at a time: the :class:`msprobe.compare.outputs.TableSink`
+    #: whose Parquet files back the views ``tensors``, ``calls``, ``alignment`` of ``con``
+    sink: object = None
 
     @property
     def verdict(self) -> str:
@@ -180,14 +183,36 @@ def _choose_mode(opts: CompareOptions, t: Side, b: Side, notes: list) -> str:
     return opts.mode
 
 
+#: two of our stores with two steps or more are compared one step at a time
+#: (:mod:`msprobe.compare.stepwise`); False compares every step at once
+STEP_AT_A_TIME = True
+
+
 def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLike],
-                opts: CompareOptions, on_table=None, progress=None) -> CompareResult:
+                opts: CompareOptions, on_table=None, progress=None, out=None,
+                keep_tables: bool = True) -> CompareResult:
     """Run the whole comparison (see module docstring); raises CompareInputError on bad input.
     ``on_table``: None or ``f(name, arrow_table)``, called once tables ``alignment`` and
     ``tensors`` are final (while the later stages still run;
     :class:`msprobe.compare.outputs.EarlyTables`). ``progress``: None or ``f(stage)``,
-    called with each stage's name (the keys of the summary's timings) as it ends."""
+    called with each stage's name (the keys of the summary's timings) as it ends.
+
+    Two of our stores holding two steps or more (without ``--mapping``, ``--rank-map``,
+    ``--first-only``) are compared one step at a time (:mod:`msprobe.compare.stepwise`):
+    the tables are then appended step by step to files for ``out`` (the OUT directory, or
+    None; with ``keep_tables`` False and no ``out``, nowhere) and ``on_table`` is not
+    called; the results are the same."""
     import time
+
+    readers = (None, None)
+    if STEP_AT_A_TIME:
+        from msprobe.compare.stepwise import plan, run_stepwise
+
+        steps = plan(target, baseline, opts)
+        if steps is not None and steps.groups is not None:
+            return run_stepwise(steps, opts, out=out, progress=progress, keep_tables=keep_tables)
+        if steps is not None:
+            readers = steps.readers
 
     notes: list[str] = []
     timings: dict[str, float] = {}
@@ -208,8 +233,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
         # the two sides load in parallel (Arrow and DuckDB release the GIL)
         # --rank/--step select the files to read; with --rank-map the baseline's ranks differ
         base_ranks = None if opts.rank_map else opts.ranks
-        futures = (pool.submit(load_side, target, "TARGET", ranks=opts.ranks, steps=opts.steps),
-                   pool.submit(load_side, baseline, "BASELINE", ranks=base_ranks, steps=opts.steps))
+        futures = (pool.submit(load_side, target, "TARGET", ranks=opts.ranks, steps=opts.steps, reader=readers[0]),
+                   pool.submit(load_side, baseline, "BASELINE", ranks=base_ranks, steps=opts.steps,
+                               reader=readers[1]))
         t, b = (f.result() for f in futures)
     if opts.rank_map:
         from msprobe.compare.distributed import apply_rank_map
@@ -262,28 +288,75 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     mode = _choose_mode(opts, t, b, notes)
     lap("load")
     con = duckdb.connect(":memory:")
+    t_keys, b_keys = register_sides(con, t, b)
+    common = sorted(t_keys & b_keys)
+    for label, only in (("TARGET", t_keys - b_keys), ("BASELINE", b_keys - t_keys)):
+        if only:
+            notes.append(one_side_text(label, only))
+            incomplete.append(one_side_text(label, only, missing=True))
+    if not common:
+        raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
+    lap("tables")
+    tensors = measure(con, t, b, common, mode, opts, stats, noise=noise, mapping=mapping,
+                      renames=(renames, b_renames), on_table=on_table, lap=lap)
+    arrow["tensors"] = tensors
+    tally = Tally(mode)
+    tally.add(con, renames.original if renames is not None else {})
+    summary = tally.summary(common, notes, opts)
+    summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
+    summary["skipped"] = skipped
+    incomplete += tally.missing_data()
+    _final_verdict(summary, incomplete)
+    summary["log_skipped"] = log_skipped
+    unverified = {label: list(side.unverified) for label, side in (("TARGET", t), ("BASELINE", b)) if side.unverified}
+    if unverified:
+        summary["unverified"] = unverified
+    if differ or opts.mapping is not None:
+        from msprobe.compare.mapping import Renames, unmatched_prefixes
+        summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
+    lap("summary")
+    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow,
+                         original=dict(renames.original) if renames is not None else {},
+                         notices=notices)
+
+
+def register_sides(con: duckdb.DuckDBPyConnection, t: Side, b: Side) -> tuple[set, set]:
+    """Register the sides' ``calls``, ``leaves`` (with the columns of
+    :func:`msprobe.compare.metrics.prepare_leaves`) and ``stacks`` on ``con`` as
+    ``t_*``/``b_*`` (zero-copy Arrow scans; a name registered before is replaced); returns
+    the (rank, step) pairs each side's calls hold."""
     for prefix, side in (("t", t), ("b", b)):
         side.leaves = prepare_leaves(con, side.leaves)
         side.calls = rechunk(side.calls)
         for name in ("calls", "leaves", "stacks"):
-            con.register(f"{prefix}_{name}", getattr(side, name))   # zero-copy Arrow scan
+            con.register(f"{prefix}_{name}", getattr(side, name))
     t_keys = set(con.sql("SELECT DISTINCT rank, step FROM t_calls").fetchall())
     b_keys = set(con.sql("SELECT DISTINCT rank, step FROM b_calls").fetchall())
-    common = sorted(t_keys & b_keys)
-    for label, only in (("TARGET", t_keys - b_keys), ("BASELINE", b_keys - t_keys)):
-        if only:
-            missing = "BASELINE" if label == "TARGET" else "TARGET"
-            text = f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only))
-            notes.append(text)
-            incomplete.append(f"{text}; missing from {missing}")
-    if not common:
-        raise CompareInputError(f"no common (rank, step): TARGET has {sorted(t_keys)}, BASELINE has {sorted(b_keys)}")
-    lap("tables")
+    return t_keys, b_keys
+
+
+def one_side_text(label: str, only, missing: bool = False) -> str:
+    """The note (``missing``: the ``incomplete`` line) for the (rank, step) pairs ``only``
+    that only side ``label`` holds."""
+    text = f"{label} only (not compared): " + ", ".join(f"rank {r} step {s}" for r, s in sorted(only))
+    return f"{text}; missing from {'BASELINE' if label == 'TARGET' else 'TARGET'}" if missing else text
+
+
+def measure(con: duckdb.DuckDBPyConnection, t: Side, b: Side, common: list, mode: str, opts: CompareOptions,
+            stats: dict, *, noise=None, mapping=None, renames=(None, None), on_table=None, lap=None) -> pa.Table:
+    """Align, measure and judge the registered sides (:func:`register_sides`) over the
+    (rank, step) pairs ``common``: creates tables ``alignment`` and ``calls`` on ``con``,
+    registers ``tensors`` and returns it (Arrow). ``t.leaves``/``b.leaves`` are released
+    (and unregistered) once the leaf pairs hold what is needed. ``stats`` gets
+    ``tensor_pairs`` (tensor mode) and ``attributed``. ``renames``: the (TARGET, BASELINE)
+    :class:`msprobe.compare.mapping.Renames` or None; ``on_table``/``lap`` as in
+    :func:`run_compare` (None: not called)."""
+    lap = lap or (lambda stage: None)
     leaf_apis = sorted({re.sub(r"(\.\d+)?\.(forward|backward)$", "", k)
                         for k in (mapping.leaf if mapping is not None else {})})
     only = _OUTPUTS_ONLY.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in leaf_apis)) \
         if leaf_apis else ""
-    by_name = sorted(set().union(*(r.by_name for r in (renames, b_renames) if r is not None)))
+    by_name = sorted(set().union(*(r.by_name for r in renames if r is not None)))
     if by_name:
         only += _BY_NAME.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in by_name))
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
@@ -311,32 +384,12 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     del lp_wide
     con.unregister("lp_wide")
     con.register("tensors", tensors)     # an Arrow table: outputs write it without a copy
-    arrow["tensors"] = tensors
     if on_table is not None:
         on_table("tensors", tensors)
     lap("leaf_metrics")
     stats["attributed"] = build_calls(con, attribute_collectives)
     lap("call_verdicts")
-    summary = _summary(con, renames.original if renames is not None else {}, common, mode, notes, opts)
-    summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
-    summary["skipped"] = skipped
-    if mode == "tensor":
-        n_missing = con.sql("SELECT count(*) FROM tensors WHERE verdict = 'missing_data'").fetchall()[0][0]
-        if n_missing:
-            incomplete.append(f"{n_missing} tensor pairs without data on one side (tensor file or payload shard "
-                              "missing or damaged)")
-    _final_verdict(summary, incomplete)
-    summary["log_skipped"] = log_skipped
-    unverified = {label: list(side.unverified) for label, side in (("TARGET", t), ("BASELINE", b)) if side.unverified}
-    if unverified:
-        summary["unverified"] = unverified
-    if differ or opts.mapping is not None:
-        from msprobe.compare.mapping import Renames, unmatched_prefixes
-        summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
-    lap("summary")
-    return CompareResult(summary=summary, con=con, notes=notes, timings=timings, stats=stats, arrow=arrow,
-                         original=dict(renames.original) if renames is not None else {},
-                         notices=notices)
+    return tensors
 
 
 def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode: str,
@@ -390,67 +443,106 @@ def _describe(con, r: dict) -> dict:
             **({"attributed_to": r["attributed_to"]} if r.get("attributed_to") is not None else {})}
 
 
+# per rank: its first origin and its first call diverged (origin or propagated), in
+# execution order (step, ord); the tie order of equal (step, ord) is DuckDB's
 _FIRST_SQL = """
-WITH o AS (SELECT * FROM calls WHERE rank = ? AND verdict = 'origin' ORDER BY step, ord LIMIT 1),
-d AS (SELECT * FROM calls WHERE rank = ? AND verdict IN ('origin', 'propagated') ORDER BY step, ord LIMIT 1)
-SELECT *, TRUE AS is_origin FROM o
-UNION ALL
-SELECT *, FALSE AS is_origin FROM d
-WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.step < d.step OR (o.step = d.step AND o.ord <= d.ord))
+SELECT * EXCLUDE (rd, ro), verdict = 'origin' AND ro = 1 AS is_origin, rd = 1 AS is_first FROM (
+  SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step, ord) AS rd,
+            row_number() OVER (PARTITION BY rank, verdict ORDER BY step, ord) AS ro
+  FROM calls WHERE verdict IN ('origin', 'propagated'))
+WHERE rd = 1 OR (verdict = 'origin' AND ro = 1)
 """
 
 
-def _summary(con, original: dict, common, mode: str, notes: list, opts: CompareOptions) -> dict:
-    """summary.json from table ``calls``: per rank the first origin, the first diverged
-    call when it comes earlier, and the counts per verdict (SQL; two rows per rank reach Python)."""
-    ranks = sorted({r for r, _ in common})
-    counts_of: dict[int, dict] = {r: {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0} for r in ranks}
-    for rank, verdict, n in con.execute("SELECT rank, verdict, count(*) FROM calls GROUP BY ALL").fetchall():
-        if rank in counts_of:
-            counts_of[rank][verdict] = n
-    out_ranks = []
-    any_div = False
-    unpaired_ranks = []
-    sides = {rank: (n_t, n_b) for rank, n_t, n_b in con.execute(
-        "SELECT rank, count(t_name), count(b_name) FROM calls GROUP BY rank").fetchall()}
-    for rank in ranks:
-        c = counts_of[rank]
-        paired = c["pass"] + c["propagated"] + c["origin"]
-        if 2 * paired < min(sides.get(rank, (0, 0))):
-            # fewer than half the calls of the smaller side found a partner: two different
-            # programs; whatever differs among the few pairs says nothing
-            unpaired_ranks.append(rank)
-        if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
-            notes.append(f"rank {rank}: {c['unpaired']} calls found no partner against {paired} paired: the runs "
-                         "differ in structure (another model, level, scope or steps), or a dump path holds the "
-                         "logs of several runs")
-        cur = con.execute(_FIRST_SQL, [rank, rank])
+class Tally:
+    """What ``summary.json`` is made of, gathered from tables ``calls`` and ``tensors``
+    of one comparison, or added up over the steps of a comparison made one step at a time
+    (:mod:`msprobe.compare.stepwise`; :meth:`add` in step order): per rank the counts per
+    verdict, the calls of each side, the first origin and the first diverged call
+    (described with their stacks when found), and the numbers of tensor pairs not
+    identical and, in tensor mode, without data.
+
+    Args:
+        mode: the comparison mode (``statistics``, ``md5``, ``tensor``).
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.counts: dict[int, dict] = {}
+        self.sides: dict[int, list] = {}
+        self.origin: dict[int, tuple] = {}      # rank -> ((step, ord), described call)
+        self.diverged: dict[int, tuple] = {}
+        self.not_identical = 0
+        self.no_data = 0
+
+    def add(self, con: duckdb.DuckDBPyConnection, original: dict) -> None:
+        """Add the ``calls`` and ``tensors`` on ``con`` (stacks from its ``t_stacks``);
+        ``original``: ``{mapped TARGET name: original name}`` shown in the descriptions."""
+        for rank, verdict, n, n_t, n_b in con.execute(
+                "SELECT rank, verdict, count(*), count(t_name), count(b_name) FROM calls GROUP BY ALL").fetchall():
+            counts = self.counts.setdefault(rank, {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0})
+            counts[verdict] = counts.get(verdict, 0) + n
+            sides = self.sides.setdefault(rank, [0, 0])
+            sides[0] += n_t
+            sides[1] += n_b
+        cur = con.execute(_FIRST_SQL)
         names = [d[0] for d in cur.description]
-        first_origin = first_div = None
         for row in cur.fetchall():
             r = dict(zip(names, row))
             if r.get("t_name") in original:
                 r["t_original"] = original[r["t_name"]]
-            if r["is_origin"]:
-                first_origin = r
-            else:
-                first_div = r
-        if first_origin is not None or first_div is not None:
-            any_div = True
-        out_ranks.append({"rank": rank,
-                          "first_origin": _describe(con, first_origin) if first_origin else None,
-                          "first_diverged": _describe(con, first_div) if first_div else None,
-                          "counts": counts_of[rank],
-                          **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
-    if unpaired_ranks:
-        verdict = "inconclusive"
-    elif any_div:
-        verdict = "diverged"
-    else:
-        n_not_identical = con.sql("SELECT count(*) FROM tensors WHERE verdict NOT IN ('identical', 'unpaired')").fetchall()[0][0]
-        verdict = "close" if n_not_identical else "identical"
-    return {"verdict": verdict, "mode": mode, "ranks": out_ranks, "global_origin": _global_origin(out_ranks),
-            "inconclusive_ranks": unpaired_ranks, "notes": list(notes)}
+            for wanted, found in (("is_origin", self.origin), ("is_first", self.diverged)):
+                if r[wanted] and r["rank"] not in found:
+                    found[r["rank"]] = ((r["step"], r["ord"]), _describe(con, r))
+        (n,), = con.execute("SELECT count(*) FROM tensors WHERE verdict NOT IN ('identical', 'unpaired')").fetchall()
+        self.not_identical += n
+        if self.mode == "tensor":
+            (n,), = con.execute("SELECT count(*) FROM tensors WHERE verdict = 'missing_data'").fetchall()
+            self.no_data += n
+
+    def missing_data(self) -> list[str]:
+        """The ``incomplete`` line for tensor pairs without data ([] when there are none)."""
+        if not self.no_data:
+            return []
+        return [f"{self.no_data} tensor pairs without data on one side (tensor file or payload shard missing or "
+                "damaged)"]
+
+    def summary(self, common, notes: list, opts: CompareOptions) -> dict:
+        """summary.json (less what the caller adds) for the (rank, step) pairs ``common``;
+        appends to ``notes`` a line per rank whose unpaired calls outnumber its paired ones."""
+        ranks = sorted({r for r, _ in common})
+        out_ranks = []
+        any_div = False
+        unpaired_ranks = []
+        for rank in ranks:
+            c = self.counts.get(rank, {"pass": 0, "propagated": 0, "origin": 0, "unpaired": 0})
+            paired = c["pass"] + c["propagated"] + c["origin"]
+            if 2 * paired < min(self.sides.get(rank, (0, 0))):
+                # fewer than half the calls of the smaller side found a partner: two different
+                # programs; whatever differs among the few pairs says nothing
+                unpaired_ranks.append(rank)
+            if c["unpaired"] > paired:  # the verdict speaks for the paired calls only
+                notes.append(f"rank {rank}: {c['unpaired']} calls found no partner against {paired} paired: the "
+                             "runs differ in structure (another model, level, scope or steps), or a dump path holds "
+                             "the logs of several runs")
+            origin, diverged = self.origin.get(rank), self.diverged.get(rank)
+            if diverged is not None and origin is not None and origin[0] <= diverged[0]:
+                diverged = None     # the first diverged call is the origin itself or comes later
+            if origin is not None or diverged is not None:
+                any_div = True
+            out_ranks.append({"rank": rank,
+                              "first_origin": origin[1] if origin else None,
+                              "first_diverged": diverged[1] if diverged else None,
+                              "counts": c,
+                              **({"baseline_rank": opts.rank_map.get(rank, rank)} if opts.rank_map else {})})
+        if unpaired_ranks:
+            verdict = "inconclusive"
+        elif any_div:
+            verdict = "diverged"
+        else:
+            verdict = "close" if self.not_identical else "identical"
+        return {"verdict": verdict, "mode": self.mode, "ranks": out_ranks, "global_origin": _global_origin(out_ranks),
+                "inconclusive_ranks": unpaired_ranks, "notes": list(notes)}
 
 
 #: exit status of ``msprobe compare`` per verdict (2: bad input, never a verdict)

@@ -11,7 +11,8 @@ file, or any directory above ``step{N}/rank{R}/dump.json`` (read with the stream
 Both give a :class:`Side` with three tables:
 
 ``calls``   rank, step, seq (execution order within rank), name, kind, parent, stack_id
-``leaves``  rank, step, name (the call), cseq (the call's seq), lord (leaf order), io, arg,
+``leaves``  rank, step, name (the call), cseq (the call's seq), lord (the leaf's position in
+            its rank and step, in log order), io, arg,
             leaf_kind, dtype, shape, numel, max, min, mean, norm, max_finite,
             min_finite, crc32, requires_grad, has_nan, has_inf, data_name, value_json,
             payload (task tensor: payload-store reference of our logs, else null)
@@ -36,7 +37,7 @@ from msprobe.compare.errors import CompareInputError
 from msprobe.compare.producers import OURS, detect
 from store import schema as S
 
-__all__ = ["Side", "load_side", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
+__all__ = ["Side", "load_side", "side_of_rows", "stack_table", "log_stacks", "log_meta", "load_log_steps", "TailSteps", "LEAF_SCHEMA", "CALL_SCHEMA", "STACK_SCHEMA"]
 
 CALL_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("step", pa.int32()), ("seq", pa.int64()), ("name", pa.string()),
@@ -79,7 +80,7 @@ class Side:
 
 
 def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequence[int]] = None,
-              steps: Optional[Sequence[int]] = None) -> Side:
+              steps: Optional[Sequence[int]] = None, reader=None) -> Side:
     """Load ``path`` (see module docstring).
 
     Args:
@@ -88,6 +89,8 @@ def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequ
         ranks, steps: load only these ranks and steps (None: all). Files of other ranks
             and steps are not read (our log: :class:`store.select.StoreReader`; upstream
             layouts: the ``step{N}/rank{R}`` directories).
+        reader: our log: the :class:`store.select.StoreReader` of ``path``, ``ranks`` and
+            ``steps`` when one is already open (its tail is not read again); None: opened here.
     Raises:
         CompareInputError: the path is missing, holds neither an msprobe log nor a
             dump.json, is empty (no entries), or a dump.json is malformed or truncated.
@@ -97,7 +100,7 @@ def load_side(path: Union[str, os.PathLike], label: str, *, ranks: Optional[Sequ
         raise CompareInputError(f"{label} {str(p)!r}: path does not exist; expected a dump path, "
                                 f"an upstream step*/rank*/ directory or a dump.json")
     if p.is_dir() and ((p / S.STORE_DIR / S.LOG_DIR).is_dir() or (p / S.STORE_DIR / "parquet").is_dir()):
-        side = _load_log(p, ranks, steps)
+        side = _load_log(p, ranks, steps, reader)
     elif p.is_dir() and _is_kernel_dump(p):
         side = _load_kernel_dump(p)
     else:
@@ -124,7 +127,7 @@ _LOAD_COLUMNS = (S.ROW, S.RANK, S.STEP, S.SEQ, S.NAME, S.KIND, S.PARENT, S.STACK
                  *(c for c in LEAF_SCHEMA.names if c not in ("cseq", "lord")))
 
 
-def _read_log_chunks(p: Path, ranks=None, steps=None):
+def _read_log_chunks(p: Path, ranks=None, steps=None, reader=None):
     """The selected rows of our store (``table``, ``stacks``, ``skipped``), as
     :class:`store.select.StoreReader` gives them: Parquet parts plus the log not yet
     compacted, ``seq`` shifted per rank across files as :func:`store.log_reader.read_log`
@@ -134,7 +137,8 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
     from store.log_reader import add_stacks, missing_ranks
     from store.select import StoreReader
 
-    reader = StoreReader(p, ranks=ranks, steps=steps)
+    if reader is None:
+        reader = StoreReader(p, ranks=ranks, steps=steps)
     table = reader.table(columns=_LOAD_COLUMNS)
     stacks = add_stacks({}, table)
     missing = tuple(r for r in missing_ranks(table) if ranks is None or r in ranks)
@@ -143,11 +147,118 @@ def _read_log_chunks(p: Path, ranks=None, steps=None):
                            unfinished=tuple(reader.unfinished))
 
 
-def _load_log(p: Path, ranks=None, steps=None) -> Side:
+def _load_log(p: Path, ranks=None, steps=None, reader=None) -> Side:
     import pyarrow.compute as pc
 
-    contents = _read_log_chunks(p, ranks, steps)
+    contents = _read_log_chunks(p, ranks, steps, reader)
     table = contents.table
+    markers = table.filter(pc.and_(pc.equal(table[S.ROW], S.scalar(S.ROW_MARKER, S.ROW)), pc.is_valid(table[S.META])))
+    meta = json.loads(markers[S.META][0].as_py()) if markers.num_rows else {}
+    side = side_of_rows(p, table, stack_table(contents.stacks), meta)
+    side.skipped, side.unverified = contents.skipped, contents.unverified
+    side.missing_ranks, side.unfinished = contents.missing_ranks, contents.unfinished
+    return side
+
+
+def log_stacks(reader) -> pa.Table:
+    """The stacks (:data:`STACK_SCHEMA`) of a :class:`store.select.StoreReader`'s
+    selection: the stack rows of its ``_meta`` parts and of its tail, the first frames
+    stored for an id (as :func:`store.log_reader.add_stacks` keeps them); no step part is
+    read."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from store.log_reader import add_stacks
+
+    stacks: dict = {}
+    columns = [S.ROW, S.STACK_ID, S.FRAMES]
+    meta = reader.dataset(meta=True)
+    if meta is not None:
+        add_stacks(stacks, meta.to_table(columns=columns, filter=ds.field(S.ROW) == S.ROW_STACK))
+    tail = reader.tail.select(columns)
+    add_stacks(stacks, tail.filter(pc.equal(tail[S.ROW], S.scalar(S.ROW_STACK, S.ROW))))
+    return stack_table(stacks)
+
+
+def log_meta(reader) -> dict:
+    """The ``meta`` of the first marker row of a :class:`store.select.StoreReader`'s
+    selection that has one (task, level, framework, world_size ...); {} without one."""
+    import pyarrow.compute as pc
+
+    markers = reader.markers()
+    markers = markers.filter(pc.is_valid(markers[S.META]))
+    return json.loads(markers[S.META][0].as_py()) if markers.num_rows else {}
+
+
+class TailSteps:
+    """The call and leaf rows of a :class:`store.select.StoreReader`'s tail (the log not
+    yet compacted) indexed by step once, so that the rows of a few steps are taken without
+    scanning the whole tail again.
+
+    Args:
+        reader: the side's reader.
+    """
+
+    def __init__(self, reader) -> None:
+        tail = reader.tail
+        wanted = set(_LOAD_COLUMNS)         # in the columns' order, as StoreReader.table gives them
+        self.table = tail.select([name for name in tail.schema.names if name in wanted])
+        if tail.num_rows:
+            row = tail[S.ROW].to_numpy(zero_copy_only=False)
+            index = np.nonzero((row == S.ROW_CALL) | (row == S.ROW_LEAF))[0]
+            steps = tail[S.STEP].to_numpy()[index]
+            order = np.argsort(steps, kind="stable")
+            self.index, self.steps = index[order], steps[order]
+        else:
+            self.index = self.steps = np.zeros(0, np.int64)
+
+    def rows(self, steps: Sequence[int]) -> pa.Table:
+        """The tail's call and leaf rows of ``steps``, in tail order."""
+        picked = [self.index[np.searchsorted(self.steps, s):np.searchsorted(self.steps, s, side="right")]
+                  for s in steps]
+        picked = np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+        return self.table.take(pa.array(picked, pa.int64()))
+
+
+def load_log_steps(reader, steps: Sequence[int], stacks: pa.Table, meta: dict,
+                   tail: Optional[TailSteps] = None) -> Side:
+    """Some steps of our log as a :class:`Side`: the call and leaf rows of ``steps`` of the
+    :class:`store.select.StoreReader` ``reader`` (its parts' row groups of those steps and
+    its tail's rows, from ``tail`` when given; the ``_meta`` parts are not read again),
+    with the side's ``stacks`` (:func:`log_stacks`) and ``meta`` (:func:`log_meta`) read
+    once for every step. The tables equal those steps' rows of :func:`load_side` over every
+    step. Steps without calls give empty tables. The reader's notices are not copied (they
+    are the run's)."""
+    if tail is None:
+        table = reader.narrowed(steps=steps).table(columns=_LOAD_COLUMNS, side_rows=False)
+    else:
+        parts = reader.narrowed(steps=steps, tail=False).table(columns=_LOAD_COLUMNS, side_rows=False)
+        table = pa.concat_tables([parts, tail.rows(steps).select(parts.schema.names).cast(parts.schema)])
+    return side_of_rows(reader.dump_path, table, stacks, meta)
+
+
+def stack_table(stacks: dict) -> pa.Table:
+    """``{stack_id: frames}`` (:func:`store.log_reader.add_stacks`) as a
+    :data:`STACK_SCHEMA` table, one row per frame (depth 0 = innermost)."""
+    ids, depths, frames = [], [], []
+    for sid, fr in stacks.items():
+        for depth, frame in enumerate(fr):
+            ids.append(sid)
+            depths.append(depth)
+            frames.append(frame)
+    return pa.table({"stack_id": pa.array(ids, pa.int64()), "depth": pa.array(depths, pa.int32()),
+                     "frame": pa.array(frames, pa.string())})
+
+
+def side_of_rows(p: Path, table: pa.Table, stacks: pa.Table, meta: dict) -> Side:
+    """A :class:`Side` of our log from its rows ``table`` (the :data:`_LOAD_COLUMNS` of
+    :class:`store.select.StoreReader`; call and leaf rows are used, others ignored), the
+    side's ``stacks`` (:data:`STACK_SCHEMA`) and the ``meta`` of its first marker (task,
+    level, framework). The reader's notices (skipped, unverified ...) are left empty.
+    ``lord`` is each leaf's position among its (rank, step)'s leaves in log order, so a
+    step loaded alone gives the same tables as that step loaded with the others."""
+    import pyarrow.compute as pc
+
     row = table[S.ROW]
     # calls: one row per (rank, step, name), the values of its first call row (smallest seq);
     # grouped by an integer code of the name (grouping strings is the slow part)
@@ -195,21 +306,26 @@ def _load_log(p: Path, ranks=None, steps=None) -> Side:
     if n > len(first):  # some call written in several rows: a later leaf of a slot replaces an earlier one
         rows_of = np.bincount(group_of)[group_of]
         leaves = _last_per_slot(leaves, np.unique(cseq[rows_of > 1]))
-    markers = table.filter(pc.and_(pc.equal(row, S.scalar(S.ROW_MARKER, S.ROW)), pc.is_valid(table[S.META])))
-    metas = [(markers[S.META][0].as_py(),)] if markers.num_rows else []
-    meta = json.loads(metas[0][0]) if metas else {}
-    ids, depths, frames = [], [], []
-    for sid, fr in contents.stacks.items():
-        for depth, frame in enumerate(fr):
-            ids.append(sid)
-            depths.append(depth)
-            frames.append(frame)
-    stacks = pa.table({"stack_id": pa.array(ids, pa.int64()), "depth": pa.array(depths, pa.int32()),
-                       "frame": pa.array(frames, pa.string())})
+    leaves = leaves.set_column(leaves.schema.get_field_index("lord"), "lord", _positions(leaves))
     return Side(path=str(p), source="log", calls=_cast(calls, CALL_SCHEMA), leaves=_cast(leaves, LEAF_SCHEMA),
                 stacks=stacks, task=meta.get("task"), level=meta.get("level"), framework=meta.get("framework"),
-                skipped=contents.skipped, unverified=contents.unverified,
-                missing_ranks=contents.missing_ranks, unfinished=contents.unfinished, producer=OURS)
+                producer=OURS)
+
+
+def _positions(leaves: pa.Table) -> pa.Array:
+    """Each leaf's position among the leaves of its (rank, step), in ``leaves``' order (log
+    order): its ``lord``, the same whichever steps and ranks were loaded with it."""
+    n = leaves.num_rows
+    if n == 0:
+        return pa.array([], pa.int64())
+    rank, step = leaves["rank"].to_numpy(), leaves["step"].to_numpy()
+    order = np.lexsort((np.arange(n), step, rank))
+    r, st = rank[order], step[order]
+    first = np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])]
+    index = np.arange(n)
+    positions = np.empty(n, np.int64)
+    positions[order] = index - np.maximum.accumulate(np.where(first, index, 0))
+    return pa.array(positions, pa.int64())
 
 
 def _is_kernel_dump(p: Path) -> bool:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-__all__ = ["write_outputs", "EarlyTables", "console_summary", "is_compare_output", "query_outputs"]
+__all__ = ["write_outputs", "EarlyTables", "TableSink", "console_summary", "is_compare_output", "query_outputs"]
 
 TABLES = ("tensors", "calls", "alignment")
 
@@ -125,6 +125,112 @@ class EarlyTables:
         self._jobs.clear()
 
 
+class TableSink:
+    """The tables ``tensors``, ``calls`` and ``alignment`` of a comparison made one step at
+    a time (:mod:`msprobe.compare.stepwise`), appended step after step to their Parquet
+    file (:class:`pyarrow.parquet.ParquetWriter`, one row group or more per step) and, with
+    format ``csv``, their CSV file (:class:`pyarrow.csv.CSVWriter`, one header): the files
+    :func:`write_outputs` would write, without the run's tables in memory.
+
+    The files are written under hidden temporary names in ``out`` and moved into place by
+    :meth:`finish` (called by :func:`write_outputs`), so a comparison that fails leaves no
+    new table beside an older summary.json. The Parquet files back the result's DuckDB
+    views ``tensors``, ``calls``, ``alignment`` (which the report and the xlsx workbook
+    read): without format ``parquet`` or without ``out`` they go to a temporary directory,
+    removed with this object. With ``out`` and only format ``summary`` nothing is written
+    (no output needs a table; the result has no such views).
+
+    Args:
+        out: the OUT directory (created), or None.
+        opts: :class:`msprobe.compare.options.CompareOptions` (its ``formats``).
+        keep: False: without ``out`` nothing is written either (no result tables wanted).
+    """
+
+    def __init__(self, out: "Union[str, os.PathLike, None]", opts, keep: bool = True) -> None:
+        import shutil
+        import tempfile
+        import weakref
+
+        self.out = Path(out) if out is not None else None
+        #: whether the tables are written at all
+        self.kept = keep if self.out is None else bool({"csv", "parquet", "html", "xlsx"} & set(opts.formats))
+        keep = self.out is not None and "parquet" in opts.formats     # in OUT, else in a temporary directory
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self._spill = None if keep or not self.kept else tempfile.mkdtemp(prefix="msprobe-compare-")
+        if self._spill is not None:
+            weakref.finalize(self, shutil.rmtree, self._spill, True)
+        self.parquet = {name: (self.out / f".{name}.parquet.tmp" if keep else Path(self._spill) / f"{name}.parquet")
+                        for name in TABLES} if self.kept else {}
+        self.csv = {name: self.out / f".{name}.csv.tmp" for name in TABLES} \
+            if self.out is not None and "csv" in opts.formats else {}
+        self._final = {name: self.out / f"{name}.parquet" for name in TABLES} if keep else {}
+        self._writers: dict = {}
+        self._schemas: dict = {}
+
+    def append(self, name: str, table: pa.Table) -> None:
+        """Append the rows of ``table`` (one step's rows of table ``name``); the first call
+        of a table fixes its schema, later tables are cast to it.
+
+        Raises:
+            pyarrow.ArrowInvalid: a later step's table cannot be cast to the first schema."""
+        if not self.kept:
+            return
+        schema = self._schemas.setdefault(name, table.schema)
+        if not table.schema.equals(schema):
+            table = table.cast(schema)
+        if name not in self._writers:
+            writers = [pq.ParquetWriter(self.parquet[name], schema)]
+            if name in self.csv:
+                writers.append(pacsv.CSVWriter(self.csv[name], _csv_safe(table.slice(0, 0)).schema))
+            self._writers[name] = writers
+        parquet, *csv = self._writers[name]
+        parquet.write_table(table)
+        for writer in csv:
+            writer.write_table(_csv_safe(table))
+
+    def close(self) -> None:
+        """Close the writers (the files are complete)."""
+        for writers in self._writers.values():
+            for writer in writers:
+                writer.close()
+        self._writers.clear()
+
+    def views(self, con) -> None:
+        """(Re)define views ``tensors``, ``calls``, ``alignment`` on the DuckDB connection
+        ``con`` over the Parquet files where they now are (none when nothing is kept)."""
+        for name in TABLES if self.kept else ():
+            path = self._final.get(name) if self._final.get(name, Path()).is_file() else self.parquet[name]
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('"
+                        + str(path).replace("'", "''") + "')")
+
+    def pending(self, path: Path) -> bool:
+        """True when ``path`` (a table file in OUT) is written by this sink."""
+        return Path(path) in set(self._final.values()) | {self.out / f"{n}.csv" for n in self.csv}
+
+    def finish(self, con=None) -> list[Path]:
+        """Move the files into place in OUT (after :meth:`close`) and, with ``con``, point
+        its views at them; returns the files now in OUT."""
+        moved = []
+        for name in TABLES if self.kept else ():
+            for tmp, final in ((self.parquet[name], self._final.get(name)),
+                               (self.csv.get(name), self.out / f"{name}.csv" if name in self.csv else None)):
+                if final is not None and tmp is not None and tmp.is_file():
+                    os.replace(tmp, final)
+                    moved.append(final)
+        if con is not None:
+            self.views(con)
+        return moved
+
+    def discard(self) -> None:
+        """Close the writers and remove the files not moved into place (a failed comparison)."""
+        try:
+            self.close()
+        finally:
+            for path in list(self.csv.values()) + ([] if not self._final else list(self.parquet.values())):
+                path.unlink(missing_ok=True)
+
+
 def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTables | None" = None) -> list[Path]:
     """Write the selected formats into ``out`` (created); returns the files written.
     ``early``: tables already being written by an :class:`EarlyTables` are only moved into place.
@@ -147,9 +253,13 @@ def write_outputs(result, out: Union[str, os.PathLike], opts, early: "EarlyTable
         # the writers release the GIL: the three tables' files are written in parallel
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-compare-out") as pool:
             jobs = []
+            sink = getattr(result, "sink", None)
+            if sink is not None:        # written step by step: moved into place only
+                sink.finish(result.con)
             for name in TABLES:
                 todo = [fmt for fmt in ("parquet", "csv") if fmt in opts.formats
-                        and not (early is not None and early.pending(out / f"{name}.{fmt}"))]
+                        and not (early is not None and early.pending(out / f"{name}.{fmt}"))
+                        and not (sink is not None and sink.pending(out / f"{name}.{fmt}"))]
                 table = _table(result, name, opts) if todo else None
                 if "parquet" in todo:
                     jobs.append(pool.submit(pq.write_table, table, out / f"{name}.parquet"))

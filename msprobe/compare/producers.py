@@ -160,8 +160,7 @@ def reconcile(t: Side, b: Side, notes: list[str]) -> dict[str, dict]:
             count("api_backward_output", label, _drop(side, pc.fill_null(mask, False)))
             if _semantics(side.producer) == "upstream":
                 _abs_zero_dim_norm(side)
-    for reason, c in skipped.items():
-        notes.append(f"skipped {c['TARGET']} TARGET and {c['BASELINE']} BASELINE leaves ({reason}): {c['why']}")
+    notes += skip_notes(skipped)
     kinds = [_kinds(s.leaves) for s in (t, b)]
     if kinds[0] and kinds[1] and not (kinds[0] & kinds[1]):
         notes.append(f"checksums not compared: TARGET holds {'/'.join(sorted(kinds[0]))}, BASELINE "
@@ -171,6 +170,12 @@ def reconcile(t: Side, b: Side, notes: list[str]) -> dict[str, dict]:
             side.leaves = side.leaves.set_column(i, side.leaves.schema.field(i),
                                                  pa.nulls(side.leaves.num_rows, pa.string()))
     return skipped
+
+
+def skip_notes(skipped: dict) -> list[str]:
+    """The notes of :func:`reconcile` for its ``skipped`` counts, one per reason."""
+    return [f"skipped {c['TARGET']} TARGET and {c['BASELINE']} BASELINE leaves ({reason}): {c['why']}"
+            for reason, c in skipped.items()]
 
 
 def _kinds(leaves: pa.Table) -> set:

@@ -55,7 +55,11 @@ def test_alignment_equals_python_reference(runs, target, baseline):
 
 
 @pytest.mark.parametrize("target,baseline", CASES)
-def test_call_verdicts_equal_python_reference(runs, target, baseline):
+def test_call_verdicts_equal_python_reference(runs, target, baseline, monkeypatch):
+    # the whole-run comparison keeps the sides' tables (t_calls ...) that CALL_AGG_SQL reads
+    # (one step at a time, test_compare_stepwise.py, gives the same calls)
+    from msprobe.compare import engine
+    monkeypatch.setattr(engine, "STEP_AT_A_TIME", False)
     r = C.compare(runs[target], runs[baseline])
     rows = call_verdicts(r.con.sql(CALL_AGG_SQL).to_arrow_table().to_pylist())
     expected = sorted((x["rank"], x["step"], x["ord"], x["verdict"], x["reason"], x["e"]) for x in rows)
