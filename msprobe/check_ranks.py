@@ -2,7 +2,8 @@
 
 For each rank group (default: every rank of the recorded world size) and step, the
 ``replicas`` view (:mod:`store.replicas`) lines the ranks' records of one tensor up. This
-module picks the first row (by step, call position, inputs before outputs) that does not
+module picks the first row (by step, call position, entry name where ranks that recorded
+different calls put two entries at one position, inputs before outputs) that does not
 agree among the checked rows (by default those that must agree, ``must_agree``:
 parameters, replicated collective outputs, outputs of calls whose inputs agreed; every
 tensor with ``all_calls``), splits its ranks into clusters of equal fingerprints (CRC-32
@@ -314,8 +315,8 @@ def _close(a, b, tol: float, exact: bool) -> bool:
             if x is not y:
                 return False
             continue
-        if math.isnan(x) or math.isnan(y):
-            if not (math.isnan(x) and math.isnan(y)):
+        if not (math.isfinite(x) and math.isfinite(y)):   # NaN, +-Inf: equal to themselves only
+            if not (x == y or (math.isnan(x) and math.isnan(y))):
                 return False
             continue
         if x != y and abs(x - y) > tol * max(abs(x), abs(y)):
@@ -407,7 +408,7 @@ def _downstream(con, g: int, origin: dict, odd: tuple[int, ...], majority: tuple
     ``start`` (:func:`_entry_start`) on, never the origin entry's own inputs.
     """
     rows = _rows(con, f"SELECT * FROM {VIEW_REPLICAS} WHERE grp = ? AND n_ranks > 1 AND step = ? "
-                      "ORDER BY pos, io_order, io, arg, process_group", [g, step])
+                      "ORDER BY pos, name, io_order, io, arg, process_group", [g, step])
     inputs: dict[str, bool] = {}       # entry name -> its inputs agree among the majority
     for r in rows:                     # every entry of the step: a backward's forward may precede the origin
         if r["io_order"] == 0:
@@ -462,7 +463,7 @@ def _check_group(source: _Source, g: int, members: tuple[int, ...], all_calls: b
             if row is None and n_odd:
                 source.lists(con, g, step)
                 found = _rows(con, f"SELECT * FROM {VIEW_REPLICAS} WHERE grp = ? AND n_ranks > 1 AND NOT agree{checked} "
-                                   f"AND step = ? ORDER BY pos, io_order, io, arg, process_group LIMIT 1", [grp, step])
+                                   f"AND step = ? ORDER BY pos, name, io_order, io, arg, process_group LIMIT 1", [grp, step])
                 if found:
                     row = found[0]
                     majority, odd = _majority(_clusters(row, tol)[0])

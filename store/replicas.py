@@ -55,7 +55,8 @@ Columns:
 ``agree``
     exact: one distinct CRC-32 (and dtype and shape); otherwise dtype and shape equal and
     each statistic's spread over ranks (max - min) at most ``tol`` times its largest
-    magnitude (``tol`` = 0: bitwise-equal statistics; NaN equals NaN). A tensor recorded
+    magnitude (``tol`` = 0: bitwise-equal statistics; NaN and +-Inf equal only themselves,
+    never a finite value or the other sign, whatever ``tol``). A tensor recorded
     by one rank only agrees.
 ``parent``
     the entry's parent entry (the module it ran in), as the ``calls`` view has it.
@@ -263,7 +264,10 @@ def merged_sql(tensors: str, values: str, *, tol: float = 0.0, lists: bool = Fal
 
     def spread_ok(stem: str) -> str:
         hi, lo = f"max({stem}_hi)", f"min({stem}_lo)"
-        return f"({hi} IS NOT DISTINCT FROM {lo} OR ({hi} - {lo} <= {tol_sql} * greatest(abs({hi}), abs({lo}))))"
+        # NaN and +-Inf agree only with themselves (IS NOT DISTINCT FROM): in DuckDB NaN
+        # compares greater than every number, so a NaN or infinite spread would pass <=
+        return (f"({hi} IS NOT DISTINCT FROM {lo} OR (isfinite({hi}) AND isfinite({lo}) "
+                f"AND {hi} - {lo} <= {tol_sql} * greatest(abs({hi}), abs({lo}))))")
 
     stats_agree = " AND ".join(spread_ok(stem) for stem in ("max", "min", "mean", "norm"))
     listed = "".join(f"flatten(list(list_{c} ORDER BY first_rank)) AS {'ranks' if c == S.RANK else c}, "

@@ -159,3 +159,52 @@ def test_statistics_and_tolerance_merge_over_rank_batches(tmp_path, monkeypatch,
     assert g.first is None and g.compared == 1
     (g,) = check_ranks(root, tol=5e-4).groups
     assert g.first is not None and g.first.odd == (3,)
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+@pytest.mark.parametrize("per_read", [1, 2, 64])
+def test_entries_at_one_position_are_taken_in_name_order(tmp_path, monkeypatch, compacted, per_read):
+    """Ranks that recorded different calls put several entries at one call position (each
+    entry's smallest position over the ranks): the first disagreement among them is the one
+    of the smallest name, however the ranks are batched, and the dump.json layout agrees."""
+    import msprobe.check_ranks as check_ranks_module
+
+    monkeypatch.setattr(check_ranks_module, "RANKS_PER_READ", per_read)
+    names = [f"Functional.op{k}.0.forward" for k in range(4)]
+    root = tmp_path / "d"
+    for rank in range(4):      # rank r records op{r} then op{r+1}: each op is first on one rank
+        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": 4}
+        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            for name in (names[rank], names[(rank + 1) % 4]):
+                writer.append(Call(step=0, kind="api_forward", name=name, api_type="Functional",
+                                   keys=("input_args", "input_kwargs", "output"),
+                                   leaves=(_tensor("output", (0,), f"{rank:08x}"),)))
+            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+    if compacted:
+        compact(root)
+    export_log(root, tmp_path / "upstream")
+    for dump in (root, tmp_path / "upstream"):
+        (g,) = check_ranks(dump, all_calls=True).groups
+        assert (g.first.name, g.first.odd, g.first.values) == (names[0], (0, 3), {0: "00000000", 3: "00000003"})
+
+
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_statistic_on_one_rank_is_the_odd_rank_out(tmp_path, odd):
+    """Rank 2's weight has a NaN or infinite Mean, the others 0.5: a disagreement at any
+    tolerance, rank 2 the odd rank out (by statistics: no CRC-32 recorded)."""
+    root = tmp_path / "d"
+    for rank in range(3):
+        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": 3}
+        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            weight = _tensor("parameters", ("weight",), None).replace(mean=odd if rank == 2 else 0.5)
+            writer.append(Call(step=0, kind="module_forward", name=LINEAR, api_type="Module",
+                               keys=("parameters",), leaves=(weight,)))
+            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+    for tol in (0.0, 0.5):
+        result = check_ranks(root, tol=tol)
+        f = result.groups[0].first
+        assert result.exit_code == 1 and (f.by, f.majority, f.odd) == ("statistics", (0, 1), (2,))

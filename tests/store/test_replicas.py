@@ -175,3 +175,19 @@ def test_the_view_without_lists_is_the_view_less_its_lists():
         assert agree[(0, "Module.fc.Linear.forward.0", "parameters")] is False
         assert agree[(1, "Module.fc.Linear.forward.0", "parameters")] is True
         assert agree[(0, "Functional.linear.0.forward", "input_args")] is (tol > 0)
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-3])
+@pytest.mark.parametrize("odd, agree", [(float("nan"), False), (float("inf"), False), (-float("inf"), False),
+                                        (0.5, True)])
+def test_a_non_finite_statistic_agrees_only_with_itself(tol, odd, agree):
+    """NaN or +-Inf on one rank against a finite Mean on the others disagrees at any
+    tolerance (the spread max - min is NaN or Inf); the same value on every rank agrees."""
+    rows = [leaf(r, "Torch.add.0.forward", "output", "0", stats=(1.0, 0.0, odd if r == 2 else 0.5, 2.0))
+            for r in range(3)]
+    assert view(rows, [[0, 1, 2]], tol=tol)[0]["agree"] is agree
+    same = [leaf(r, "Torch.add.0.forward", "output", "0", stats=(1.0, 0.0, odd, 2.0)) for r in range(3)]
+    assert view(same, [[0, 1, 2]], tol=tol)[0]["agree"] is True
+    signs = [leaf(r, "Torch.add.0.forward", "output", "0", stats=(1.0, 0.0, (-1) ** r * float("inf"), 2.0))
+             for r in range(2)]
+    assert view(signs, [[0, 1]], tol=tol)[0]["agree"] is False
