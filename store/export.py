@@ -6,11 +6,11 @@ Layout (upstream-dump-format.md sections 1, 3, 4)::
     {out}/{rank_dir}/debug.json                                         level debug
 
 :func:`export_step` turns the rows of one rank and one step into the three files, offline
-(:func:`export_log`, rows from :class:`store.select.StoreReader`, one rank at a time) and live
-(:class:`store.step_files.StepFiles`, the rows of :meth:`store.log_writer.LogWriter.take_step`
-as the writer flushed them). The output depends only on the set of rows and, within one
-``seq``, on the order of its leaf rows (both paths keep the order the writer gave them), so
-the two paths write byte-identical files.
+(:func:`export_log`, rows from :class:`store.select.StoreReader`, one rank at a time); :class:`StepExporter` does
+the same live (:mod:`store.step_files`), fed the rows of
+:meth:`store.log_writer.LogWriter.take_step` as the writer flushed them. The output depends only on the set of rows
+and, within one ``seq``, on the order of its leaf rows (both paths keep the order the writer
+gave them), so the two paths write byte-identical files.
 Every file is written atomically (temporary name in the same directory, then
 ``os.replace``), mode 0o640, in directories of mode 0o750.
 
@@ -60,6 +60,7 @@ __all__ = [
     "META_KEYS",
     "EntryBuilder",
     "ExportReport",
+    "StepExporter",
     "TENSOR_DIR",
     "TensorFileWriter",
     "export_tensors",
@@ -218,6 +219,32 @@ def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any
     if text is None:
         return _dumps({key: value_of(token) for key, token in items})
     return text
+
+
+class StepExporter:
+    """The live :func:`export_step` of the step a process is recording: :meth:`add` takes
+    each new batch of the step's rows (as the log writer hands them out, in any order);
+    :meth:`write` writes what :func:`export_step` writes for all rows added so far."""
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+
+    def add(self, rows: pa.Table) -> None:
+        """Add rows of the step (a table with :data:`store.schema.LOG_SCHEMA`, as
+        :meth:`store.log_writer.LogWriter.take_step` returns them)."""
+        if rows.num_rows:
+            self._parts.append(rows)
+
+    def rows(self) -> pa.Table:
+        """All rows added so far, as one table."""
+        return pa.concat_tables(self._parts) if self._parts else S.LOG_SCHEMA.empty_table()
+
+    def write(self, stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
+              out_dir: Union[str, os.PathLike], *, payloads: Optional[PayloadReader] = None,
+              write_tensor: Optional[TensorFileWriter] = None, done: Optional[set] = None) -> list[Path]:
+        """Write the step's files (arguments and errors as :func:`export_step`)."""
+        return export_step(self.rows(), stacks, meta, out_dir, payloads=payloads, write_tensor=write_tensor,
+                           done=done)
 
 
 def export_tensors(

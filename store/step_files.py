@@ -13,10 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import pyarrow as pa
-
-from store import schema as S
-from store.export import TensorFileWriter, export_debug, export_step
+from store.export import StepExporter, TensorFileWriter, export_debug
 from store.log_writer import LogWriter
 from store.payload_writer import PayloadReader
 
@@ -34,7 +31,7 @@ class StepFiles:
     def __init__(self, writer: LogWriter, dump_path: os.PathLike | str) -> None:
         self.writer = writer
         self._dump_path = Path(dump_path)
-        self._rows: list[pa.Table] = []  # the step's rows taken from the writer so far
+        self._exporter = StepExporter()
         self._tensors_done: set = set()
 
     def export(self, step: int, meta: Mapping[str, Any], emitted: bool, *,
@@ -47,33 +44,29 @@ class StepFiles:
                 ``dump_data_dir``, ``rank_dir``, ...; see ``store.export``).
             emitted: whether a call of the step reached the log (False: only markers
                 did, which never change the files: the skeleton files are written).
-            payloads, write_tensor: task ``tensor`` (see :func:`store.export.export_step`).
+            payloads, write_tensor: task ``tensor`` (see :meth:`StepExporter.write`).
         Raises:
             StoreWriteError: the log writer failed.
             OSError: a file could not be written.
         """
         if emitted:
-            taken = self.writer.take_step(step)
-            if taken.num_rows:
-                self._rows.append(taken)
+            self._exporter.add(self.writer.take_step(step))
         else:
             self.writer.flush()
-        rows = pa.concat_tables(self._rows) if self._rows else S.LOG_SCHEMA.empty_table()
-        if len(self._rows) > 1:
-            self._rows = [rows]
         rank_dir = meta["rank_dir"]
         if meta["level"] == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
-            export_debug(rows, meta, self._dump_path / rank_dir, payloads=payloads,
+            export_debug(self._exporter.rows(), meta, self._dump_path / rank_dir, payloads=payloads,
                          write_tensor=write_tensor, done=self._tensors_done)
             return
-        export_step(rows, self.writer.stacks(), meta, self._dump_path / f"step{step}" / rank_dir,
-                    payloads=payloads, write_tensor=write_tensor, done=self._tensors_done)
+        self._exporter.write(self.writer.stacks(), meta, self._dump_path / f"step{step}" / rank_dir,
+                             payloads=payloads, write_tensor=write_tensor, done=self._tensors_done)
 
     def end_step(self, step: int) -> None:
         """Close step ``step`` after its last export: the log is fsynced in the background
         (:meth:`LogWriter.flush`), rows of the step flushed after the export (the
         ``step_end`` marker) are dropped, the log file is ended if it reached its segment
-        size (:meth:`LogWriter.end_segment_if_due`), and the next step starts without rows.
+        size (:meth:`LogWriter.end_segment_if_due`), and the next step starts with an empty
+        exporter.
 
         Raises:
             StoreWriteError: the log writer failed.
@@ -81,5 +74,5 @@ class StepFiles:
         self.writer.flush(True, background=True)
         self.writer.drop_step_rows(step)
         self.writer.end_segment_if_due()
-        self._rows = []
+        self._exporter = StepExporter()
         self._tensors_done = set()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from store import schema as S
 from store.entries import _plain, _put, _tensor_record, build_entries, entry_values
-from store.export import _dump_text, export_debug, export_step
+from store.export import StepExporter, _dump_text, export_debug, export_step
 from store.json_text import _NotPlainJson, dumps_indent1
 from store.record_text import records_encoder
 
@@ -73,8 +73,10 @@ def _has_tuple(value) -> bool:
 
 
 def _live_text(parts: list[pa.Table], tmp_path) -> str:
-    """dump.json as the live export writes it from the step's rows taken in ``parts``."""
-    export_step(pa.concat_tables(parts), {}, META, tmp_path)
+    live = StepExporter()
+    for part in parts:
+        live.add(part)
+        live.write({}, META, tmp_path)
     return (tmp_path / "dump.json").read_text()
 
 

@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from store import arrow_np
 from store import schema as S
 from store.entries import CALL_COLUMNS, LEAF_COLUMNS
-from store.export import export_log
+from store.export import StepExporter, export_log
 from store.log_writer import LogWriter
-from store.step_files import StepFiles
 from store.records import Call, Leaf, Marker, Stack
 
 META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank"}
@@ -74,14 +73,16 @@ def _pg_call(step: int = 0) -> Call:
                                                   Leaf(io="bias", path=(), leaf_kind="none")))
 
 
-def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5) -> tuple[dict, dict]:
+def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5, order=None) -> tuple[dict, dict]:
     """Write ``steps`` (per step: a list of events and "take" markers where the live export
-    takes and writes) through a LogWriter and its StepFiles; returns the live files and
-    those export_log rebuilds from the log."""
+    takes and writes) through a LogWriter with a live StepExporter per step; returns the
+    live files and those export_log rebuilds from the log."""
     dump = tmp_path / "d"
+    exporter = None
     with LogWriter(dump, 0, flush_rows=flush_rows, flush_interval_s=3600) as writer:
-        files = StepFiles(writer, dump)
         for step, events in enumerate(steps):
+            exporter = StepExporter()
+            taken = []
             for event in events:
                 if isinstance(event, Call):
                     writer.append(event)
@@ -90,8 +91,14 @@ def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5) -> tuple[dic
                 elif isinstance(event, Marker):
                     writer.append_marker(event)
                 else:  # "take": stop() or step()
-                    files.export(step, META, True)
-            files.end_step(step)
+                    taken.append(writer.take_step(step))
+                    if order is None:
+                        exporter.add(taken[-1])
+                        exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
+            if order is not None:  # the parts in another order: rows out of seq order
+                for i in order:
+                    exporter.add(taken[i])
+                exporter.write(writer.stacks(), META, dump / f"step{step}" / "rank")
     export_log(dump, tmp_path / "re")
     return json_files(dump), json_files(tmp_path / "re")
 
@@ -111,6 +118,13 @@ def _step(step: int, first: int) -> list:
 def test_live_export_equals_offline_export(tmp_path, json_files, flush_rows):
     live, offline = _live_and_offline(tmp_path, json_files, [_step(0, 0), _step(1, 10)], flush_rows=flush_rows)
     assert sorted(live) == sorted(offline) and len(live) == 6
+    for name in live:
+        assert live[name] == offline[name], name
+
+
+def test_live_export_equals_offline_export_with_parts_out_of_seq_order(tmp_path, json_files):
+    live, offline = _live_and_offline(tmp_path, json_files, [_step(0, 0)], order=(2, 0, 1))
+    assert sorted(live) == sorted(offline) and len(live) == 3
     for name in live:
         assert live[name] == offline[name], name
 
