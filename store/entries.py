@@ -1,7 +1,7 @@
 """dump.json entries from log rows (spec section 3.2): the model the exporters encode.
 
-:func:`build_entries` turns the rows of one rank into ordered entries (:class:`EntryBuilder`
-does the same fed in parts of ascending ``seq``). Rules: call rows in
+:func:`build_entries` turns the rows of one rank into ordered entries; :class:`EntryBuilder`
+does the same fed in parts (the live exporter's incremental path). Rules: call rows in
 ``seq`` order give one entry per name (keys in order of first appearance; ``parent``,
 ``stack_id``, ``is_recompute`` from the first row that sets them); leaf rows fill each
 key by ``path``; ``{P}.parameters_grad`` follows the step's first ``{P}.forward.{n}``.
@@ -23,10 +23,11 @@ __all__ = ["CALL_COLUMNS", "LEAF_COLUMNS", "EntryBuilder", "build_entries", "ent
 _PG_SUFFIX = "." + S.PARAMETERS_GRAD
 _FORWARD_COUNTER = re.compile(r"\.forward\.\d+$")
 #: the columns of the leaf rows and of the call rows that :class:`EntryBuilder` reads, in
-#: the order :meth:`EntryBuilder.add` reads them in (``seq`` first)
+#: the order :meth:`EntryBuilder.add_columns` takes them (``seq`` first)
 LEAF_COLUMNS = (S.SEQ, S.IO, S.PATH, S.LEAF_KIND) + tuple(column for column, _ in S.TENSOR_RECORD_KEYS) + (
     S.VALUE_JSON,)
 CALL_COLUMNS = (S.SEQ, S.KIND, S.NAME, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE, S.KEYS)
+_CACHE_LIMIT = 4096  # distinct keys/path texts an EntryBuilder hands on to the next one
 
 
 @dataclass(slots=True)
@@ -268,16 +269,30 @@ class EntryBuilder:
 
     Feeding the rows of one step in parts whose ``seq`` ranges follow each other (what
     :meth:`store.log_writer.LogWriter.take_step` hands out) builds the same entries as one
-    :func:`build_entries` over all of them.
+    :func:`build_entries` over all of them; :meth:`add` returns the names of the entries
+    the part created or changed, so an exporter re-encodes only those.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Optional["EntryBuilder"] = None) -> None:
+        """Args:
+            previous: a builder whose parsed ``keys``/``path`` texts and checked value
+                texts are reused (read-only; not shared once they hold more than
+                :data:`_CACHE_LIMIT` texts).
+        """
         self.entries: dict[str, _Entry] = {}
         self._entry_of_seq: dict[int, _Entry] = {}
         self._keys_cache: dict[Optional[str], tuple[str, ...]] = {}
         # path text -> (components, list index of a one-int path or -1)
         self._path_cache: dict[Optional[str], tuple[tuple, int]] = {}
         self._value_texts: dict[str, tuple[str]] = {}  # value_json texts json.loads accepted
+        if previous is not None:
+            if len(previous._keys_cache) <= _CACHE_LIMIT:
+                self._keys_cache = previous._keys_cache
+            if len(previous._path_cache) <= _CACHE_LIMIT:
+                self._path_cache = previous._path_cache
+            if len(previous._value_texts) <= _CACHE_LIMIT:
+                self._value_texts = previous._value_texts
+        self.max_seq = -1
 
     def order(self) -> list[str]:
         """Entry names in dump.json order (:func:`_order_entries`)."""
@@ -293,7 +308,7 @@ class EntryBuilder:
 
     def _value(self, value_json: Optional[str]) -> Any:
         """The leaf of a value row: ``(value_json,)``, the text checked by ``json.loads``
-        once per builder (a bad text raises here, as when it was parsed at once)."""
+        once per builder chain (a bad text raises here, as when it was parsed at once)."""
         if value_json is None:
             return None
         token = self._value_texts.get(value_json)
@@ -302,14 +317,22 @@ class EntryBuilder:
             token = self._value_texts[value_json] = (value_json,)
         return token
 
-    def add(self, rows: pa.Table) -> None:
-        """Apply ``rows`` (call and leaf rows; other rows are ignored)."""
+    def add(self, rows: pa.Table) -> set[str]:
+        """Apply ``rows`` (call and leaf rows; other rows are ignored); returns the names
+        of the entries created or changed."""
         if rows.num_rows == 0:
-            return
+            return set()
         row_column = rows[S.ROW].combine_chunks()
-        # the columns of each row kind as Python lists, in row order
-        calls = _in_seq_order(_rows_as_lists(rows, row_column, S.ROW_CALL, CALL_COLUMNS))
-        leaves = _rows_as_lists(rows, row_column, S.ROW_LEAF, LEAF_COLUMNS)
+        return self.add_columns(_rows_as_lists(rows, row_column, S.ROW_CALL, CALL_COLUMNS),
+                                _rows_as_lists(rows, row_column, S.ROW_LEAF, LEAF_COLUMNS))
+
+    def add_columns(self, calls: list[list], leaves: list[list]) -> set[str]:
+        """:meth:`add` of rows given as Python columns: ``calls`` the :data:`CALL_COLUMNS`
+        of the call rows, ``leaves`` the :data:`LEAF_COLUMNS` of the leaf rows, each a list
+        per column, in row order, holding what ``arrow_np.pylist(..., tuples=True)`` of
+        those rows gives."""
+        touched: set[str] = set()
+        calls = _in_seq_order(calls)
         entries = self.entries
         entry_of_seq = self._entry_of_seq
         keys_cache = self._keys_cache
@@ -337,9 +360,17 @@ class EntryBuilder:
                 if entry.is_recompute is None:
                     entry.is_recompute = is_recompute
             entry_of_seq[seq] = entry
+            touched.add(name)
+            if seq is not None and seq > self.max_seq:
+                self.max_seq = seq
 
         leaves = _in_seq_order(leaves)
         seqs = leaves[0]
+        for seq in reversed(seqs):  # the largest seq: the last one that is set (seq order)
+            if seq is not None:
+                if seq > self.max_seq:
+                    self.max_seq = seq  # a later part holding this seq's call row is out of order
+                break
         path_cache = self._path_cache
         records = zip(*leaves[_RECORD_SLICE])  # RECORD_FIELDS: one exact tuple per row, built by zip
         last_seq = entry = values = None
@@ -353,6 +384,7 @@ class EntryBuilder:
                 if entry is None:
                     continue
                 values = entry.values
+                touched.add(entry.name)
             if leaf_kind == tensor_kind:
                 # a tensor leaf's value_json holds extra keys of its record ("alias_of")
                 value = record if value_json is None else {**_tensor_record(*record), **json.loads(value_json)}
@@ -381,6 +413,7 @@ class EntryBuilder:
                     root.append(value)
             else:
                 values[key] = _put(root, path, value)
+        return touched
 
 
 def entry_values(order: Sequence[str], entries: Mapping[str, _Entry]) -> dict[str, Any]:

@@ -151,6 +151,32 @@ def export_step(
     """
     _check_meta(meta)
     order, entries = build_entries(rows)
+    return _write_step(order, entries, None, stacks, meta, out_dir, lambda: rows,
+                       payloads=payloads, write_tensor=write_tensor, done=done)
+
+
+def _file_signature(path: Path) -> Optional[tuple[int, int, int, int]]:
+    """``(size, mtime_ns, inode, device)`` of ``path``, None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _write_step(order: list[str], entries: Mapping[str, _Entry], chunks: Optional[dict[str, str]],
+                stacks: Mapping[int, Sequence[str]], meta: Mapping[str, Any],
+                out_dir: Union[str, os.PathLike], rows: Callable[[], pa.Table], *,
+                payloads: Optional[PayloadReader], write_tensor: Optional[TensorFileWriter],
+                done: Optional[set], memo: Optional[dict] = None, version: int = 0) -> list[Path]:
+    """The files of :func:`export_step` from built entries (``chunks``: cache of encoded
+    entries, see :func:`_dump_text`; ``rows()``: the step's rows, for tensor files).
+
+    With ``memo`` (a live exporter's: ``{file name: (path, source, signature)}``) a file
+    is neither encoded nor rewritten when what its text is made of (``version`` of the
+    entries and ``meta`` for dump.json, the member lists for stack.json and
+    construct.json) equals what was last written there and the file on disk is still
+    that one (same size, mtime, inode: a file deleted or replaced since is rewritten)."""
     level = meta["level"]
     stack_items = [
         (name, entries[name].stack_id)
@@ -160,35 +186,54 @@ def export_step(
     kinds = _CONSTRUCT_KINDS.get(level, frozenset())
     construct = [(name, entries[name].parent) for name in order if entries[name].kind in kinds]
     directory = make_dirs(out_dir, own_levels=2)
-    written = [directory / DUMP_FILE]
-    atomic_write_text(written[-1], _dump_text(meta, level, order, entries))
+    written = []
+    files = [(DUMP_FILE, (version, tuple(meta.items())) if memo is not None else None,
+              lambda: _dump_text(meta, level, order, entries, chunks))]
     if meta.get("extra_info", True):  # config.json ``extra_info: false``: dump.json only
-        written.append(directory / STACK_FILE)
-        atomic_write_text(written[-1], _items_text(stack_items, lambda sid: list(stacks[sid])))
-        written.append(directory / CONSTRUCT_FILE)
-        atomic_write_text(written[-1], _items_text(construct, None))
+        files += [
+            (STACK_FILE, stack_items, lambda: _items_text(stack_items, lambda sid: list(stacks[sid]), chunks)),
+            (CONSTRUCT_FILE, construct, lambda: _items_text(construct, None, chunks)),
+        ]
+    for file_name, source, text_of in files:
+        target = directory / file_name
+        written.append(target)
+        if memo is not None:
+            last = memo.get(file_name)
+            if last is not None and last[0] == target and last[1] == source and last[2] is not None \
+                    and _file_signature(target) == last[2]:
+                continue  # unchanged since this exporter wrote it
+        atomic_write_text(target, text_of())
+        if memo is not None:
+            memo[file_name] = (target, source, _file_signature(target))
     if payloads is not None and write_tensor is not None and meta["task"] != _TASK_STRUCTURE:
-        export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
+        export_tensors(rows(), payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return written
 
 
 _EMPTY_DATA_TAIL = "{}\n}"
 
 
-def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], indent: str,
-                 encode: Callable[[Any, str, list], None] = _encode, prefix: str = "", suffix: str = "") -> Optional[str]:
+def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], Any], cache_key: Callable[[str, Any], Any],
+                 chunks: Optional[dict], indent: str, encode: Callable[[Any, str, list], None] = _encode,
+                 prefix: str = "", suffix: str = "") -> Optional[str]:
     """``prefix`` + the ``indent=1`` text of a non-empty JSON object nested at
     ``indent[:-1]`` + ``suffix``, joined once (dump.json is large: no copy per piece). The
     object is given as ``(key, token)`` pairs whose values are ``value_of(token)``; each
-    ``"key": value`` member is encoded by ``encode`` (:func:`store.json_text._encode`'s
-    signature). None when a value is not plain JSON (the caller falls back to
-    :func:`json.dumps`)."""
+    ``"key": value`` member is encoded once (by ``encode``, :func:`store.json_text._encode`'s
+    signature) and kept in ``chunks`` under ``cache_key(key, token)``.
+    None when a value is not plain JSON (the caller falls back to :func:`json.dumps`)."""
     parts = []
     try:
         for key, token in members:
-            out = [_ENCODE_STR(key), ": "]
-            encode(value_of(token), indent, out)
-            parts.append("".join(out))
+            ck = cache_key(key, token)
+            piece = chunks.get(ck) if chunks is not None else None
+            if piece is None:
+                out = [_ENCODE_STR(key), ": "]
+                encode(value_of(token), indent, out)
+                piece = "".join(out)
+                if chunks is not None:
+                    chunks[ck] = piece
+            parts.append(piece)
     except (_NotPlainJson, RecursionError):
         return None
     parts[0] = prefix + "{\n" + indent + parts[0]
@@ -196,44 +241,101 @@ def _object_text(members: Sequence[tuple[str, Any]], value_of: Callable[[Any], A
     return (",\n" + indent).join(parts)
 
 
-def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry]) -> str:
-    """dump.json's text, exactly ``dumps_indent1(_top(meta, level, entry_values(...)))``:
-    each entry encoded on its own (``"name": value`` at the depth of ``data``'s items), the
-    pieces joined."""
+def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entries: Mapping[str, _Entry],
+               chunks: Optional[dict]) -> str:
+    """dump.json's text, exactly ``dumps_indent1(_top(meta, level, entry_values(...)))``.
+
+    Each entry is encoded on its own (``"name": value`` at the depth of ``data``'s items)
+    and the pieces joined; with ``chunks`` (name -> encoded entry) pieces are reused and
+    new ones stored, so a live step re-encodes only the entries that changed.
+    """
     head = _dumps(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
         text = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
-                            "  ", records_encoder(), head[: -len(_EMPTY_DATA_TAIL)], "\n}")
+                            lambda name, _: name, chunks, "  ", records_encoder(),
+                            head[: -len(_EMPTY_DATA_TAIL)], "\n}")
         if text is not None:
             return text
     return _dumps(_top(meta, level, entry_values(order, entries)))
 
 
-def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]]) -> str:
+def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
+                chunks: Optional[dict]) -> str:
     """``dumps_indent1(dict(...))`` of a top-level object given as ``(key, token)`` pairs,
-    the value being ``expand(token)`` (or the token itself)."""
+    the value being ``expand(token)`` (or the token itself). With ``chunks``, the text of
+    each ``(key, token)`` member is cached (tokens are immutable: stack ids, parent names)."""
     value_of = expand if expand is not None else (lambda token: token)
     if not items:
         return "{}"
-    text = _object_text(items, value_of, " ")
+    text = _object_text(items, value_of, lambda key, token: (_ITEMS, key, token), chunks, " ")
     if text is None:
         return _dumps({key: value_of(token) for key, token in items})
     return text
 
 
-class StepExporter:
-    """The live :func:`export_step` of the step a process is recording: :meth:`add` takes
-    each new batch of the step's rows (as the log writer hands them out, in any order);
-    :meth:`write` writes what :func:`export_step` writes for all rows added so far."""
+_ITEMS = object()  # cache-key tag of _items_text members (never equal to an entry name)
 
-    def __init__(self) -> None:
+
+class StepExporter:
+    """Live, incremental :func:`export_step` for the step a process is recording.
+
+    :meth:`add` takes each new batch of the step's rows (in the order the log writer
+    hands them out); :meth:`write` writes the same bytes :func:`export_step` would write
+    for all rows added so far, re-building and re-encoding only the entries the new rows
+    touched (``step()`` after ``stop()`` encodes only the entries that arrived between them), and
+    leaves alone a file whose content would not change and that is still, on disk, the
+    file it last wrote there (a deleted or replaced file is written again).
+    Rows that arrive out of ``seq`` order make the next :meth:`write` rebuild everything.
+    """
+
+    def __init__(self, previous: Optional["StepExporter"] = None) -> None:
+        """Args:
+            previous: the exporter of the step before (optional): the text of the
+                stack.json/construct.json members it last wrote and its parsed ``keys``/
+                ``path`` texts are reused (the calls of a training step repeat each step).
+        """
         self._parts: list[pa.Table] = []
+        self._builder = EntryBuilder(previous._builder if previous is not None else None)
+        self._chunks: dict = {}  # entry name -> dump.json text; (tag, key, value) -> text
+        self._stale = False
+        self._version = 0  # changes whenever the entries may have changed
+        self._memo: dict = {}  # what each file was last written from (see _write_step)
+        if previous is not None:
+            self._chunks = previous._member_texts()
+
+    def _member_texts(self) -> dict:
+        """The cached text of the stack.json and construct.json members of the last write."""
+        chunks = self._chunks
+        kept = {}
+        for file_name in (STACK_FILE, CONSTRUCT_FILE):
+            last = self._memo.get(file_name)
+            for key, token in last[1] if last is not None else ():
+                text = chunks.get((_ITEMS, key, token))
+                if text is not None:
+                    kept[(_ITEMS, key, token)] = text
+        return kept
 
     def add(self, rows: pa.Table) -> None:
         """Add rows of the step (a table with :data:`store.schema.LOG_SCHEMA`, as
-        :meth:`store.log_writer.LogWriter.take_step` returns them)."""
-        if rows.num_rows:
-            self._parts.append(rows)
+        :meth:`store.log_writer.LogWriter.take_step` returns them). The cached text of the
+        entries they touch is dropped (stack.json/construct.json members are keyed by
+        their immutable values and stay valid)."""
+        if rows.num_rows == 0:
+            return
+        self._parts.append(rows)
+        if self._stale:
+            self._version += 1
+            return
+        low = arrow_np.int_min(rows[S.SEQ])
+        if low is not None and low <= self._builder.max_seq:
+            self._stale = True  # out of order: rebuild at the next write
+            self._version += 1
+            return
+        touched = self._builder.add(rows)
+        if touched:
+            self._version += 1
+        for name in touched:
+            self._chunks.pop(name, None)
 
     def rows(self) -> pa.Table:
         """All rows added so far, as one table."""
@@ -243,8 +345,16 @@ class StepExporter:
               out_dir: Union[str, os.PathLike], *, payloads: Optional[PayloadReader] = None,
               write_tensor: Optional[TensorFileWriter] = None, done: Optional[set] = None) -> list[Path]:
         """Write the step's files (arguments and errors as :func:`export_step`)."""
-        return export_step(self.rows(), stacks, meta, out_dir, payloads=payloads, write_tensor=write_tensor,
-                           done=done)
+        _check_meta(meta)
+        if self._stale:
+            self._builder = EntryBuilder()
+            self._chunks = {}
+            self._builder.add(self.rows())
+            self._stale = False
+        builder = self._builder
+        return _write_step(builder.order(), builder.entries, self._chunks, stacks, meta, out_dir, self.rows,
+                           payloads=payloads, write_tensor=write_tensor, done=done,
+                           memo=self._memo, version=self._version)
 
 
 def export_tensors(
@@ -412,7 +522,7 @@ def export_debug(
     order, entries = build_entries(rows)
     directory = make_dirs(out_dir, own_levels=1)
     target = directory / DEBUG_FILE
-    atomic_write_text(target, _dump_text(meta, LEVEL_DEBUG, order, entries))
+    atomic_write_text(target, _dump_text(meta, LEVEL_DEBUG, order, entries, None))
     if payloads is not None and write_tensor is not None:
         export_tensors(rows, payloads, write_tensor, directory / TENSOR_DIR, done=done)
     return [target]

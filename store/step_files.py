@@ -66,7 +66,7 @@ class StepFiles:
         (:meth:`LogWriter.flush`), rows of the step flushed after the export (the
         ``step_end`` marker) are dropped, the log file is ended if it reached its segment
         size (:meth:`LogWriter.end_segment_if_due`), and the next step starts with an empty
-        exporter.
+        exporter (which reuses the stack.json/construct.json texts of this one).
 
         Raises:
             StoreWriteError: the log writer failed.
@@ -74,5 +74,5 @@ class StepFiles:
         self.writer.flush(True, background=True)
         self.writer.drop_step_rows(step)
         self.writer.end_segment_if_due()
-        self._exporter = StepExporter()
+        self._exporter = StepExporter(self._exporter)
         self._tensors_done = set()

@@ -483,8 +483,8 @@ def _step0_rows(tmp_path, sample):
 @pytest.mark.parametrize("parts", [1, 2, 5, 17])
 def test_step_exporter_in_parts_equals_export_step(tmp_path, sample, parts):
     """Rows fed in seq-ordered parts, with a write after each (as stop() then step() do),
-    give the bytes of one export_step over all rows (entries touched again by a later part:
-    keys merged, leaves replaced)."""
+    give the bytes of one export_step over all rows; entries touched again by a later part
+    (keys merged, leaves replaced) are re-encoded."""
     from store.export import StepExporter
 
     rows, stacks, meta = _step0_rows(tmp_path, sample)

@@ -224,11 +224,15 @@ def test_entries_touched_again_by_a_later_part(tmp_path):
     assert (tmp_path / "offline/dump.json").read_text() == _reference(all_rows)
 
 
-def test_dump_text_and_top_level_structure():
+def test_dump_text_without_chunks_and_top_level_structure():
     rows = [_call(0, S.API_FORWARD, "Torch.add.0.forward"), _tensor(0, "output", [0])]
     order, entries = build_entries(_table(rows))
     expected = _reference(_table(rows))
-    assert _dump_text(META, "mix", order, entries) == expected
+    assert _dump_text(META, "mix", order, entries, None) == expected
+    chunks: dict = {}
+    assert _dump_text(META, "mix", order, entries, chunks) == expected
+    assert _dump_text(META, "mix", order, entries, chunks) == expected  # from the cached pieces
+    assert set(chunks) == {"Torch.add.0.forward"}
 
 
 def test_encoder_refuses_what_is_not_a_record_or_plain_json():
@@ -366,7 +370,7 @@ def test_live_text_equals_json_dumps_of_entry_values(tmp_path_factory, step):
     out = tmp_path_factory.mktemp("live")
     assert _live_text([_table(part) for part in parts if part], out) == expected if rows else True
     order, entries = build_entries(table)
-    assert _dump_text(META, "mix", order, entries) == expected
+    assert _dump_text(META, "mix", order, entries, None) == expected
     values = entry_values(order, entries)
     assert not _has_tuple(values)
     plain = _expected_values(rows)  # what entry_values gave before records were tuples

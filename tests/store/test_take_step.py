@@ -81,7 +81,7 @@ def _live_and_offline(tmp_path, json_files, steps, *, flush_rows=5, order=None) 
     exporter = None
     with LogWriter(dump, 0, flush_rows=flush_rows, flush_interval_s=3600) as writer:
         for step, events in enumerate(steps):
-            exporter = StepExporter()
+            exporter = StepExporter(exporter)
             taken = []
             for event in events:
                 if isinstance(event, Call):
