@@ -9,8 +9,9 @@ call that is bad out and not bad in; ``nonfinite_calls`` counts the calls that a
 Over our store the answer reads only the rank-steps that hold a non-finite tensor: the
 compaction's per-(rank, step) summary (``nan_tensors``, ``inf_tensors``; the ``summary``
 view of :mod:`store.query`, which also covers the uncompacted log) names them, and they
-are loaded :data:`BATCH_RANK_STEPS` at a time, each rank's steps in order. Memory is that
-of one batch, not of the run; a run without NaN/Inf loads no tensor. Upstream layouts
+are loaded :data:`BATCH_RANK_STEPS` at a time, each rank's steps in order. After ``msprobe compact`` memory
+is that of one batch, not of the run (before it, the selected ranks' logs are read once
+for the summary); a run without NaN/Inf loads no tensor. Upstream layouts
 (dump.json) are loaded whole.
 """
 from __future__ import annotations

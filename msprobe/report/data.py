@@ -89,7 +89,7 @@ _STACKS = "msprobe_report_stacks"
 
 
 def _frames(con, stack_ids: list) -> dict:
-    """``{stack id: [frame, outermost first]}`` of ``stack_ids`` (ids without frames absent)."""
+    """``{stack id: [frame, innermost first]}`` of ``stack_ids`` (ids without frames absent)."""
     if not con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ?", [_STACKS]).fetchall():
         con.execute(f"CREATE TEMP TABLE {_STACKS} AS SELECT stack_id, list(frame ORDER BY depth) AS frames "
                     f"FROM stacks GROUP BY stack_id")
