@@ -252,9 +252,11 @@ class _Source:
         """Make the ``replicas`` view (with the per-rank lists) of step ``step`` of group
         ``g`` available on ``con``, a connection of :meth:`step`: our store's step is read
         whole (every rank of the group) once per connection."""
-        if self.con is not None or _has_view(con, VIEW_REPLICAS):
+        from store.query import relation_exists
+
+        if self.con is not None or relation_exists(con, VIEW_REPLICAS):
             return
-        if not con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'msprobe_step_source'").fetchall():
+        if not relation_exists(con, "msprobe_step_source"):
             self._read(con, list(self.groups[g]), step, "msprobe_step_source")
         create_replicas_view(con, "SELECT * FROM msprobe_step_source", [list(self.groups[g])], tol=self.tol)
 
@@ -276,10 +278,6 @@ class _Source:
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
-
-
-def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("SELECT 1 FROM duckdb_views() WHERE view_name = ?", [name]).fetchall())
 
 
 def _replica_views(con: duckdb.DuckDBPyConnection, source_sql: str, groups, tol: float) -> None:

@@ -78,6 +78,12 @@ def _sql_list(values) -> str:
     return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
 
 
+def relation_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether ``con`` holds a table or view named ``name`` (temporary ones included)."""
+    return bool(con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ? UNION ALL "
+                            "SELECT 1 FROM duckdb_views() WHERE view_name = ?", [name, name]).fetchall())
+
+
 def calls_sql(log: str, attributes: Sequence[str] = (S.KIND, S.PARENT, S.STACK_ID, S.IS_RECOMPUTE)) -> str:
     """The SELECT of the ``calls`` view over the relation ``log`` (log columns): one row per
     (rank, step, name, log file) with the entry's first ``seq`` and ``attributes``, each

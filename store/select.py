@@ -413,7 +413,6 @@ class StoreReader:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        schema = TAIL_SCHEMA
         wanted = set(TAIL_SCHEMA.names if columns is None else columns)
         unknown = (wanted | set(dictionary)) - set(TAIL_SCHEMA.names)
         if unknown:

@@ -38,7 +38,7 @@ import os
 from typing import Any, Callable, Optional, Sequence, Union
 
 from store import schema as S
-from store.query import connect
+from store.query import connect, relation_exists
 from store.select import StoreReader
 
 __all__ = ["collect", "plain"]
@@ -90,7 +90,7 @@ _STACKS = "msprobe_report_stacks"
 
 def _frames(con, stack_ids: list) -> dict:
     """``{stack id: [frame, innermost first]}`` of ``stack_ids`` (ids without frames absent)."""
-    if not con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ?", [_STACKS]).fetchall():
+    if not relation_exists(con, _STACKS):
         con.execute(f"CREATE TEMP TABLE {_STACKS} AS SELECT stack_id, list(frame ORDER BY depth) AS frames "
                     f"FROM stacks GROUP BY stack_id")
     return dict(con.execute(f"SELECT stack_id, frames FROM {_STACKS} WHERE list_contains(?, stack_id)",
