@@ -122,6 +122,8 @@ class Session:
         self.name_list = NameList(config.list)
         self.stacks = StackInterner(exclude_dirs)
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
+        self._meta_key: tuple | None = None  # meta(): the key and the dict built for it
+        self._meta: dict = {}
         # the log and the step files: a writer process (``_client``), or in this process
         # (``_writer`` and ``_files``: task tensor, MSPROBE_WRITER=inprocess, or after the
         # writer process ended)
@@ -472,6 +474,13 @@ class Session:
         return out
 
     def meta(self) -> dict:
+        """The markers' and the export's ``meta`` of the current step (``task``, ``level``,
+        ``framework``, ``dump_data_dir``, ``rank_dir``, ``extra_info``, and ``world_size`` and
+        ``ranks`` where known). Built once per step, rank directory and config (a start, stop
+        and step_end marker and two exports ask for it each step); callers do not change it."""
+        key = (self.step, self.rank_dir, self.world_size, self.config, self._dump_data_dir)
+        if self._meta_key == key:
+            return self._meta
         step_dir = self.step_dir()
         meta = {
             "task": self.config.task,
@@ -485,6 +494,7 @@ class Session:
             meta["world_size"] = self.world_size
         if self.config.rank:  # only these ranks record: readers expect no log of the others
             meta["ranks"] = sorted(self.config.rank)
+        self._meta_key, self._meta = key, meta
         return meta
 
     def step_dir(self, step: int | None = None) -> Path:

@@ -19,9 +19,13 @@ can reach to the wrapper, so the call is recorded under the wrapper's documented
   the wrapper.
 
 Nothing is done per call. A later ``start()`` is cheap when nothing changed: the module
-scan is skipped while ``sys.modules`` holds the same objects under the same names as at the
-last scan, and a model module's ``vars()`` is searched only where one of its values is an
-original or a ``functools.partial`` (both tested by identity, in C, over the values).
+scan is skipped while ``sys.modules`` has as many entries as at the last scan and the same
+module object under the same last name (an import adds at the end; a module replaced under
+a name that is not the last is found at the next start() after an import), and a model
+module's ``vars()`` is searched only where one of its values is an original or a
+``functools.partial`` (both tested by identity, in C, over the values). Comparing every
+entry of ``sys.modules`` instead cost ~0.4 ms per ``start()`` inside a training loop (2,000
+modules: a cache miss per module object).
 
 Each rebinding is undone when the wrappers are removed (the original is put back where
 the slot still holds the wrapper; a wrapper another debugger put there stays). References
@@ -72,9 +76,9 @@ class References:
         self._targets = targets
         self._group = group
         self._scanned: dict[str, int] = {}  # module name -> id of the module object scanned
-        # sys.modules at the last scan: its names and its objects (held: no id is reused), in order
-        self._names: list[str] = []
-        self._modules: list[Any] = []
+        # sys.modules at the last scan: its size and its last entry (the module held: no id is reused)
+        self._size = -1
+        self._last: tuple = ()
         self._classes: set[int] = set()  # ids of the classes scanned (kept alive by _kept)
         self._kept: list[type] = []
         self._types: dict[int, type] = {}  # id -> module class whose whole MRO was scanned or skipped
@@ -108,11 +112,13 @@ class References:
         """Rebind the module globals of the modules imported (or replaced in
         ``sys.modules``) since the last scan; returns how many were rebound."""
         modules = sys.modules
-        if list(modules) == self._names and all(map(operator.is_, modules.values(), self._modules)):
-            return 0  # the same objects under the same names, in the same order
+        if len(modules) == self._size and self._last:
+            name, mod = self._last
+            if modules.get(name, self) is mod and next(reversed(modules)) == name:
+                return 0  # nothing imported since (see the module docstring)
         items = list(modules.items())
-        self._names = [name for name, _ in items]
-        self._modules = [mod for _, mod in items]
+        self._size = len(items)
+        self._last = items[-1] if items else ()
         count = 0
         for name, mod in items:
             if mod is None or self._scanned.get(name) == id(mod):
