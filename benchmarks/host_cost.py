@@ -9,17 +9,6 @@ recorded entry (the step's dump.json keys) and per recorded tensor. Not a test.
 The timers themselves cost about a microsecond per timed call (it lands in "untimed
 remainder" and in the wrapped functions); the per-step total of recorded − plain is measured
 without timers, in the same process, alternating plain and recorded steps.
-
-    python benchmarks/host_cost.py --floor [--rounds 3]
-
-prints the floor of a per-call hook recorder on the workload instead: process CPU time per
-step (fresh processes, the variants alternating, medians) of the uninstrumented step; of
-msprobe's API wrappers installed with a body that only calls the original (no entry is
-recorded; start()/stop()/step() as usual); of that body plus the statistics of every
-top-level tensor argument and output (the native small-tensor pass, as the recorder does);
-of that plus one autograd node hook (doing nothing) per output; and of the recorder. The
-gap between the last two is what naming, filters, stacks, argument walks, entries,
-backward attribution and the hand-over to the writer process cost together.
 """
 from __future__ import annotations
 
@@ -137,107 +126,6 @@ def calibrate(timers, clock, n=20000):
     return max(0.0, (on - off) / n)
 
 
-#: --floor variants, in the order printed: (name, what it runs)
-FLOOR_VARIANTS = [
-    ("plain", "uninstrumented step"),
-    ("wrappers", "API wrappers whose body only calls the original; start/stop/step"),
-    ("stats", "+ statistics of each top-level tensor argument and output (native pass)"),
-    ("node_hooks", "+ one autograd node hook (empty) per output"),
-    ("recorder", "msprobe as it is"),
-]
-
-
-def _floor_child(variant, args):
-    """One --floor variant in this (fresh) process: prints the median process CPU ms per step."""
-    import torch._dynamo  # noqa: F401  (as overhead.py does)
-    import torch
-    torch.set_num_threads(args.threads)
-    from workloads import build_encoder, config_json
-    import tempfile, shutil
-    model, train_step = build_encoder(args.layers, size=args.workload)
-    scratch = tempfile.mkdtemp(prefix="host-floor-")
-    dbg = None
-    try:
-        if variant != "plain":
-            from msprobe.pytorch import PrecisionDebugger, leaves, recorder
-            if variant != "recorder":
-                small, table = leaves._small_leaf, leaves._small_table(leaves.MEMO_MIN_BYTES)
-                if small is None:
-                    raise SystemExit("--floor needs the native extension (python setup.py build_ext --inplace)")
-                tensor = torch.Tensor
-
-                def noop(grad_inputs, grad_outputs):
-                    return None
-
-                def record_api(self, original, family, key, a, kw):
-                    tls = self.session._tls
-                    tls.busy = True
-                    try:
-                        if variant == "wrappers":
-                            return original(*a, **kw)
-                        for i, x in enumerate(a):
-                            if isinstance(x, tensor):
-                                small(x, "input", (i,), table)
-                        out = original(*a, **kw)
-                        if isinstance(out, tensor):
-                            small(out, "output", (0,), table)
-                            if variant == "node_hooks" and out.grad_fn is not None:
-                                out.grad_fn.register_hook(noop)
-                        return out
-                    finally:
-                        tls.busy = False
-                recorder.Recorder.record_api = record_api
-            cfg_path = os.path.join(scratch, "c.json")
-            with open(cfg_path, "w") as f:
-                json.dump(config_json(args.config, os.path.join(scratch, "dump")), f)
-            dbg = PrecisionDebugger(config_path=cfg_path)
-
-        def step():
-            if dbg is not None:
-                dbg.start(model)
-            train_step()
-            if dbg is not None:
-                dbg.stop()
-                dbg.step()
-        for _ in range(5):
-            step()
-        times = []
-        for _ in range(args.steps):
-            t = time.process_time()
-            step()
-            times.append(time.process_time() - t)
-        print("FLOOR %s %.6f" % (variant, statistics.median(times)))
-        if dbg is not None:
-            dbg.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def floor(args):
-    """--floor: the variants in fresh processes, alternating, ``args.rounds`` rounds."""
-    import subprocess
-    ms = collections.defaultdict(list)
-    for _ in range(args.rounds):
-        for variant, _ in FLOOR_VARIANTS:
-            cmd = [sys.executable, os.path.abspath(__file__), "--floor-variant", variant, "--workload", args.workload,
-                   "--config", args.config, "--layers", str(args.layers), "--steps", str(args.steps),
-                   "--threads", str(args.threads)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            line = [x for x in out.splitlines() if x.startswith("FLOOR ")][-1]
-            ms[variant].append(float(line.split()[2]) * 1e3)
-    plain = statistics.median(ms["plain"])
-    print("%s, %s, %d layers, torch threads %d: process CPU ms per step, medians of %d fresh processes "
-          "per variant (each the median of %d steps)" % (args.workload, args.config, args.layers, args.threads,
-                                                          args.rounds, args.steps))
-    print()
-    print("| variant | ms per step (min-max) | ratio to uninstrumented |")
-    print("|---|---|---|")
-    for variant, text in FLOOR_VARIANTS:
-        v = ms[variant]
-        print("| %s: %s | %.2f (%.2f-%.2f) | %.2f |" % (variant, text, statistics.median(v), min(v), max(v),
-                                                      statistics.median(v) / plain))
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="dispatch", choices=["encoder", "dispatch"])
@@ -245,14 +133,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--floor", action="store_true", help="the floor of a per-call hook recorder (see the docstring)")
-    p.add_argument("--rounds", type=int, default=3, help="--floor: fresh processes per variant")
-    p.add_argument("--floor-variant", choices=[v for v, _ in FLOOR_VARIANTS], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.floor_variant:
-        return _floor_child(args.floor_variant, args)
-    if args.floor:
-        return floor(args)
 
     import torch._dynamo  # noqa: F401  (as overhead.py does)
     import torch
