@@ -365,7 +365,7 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     fwd = {}
     for prefix in ("t", "b"):
         rel = con.sql(_TOKEN_SQL.format(side=prefix, outputs_only=outputs_only))
-        table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        table = rel.to_arrow_table()
         if table.num_rows:          # execution order (rank, step, seq): sorted here, not in SQL
             order = np.lexsort((table["seq"].to_numpy(), table["step"].to_numpy(), table["rank"].to_numpy()))
             if np.any(order[1:] < order[:-1]):

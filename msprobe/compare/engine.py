@@ -19,7 +19,7 @@ from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
+from msprobe.compare.metrics import arrow_streamed, build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 from store import schema as S
@@ -35,18 +35,6 @@ _OUTPUTS_ONLY = (" AND NOT ((l.io LIKE 'input%' OR l.arg LIKE 'unmapped%') AND "
 
 # APIs a built-in ``primitive_leaf`` map renamed into: no leaf signs them (name and order align them)
 _BY_NAME = " AND regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') NOT IN ({names})"
-
-
-def _arrow(rel) -> pa.Table:
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-
-
-def _arrow_streamed(rel) -> pa.Table:
-    """The relation's rows as Arrow, streamed batch by batch (DuckDB does not first hold
-    the whole result itself: for the 1M-row ``tensors`` that is its size saved at the peak)."""
-    if hasattr(rel, "to_arrow_reader"):
-        return rel.to_arrow_reader(131072).read_all()
-    return _arrow(rel)
 
 
 @dataclass
@@ -361,7 +349,7 @@ def measure(con: duckdb.DuckDBPyConnection, t: Side, b: Side, common: list, mode
         only += _BY_NAME.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in by_name))
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     if on_table is not None:
-        on_table("alignment", lambda: _arrow(con.table("alignment")))
+        on_table("alignment", lambda: con.table("alignment").to_arrow_table())
     lap("align")
     lp_wide = build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
@@ -376,7 +364,7 @@ def measure(con: duckdb.DuckDBPyConnection, t: Side, b: Side, common: list, mode
             tensors, stats["tensor_pairs"] = tensor_first_only(con, t, b, opts, attribute_collectives)
         else:
             stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-            tensors = _arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+            tensors = arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
@@ -403,7 +391,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
     import pyarrow.compute as pc
 
     full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True, noise=noise))
-    schema = _arrow(con.sql(full).limit(0)).schema         # binds the query only
+    schema = con.sql(full).limit(0).to_arrow_table().schema         # binds the query only
     out_names = [n for n in schema.names if n != "lp_row"]
     renamed = {"t_md5": "t_crc32", "b_md5": "b_crc32"}
     rewritten = {"t_has_nan", "b_has_nan", "t_has_inf", "b_has_inf"}
@@ -412,7 +400,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
     wide = set(lp_wide.column_names)
     derived = [n for n in out_names if n in rewritten or (n not in wide and n not in renamed)]
     sel = ", ".join('"' + n + '"' for n in ["lp_row", *derived])
-    comp = _arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
+    comp = arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
     rows = comp["lp_row"].to_numpy() if comp.num_rows else np.zeros(0, np.int64)
     if comp.num_rows != lp_wide.num_rows:
         raise AssertionError(f"leaf metrics: {comp.num_rows} rows for {lp_wide.num_rows} pairs")

@@ -279,7 +279,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
                     del tensors
                     for name in ("calls", "alignment"):
                         rel = con.table(name)
-                        sink.append(name, rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow())
+                        sink.append(name, rel.to_arrow_table())
                         con.execute(f"DROP TABLE {name}")
                     con.unregister("tensors")
                     lap("write")
