@@ -21,6 +21,7 @@ entry; leaf rows (same ``seq`` as their call) fill each key of the entry by ``pa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -489,10 +490,8 @@ def _via_temporary(target: str, limit: int, fill: Callable[[str], bool]) -> bool
     what it opens."""
     head, tail = os.path.split(target)
     tmp = os.path.join(head, tmp_name(tail, limit))
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(tmp)
-    except OSError:
-        pass
     return replace_from(tmp, target, fill)
 
 
