@@ -233,19 +233,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     log_skipped: list[dict] = []
     notices: list[str] = []
     for label, side in (("TARGET", t), ("BASELINE", b)):
-        for skip in _selected_skips(side.skipped, opts):
-            incomplete.append(f"{label}: {skip.describe()}")
-            log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
-                                "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
-                                "reason": skip.reason})
-        for rank in side.missing_ranks:
-            if opts.ranks is None or rank in opts.ranks:
-                incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
-        for path in _selected_files(side.unfinished, opts):
-            incomplete.append(f"{label}: {path} has no end-of-stream marker (its process was killed or still "
-                              "runs): its last rows may be missing")
-        notices += [f"{label}: {line}" for line in
-                    _log_notices(side.skipped, side.unverified, side.missing_ranks, side.unfinished)]
+        side_notices(label, side.skipped, side.unverified, side.missing_ranks, side.unfinished, opts,
+                     incomplete, log_skipped, notices)
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
@@ -568,10 +557,25 @@ def _selected_skips(skipped, opts: CompareOptions) -> list:
     return out
 
 
-def _log_notices(skipped, unverified, missing, unfinished) -> list[str]:
-    from store.log_reader import notices
+def side_notices(label: str, skipped, unverified, missing, unfinished, opts: CompareOptions,
+                 incomplete: list, log_skipped: list, notices: list) -> None:
+    """What one side's log reader reports (skipped log parts, ranks ``missing`` a readable
+    log, unverified and unfinished files), appended in the comparison's words: to
+    ``incomplete`` what can lack rows of the selected ranks and steps, to ``log_skipped``
+    those skipped parts as dicts, to ``notices`` every line of
+    :func:`store.log_reader.notices`; each line starts with ``label``."""
+    from store.log_reader import notices as notice_lines
 
-    return notices(skipped, unverified, missing, unfinished)
+    for skip in _selected_skips(skipped, opts):
+        incomplete.append(f"{label}: {skip.describe()}")
+        log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
+                            "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
+                            "reason": skip.reason})
+    incomplete += [f"{label}: rank {rank} has no readable log (the run recorded it)"
+                   for rank in missing if opts.ranks is None or rank in opts.ranks]
+    incomplete += [f"{label}: {path} has no end-of-stream marker (its process was killed or still runs): its "
+                   "last rows may be missing" for path in _selected_files(unfinished, opts)]
+    notices += [f"{label}: {line}" for line in notice_lines(skipped, unverified, missing, unfinished)]
 
 
 def _selected_files(paths, opts: CompareOptions) -> list:
