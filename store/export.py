@@ -103,10 +103,6 @@ def _check_meta(meta: Mapping[str, Any]) -> None:
         )
 
 
-def _dumps(obj: Any) -> str:
-    return dumps_indent1(obj)
-
-
 def _top(meta: Mapping[str, Any], level: str, data: dict) -> dict:
     return {
         "task": meta["task"],
@@ -250,14 +246,14 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     and the pieces joined; with ``chunks`` (name -> encoded entry) pieces are reused and
     new ones stored, so a live step re-encodes only the entries that changed.
     """
-    head = _dumps(_top(meta, level, {}))
+    head = dumps_indent1(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
         text = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
                             lambda name, _: name, chunks, "  ", records_encoder(),
                             head[: -len(_EMPTY_DATA_TAIL)], "\n}")
         if text is not None:
             return text
-    return _dumps(_top(meta, level, entry_values(order, entries)))
+    return dumps_indent1(_top(meta, level, entry_values(order, entries)))
 
 
 def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
@@ -270,7 +266,7 @@ def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any
         return "{}"
     text = _object_text(items, value_of, lambda key, token: (_ITEMS, key, token), chunks, " ")
     if text is None:
-        return _dumps({key: value_of(token) for key, token in items})
+        return dumps_indent1({key: value_of(token) for key, token in items})
     return text
 
 
