@@ -280,14 +280,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     tally = Tally(mode)
     tally.add(con, renames.original if renames is not None else {})
     summary = tally.summary(common, notes, opts)
-    summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
-    summary["skipped"] = skipped
-    incomplete += tally.missing_data()
-    _final_verdict(summary, incomplete)
-    summary["log_skipped"] = log_skipped
     unverified = {label: list(side.unverified) for label, side in (("TARGET", t), ("BASELINE", b)) if side.unverified}
-    if unverified:
-        summary["unverified"] = unverified
+    _finish(summary, tally, incomplete, {"TARGET": t.producer, "BASELINE": b.producer}, skipped, log_skipped,
+            unverified)
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
@@ -526,16 +521,24 @@ class Tally:
 EXIT_CODES = {"identical": 0, "close": 0, "diverged": 1, "incomplete": 3, "inconclusive": 4}
 
 
-def _final_verdict(summary: dict, incomplete: list) -> None:
-    """Set ``summary["incomplete"]`` and turn an ``identical``/``close`` verdict into
-    ``incomplete`` when something was not compared (a step or rank on one side only, a
-    damaged log part, tensor data missing): only what was compared agreed. ``diverged``
-    and ``inconclusive`` stand (a divergence found is real; the first divergence may
-    still lie in what is missing, which ``incomplete`` lists)."""
-    summary["incomplete"] = list(incomplete)
+def _finish(summary: dict, tally: Tally, incomplete: list, producers: dict, skipped: dict, log_skipped: list,
+            unverified: dict) -> None:
+    """Add to ``summary`` (:meth:`Tally.summary`) the sides' ``producers``, the ``skipped``
+    leaves, ``incomplete`` (with :meth:`Tally.missing_data`), ``log_skipped`` and, when
+    any, ``unverified``. An ``identical``/``close`` verdict becomes ``incomplete`` when
+    something was not compared (a step or rank on one side only, a damaged log part,
+    tensor data missing): only what was compared agreed. ``diverged`` and
+    ``inconclusive`` stand (a divergence found is real; the first divergence may still lie
+    in what is missing, which ``incomplete`` lists)."""
+    summary["producers"] = producers
+    summary["skipped"] = skipped
+    summary["incomplete"] = incomplete = list(incomplete) + tally.missing_data()
     if incomplete and summary["verdict"] in ("identical", "close"):
         summary["verdict_of_compared"] = summary["verdict"]
         summary["verdict"] = "incomplete"
+    summary["log_skipped"] = log_skipped
+    if unverified:
+        summary["unverified"] = unverified
 
 
 def _selected_skips(skipped, opts: CompareOptions) -> list:

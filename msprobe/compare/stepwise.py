@@ -41,7 +41,7 @@ from typing import Optional, Union
 
 import duckdb
 
-from msprobe.compare.engine import (CompareResult, Tally, _choose_mode, _common_kinds, _final_verdict, measure,
+from msprobe.compare.engine import (CompareResult, Tally, _choose_mode, _common_kinds, _finish, measure,
                                     one_side_text, register_sides, side_notices)
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.options import CompareOptions
@@ -289,13 +289,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
                 incomplete.append(one_side_text(label, only, missing=True))
         sink.views(con)
         summary = tally.summary(sorted(t_keys & b_keys), notes, opts)
-        summary["producers"] = producers
-        summary["skipped"] = skipped
-        incomplete += tally.missing_data()
-        _final_verdict(summary, incomplete)
-        summary["log_skipped"] = log_skipped
-        if unverified:
-            summary["unverified"] = unverified
+        _finish(summary, tally, incomplete, producers, skipped, log_skipped, unverified)
         lap("summary")
         if progress is not None:
             progress("summary")
