@@ -53,6 +53,7 @@ framework.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -536,10 +537,8 @@ def _run_compact(args: argparse.Namespace) -> int:
         except LogNotFoundError:   # the run has not started yet, or the path is mistyped
             print(f"msprobe compact: waiting for a log under {Path(args.dump_path) / '.msprobe' / 'log'} "
                   "(Ctrl-C stops)", file=sys.stderr, flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             follow(args.dump_path, args.out, interval=args.interval, report=show)
-        except KeyboardInterrupt:
-            pass
         return 0
     report = compact(args.dump_path, args.out)
     show(report)

@@ -9,6 +9,7 @@ threads hold the cores); :class:`BackgroundFsync` starts its thread once, at the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Optional
@@ -92,10 +93,8 @@ class BackgroundFsync:
             except OSError as exc:
                 error = exc
             finally:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             with self._cond:
                 self._error = error
                 self._busy = False

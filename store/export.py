@@ -21,6 +21,7 @@ entry; leaf rows (same ``seq`` as their call) fill each key of the entry by ``pa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -100,10 +101,6 @@ def _check_meta(meta: Mapping[str, Any]) -> None:
         raise ExportError(
             f"meta rank_dir: got {rank_dir!r}; allowed: one directory name such as 'rank' or 'rank0'"
         )
-
-
-def _dumps(obj: Any) -> str:
-    return dumps_indent1(obj)
 
 
 def _top(meta: Mapping[str, Any], level: str, data: dict) -> dict:
@@ -249,14 +246,14 @@ def _dump_text(meta: Mapping[str, Any], level: str, order: Sequence[str], entrie
     and the pieces joined; with ``chunks`` (name -> encoded entry) pieces are reused and
     new ones stored, so a live step re-encodes only the entries that changed.
     """
-    head = _dumps(_top(meta, level, {}))
+    head = dumps_indent1(_top(meta, level, {}))
     if meta["task"] != _TASK_STRUCTURE and order and head.endswith(_EMPTY_DATA_TAIL):
         text = _object_text([(name, name) for name in order], lambda name: _entry_raw(entries[name]),
                             lambda name, _: name, chunks, "  ", records_encoder(),
                             head[: -len(_EMPTY_DATA_TAIL)], "\n}")
         if text is not None:
             return text
-    return _dumps(_top(meta, level, entry_values(order, entries)))
+    return dumps_indent1(_top(meta, level, entry_values(order, entries)))
 
 
 def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any], Any]],
@@ -269,7 +266,7 @@ def _items_text(items: Sequence[tuple[str, Any]], expand: Optional[Callable[[Any
         return "{}"
     text = _object_text(items, value_of, lambda key, token: (_ITEMS, key, token), chunks, " ")
     if text is None:
-        return _dumps({key: value_of(token) for key, token in items})
+        return dumps_indent1({key: value_of(token) for key, token in items})
     return text
 
 
@@ -489,10 +486,8 @@ def _via_temporary(target: str, limit: int, fill: Callable[[str], bool]) -> bool
     what it opens."""
     head, tail = os.path.split(target)
     tmp = os.path.join(head, tmp_name(tail, limit))
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(tmp)
-    except OSError:
-        pass
     return replace_from(tmp, target, fill)
 
 

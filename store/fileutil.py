@@ -6,6 +6,7 @@ matter (upstream dump layout, spec section 1.1 "permissions").
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -104,10 +105,8 @@ def replace_from(tmp: PathLike, target: PathLike, fill: Callable[[PathLike], boo
             return False
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return True
 

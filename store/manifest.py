@@ -113,6 +113,14 @@ class LogCoverage:
         """Every row of a closed file is in parts: the file need not be read again."""
         return self.finished and self.rows == self.read_rows
 
+    def unchanged_in_parts(self, path: Path) -> bool:
+        """:attr:`complete`, and the file at ``path`` still has the size it had when last
+        read (``bytes``): it need not be read again."""
+        try:
+            return self.complete and path.stat().st_size == self.bytes
+        except OSError:
+            return False
+
 
 @dataclass
 class Manifest:

@@ -150,7 +150,7 @@ class Compactor:
             if path is None:            # archived once wholly in parts: its seq still counts
                 next_seq.update(coverage.next_seq)
                 continue
-            if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
+            if coverage is not None and coverage.unchanged_in_parts(path):
                 next_seq.update(coverage.next_seq)
                 continue
             state = self._read(path, coverage, next_seq)
@@ -356,13 +356,6 @@ def _finished_prefix(table: pa.Table, closed: bool, step_ends: set) -> int:
     # stack and marker rows alone (step -1 stacks before the open step) wait for data rows
     row = table[S.ROW].slice(0, cut).to_numpy(zero_copy_only=False)
     return cut if np.isin(row, (S.ROW_CALL, S.ROW_LEAF)).any() else 0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1
 
 
 def follow(dump_path: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,

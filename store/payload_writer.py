@@ -135,19 +135,8 @@ def content_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tu
     True
     """
     if _xxh3_128 is None:
-        return _sha256_key(data, dtype, shape)
+        return _hex(hashlib.sha256(), data, dtype, shape)
     return _XXH3_PREFIX + _hex(_xxh3_128(), data, dtype, shape)
-
-
-def _sha256_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
-    """Content key without ``xxhash`` (and of shards written before XXH3 keys): 64 hex
-    digits of SHA-256."""
-    return _hex(hashlib.sha256(), data, dtype, shape)
-
-
-def _legacy_key(data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> str:
-    """Content key of shards written before SHA-256 keys: 32 hex digits of BLAKE2b-128."""
-    return _hex(hashlib.blake2b(digest_size=16), data, dtype, shape)
 
 
 def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str, shape: tuple[int, ...]) -> bool:
@@ -157,14 +146,14 @@ def key_matches(key: str, data: Union[bytes, bytearray, memoryview], dtype: str,
     Raises:
         StoreError: an XXH3-128 key while the ``xxhash`` package is not installed.
     """
-    if len(key) == 32:
-        return _legacy_key(data, dtype, shape) == key
+    if len(key) == 32:   # a shard written before SHA-256 keys
+        return _hex(hashlib.blake2b(digest_size=16), data, dtype, shape) == key
     if len(key) == 33 and key.startswith(_XXH3_PREFIX):
         if _xxh3_128 is None:
             raise StoreError(f"payload key {key!r} is an XXH3-128 hash: checking it needs the xxhash "
                              "package (pip install xxhash)")
         return content_key(data, dtype, shape) == key
-    return _sha256_key(data, dtype, shape) == key
+    return _hex(hashlib.sha256(), data, dtype, shape) == key   # no xxhash, or a shard written before XXH3
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,12 +243,6 @@ def connect(
     return con
 
 
-def _to_arrow(relation) -> pa.Table:
-    if hasattr(relation, "to_arrow_table"):
-        return relation.to_arrow_table()
-    return relation.arrow()  # duckdb < 1.4
-
-
 def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run ``sql`` on a connection from :func:`connect`; returns the result (an empty
     table for statements without a result).
@@ -260,7 +254,7 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         relation = con.sql(sql)
         if relation is None:
             return pa.table({})
-        return _to_arrow(relation)
+        return relation.to_arrow_table()
     except duckdb.Error as exc:
         raise QueryError(f"query failed: {exc}") from exc
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from store.schema import LEAF_FIELDS  # the fields of a Leaf, in the order of its tuple
-
-PathComponent = Union[int, str]
 
 
 def _fast_init(cls: type) -> type:

@@ -24,7 +24,7 @@ batches that all share :data:`LOG_SCHEMA`. Each row is one of four row kinds
 ``stack``
     one interned call stack: ``stack_id`` and ``frames`` (innermost first).
 ``marker``
-    a session marker (``kind`` one of :data:`MARKER_KINDS`) with ``meta``: a JSON object
+    a session marker (``kind`` ``start``, ``stop`` or ``step_end``) with ``meta``: a JSON object
     holding ``task``, ``level``, ``framework``, ``dump_data_dir``, ``rank_dir``.
 
 The format version is stamped into the schema metadata under ``msprobe.format``; version 2
@@ -156,7 +156,6 @@ KERNEL = "kernel"
 KERNEL_BACKWARD_RE = r"^Kernel\.[0-9]+\.Gradients/"
 CALL_KINDS = (API_FORWARD, API_BACKWARD, MODULE_FORWARD, MODULE_BACKWARD, PARAMETERS_GRAD, DEBUG_SAVE)
 FORWARD_KINDS = (API_FORWARD, MODULE_FORWARD, DEBUG_SAVE)
-BACKWARD_KINDS = (API_BACKWARD, MODULE_BACKWARD, PARAMETERS_GRAD)
 MODULE_KINDS = (MODULE_FORWARD, MODULE_BACKWARD)
 API_KINDS = (API_FORWARD, API_BACKWARD)
 
@@ -164,7 +163,6 @@ API_KINDS = (API_FORWARD, API_BACKWARD)
 MARKER_START = "start"
 MARKER_STOP = "stop"
 MARKER_STEP_END = "step_end"
-MARKER_KINDS = (MARKER_START, MARKER_STOP, MARKER_STEP_END)
 
 # --- leaf kinds ---------------------------------------------------------------------------
 LEAF_TENSOR = "tensor"          # statistics columns set; record built from columns

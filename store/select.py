@@ -281,7 +281,7 @@ class StoreReader:
             if path is None:            # moved away once wholly in parts: its seq still counts
                 next_seq.update(coverage.next_seq)
                 continue
-            if coverage is not None and coverage.complete and _size(path) == coverage.bytes:
+            if coverage is not None and coverage.unchanged_in_parts(path):
                 next_seq.update(coverage.next_seq)
                 self.skipped += _stored_skips(path, coverage)
                 continue
@@ -474,10 +474,3 @@ def _stored_skips(path: Path, coverage: LogCoverage) -> list:
 def _listed(values: list, most: int = 10) -> str:
     text = ", ".join(str(v) for v in values[:most])
     return text + (f", ... ({len(values)} in all)" if len(values) > most else "")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1

@@ -64,12 +64,6 @@ def base_name(name: str, kind: str) -> str:
     return parts[0] if len(parts) == 3 else name
 
 
-def _counter(name: str, kind: str) -> str:
-    if kind in ("module_forward", "module_backward"):
-        return name.rsplit(".", 1)[-1]
-    return name.rsplit(".", 2)[-2]
-
-
 def _token(call: Call):
     if call.kind == "api_forward":
         return ("api", base_name(call.name, call.kind), call.sig)
@@ -103,21 +97,25 @@ def _pair_segment(t: list[Call], b: list[Call], max_d: int) -> list[tuple[int, i
     tb = [_token(c) for c in b]
     try:
         return [(i, j, "myers") for i, j in myers_align(ta, tb, max_d=max_d)]
-    except EditLimitExceeded:
-        # too different for an edit script: pair equal tokens in order (greedy, linear)
-        positions: dict = {}
-        for j, tok in enumerate(tb):
-            positions.setdefault(tok, []).append(j)
-        out, last = [], -1
-        for i, tok in enumerate(ta):
-            js = positions.get(tok)
-            if not js:
-                continue
+    except EditLimitExceeded:   # too different for an edit script
+        return [(i, j, "greedy") for i, j in _greedy_pairs(ta, tb)]
+
+
+def _greedy_pairs(ta: list, tb: list) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)`` of equal tokens in order, each ``ta[i]`` with the first equal
+    ``tb[j]`` after the previous pair (greedy, linear; the fallback where Myers gives up)."""
+    positions: dict = {}
+    for j, tok in enumerate(tb):
+        positions.setdefault(tok, []).append(j)
+    out, last = [], -1
+    for i, tok in enumerate(ta):
+        js = positions.get(tok)
+        if js:
             k = bisect.bisect_right(js, last)
             if k < len(js):
                 last = js[k]
-                out.append((i, last, "greedy"))
-        return out
+                out.append((i, last))
+    return out
 
 
 def align_step(target: list[Call], baseline: list[Call], *, max_d: int = 20000) -> list[tuple]:
@@ -326,19 +324,7 @@ def _segment_pairs(ta, tb, max_d: int) -> tuple:
         except EditLimitExceeded:
             pairs = None
     if pairs is None:
-        positions: dict = {}
-        for j, tok in enumerate(lists[1]):
-            positions.setdefault(tok, []).append(j)
-        pairs, last = [], -1
-        for i, tok in enumerate(lists[0]):
-            js = positions.get(tok)
-            if not js:
-                continue
-            k = bisect.bisect_right(js, last)
-            if k < len(js):
-                last = js[k]
-                pairs.append((i, last))
-        how = "greedy"
+        pairs, how = _greedy_pairs(*lists), "greedy"
     if not pairs:
         return None
     arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
@@ -365,7 +351,7 @@ def align_all(con, common: list, *, max_d: int = 20000, outputs_only: str = "") 
     fwd = {}
     for prefix in ("t", "b"):
         rel = con.sql(_TOKEN_SQL.format(side=prefix, outputs_only=outputs_only))
-        table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        table = rel.to_arrow_table()
         if table.num_rows:          # execution order (rank, step, seq): sorted here, not in SQL
             order = np.lexsort((table["seq"].to_numpy(), table["step"].to_numpy(), table["rank"].to_numpy()))
             if np.any(order[1:] < order[:-1]):

@@ -19,7 +19,7 @@ from msprobe.compare.align import align_all
 from msprobe.compare.distributed import attribute_collectives
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.load import Side, load_side
-from msprobe.compare.metrics import build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
+from msprobe.compare.metrics import arrow_streamed, build_leaf_pairs, leaf_pairs_sql, prepare_leaves, rechunk
 from msprobe.compare.options import CompareOptions
 from msprobe.compare.verdicts import build_calls, leaf_verdicts_sql
 from store import schema as S
@@ -35,18 +35,6 @@ _OUTPUTS_ONLY = (" AND NOT ((l.io LIKE 'input%' OR l.arg LIKE 'unmapped%') AND "
 
 # APIs a built-in ``primitive_leaf`` map renamed into: no leaf signs them (name and order align them)
 _BY_NAME = " AND regexp_replace(l.name, '\\.\\d+\\.(forward|backward)$', '') NOT IN ({names})"
-
-
-def _arrow(rel) -> pa.Table:
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-
-
-def _arrow_streamed(rel) -> pa.Table:
-    """The relation's rows as Arrow, streamed batch by batch (DuckDB does not first hold
-    the whole result itself: for the 1M-row ``tensors`` that is its size saved at the peak)."""
-    if hasattr(rel, "to_arrow_reader"):
-        return rel.to_arrow_reader(131072).read_all()
-    return _arrow(rel)
 
 
 @dataclass
@@ -245,19 +233,8 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     log_skipped: list[dict] = []
     notices: list[str] = []
     for label, side in (("TARGET", t), ("BASELINE", b)):
-        for skip in _selected_skips(side.skipped, opts):
-            incomplete.append(f"{label}: {skip.describe()}")
-            log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
-                                "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
-                                "reason": skip.reason})
-        for rank in side.missing_ranks:
-            if opts.ranks is None or rank in opts.ranks:
-                incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
-        for path in _selected_files(side.unfinished, opts):
-            incomplete.append(f"{label}: {path} has no end-of-stream marker (its process was killed or still "
-                              "runs): its last rows may be missing")
-        notices += [f"{label}: {line}" for line in
-                    _log_notices(side.skipped, side.unverified, side.missing_ranks, side.unfinished)]
+        side_notices(label, side.skipped, side.unverified, side.missing_ranks, side.unfinished, opts,
+                     incomplete, log_skipped, notices)
         if side.calls.num_rows == 0:
             raise CompareInputError(f"{label} {side.path!r}: no calls left after --rank/--step selection")
     if t.level and b.level and t.level != b.level:
@@ -303,14 +280,9 @@ def run_compare(target: Union[str, os.PathLike], baseline: Union[str, os.PathLik
     tally = Tally(mode)
     tally.add(con, renames.original if renames is not None else {})
     summary = tally.summary(common, notes, opts)
-    summary["producers"] = {"TARGET": t.producer, "BASELINE": b.producer}
-    summary["skipped"] = skipped
-    incomplete += tally.missing_data()
-    _final_verdict(summary, incomplete)
-    summary["log_skipped"] = log_skipped
     unverified = {label: list(side.unverified) for label, side in (("TARGET", t), ("BASELINE", b)) if side.unverified}
-    if unverified:
-        summary["unverified"] = unverified
+    _finish(summary, tally, incomplete, {"TARGET": t.producer, "BASELINE": b.producer}, skipped, log_skipped,
+            unverified)
     if differ or opts.mapping is not None:
         from msprobe.compare.mapping import Renames, unmatched_prefixes
         summary["unmatched"] = unmatched_prefixes(con, renames or Renames())
@@ -361,7 +333,7 @@ def measure(con: duckdb.DuckDBPyConnection, t: Side, b: Side, common: list, mode
         only += _BY_NAME.format(names=", ".join("'" + n.replace("'", "''") + "'" for n in by_name))
     align_all(con, common, max_d=opts.max_d, outputs_only=only)
     if on_table is not None:
-        on_table("alignment", lambda: _arrow(con.table("alignment")))
+        on_table("alignment", lambda: con.table("alignment").to_arrow_table())
     lap("align")
     lp_wide = build_leaf_pairs(con, t.leaves, b.leaves, opts.tol)
     for prefix, side in (("t", t), ("b", b)):      # lp_wide holds what is needed now: free the leaves
@@ -376,7 +348,7 @@ def measure(con: duckdb.DuckDBPyConnection, t: Side, b: Side, common: list, mode
             tensors, stats["tensor_pairs"] = tensor_first_only(con, t, b, opts, attribute_collectives)
         else:
             stats["tensor_pairs"] = apply_tensor_metrics(con, t, b, opts.loss_scale, workers=opts.workers)
-            tensors = _arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
+            tensors = arrow_streamed(con.sql(leaf_verdicts_sql("SELECT * FROM leaf_pairs", TENSOR_COLUMNS)))
             con.execute("DROP TABLE tensor_metrics")
         con.execute("DROP VIEW leaf_pairs")
     else:
@@ -403,7 +375,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
     import pyarrow.compute as pc
 
     full = leaf_verdicts_sql(leaf_pairs_sql(mode, opts.tol, opts.loss_scale, row_id=True, noise=noise))
-    schema = _arrow(con.sql(full).limit(0)).schema         # binds the query only
+    schema = con.sql(full).limit(0).to_arrow_table().schema         # binds the query only
     out_names = [n for n in schema.names if n != "lp_row"]
     renamed = {"t_md5": "t_crc32", "b_md5": "b_crc32"}
     rewritten = {"t_has_nan", "b_has_nan", "t_has_inf", "b_has_inf"}
@@ -412,7 +384,7 @@ def _statistics_tensors(con: duckdb.DuckDBPyConnection, lp_wide: pa.Table, mode:
     wide = set(lp_wide.column_names)
     derived = [n for n in out_names if n in rewritten or (n not in wide and n not in renamed)]
     sel = ", ".join('"' + n + '"' for n in ["lp_row", *derived])
-    comp = _arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
+    comp = arrow_streamed(con.sql(f"SELECT {sel} FROM ({full})"))
     rows = comp["lp_row"].to_numpy() if comp.num_rows else np.zeros(0, np.int64)
     if comp.num_rows != lp_wide.num_rows:
         raise AssertionError(f"leaf metrics: {comp.num_rows} rows for {lp_wide.num_rows} pairs")
@@ -549,16 +521,24 @@ class Tally:
 EXIT_CODES = {"identical": 0, "close": 0, "diverged": 1, "incomplete": 3, "inconclusive": 4}
 
 
-def _final_verdict(summary: dict, incomplete: list) -> None:
-    """Set ``summary["incomplete"]`` and turn an ``identical``/``close`` verdict into
-    ``incomplete`` when something was not compared (a step or rank on one side only, a
-    damaged log part, tensor data missing): only what was compared agreed. ``diverged``
-    and ``inconclusive`` stand (a divergence found is real; the first divergence may
-    still lie in what is missing, which ``incomplete`` lists)."""
-    summary["incomplete"] = list(incomplete)
+def _finish(summary: dict, tally: Tally, incomplete: list, producers: dict, skipped: dict, log_skipped: list,
+            unverified: dict) -> None:
+    """Add to ``summary`` (:meth:`Tally.summary`) the sides' ``producers``, the ``skipped``
+    leaves, ``incomplete`` (with :meth:`Tally.missing_data`), ``log_skipped`` and, when
+    any, ``unverified``. An ``identical``/``close`` verdict becomes ``incomplete`` when
+    something was not compared (a step or rank on one side only, a damaged log part,
+    tensor data missing): only what was compared agreed. ``diverged`` and
+    ``inconclusive`` stand (a divergence found is real; the first divergence may still lie
+    in what is missing, which ``incomplete`` lists)."""
+    summary["producers"] = producers
+    summary["skipped"] = skipped
+    summary["incomplete"] = incomplete = list(incomplete) + tally.missing_data()
     if incomplete and summary["verdict"] in ("identical", "close"):
         summary["verdict_of_compared"] = summary["verdict"]
         summary["verdict"] = "incomplete"
+    summary["log_skipped"] = log_skipped
+    if unverified:
+        summary["unverified"] = unverified
 
 
 def _selected_skips(skipped, opts: CompareOptions) -> list:
@@ -580,10 +560,25 @@ def _selected_skips(skipped, opts: CompareOptions) -> list:
     return out
 
 
-def _log_notices(skipped, unverified, missing, unfinished) -> list[str]:
-    from store.log_reader import notices
+def side_notices(label: str, skipped, unverified, missing, unfinished, opts: CompareOptions,
+                 incomplete: list, log_skipped: list, notices: list) -> None:
+    """What one side's log reader reports (skipped log parts, ranks ``missing`` a readable
+    log, unverified and unfinished files), appended in the comparison's words: to
+    ``incomplete`` what can lack rows of the selected ranks and steps, to ``log_skipped``
+    those skipped parts as dicts, to ``notices`` every line of
+    :func:`store.log_reader.notices`; each line starts with ``label``."""
+    from store.log_reader import notices as notice_lines
 
-    return notices(skipped, unverified, missing, unfinished)
+    for skip in _selected_skips(skipped, opts):
+        incomplete.append(f"{label}: {skip.describe()}")
+        log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
+                            "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
+                            "reason": skip.reason})
+    incomplete += [f"{label}: rank {rank} has no readable log (the run recorded it)"
+                   for rank in missing if opts.ranks is None or rank in opts.ranks]
+    incomplete += [f"{label}: {path} has no end-of-stream marker (its process was killed or still runs): its "
+                   "last rows may be missing" for path in _selected_files(unfinished, opts)]
+    notices += [f"{label}: {line}" for line in notice_lines(skipped, unverified, missing, unfinished)]
 
 
 def _selected_files(paths, opts: CompareOptions) -> list:

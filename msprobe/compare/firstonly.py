@@ -39,10 +39,6 @@ WHERE m.rank = $rank AND m.kind IN ('module_forward', 'module_backward')
 """
 
 
-def _arrow(rel) -> pa.Table:
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-
-
 def tensor_first_only(con, target, baseline, opts, attribute) -> tuple[pa.Table, int]:
     """Judge a tensor-mode comparison reading pairs only up to each rank's first origin
     (see module docstring).
@@ -96,7 +92,7 @@ def tensor_first_only(con, target, baseline, opts, attribute) -> tuple[pa.Table,
         con.execute("CREATE OR REPLACE VIEW alignment AS SELECT a.* FROM alignment_all a JOIN lp_cut c "
                     f"ON c.rank = a.rank WHERE {_CUT.format(a='a')}")
         pairs = f"SELECT lp.* FROM leaf_pairs lp JOIN lp_cut c ON c.rank = lp.rank WHERE {_CUT.format(a='lp')}"
-        tensors = _arrow(con.sql(leaf_verdicts_sql(pairs, TENSOR_COLUMNS)))
+        tensors = con.sql(leaf_verdicts_sql(pairs, TENSOR_COLUMNS)).to_arrow_table()
         con.register("tensors", tensors)
         build_calls(con, attribute)
         for r in ranks:

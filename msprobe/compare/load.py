@@ -454,17 +454,11 @@ def _load_dump_files(root: Path, files: list[Path]) -> Side:
         _move_parameters_grad(calls, first_call)
     call_seq = {(r, st, n): q for r, st, n, q in zip(calls["rank"], calls["step"], calls["name"], calls["seq"])}
     leaves["cseq"] = [call_seq[(r, st, n)] for r, st, n in zip(leaves["rank"], leaves["step"], leaves["name"])]
-    ids, depths, frames_col = [], [], []
-    for sid, frames in stacks.items():
-        for depth, frame in enumerate(frames):
-            ids.append(sid)
-            depths.append(depth)
-            frames_col.append(str(frame))
     leaf_table = pa.table(leaves, schema=LEAF_SCHEMA)
     return Side(
         path=str(root), source="dump.json",
         calls=pa.table(calls, schema=CALL_SCHEMA), leaves=leaf_table,
-        stacks=pa.table({"stack_id": ids, "depth": depths, "frame": frames_col}, schema=STACK_SCHEMA),
+        stacks=stack_table({sid: [str(frame) for frame in frames] for sid, frames in stacks.items()}),
         task=header.get("task"), level=header.get("level"), framework=header.get("framework"),
         data_dirs=data_dirs, producer=detect(files, stack_v26=stack_v26, names=indexed, leaves=leaf_table),
     )

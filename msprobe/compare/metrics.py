@@ -368,7 +368,7 @@ def prepare_leaves(con, leaves):
     names = pa.table({"d": enc.dictionary})
     con.register("lp_dtypes", names)
     rel = con.sql(f"SELECT {_dclass_sql('d')} AS c, {TOKEN_CLASS_SQL.format(d='d')} AS s FROM lp_dtypes")
-    classes = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    classes = rel.to_arrow_table()
     con.unregister("lp_dtypes")
     out = leaves.append_column("ridx", pa.array(np.arange(leaves.num_rows, dtype=np.int64)))
     for name, col in (("dclass", "c"), ("sclass", "s")):
@@ -451,6 +451,15 @@ SELECT rank, step, aid, arow, t_ridx, b_ridx, in_t, in_b, tol_pair FROM tp
 """
 
 
+def arrow_streamed(rel):
+    """The rows of DuckDB relation ``rel`` as a ``pyarrow.Table``, streamed batch by batch
+    (DuckDB does not first hold the whole result itself: for the 1M-row ``tensors`` that
+    is its size saved at the peak)."""
+    if hasattr(rel, "to_arrow_reader"):   # DuckDB >= 1.4
+        return rel.to_arrow_reader(131072).read_all()
+    return rel.to_arrow_table()
+
+
 def rechunk(table, rows: int = 122880):
     """``table`` cut into record batches of at most ``rows`` rows (zero-copy slices):
     DuckDB scans an Arrow table batch by batch, one thread per batch, so a table held in
@@ -497,13 +506,8 @@ def build_leaf_pairs(con, t_leaves, b_leaves, tol: dict[str, float]):
     Returns:
         the Arrow table registered as ``lp_wide``.
     """
-    import pyarrow as pa
-
-    def stream(sql: str) -> pa.Table:     # straight to Arrow, batch by batch (no DuckDB copy of the result)
-        rel = con.sql(sql)
-        if hasattr(rel, "to_arrow_reader"):
-            return rel.to_arrow_reader(131072).read_all()
-        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    def stream(sql: str):
+        return arrow_streamed(con.sql(sql))
 
     # fast path: pair by path; only when some tensor leaf lacks a same-path, same-shape
     # partner (which the gathered pairs show) does the remap step run
@@ -565,7 +569,7 @@ def _gather(con, idx, t_leaves, b_leaves):
     arow = arow[order]
     t_rows, b_rows = t_rows.take(perm), b_rows.take(perm)
     align = con.sql("SELECT rowid AS r, rank, step, ord, t_name, b_name, kind FROM alignment ORDER BY rowid")
-    align = align.to_arrow_table() if hasattr(align, "to_arrow_table") else align.arrow()
+    align = align.to_arrow_table()
     if not np.array_equal(align["r"].to_numpy(), np.arange(align.num_rows)):
         raise AssertionError("alignment rowids are not 0..n-1")
     watermark = _watermarks(arow, np_col(idx, "tol_pair", np.float64)[order], align["rank"].to_numpy(),

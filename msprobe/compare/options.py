@@ -79,26 +79,20 @@ def parse_tol(spec: str) -> dict[str, float]:
 
 
 def parse_ranges(spec: Optional[str], what: str) -> Optional[frozenset[int]]:
-    """``"0,2-3"`` → ``{0, 2, 3}``; None → None (everything).
+    """``"0,2-3"`` → ``{0, 2, 3}``; None → None (everything). The syntax of
+    :func:`msprobe.check_ranks.parse_ranks`.
 
     Raises:
-        CompareInputError: an item is not an int or ``a-b`` with a ≤ b.
+        CompareInputError: an item is not an int or ``a-b`` with 0 ≤ a ≤ b.
     """
     if spec is None:
         return None
-    out: set[int] = set()
-    for item in str(spec).split(","):
-        item = item.strip()
-        lo, sep, hi = item.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise CompareInputError(f"--{what}: got {item!r}; allowed: integers and ranges like 0,2-3") from None
-        if b < a or a < 0:
-            raise CompareInputError(f"--{what}: got {item!r}; a range a-b needs 0 <= a <= b")
-        out.update(range(a, b + 1))
-    return frozenset(out)
+    from msprobe.check_ranks import CheckRanksInputError, parse_ranks
+
+    try:
+        return frozenset(parse_ranks(f"--{what}", spec))
+    except CheckRanksInputError as exc:
+        raise CompareInputError(str(exc)) from None
 
 
 def parse_rank_map(spec) -> Optional[dict[int, int]]:

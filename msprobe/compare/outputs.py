@@ -47,7 +47,7 @@ def _table(result, name: str, opts) -> pa.Table:
     if held is not None and sql == f"SELECT * FROM {name}":
         return held
     rel = result.con.sql(sql)
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    return rel.to_arrow_table()
 
 
 def _csv_safe(table: pa.Table) -> pa.Table:
@@ -356,7 +356,7 @@ def query_outputs(path: Union[str, os.PathLike], sql: str) -> pa.Table:
             rel = con.sql(sql)
             if rel is None:
                 return pa.table({})
-            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            return rel.to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(f"query failed: {exc}") from exc
     finally:

@@ -91,7 +91,7 @@ def _ranks(result) -> list[dict]:
             passing = [passing[k * len(passing) // room] for k in range(room)] if room else []
         plotted = sorted(plotted + passing, key=lambda c: c["i"])
         table = [c for c in rows if c["verdict"] != "pass"][:MAX_ROWS]
-        graph = _graph(con, rank, rows, original)
+        graph = _graph(con, rank, rows)
         stacks = _stacks(con, {c["stack_id"] for c in table} | {int(s) for s in graph["stack_ids"]})
         del graph["stack_ids"]
         first = r["first_origin"] or r["first_diverged"]
@@ -110,7 +110,7 @@ def _ranks(result) -> list[dict]:
     return out
 
 
-def _graph(con, rank: int, rows: list[dict], original: dict) -> dict:
+def _graph(con, rank: int, rows: list[dict]) -> dict:
     """The forward calls of every step (at most :data:`MAX_GRAPH_STEPS` steps, evenly
     spaced) as graph nodes ``[name, parent index or -1, kind, stack id, baseline name,
     TARGET name as the tables hold it (mapped) or None]``

@@ -41,9 +41,8 @@ from typing import Optional, Union
 
 import duckdb
 
-from msprobe.compare.engine import (CompareResult, Tally, _choose_mode, _common_kinds, _final_verdict,
-                                    _log_notices, _selected_files, _selected_skips, measure, one_side_text,
-                                    register_sides)
+from msprobe.compare.engine import (CompareResult, Tally, _choose_mode, _common_kinds, _finish, measure,
+                                    one_side_text, register_sides, side_notices)
 from msprobe.compare.errors import CompareInputError
 from msprobe.compare.options import CompareOptions
 from store import schema as S
@@ -163,18 +162,8 @@ def _run_notices(plan_: _Plan, opts: CompareOptions, incomplete: list, log_skipp
         expected = expected_ranks(reader.markers())
         missing = tuple(sorted(r for r in expected - set(reader.rank_values())
                                if opts.ranks is None or r in opts.ranks))
-        for skip in _selected_skips(tuple(reader.skipped), opts):
-            incomplete.append(f"{label}: {skip.describe()}")
-            log_skipped.append({"side": label, "path": skip.path, "offset": skip.offset, "end": skip.end,
-                                "rows": skip.rows, "steps": list(skip.steps) if skip.steps else None,
-                                "reason": skip.reason})
-        for rank in missing:
-            incomplete.append(f"{label}: rank {rank} has no readable log (the run recorded it)")
-        for path in _selected_files(tuple(reader.unfinished), opts):
-            incomplete.append(f"{label}: {path} has no end-of-stream marker (its process was killed or still "
-                              "runs): its last rows may be missing")
-        notices += [f"{label}: {line}" for line in
-                    _log_notices(tuple(reader.skipped), tuple(reader.unverified), missing, tuple(reader.unfinished))]
+        side_notices(label, tuple(reader.skipped), tuple(reader.unverified), missing, tuple(reader.unfinished),
+                     opts, incomplete, log_skipped, notices)
         if reader.unverified:
             unverified[label] = list(reader.unverified)
     return unverified
@@ -279,7 +268,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
                     del tensors
                     for name in ("calls", "alignment"):
                         rel = con.table(name)
-                        sink.append(name, rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow())
+                        sink.append(name, rel.to_arrow_table())
                         con.execute(f"DROP TABLE {name}")
                     con.unregister("tensors")
                     lap("write")
@@ -300,13 +289,7 @@ def run_stepwise(plan_: _Plan, opts: CompareOptions, out=None, progress=None,
                 incomplete.append(one_side_text(label, only, missing=True))
         sink.views(con)
         summary = tally.summary(sorted(t_keys & b_keys), notes, opts)
-        summary["producers"] = producers
-        summary["skipped"] = skipped
-        incomplete += tally.missing_data()
-        _final_verdict(summary, incomplete)
-        summary["log_skipped"] = log_skipped
-        if unverified:
-            summary["unverified"] = unverified
+        _finish(summary, tally, incomplete, producers, skipped, log_skipped, unverified)
         lap("summary")
         if progress is not None:
             progress("summary")

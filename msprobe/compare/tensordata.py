@@ -267,7 +267,7 @@ def pending_pairs(con: duckdb.DuckDBPyConnection):
     queries on ``con`` while it iterates (a DuckDB result being fetched ends when its
     connection runs another query)."""
     rel = con.sql(_PAIRS_SQL)
-    table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    table = rel.to_arrow_table()
     for batch in table.to_batches(max_chunksize=4096):
         yield from zip(*(col.to_pylist() for col in batch.columns))
 

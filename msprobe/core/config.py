@@ -298,7 +298,7 @@ def load_config(
         )
     if framework == "mindspore":
         _check_mindspore_keys(doc, summary_mode, eff_task, precision, risk_level, tensor_list)
-    _check_level_options(eff_task, eff_level, scope, names)
+    _check_level_options(eff_task, eff_level, scope)
     _check_dump_path(eff_dump_path)
     if bench_path is not None and os.path.realpath(bench_path) == os.path.realpath(eff_dump_path):
         raise ConfigError("tensor.bench_path", bench_path, "a baseline dump other than dump_path",
@@ -537,7 +537,7 @@ def _check_mindspore_keys(doc: dict[str, Any], summary_mode: str, task: str, pre
                 raise ConfigError(f"{task}.{key}", doc[task][key], "absent", detail)
 
 
-def _check_level_options(task: str, level: str, scope: tuple[str, ...], names: tuple[str, ...]) -> None:
+def _check_level_options(task: str, level: str, scope: tuple[str, ...]) -> None:
     """Level-dependent rules for scope and list (spec 5.3). Level L2 (MindSpore's kernel
     dump) takes any number of kernel names in ``list`` (none: every kernel), no ``scope``,
     and task ``statistics`` or ``tensor`` (docs/mindspore.md, "GRAPH_MODE and level L2")."""

@@ -1,6 +1,7 @@
 """Removable hook handles, collected so that a session removes everything it installed."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Protocol
 
@@ -82,10 +83,8 @@ def finish_wrapper(wrapper: Callable, original: Any, session: Any = None) -> Cal
     function wrapped, for restoring and for chains of debuggers), ``__msprobe_disabled__``
     (False; True makes the wrapper a pass-through) and ``__msprobe_session__`` (the session
     it records for, or None for a wrapper that never records). Returns ``wrapper``."""
-    try:
+    with contextlib.suppress(AttributeError, TypeError):
         functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
     wrapper.__msprobe_original__ = original
     wrapper.__msprobe_disabled__ = False
     wrapper.__msprobe_session__ = session
@@ -106,10 +105,8 @@ def restore_attribute(owner: Any, name: str, wrapper: Any, original: Any) -> Non
     while original is not None and getattr(original, "__msprobe_disabled__", False):
         original = original.__msprobe_original__
     if original is None:
-        try:
+        with contextlib.suppress(AttributeError):
             delattr(owner, name)
-        except AttributeError:
-            pass
     else:
         setattr(owner, name, original)
 

@@ -47,10 +47,10 @@ _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__",
                               "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__"})
 
 
-def is_inplace(family: str, api: str) -> bool:
+def is_inplace(api: str) -> bool:
     """True for APIs that write into their first argument (``add_``, ``__iadd__``,
     ``copy_``, ``assign``, ``__setitem__``...)."""
-    if api in _INPLACE_DUNDERS or api.startswith("assign") or api.startswith("scatter_nd_update"):
+    if api in _INPLACE_DUNDERS or api.startswith(("assign", "scatter_nd_update")):
         return True
     return api.endswith("_") and not api.endswith("__")
 
@@ -128,7 +128,7 @@ def _make_wrapper(original: Any, family: str, api: str, recorder: Any, session: 
     key = f"{family}.{api}"
     record = recorder.record_api
     tls = session._tls
-    inplace = is_inplace(family, api)
+    inplace = is_inplace(api)
 
     def wrapper(*args, **kwargs):
         if not session.recording or getattr(tls, "busy", False) or wrapper.__msprobe_disabled__:

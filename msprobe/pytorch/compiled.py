@@ -22,27 +22,21 @@ frame's globals) is in one of :data:`COMPILER_PACKAGES`.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 
 #: ``torch.compiler.is_compiling`` (torch >= 2.3; Dynamo folds a call of it to the constant
 #: True while tracing, and torch sets it for the whole compile session); False on older torch
-is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 #: packages of torch.compile's machinery: Dynamo, AOTAutograd, Inductor
 #: (``torch.func``'s transforms, also under ``torch._functorch``, call user functions: not listed)
 COMPILER_PACKAGES = ("torch._dynamo", "torch._functorch._aot_autograd", "torch._functorch.aot_autograd",
                      "torch._inductor")
 
-try:
-    from torch._subclasses.fake_tensor import is_fake as _is_fake
-except ImportError:  # pragma: no cover - torch without FakeTensor
-    _is_fake = None
-
 
 def is_fake(t: torch.Tensor) -> bool:
     """Whether ``t`` (any tensor) is, or wraps, a ``FakeTensor``: it has a dtype and a shape
     but no values (its data pointer cannot be read)."""
-    if _is_fake is None:
-        return False
     try:
         return bool(_is_fake(t))
     except Exception:

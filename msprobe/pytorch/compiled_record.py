@@ -46,10 +46,12 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from torch.fx.node import _get_qualified_name as _qualified_name
 from torch.utils import _pytree as pytree
 
 from msprobe.core.handles import CallbackHandle, HandleGroup
 from msprobe.core.recorder import Frame
+from msprobe.pytorch.compiled import is_compiling
 
 logger = logging.getLogger("msprobe")
 
@@ -70,13 +72,6 @@ is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", lambda: Fal
 _INTERPRETER_CALLS = (torch.fx.Interpreter.call_function.__code__, torch.fx.Interpreter.call_method.__code__)
 #: recorder id -> API keys that graphs run by the ``eager`` backend call through the wrapper
 _CALLED_BY_NAME: dict[int, frozenset] = {}
-is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
-
-try:
-    from torch.fx.node import _get_qualified_name as _qualified_name
-except ImportError:  # pragma: no cover
-    def _qualified_name(fn: Any) -> str:
-        return f"{fn.__module__}.{fn.__name__}"
 
 
 class _Nesting:

@@ -26,10 +26,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional
 
-try:
-    from torch.jit import _builtins as _jit_builtins
-except ImportError:  # pragma: no cover - every supported PyTorch has it
-    _jit_builtins = None
+from torch.jit import _builtins as _jit_builtins
 
 
 def _innermost(fn: Any) -> Any:

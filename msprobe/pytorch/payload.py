@@ -142,21 +142,6 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def from_payload(payload: Payload) -> torch.Tensor:
-    """The tensor stored in ``payload`` (a CPU tensor owning its storage).
-
-    A ``bytearray`` payload (what :meth:`store.payload_writer.PayloadReader.read` returns)
-    is wrapped without a copy and belongs to the tensor afterwards; ``bytes`` (or the
-    read-only uint8 array of :func:`tensor_bytes`) are copied once."""
-    dtype = torch_dtype(payload.dtype)
-    shape = tuple(payload.shape)
-    if len(payload.data) == 0:  # not ``not data``: an array has no truth value
-        return torch.empty(shape, dtype=dtype)
-    buffer = payload.data if isinstance(payload.data, bytearray) else bytearray(payload.data)
-    flat = torch.frombuffer(buffer, dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
-
-
 def write_pt(path: Path | str, payload: Payload) -> None:
     """Exporter callback: write the tensor of ``payload`` to ``path`` in ``torch.save``'s
     format (:func:`msprobe.pytorch.ptfile.save_values`; loads with
