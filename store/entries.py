@@ -49,7 +49,7 @@ class _Entry:
 #: tensor leaf row, in this order). EntryBuilder keeps each tensor leaf as such an exact
 #: ``tuple`` (``shape`` a tuple of ints too, or None): a tuple of atomic values costs less
 #: to build than a dict and the cyclic GC stops tracking it. :func:`_tensor_record` gives
-#: its dump.json dict; :func:`store.record_text.records_encoder` writes the same text
+#: its dump.json dict; :func:`store.json_text.records_encoder` writes the same text
 #: directly. A value leaf is kept as the 1-tuple ``(value_json,)`` (parsed by
 #: :func:`_leaf_value`). No other tuple is ever stored in entry values (parsed JSON holds
 #: lists, never tuples); :func:`_plain` turns both kinds into plain JSON.
@@ -192,7 +192,7 @@ def _order_entries(entries: dict[str, _Entry]) -> list[str]:
 
 def _entry_raw(entry: _Entry) -> Any:
     """The JSON value of ``entry`` with tensor leaves still as record tuples (what
-    :func:`store.record_text.records_encoder` writes; :func:`_entry_value` for plain JSON)."""
+    :func:`store.json_text.records_encoder` writes; :func:`_entry_value` for plain JSON)."""
     if entry.kind == S.DEBUG_SAVE:
         return entry.values.get("")
     value: dict[str, Any] = {}

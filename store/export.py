@@ -7,8 +7,11 @@ Layout (upstream-dump-format.md sections 1, 3, 4)::
 
 :func:`export_step` turns the rows of one rank and one step into the three files, offline
 (:func:`export_log`, rows from :class:`store.select.StoreReader`, one rank at a time); :class:`StepExporter` does
-the same live (:mod:`store.step_files`), fed the rows of
-:meth:`store.log_writer.LogWriter.take_step` as the writer flushed them. The output depends only on the set of rows
+the same live, fed the rows of :meth:`store.log_writer.LogWriter.take_step` as the writer
+flushed them; :class:`StepFiles` is the one place where the live ``step{N}/{rank_dir}/``
+files (level ``debug``: ``{rank_dir}/debug.json``) are written from what a log writer
+holds: in the writer process (:mod:`store.writer_process`) for tasks that store no tensors,
+in the training process otherwise. The output depends only on the set of rows
 and, within one ``seq``, on the order of its leaf rows (both paths keep the order the writer
 gave them), so the two paths write byte-identical files.
 Every file is written atomically (temporary name in the same directory, then
@@ -28,7 +31,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -39,12 +42,14 @@ from store.entries import (  # noqa: F401  (build_entries, entry_values: public 
     EntryBuilder, _Entry, _entry_raw, build_entries, entry_values,
 )
 from store.errors import ExportError, StoreError
-from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1
+from store.json_text import _ENCODE_STR, _encode, _NotPlainJson, dumps_indent1, records_encoder
 from store.fileutil import atomic_write_text, make_dirs, replace_from
-from store.record_text import records_encoder
 from store.log_reader import Skipped, add_stacks, missing_ranks, notices
 from store.payload_writer import Payload, PayloadReader
 from store.tensor_names import disk_name, name_limit, tmp_name, update_mapping
+
+if TYPE_CHECKING:
+    from store.log_writer import LogWriter
 
 logger = logging.getLogger("msprobe")
 
@@ -62,6 +67,7 @@ __all__ = [
     "EntryBuilder",
     "ExportReport",
     "StepExporter",
+    "StepFiles",
     "TENSOR_DIR",
     "TensorFileWriter",
     "export_tensors",
@@ -692,3 +698,61 @@ def _runs(values: np.ndarray) -> list[tuple[int, int]]:
     cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
     bounds = [0, *cuts.tolist(), len(values)]
     return list(zip(bounds[:-1], bounds[1:]))
+
+# --- the live step files ------------------------------------------------------------------------
+class StepFiles:
+    """Writes the current step's files from the rows ``writer`` flushed.
+
+    Args:
+        writer: the rank's log writer (its retained rows are taken at each export).
+        dump_path: the dump directory (level ``debug`` writes ``{dump_path}/{rank_dir}/``).
+    """
+
+    def __init__(self, writer: "LogWriter", dump_path: os.PathLike | str) -> None:
+        self.writer = writer
+        self._dump_path = Path(dump_path)
+        self._exporter = StepExporter()
+        self._tensors_done: set = set()
+
+    def export(self, step: int, meta: Mapping[str, Any], emitted: bool, *,
+               payloads: Optional[PayloadReader] = None, write_tensor: Optional[TensorFileWriter] = None) -> None:
+        """Flush the log and (re)write step ``step``'s files with every row of the step so far.
+
+        Args:
+            step: the step being recorded.
+            meta: the session's marker meta (``task``, ``level``, ``framework``,
+                ``dump_data_dir``, ``rank_dir``, ...; see ``store.export``).
+            emitted: whether a call of the step reached the log (False: only markers
+                did, which never change the files: the skeleton files are written).
+            payloads, write_tensor: task ``tensor`` (see :meth:`StepExporter.write`).
+        Raises:
+            StoreWriteError: the log writer failed.
+            OSError: a file could not be written.
+        """
+        if emitted:
+            self._exporter.add(self.writer.take_step(step))
+        else:
+            self.writer.flush()
+        rank_dir = meta["rank_dir"]
+        if meta["level"] == "debug":  # {dump_path}/{rank_dir}/debug.json (spec 1.2)
+            export_debug(self._exporter.rows(), meta, self._dump_path / rank_dir, payloads=payloads,
+                         write_tensor=write_tensor, done=self._tensors_done)
+            return
+        self._exporter.write(self.writer.stacks(), meta, self._dump_path / f"step{step}" / rank_dir,
+                             payloads=payloads, write_tensor=write_tensor, done=self._tensors_done)
+
+    def end_step(self, step: int) -> None:
+        """Close step ``step`` after its last export: the log is fsynced in the background
+        (:meth:`LogWriter.flush`), rows of the step flushed after the export (the
+        ``step_end`` marker) are dropped, the log file is ended if it reached its segment
+        size (:meth:`LogWriter.end_segment_if_due`), and the next step starts with an empty
+        exporter (which reuses the stack.json/construct.json texts of this one).
+
+        Raises:
+            StoreWriteError: the log writer failed.
+        """
+        self.writer.flush(True, background=True)
+        self.writer.drop_step_rows(step)
+        self.writer.end_segment_if_due()
+        self._exporter = StepExporter(self._exporter)
+        self._tensors_done = set()

@@ -30,7 +30,7 @@ the writer's first fault. Where no thread can be started, flushes happen on appe
 
 Live export. Each flushed batch is kept (its call, leaf and marker rows), until its step
 is taken: :meth:`LogWriter.take_step` returns a step's rows as an Arrow table for the
-step's files (:class:`store.step_files.StepFiles`).
+step's files (:class:`store.export.StepFiles`).
 
 Segments. With ``segment_bytes`` set, :meth:`LogWriter.end_segment_if_due` (called at a
 step's end, once the step's rows were taken) ends the file once it holds at least that many

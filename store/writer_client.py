@@ -186,7 +186,7 @@ class WriterClient:
             self._add((MARKER, marker.step, marker.kind, dict(marker.meta)), 1)
 
     def export(self, step: int, meta: dict, emitted: bool) -> None:
-        """Ask for step ``step``'s files (:meth:`store.step_files.StepFiles.export`), after
+        """Ask for step ``step``'s files (:meth:`store.export.StepFiles.export`), after
         every record handed over before; sent at once, not waited for (see :meth:`wait`).
         Raises as :meth:`append`."""
         self._request((EXPORT, step, dict(meta), bool(emitted)))

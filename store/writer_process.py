@@ -4,7 +4,7 @@ Started by :class:`store.writer_client.WriterClient` (the command line:
 :func:`store.writer_client.writer_command`).
 It reads the records the training process hands over on its standard input, appends them
 to the rank's Arrow log (:class:`store.log_writer.LogWriter`, the log file named after the
-training process) and writes each step's files (:class:`store.step_files.StepFiles`) when
+training process) and writes each step's files (:class:`store.export.StepFiles`) when
 the training process asks for them at ``stop()`` and ``step()``. Everything the training
 thread used to do after building a record (Arrow columns, batches, CRC-32, ``dump.json``
 text, file writes) happens here.
@@ -109,7 +109,7 @@ def serve(stream: BinaryIO, answers: TextIO) -> int:
     Raises nothing for write faults: they are answered with ``F`` (see the module docstring).
     """
     from store.log_writer import LogWriter
-    from store.step_files import StepFiles
+    from store.export import StepFiles
 
     hello = _read_frame(stream)
     if not hello or hello[0][0] != HELLO or hello[0][1] != PROTOCOL:

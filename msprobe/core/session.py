@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # these load pyarrow: imported where the log is written in th
     from store.export import TensorFileWriter
     from store.log_writer import LogWriter
     from store.payload_writer import PayloadReader, PayloadWriter
-    from store.step_files import StepFiles
+    from store.export import StepFiles
 
 logger = logging.getLogger("msprobe")
 
@@ -657,7 +657,7 @@ def _log_here(dump_path, rank: int, segment: int = 0, compression: Optional[str]
     msprobe.core.arrow_pool)."""
     prefer_system_pool()
     from store.log_writer import LogWriter
-    from store.step_files import StepFiles
+    from store.export import StepFiles
 
     writer = LogWriter(dump_path, rank, segment_bytes=segment, compression=compression)
     return writer, StepFiles(writer, dump_path)

@@ -1,7 +1,7 @@
 """The session of level ``debug``: one ``{dump_path}/{rank_dir}/debug.json`` (spec 1.2).
 
 Same state machine, event log and export as :class:`msprobe.core.session.Session` (the
-export of level ``debug`` writes the rank's ``debug.json``: store.step_files), with the
+export of level ``debug`` writes the rank's ``debug.json``: store.export.StepFiles), with the
 rank directory as the tensor files' directory. ``start`` is called once, at construction.
 """
 from __future__ import annotations

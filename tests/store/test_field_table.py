@@ -12,7 +12,7 @@ import pytest
 from store import log_writer
 from store import schema as S
 from store.entries import LEAF_COLUMNS, RECORD_FIELDS, _tensor_record
-from store.record_text import records_encoder
+from store.json_text import records_encoder
 from store.records import Call, Leaf, make_leaf, null_leaf
 from store.writer_client import WriterClient
 from store.writer_process import CALL, CALL_FIELDS, message_record

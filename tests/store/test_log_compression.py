@@ -262,7 +262,7 @@ SEGMENT = 40 * 1024  # two steps of the calls below, before compression
 def test_a_compressed_segment_holds_the_rows_of_an_uncompressed_one(tmp_path):
     """Segments are sized before compression: the same steps end the same files."""
     from store.records import Marker
-    from store.step_files import StepFiles
+    from store.export import StepFiles
 
     rows = {}
     for compression in (None, "lz4", "zstd"):

@@ -26,7 +26,7 @@ from store.log_writer import LogWriter
 from store.manifest import load_manifest, parquet_dir
 from store.query import query
 from store.records import Call, Marker, Stack, make_leaf
-from store.step_files import StepFiles
+from store.export import StepFiles
 
 REPO = Path(__file__).resolve().parents[2]
 META = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank0",

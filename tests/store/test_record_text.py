@@ -1,6 +1,6 @@
 """Tensor leaves as record tuples: the live dump.json text equals json.dumps of entry_values.
 
-EntryBuilder keeps a tensor leaf as a tuple of its columns and store.record_text writes it
+EntryBuilder keeps a tensor leaf as a tuple of its columns and store.json_text.records_encoder writes it
 without building the dict; these tests hold that text to
 ``json.dumps(top-level object with entry_values(...), indent=1)`` (the reference, Python's
 own encoder over plain dicts), byte for byte, and entry_values to hand-written dicts.
@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from store import schema as S
 from store.entries import _plain, _put, _tensor_record, build_entries, entry_values
 from store.export import StepExporter, _dump_text, export_debug, export_step
-from store.json_text import _NotPlainJson, dumps_indent1
-from store.record_text import records_encoder
+from store.json_text import _NotPlainJson, dumps_indent1, records_encoder
 
 META = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "rank_dir": "rank0"}
 _KEYS = {
