@@ -607,7 +607,8 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
  *          dtype -> (kind, itemsize, dtype_text), max_bytes: int, leaf_type: a tuple subclass,
  *          template: a tuple of the leaf's fields with the constant ones set, slots: a tuple of
  *          NSLOTS ints, where in the leaf io, path, dtype_text, shape, numel, max, min, mean,
- *          norm and requires_grad go)
+ *          norm, requires_grad and the CRC-32 text go, crc_fn_address: 0, or the address of a
+ *          CRC-32 function as reduce_crc_at takes it)
  * The field order is the caller's (store.schema.LEAF_FIELDS): this code knows none.
  * For a tensor whose exact type is in plain_types, on the CPU, strided, not nested, not a
  * negative-bit view, C-contiguous or dense in another order of its dimensions (reduced in
@@ -617,13 +618,16 @@ static PyObject *reduce_buffer(PyObject *self, PyObject *const *args, Py_ssize_t
  * items with those at `slots` replaced by io, path, dtype_text, tuple(t.shape), n, max, min,
  * mean, norm and t.requires_grad, with Max and Min exact, Mean = sum / n and Norm = sqrt(sum of squares) from the same float64
  * reduction as reduce_at (a 0-dim tensor: Mean = its value, Norm = |value|), bit-identical to
- * msprobe.pytorch.stats.native_stats over reduce_at's tuple. Any other tensor, and any error
+ * msprobe.pytorch.stats.native_stats over reduce_at's tuple. With crc_fn_address not 0 only
+ * C-contiguous tensors are taken, and the CRC-32 of their bytes (bfloat16: of their float32
+ * values), computed in the same pass as reduce_crc_at does, goes in as 8 lowercase hex digits
+ * (msprobe.pytorch.stats.fused_stats_crc); with 0 that field is None. Any other tensor, and any error
  * while reading its attributes (cleared), gives None: the caller then takes its own path. */
 static PyObject *S_is_cpu, *S_layout, *S_is_nested, *S_is_neg, *S_is_contiguous, *S_dtype, *S_numel,
     *S_untyped_storage, *S_data_ptr, *S_nbytes, *S_dim, *S_shape, *S_requires_grad, *S_stride;
 
-#define NSLOTS 10 /* the fields small_leaf sets: io, path, dtype, shape, numel, max, min, mean, norm, requires_grad */
-#define NSLOTS_TEXT "10"
+#define NSLOTS 11 /* the fields small_leaf sets: io, path, dtype, shape, numel, max, min, mean, norm, requires_grad, crc */
+#define NSLOTS_TEXT "11"
 #define MAX_FIELDS 64
 /* the last slots tuple read (a strong reference) and, per field of the template, the index
  * in small_leaf's items of the value it takes, -1 for the template's own */
@@ -701,9 +705,10 @@ static int dense_view(PyObject *t) {
 
 static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4 || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 7) {
+    if (nargs != 4 || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 8) {
         PyErr_SetString(PyExc_TypeError, "small_leaf(tensor, io, path, table) takes 4 arguments; table: "
-                                         "(plain_types, strided, dtypes, max_bytes, leaf_type, template, slots)");
+                                         "(plain_types, strided, dtypes, max_bytes, leaf_type, template, slots, "
+                                         "crc_fn_address)");
         return NULL;
     }
     PyObject *t = args[0], *table = args[3];
@@ -741,6 +746,8 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     long long max_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(table, 3));
     if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    void *crc_address = PyLong_AsVoidPtr(PyTuple_GET_ITEM(table, 7)); /* NULL for 0: no CRC-32 */
+    if (crc_address == NULL && PyErr_Occurred()) return NULL;
     int found = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plain); i++)
         found |= (PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, i);
@@ -753,7 +760,7 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
     if ((ok = attr_is(t, S_is_nested, Py_False)) != 1) goto none;
     if ((ok = method_is(t, S_is_neg, Py_False)) != 1) goto none;
     if ((ok = method_is(t, S_is_contiguous, Py_True)) == -1) goto none;
-    if (!ok && dense_view(t) != 1) goto none;
+    if (!ok && (crc_address != NULL || dense_view(t) != 1)) goto none; /* a CRC-32 reads the bytes in C order */
     dtype = PyObject_GetAttr(t, S_dtype);
     if (dtype == NULL) goto none;
     PyObject *entry = PyDict_GetItemWithError(dtypes, dtype); /* borrowed */
@@ -780,7 +787,9 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
         zero_dim = dim == 0;
     }
     acc_t acc;
-    reduce_chunks((const void *)(uintptr_t)ptr, (size_t)n, (int)kind, KERNELS[kind], NULL, &acc);
+    crc_ctx cc = {NULL, 0, (int)kind, NULL};
+    memcpy(&cc.fn, &crc_address, sizeof cc.fn); /* a data pointer cannot portably be cast to a function pointer */
+    reduce_chunks((const void *)(uintptr_t)ptr, (size_t)n, (int)kind, KERNELS[kind], crc_address ? &cc : NULL, &acc);
     if (!isfinite(acc.sum) || !isfinite(acc.sumsq) || !isfinite(acc.max) || !isfinite(acc.min)) goto none;
     double m = fmax(fabs(acc.max), fabs(acc.min));
     if (!(m == 0.0 || (RESCALE_SMALL < m && m < RESCALE_BIG))) goto none;
@@ -796,21 +805,26 @@ static PyObject *small_leaf(PyObject *self, PyObject *const *args, Py_ssize_t na
     int requires_grad = PyObject_IsTrue(rg);
     Py_DECREF(rg);
     if (requires_grad < 0) goto none;
-    /* in the order of `slots`: io, path, dtype_text, shape (borrowed), then new references */
+    char crc_text[9];
+    if (crc_address) snprintf(crc_text, sizeof crc_text, "%08x", (unsigned)(cc.crc & 0xFFFFFFFFu));
+    /* in the order of `slots`: io, path, dtype_text, shape (borrowed), then new references,
+     * requires_grad (borrowed), the CRC-32 text (new) or None (borrowed) */
     PyObject *items[NSLOTS] = {args[1], args[2], dtype_text, shape, PyLong_FromLongLong(n),
                                PyFloat_FromDouble(acc.max), PyFloat_FromDouble(acc.min), PyFloat_FromDouble(mean),
-                               PyFloat_FromDouble(norm), requires_grad ? Py_True : Py_False};
-    int built = items[4] && items[5] && items[6] && items[7] && items[8];
+                               PyFloat_FromDouble(norm), requires_grad ? Py_True : Py_False,
+                               crc_address ? PyUnicode_FromStringAndSize(crc_text, 8) : Py_None};
+    int built = items[4] && items[5] && items[6] && items[7] && items[8] && items[10];
     if (built) leaf = ((PyTypeObject *)leaf_type)->tp_alloc((PyTypeObject *)leaf_type, nfields);
     if (leaf != NULL) {
         for (Py_ssize_t i = 0; i < nfields; i++) {
             int k = field_source[i];
             PyObject *item = k < 0 ? PyTuple_GET_ITEM(template, i) : items[k];
-            if (k < 4 || k == 9) Py_INCREF(item); /* items 4-8: the new references move in */
+            if (k < 4 || k == 9 || (k == 10 && !crc_address)) Py_INCREF(item); /* the new references move in */
             PyTuple_SET_ITEM(leaf, i, item);
         }
     } else {
         for (int i = 4; i <= 8; i++) Py_XDECREF(items[i]);
+        if (crc_address) Py_XDECREF(items[10]);
     }
     Py_DECREF(shape);
     Py_DECREF(storage);
@@ -856,8 +870,9 @@ static PyMethodDef METHODS[] = {
      "must be a multiple of the element size of kind."},
     {"small_leaf", (PyCFunction)(void (*)(void))small_leaf, METH_FASTCALL,
      "small_leaf(tensor, io, path, table) -> Leaf or None\n\n"
-     "The dump leaf (statistics included) of a small contiguous plain CPU tensor with finite\n"
-     "values in one call; None for any other tensor (see the comment above small_leaf)."},
+     "The dump leaf (statistics included, and the CRC-32 when the table names a CRC function)\n"
+     "of a small contiguous plain CPU tensor with finite values in one call; None for any\n"
+     "other tensor (see the comment above small_leaf)."},
     {"isa", isa, METH_NOARGS, "isa() -> 'avx2' or 'generic': the kernels chosen at import."},
     {NULL, NULL, 0, NULL},
 };
@@ -897,8 +912,8 @@ PyMODINIT_FUNC PyInit_fused_stats(void) {
     INTERN(S_stride, "stride");
 #undef INTERN
     PyObject *module = PyModule_Create(&MODULE);
-    /* the form of small_leaf's table: 2 = (..., leaf_type, template, slots) */
-    if (module != NULL && PyModule_AddIntConstant(module, "SMALL_LEAF_TABLE", 2) < 0) {
+    /* the form of small_leaf's table: 3 = (..., leaf_type, template, slots of 11 fields, crc_fn_address) */
+    if (module != NULL && PyModule_AddIntConstant(module, "SMALL_LEAF_TABLE", 3) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -214,14 +214,17 @@ class LeafBuilder:
         if tensor_list is not None:
             self.capture = self._snapshot = None
         self._small = False
-        self._small_table = _small_table(MEMO_MIN_BYTES)
+        self._small_table = ()
         self._set_small()
 
     def _set_small(self) -> None:
-        """Whether _small_leaf may build leaves (without CRC-32, payload or deferral; the
-        capture is checked per leaf: tensor_list switches it per entry)."""
-        self._small = (_small_leaf is not None and self.with_data and not self.md5 and not self.xor
+        """Whether _small_leaf may build leaves (without payload or deferral, with the
+        CRC-32 of summary_mode md5 where the fused pass exists, ``stats.FUSED_CRC``, read
+        here; the capture is checked per leaf: tensor_list switches it per entry)."""
+        crc = (_stats.FUSED_CRC or 0) if self.md5 else 0
+        self._small = (_small_leaf is not None and self.with_data and (crc or not self.md5) and not self.xor
                        and not self._defer_all)
+        self._small_table = _small_table(MEMO_MIN_BYTES, crc) if self._small else ()
 
     @property
     def defer_all(self) -> bool:
@@ -628,26 +631,28 @@ MEMO_MIN_BYTES = 16 << 10
 _ITEMSIZE = {kind: torch.empty(0, dtype=dtype).element_size() for dtype, kind in NATIVE_KIND.items()}
 
 #: ``NATIVE.small_leaf(t, io, path, table)`` (``fused_stats.c``), None without the
-#: extension or with one whose ``SMALL_LEAF_TABLE`` is not 2 (the form of :func:`_small_table`): the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
-#: (at most :data:`MEMO_MIN_BYTES` bytes, no CRC-32, no payload) and whose values are all finite
-#: and need no rescaling, built in one call (the same tests, reduction, statistics and leaf
-#: fields, bit for bit); None for any other tensor, which then takes the Python paths. One
+#: extension or with one whose ``SMALL_LEAF_TABLE`` is not 3 (the form of :func:`_small_table`): the leaf of a tensor that :meth:`LeafBuilder._plain_leaf` reduces without the memo
+#: (at most :data:`MEMO_MIN_BYTES` bytes, no payload; with summary_mode md5 C-contiguous, and
+#: its CRC-32 from the same pass as :func:`~msprobe.pytorch.stats.fused_stats_crc`) and whose
+#: values are all finite and need no rescaling, built in one call (the same tests, reduction,
+#: statistics, CRC-32 and leaf fields, bit for bit); None for any other tensor, which then takes the Python paths. One
 #: native call instead of ~15 Python-level attribute reads and three Python frames saves
 #: ~1.5 us per tensor warm, more inside a training step (benchmarks/host_cost.py)
-_small_leaf = getattr(NATIVE, "small_leaf", None) if getattr(NATIVE, "SMALL_LEAF_TABLE", None) == 2 else None
+_small_leaf = getattr(NATIVE, "small_leaf", None) if getattr(NATIVE, "SMALL_LEAF_TABLE", None) == 3 else None
 _SMALL_DTYPES = {dtype: (kind, _ITEMSIZE[kind], str(dtype)) for dtype, kind in NATIVE_KIND.items()}
 
 
-def _small_table(max_bytes: int) -> tuple:
+def _small_table(max_bytes: int, crc: int = 0) -> tuple:
     """The ``table`` argument of ``NATIVE.small_leaf`` for tensors of at most ``max_bytes``
-    bytes (:data:`MEMO_MIN_BYTES`, read when a :class:`LeafBuilder` is made)."""
+    bytes (:data:`MEMO_MIN_BYTES`, read when a :class:`LeafBuilder` is made); ``crc``: 0, or
+    the address of the CRC-32 function (``stats.FUSED_CRC``) for summary_mode md5."""
     template = Leaf(io="", path=(), leaf_kind=_TENSOR, type="torch.Tensor", has_nan=False, has_inf=False)
     slots = tuple(LEAF_FIELDS.index(name) for name in _SMALL_SLOTS)
-    return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, tuple(template), slots)
+    return (PLAIN_TYPES, _STRIDED, _SMALL_DTYPES, max_bytes, Leaf, tuple(template), slots, int(crc))
 
 
 #: the fields ``small_leaf`` sets, in the order it takes their places (``slots``)
-_SMALL_SLOTS = ("io", "path", "dtype", "shape", "numel", "max", "min", "mean", "norm", "requires_grad")
+_SMALL_SLOTS = ("io", "path", "dtype", "shape", "numel", "max", "min", "mean", "norm", "requires_grad", "crc32")
 
 
 #: the exact types whose leaves :meth:`LeafBuilder.leaves` builds without walking

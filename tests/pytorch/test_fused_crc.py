@@ -169,7 +169,8 @@ GENERAL_CASES = {  # not fused: the two-pass path
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts calls of ``stats.fused_stats_crc`` (the fused path)."""
+    """Counts the tensors that took the fused statistics + CRC-32 pass, by kind: calls of
+    ``stats.fused_stats_crc`` and leaves the native ``small_leaf`` built with a CRC-32."""
     calls = []
     real = stats_mod.fused_stats_crc
 
@@ -178,6 +179,15 @@ def spy(monkeypatch):
         return real(t, kind)
 
     monkeypatch.setattr(stats_mod, "fused_stats_crc", counting)
+    small = leaves_mod._small_leaf
+    if small is not None:
+        def counting_small(t, io, path, table):
+            leaf = small(t, io, path, table)
+            if leaf is not None and table[7]:
+                calls.append(stats_mod.NATIVE_KIND[t.dtype])
+            return leaf
+
+        monkeypatch.setattr(leaves_mod, "_small_leaf", counting_small)
     return calls
 
 

@@ -78,9 +78,11 @@ def test_small_leaf_takes_its_field_places_from_the_table():
     if leaves_mod._small_leaf is None:
         pytest.skip("native extension not built")
     t = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
-    plain, strided, dtypes, max_bytes, leaf_type, template, slots = leaves_mod._small_table(4096)
+    plain, strided, dtypes, max_bytes, leaf_type, template, slots, crc = leaves_mod._small_table(4096)
+    assert crc == 0
     assert tuple(leaf_type(**dict(zip(S.LEAF_FIELDS, template)))) == template
-    leaf = leaves_mod._small_leaf(t, "output", (1,), (plain, strided, dtypes, max_bytes, leaf_type, template, slots))
+    leaf = leaves_mod._small_leaf(t, "output", (1,), (plain, strided, dtypes, max_bytes, leaf_type, template, slots,
+                                                      crc))
     assert (leaf.io, leaf.path, leaf.dtype, leaf.shape, leaf.numel) == ("output", (1,), "torch.float32", (2, 2), 4)
     assert (leaf.max, leaf.min, leaf.mean, leaf.norm) == (3.0, -2.0, 0.625, (1 + 4 + 9 + 0.25) ** 0.5)
     assert (leaf.leaf_kind, leaf.type, leaf.has_nan, leaf.has_inf, leaf.crc32) == ("tensor", "torch.Tensor",
@@ -90,11 +92,11 @@ def test_small_leaf_takes_its_field_places_from_the_table():
     n = len(template)
     reversed_slots = tuple(n - 1 - s for s in slots)
     got = leaves_mod._small_leaf(t, "output", (1,), (plain, strided, dtypes, max_bytes, tuple, reversed_template,
-                                                      reversed_slots))
+                                                      reversed_slots, crc))
     assert got[-1] == "extra" and tuple(reversed(got[:-1])) == tuple(leaf)
     with pytest.raises(ValueError, match="slot"):
         leaves_mod._small_leaf(t, "output", (1,), (plain, strided, dtypes, max_bytes, tuple, template,
-                                                   (0,) * len(slots)))
+                                                   (0,) * len(slots), crc))
 
 
 class _Capture:
