@@ -499,20 +499,25 @@ def _consumers(roots: list, start: int, end: int, targets: dict) -> dict:
     tasks: dict = {}
     seen: set = set()
     stack = list(roots)
-    by_name = _ACCUMULATE_GRAD is None
+    accumulate = _ACCUMULATE_GRAD
+    by_name = accumulate is None
+    get = targets.get
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
         mine = None
-        for j, (nxt, k) in enumerate(node.next_functions):
+        j = -1
+        for edge in node.next_functions:  # (node, output index): the key of a node's edge
+            j += 1
+            nxt = edge[0]
             if nxt is None:
                 continue
-            if type(nxt) is _ACCUMULATE_GRAD or (by_name and type(nxt).__name__ == "AccumulateGrad"):
-                found = targets.get((id(nxt.variable), -1))
+            if type(nxt) is accumulate or (by_name and type(nxt).__name__ == "AccumulateGrad"):
+                found = get((id(nxt.variable), -1))
             else:
-                found = targets.get((nxt, k))
+                found = get(edge)
                 if start <= nxt._sequence_nr() < end and nxt not in seen:
                     stack.append(nxt)
             if found:
