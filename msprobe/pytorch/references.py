@@ -75,8 +75,10 @@ class References:
     def __init__(self, targets: dict[int, tuple[Any, Any]], group: HandleGroup) -> None:
         self._targets = targets
         self._group = group
-        self._scanned: dict[str, int] = {}  # module name -> id of the module object scanned
-        # sys.modules at the last scan: its size and its last entry (the module held: no id is reused)
+        # module name -> the module object scanned (held: a module loaded again under its
+        # name is a new object even where it takes the freed one's address)
+        self._scanned: dict[str, Any] = {}
+        # sys.modules at the last scan: its size and its last entry
         self._size = -1
         self._last: tuple = ()
         self._classes: set[int] = set()  # ids of the classes scanned (kept alive by _kept)
@@ -121,9 +123,9 @@ class References:
         self._last = items[-1] if items else ()
         count = 0
         for name, mod in items:
-            if mod is None or self._scanned.get(name) == id(mod):
+            if mod is None or self._scanned.get(name) is mod:
                 continue
-            self._scanned[name] = id(mod)
+            self._scanned[name] = mod
             if _skipped(name) or not isinstance(mod, types.ModuleType):
                 continue
             d = getattr(mod, "__dict__", None)

@@ -239,3 +239,36 @@ def test_references_taken_between_steps_recorded(tmp_path):
         data = load_dump(tmp_path, step)[0]["data"]
         assert data["Functional.gelu.0.forward"]["output"][0]["Norm"] == pytest.approx(_norm(c), rel=1e-12)
     assert late.gelu is _KEPT[0] and again.gelu is _KEPT[0] and model.act.func is _KEPT[0]
+
+
+def test_a_module_loaded_again_under_its_name_rebound_each_step(tmp_path):
+    """A module loaded again under the same name (removed from ``sys.modules``, then a new
+    module object for it, as a notebook or a file loader re-running its imports does),
+    with another module imported after it: each new object is scanned, even where the
+    new object takes the freed one's address (``id``)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6))
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(3))
+    name, after = "msprobe_test_reloaded", "msprobe_test_reloaded_after"
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1", model=model)
+    norms = []
+    try:
+        for _ in range(4):
+            for key in (name, after):  # load both again; the old objects are freed
+                sys.modules.pop(key, None)
+                module = types.ModuleType(key)
+                module.gelu = _KEPT[0]
+                sys.modules[key] = module
+            del module
+            dbg.start()
+            y = sys.modules[name].gelu(model(x))
+            dbg.stop()
+            dbg.step()
+            norms.append(_norm(y))
+        dbg.close()
+    finally:
+        sys.modules.pop(name, None)
+        sys.modules.pop(after, None)
+    for step, norm in enumerate(norms):
+        data = load_dump(tmp_path, step)[0]["data"]
+        assert data["Functional.gelu.0.forward"]["output"][0]["Norm"] == pytest.approx(norm, rel=1e-12)
