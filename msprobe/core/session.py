@@ -189,8 +189,6 @@ class Session:
         self.name_list = NameList(config.list)
         self._last_step = config.last_step
         self.finished = self._last_step is not None and self.step > self._last_step
-        if self.finished:
-            self._gc.restore()
         self._dump_data_dir = dump_data_dir or (lambda _d: None)
         self._write_tensor = write_tensor
         self._flush_hooks = []
@@ -286,9 +284,9 @@ class Session:
         if not self.rank_selected() or not self.step_selected():
             self.recording = False
             return False
-        self._gc.raise_()  # idempotent; again after a reconfigure past the last step
         with self._lock:
             if self._writer is None and self._client is None:
+                self._gc.raise_()
                 if not self._rerun_checked:
                     self._rerun_checked = True
                     _warn_earlier_logs(self.config.dump_path, self.rank or 0)

@@ -165,31 +165,3 @@ def test_a_forked_child_starts_with_the_previous_threshold(thresholds):
     assert gc.get_threshold()[0] == 10_000
     held.restore()
     assert gc.get_threshold()[0] == 700
-
-
-def test_raised_again_when_a_new_config_selects_later_steps(tmp_path, thresholds, monkeypatch):
-    """A config re-read while the job runs (dump_enable) that selects steps again after the
-    last one of the old config: the threshold is raised again at the next recorded start()."""
-    import dataclasses
-
-    torch = pytest.importorskip("torch")
-    from msprobe.pytorch import PrecisionDebugger
-
-    monkeypatch.delenv(GC_ENV, raising=False)
-    model = torch.nn.Linear(4, 3)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1", step=[0])
-    dbg.start()
-    model(torch.ones(2, 4))
-    dbg.stop()
-    dbg.step()
-    assert gc.get_threshold()[0] == 700
-    dbg._reconfigure(dataclasses.replace(dbg.config, step=(1, 2)))
-    dbg.start()  # step 1: recorded again
-    model(torch.ones(2, 4))
-    assert gc.get_threshold()[0] == DEFAULT_GEN0
-    dbg.stop()
-    dbg.step()
-    dbg._reconfigure(dataclasses.replace(dbg.config, step=(0,)))  # step 2 is past the new last step
-    assert gc.get_threshold()[0] == 700
-    dbg.close()
-    assert gc.get_threshold()[0] == 700
