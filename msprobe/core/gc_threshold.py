@@ -17,8 +17,7 @@ While a session records (from its first ``start()`` to ``close()``), the generat
 threshold is raised to :data:`DEFAULT_GEN0` (``MSPROBE_GC_THRESHOLD``: another value; ``0``
 leaves Python's thresholds alone); a higher threshold already set is kept, generations 1
 and 2 keep theirs. ``close()`` puts the previous threshold back unless someone set another
-meanwhile; so does a session that records nothing more (past its last selected step,
-disabled or failed), and a forked child starts with it. Cyclic garbage of the training script is collected as before, later by up to
+meanwhile. Cyclic garbage of the training script is collected as before, later by up to
 that many net allocations.
 """
 from __future__ import annotations
@@ -62,8 +61,7 @@ class RaisedThreshold:
     """The generation-0 threshold raised to ``gen0`` (0: nothing done) between
     :meth:`raise_` and :meth:`restore`. Sessions in one process share the raise: the first
     to raise remembers the previous threshold, the last to restore puts it back (unless
-    someone set another meanwhile). A process forked while the threshold is raised starts
-    with the previous one: the sessions it inherits record nothing there.
+    someone set another meanwhile).
 
     Args:
         gen0: the threshold while recording (:func:`gc_threshold`).
@@ -77,15 +75,15 @@ class RaisedThreshold:
 
     def __init__(self, gen0: int) -> None:
         self._gen0 = gen0
-        self._held_in = 0  # the id of the process where this instance holds the raise; 0: none
+        self._held = False
 
     def raise_(self) -> None:
         """Raise the threshold (idempotent; a higher one set already is kept)."""
         cls = RaisedThreshold
         with cls._lock:
-            if self._held_in == os.getpid() or not self._gen0:
+            if self._held or not self._gen0:
                 return
-            self._held_in = os.getpid()
+            self._held = True
             cls._holders += 1
             current, g1, g2 = gc.get_threshold()
             if current and current < self._gen0:  # 0: automatic collection is switched off
@@ -96,13 +94,12 @@ class RaisedThreshold:
 
     def restore(self) -> None:
         """Drop this instance's raise; the last one puts the previous threshold back, unless
-        another was set since (idempotent; a raise inherited through ``fork()`` is no hold)."""
+        another was set since (idempotent)."""
         cls = RaisedThreshold
         with cls._lock:
-            held_here = self._held_in == os.getpid()
-            self._held_in = 0
-            if not held_here:
+            if not self._held:
                 return
+            self._held = False
             cls._holders -= 1
             if cls._holders or cls._previous is None:
                 return
@@ -110,15 +107,3 @@ class RaisedThreshold:
             current, g1, g2 = gc.get_threshold()
             if current == cls._raised_to:
                 gc.set_threshold(previous, g1, g2)
-
-    @classmethod
-    def _forked(cls) -> None:
-        """In a forked child (a DataLoader worker): no hold is inherited."""
-        cls._lock = threading.Lock()  # one held by another thread at fork() is never released here
-        previous, cls._previous, cls._holders = cls._previous, None, 0
-        current, g1, g2 = gc.get_threshold()
-        if previous is not None and current == cls._raised_to:
-            gc.set_threshold(previous, g1, g2)
-
-
-os.register_at_fork(after_in_child=RaisedThreshold._forked)

@@ -241,7 +241,6 @@ class Session:
         exported at the next stop()/step()."""
         self.disabled = True
         self.recording = False
-        self._gc.restore()
 
     def internal_error(self, exc: BaseException) -> None:
         """An adapter's own code failed: log it once, with its traceback, and stop
@@ -273,7 +272,6 @@ class Session:
             return False
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
-            self._gc.restore()
             return False
         self.rank, self.rank_dir, self.world_size = rank, rank_dir, world_size
         if rank is None and not self.rank_selected() and not self._rank_warned:
@@ -354,7 +352,6 @@ class Session:
             self.module_counter.reset()
         if self._last_step is not None and self.step > self._last_step:
             self.finished = True
-            self._gc.restore()  # nothing more is recorded
         if ended:
             self._wait_if_asked()
 
@@ -646,7 +643,6 @@ class Session:
         stop recording for good."""
         self.failed = True
         self.recording = False
-        self._gc.restore()
         logger.error(
             "msprobe: recording stopped after an I/O error (%s: %s); data written before stays readable in %s",
             type(exc).__name__, exc, os.fspath(self.config.dump_path),

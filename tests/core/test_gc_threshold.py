@@ -2,7 +2,6 @@
 (msprobe.core.gc_threshold): raised at the first start(), put back at close(), shared
 by sessions in one process, configurable and checked before training."""
 import gc
-import os
 
 import pytest
 
@@ -113,55 +112,3 @@ def test_a_bad_threshold_is_a_config_error_before_training(tmp_path, monkeypatch
         PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
     assert info.value.field == GC_ENV and info.value.value == "lots"
     assert not (tmp_path / "d").exists()
-
-
-def test_put_back_once_the_session_records_no_more(tmp_path, thresholds, monkeypatch):
-    """Past the last step of the ``step`` filter (and after a fault stopped recording) the
-    session records nothing more: the threshold is put back before ``close()``."""
-    torch = pytest.importorskip("torch")
-    from msprobe.pytorch import PrecisionDebugger
-
-    monkeypatch.delenv(GC_ENV, raising=False)
-    model = torch.nn.Linear(4, 3)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1", step=[0])
-    dbg.start()
-    model(torch.ones(2, 4)).sum().backward()
-    assert gc.get_threshold()[0] == DEFAULT_GEN0
-    dbg.stop()
-    dbg.step()  # step 0 was the last one selected
-    assert gc.get_threshold()[0] == 700
-    dbg.start()  # step 1: not recorded
-    model(torch.ones(2, 4))
-    assert gc.get_threshold()[0] == 700
-    dbg.close()
-    assert gc.get_threshold()[0] == 700
-
-    other = PrecisionDebugger(dump_path=str(tmp_path / "e"), task="statistics", level="L1")
-    other.start()
-    assert gc.get_threshold()[0] == DEFAULT_GEN0
-    other.session.disable()  # an internal error stopped recording for good
-    assert gc.get_threshold()[0] == 700
-    other.close()
-
-
-def test_a_forked_child_starts_with_the_previous_threshold(thresholds):
-    """A process forked while the threshold is raised (a DataLoader worker) records
-    nothing: it gets Python's previous threshold; the parent keeps the raise."""
-    if not hasattr(os, "fork"):
-        pytest.skip("no fork() on this platform")
-    held = RaisedThreshold(10_000)
-    held.raise_()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report its threshold, then exit at once
-        held.restore()  # an inherited hold: no effect
-        os.write(write, str(gc.get_threshold()[0]).encode())
-        os._exit(0)
-    os.close(write)
-    child = int(os.read(read, 64))
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert child == 700
-    assert gc.get_threshold()[0] == 10_000
-    held.restore()
-    assert gc.get_threshold()[0] == 700
