@@ -36,7 +36,6 @@ from msprobe.core.arrow_pool import prefer_system_pool
 from msprobe.core.config import Config
 from msprobe.core.errors import ConfigError
 from msprobe.core.filters import DataMode, NameList
-from msprobe.core.gc_threshold import GC_ALLOWED, GC_ENV, RaisedThreshold, gc_threshold
 from msprobe.core.guard import INSIDE
 from msprobe.core.naming import CallCounter, free_file_name, tensor_file_name, unique_file_names
 from msprobe.core.stack import StackInterner
@@ -153,11 +152,6 @@ class Session:
         except ValueError as exc:
             raise ConfigError(COMPRESSION_ENV, os.environ.get(COMPRESSION_ENV), COMPRESSION_ALLOWED,
                               "an environment variable (docs/query.md, Log compression)") from exc
-        try:
-            self._gc = RaisedThreshold(gc_threshold())
-        except ValueError as exc:
-            raise ConfigError(GC_ENV, os.environ.get(GC_ENV), GC_ALLOWED,
-                              "an environment variable (docs/performance.md, \"The garbage collector\")") from exc
         self._payloads: PayloadWriter | None = None
         self._payload_reader: PayloadReader | None = None
         # tensor file names given out in the step (one dump_tensor_data directory): name ->
@@ -284,7 +278,6 @@ class Session:
             return False
         with self._lock:
             if self._writer is None and self._client is None:
-                self._gc.raise_()
                 if not self._rerun_checked:
                     self._rerun_checked = True
                     _warn_earlier_logs(self.config.dump_path, self.rank or 0)
@@ -380,7 +373,6 @@ class Session:
         """Hand over what is pending, wait for the writer process to write the files and
         close the log (at most 300 s), or close the log written here (idempotent)."""
         self._run_flush_hooks()
-        self._gc.restore()
         with self._lock:
             if self._client is not None:
                 self._store("close")
