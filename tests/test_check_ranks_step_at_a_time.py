@@ -47,6 +47,19 @@ def _run(root):
     return root
 
 
+def _write_step0(root, world, calls_of):
+    """``world`` ranks' logs of one step (0): a start marker, ``calls_of(rank)``'s calls, the
+    step_end marker."""
+    for rank in range(world):
+        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+                "rank_dir": f"rank{rank}", "world_size": world}
+        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
+            writer.append_marker(Marker(step=0, kind="start", meta=meta))
+            for call in calls_of(rank):
+                writer.append(call)
+            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+
+
 @pytest.fixture
 def connections(monkeypatch):
     """Per step check-ranks reads: (steps selected, call/leaf rows per step it read)."""
@@ -142,16 +155,13 @@ def test_statistics_and_tolerance_merge_over_rank_batches(tmp_path, monkeypatch,
 
     monkeypatch.setattr(check_ranks_module, "RANKS_PER_READ", per_read)
     root = tmp_path / "d"
-    for rank in range(4):
-        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
-                "rank_dir": f"rank{rank}", "world_size": 4}
-        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
-            writer.append_marker(Marker(step=0, kind="start", meta=meta))
-            norm = 1.0 + (1e-3 if rank == 3 else 0.0)       # rank 3's weight: Norm 0.1 % larger
-            writer.append(Call(step=0, kind="module_forward", name=LINEAR, api_type="Module",
-                               keys=("input_args", "input_kwargs", "output", "parameters"),
-                               leaves=(_tensor("parameters", ("weight",), None).replace(norm=norm),)))
-            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+
+    def calls(rank):
+        norm = 1.0 + (1e-3 if rank == 3 else 0.0)       # rank 3's weight: Norm 0.1 % larger
+        return [Call(step=0, kind="module_forward", name=LINEAR, api_type="Module",
+                     keys=("input_args", "input_kwargs", "output", "parameters"),
+                     leaves=(_tensor("parameters", ("weight",), None).replace(norm=norm),))]
+    _write_step0(root, 4, calls)
     (g,) = check_ranks(root).groups
     assert (g.compared, g.exact, g.first.by, g.first.majority, g.first.odd) == (1, 0, "statistics", (0, 1, 2), (3,))
     assert g.first.values[3] == (1.0, 0.0, 0.5, 1.001) and g.first.values[0] == (1.0, 0.0, 0.5, 1.0)
@@ -172,16 +182,10 @@ def test_entries_at_one_position_are_taken_in_name_order(tmp_path, monkeypatch, 
     monkeypatch.setattr(check_ranks_module, "RANKS_PER_READ", per_read)
     names = [f"Functional.op{k}.0.forward" for k in range(4)]
     root = tmp_path / "d"
-    for rank in range(4):      # rank r records op{r} then op{r+1}: each op is first on one rank
-        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
-                "rank_dir": f"rank{rank}", "world_size": 4}
-        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
-            writer.append_marker(Marker(step=0, kind="start", meta=meta))
-            for name in (names[rank], names[(rank + 1) % 4]):
-                writer.append(Call(step=0, kind="api_forward", name=name, api_type="Functional",
-                                   keys=("input_args", "input_kwargs", "output"),
-                                   leaves=(_tensor("output", (0,), f"{rank:08x}"),)))
-            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+    _write_step0(root, 4, lambda rank: [       # rank r records op{r} then op{r+1}: each op is first on one rank
+        Call(step=0, kind="api_forward", name=name, api_type="Functional", keys=("input_args", "input_kwargs", "output"),
+             leaves=(_tensor("output", (0,), f"{rank:08x}"),))
+        for name in (names[rank], names[(rank + 1) % 4])])
     if compacted:
         compact(root)
     export_log(root, tmp_path / "upstream")
@@ -195,15 +199,9 @@ def test_a_non_finite_statistic_on_one_rank_is_the_odd_rank_out(tmp_path, odd):
     """Rank 2's weight has a NaN or infinite Mean, the others 0.5: a disagreement at any
     tolerance, rank 2 the odd rank out (by statistics: no CRC-32 recorded)."""
     root = tmp_path / "d"
-    for rank in range(3):
-        meta = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
-                "rank_dir": f"rank{rank}", "world_size": 3}
-        with LogWriter(root, rank, flush_rows=3, flush_interval_s=3600) as writer:
-            writer.append_marker(Marker(step=0, kind="start", meta=meta))
-            weight = _tensor("parameters", ("weight",), None).replace(mean=odd if rank == 2 else 0.5)
-            writer.append(Call(step=0, kind="module_forward", name=LINEAR, api_type="Module",
-                               keys=("parameters",), leaves=(weight,)))
-            writer.append_marker(Marker(step=0, kind="step_end", meta=meta))
+    _write_step0(root, 3, lambda rank: [
+        Call(step=0, kind="module_forward", name=LINEAR, api_type="Module", keys=("parameters",),
+             leaves=(_tensor("parameters", ("weight",), None).replace(mean=odd if rank == 2 else 0.5),))])
     for tol in (0.0, 0.5):
         result = check_ranks(root, tol=tol)
         f = result.groups[0].first
