@@ -47,10 +47,9 @@ from store.writer_client import WriterClient, WriterGone
 from store.writer_process import EXPORT, message_record
 
 if TYPE_CHECKING:  # these load pyarrow: imported where the log is written in this process
-    from store.export import TensorFileWriter
+    from store.export import StepFiles, TensorFileWriter
     from store.log_writer import LogWriter
     from store.payload_writer import PayloadReader, PayloadWriter
-    from store.export import StepFiles
 
 logger = logging.getLogger("msprobe")
 

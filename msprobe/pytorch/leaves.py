@@ -213,9 +213,7 @@ class LeafBuilder:
         self._capture_all, self._snapshot_all = self.capture, self._snapshot
         if tensor_list is not None:
             self.capture = self._snapshot = None
-        self._small = False
-        self._small_table = ()
-        self._set_small()
+        self._set_small()  # sets _small and _small_table
 
     def _set_small(self) -> None:
         """Whether _small_leaf may build leaves (without payload or deferral, with the
